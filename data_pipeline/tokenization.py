@@ -1,0 +1,214 @@
+"""Tokenizers behind one small interface, built by Megatron's ``--tokenizer-type`` names.
+
+Every tokenizer exposes its special-token ids (``cls_id``, ``sep_id``, ``pad_id``, ``mask_id``,
+``unk_id``), so nothing downstream hard-codes BERT's 101/102/103, and ``word_start_mask()`` for
+whole-word masking (WordPiece ``##`` continuation pieces, SentencePiece ``▁`` word starts).
+
+WordPiece uses Hugging Face ``tokenizers`` through ``transformers.BertTokenizerFast`` so ids are
+identical to ``BertTokenizerFast(vocab_file)(text, add_special_tokens=False)``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+TOKENIZER_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer", "HuggingFaceTokenizer")
+
+#: Candidate spellings of each special token, first match wins (BERT style, then SentencePiece style).
+_SPECIAL_SPELLINGS = {
+    "cls": ("[CLS]", "<cls>", "<s>"),
+    "sep": ("[SEP]", "<sep>", "</s>"),
+    "pad": ("[PAD]", "<pad>"),
+    "mask": ("[MASK]", "<mask>"),
+    "unk": ("[UNK]", "<unk>"),
+}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file is missing or lacks a required special token."""
+
+
+@dataclass
+class SpecialIds:
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    mask_id: int
+    unk_id: int
+
+
+class Tokenizer:
+    """Base class: subclasses set ``vocab_size``, the special ids and ``_backend`` methods."""
+
+    name: str
+    vocab_size: int
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    mask_id: int
+    unk_id: int
+
+    # -- to implement --------------------------------------------------------------------------
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def id_to_token(self, i: int) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def save(self, directory: str | os.PathLike) -> list[str]:  # pragma: no cover - abstract
+        """Write the files a Hugging Face tokenizer needs into ``directory``; return their names."""
+        raise NotImplementedError
+
+    # -- shared --------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+        return self.encode_batch([text])[0]
+
+    @property
+    def eod_id(self) -> int:
+        """Id appended by ``--append-eod`` (Megatron's BERT tokenizers use [SEP])."""
+        return self.sep_id
+
+    @property
+    def special_ids(self) -> np.ndarray:
+        return np.array(sorted({self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id}), dtype=np.int64)
+
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self.id_to_token(int(i)) for i in ids]
+
+    def word_start_mask(self) -> np.ndarray:  # pragma: no cover - abstract
+        """Boolean ``[vocab_size]``: True where a token begins a new word."""
+        raise NotImplementedError
+
+
+def _find_special(lookup, vocab_desc: str) -> SpecialIds:
+    found = {}
+    for key, spellings in _SPECIAL_SPELLINGS.items():
+        for s in spellings:
+            i = lookup(s)
+            if i is not None:
+                found[key] = i
+                break
+        else:
+            raise TokenizerError(f"{vocab_desc}: no {key.upper()} token (looked for {', '.join(spellings)}); "
+                                 f"train one with `python -m data_pipeline.train_tokenizer`, which adds them")
+    return SpecialIds(found["cls"], found["sep"], found["pad"], found["mask"], found["unk"])
+
+
+class HFTokenizer(Tokenizer):
+    """Any Hugging Face fast tokenizer (WordPiece vocab.txt or tokenizer.json / tokenizer directory)."""
+
+    def __init__(self, hf_tokenizer, name: str, source: str) -> None:
+        self.hf = hf_tokenizer
+        self.name = name
+        self.source = source
+        self._fast = hf_tokenizer.backend_tokenizer
+        self.vocab_size = len(hf_tokenizer)
+        vocab = hf_tokenizer.get_vocab()
+        sp = _find_special(vocab.get, source)
+        self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
+            sp.cls_id, sp.sep_id, sp.pad_id, sp.mask_id, sp.unk_id)
+        self._id_to_token = [""] * self.vocab_size
+        for tok, i in vocab.items():
+            if i < self.vocab_size:
+                self._id_to_token[i] = tok
+        self._is_wordpiece = type(self._fast.model).__name__ == "WordPiece"
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encs = self._fast.encode_batch(list(texts), add_special_tokens=False)
+        return [e.ids for e in encs]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def id_to_token(self, i: int) -> str:
+        return self._id_to_token[i]
+
+    def word_start_mask(self) -> np.ndarray:
+        if self._is_wordpiece:
+            return np.array([not t.startswith("##") for t in self._id_to_token], dtype=bool)
+        # byte-level BPE / unigram / metaspace: a word starts with the marker
+        return np.array([t.startswith(("▁", "Ġ")) or t.startswith("[") for t in self._id_to_token], dtype=bool)
+
+    def save(self, directory: str | os.PathLike) -> list[str]:
+        return list(self.hf.save_pretrained(str(directory)))
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model (unigram or BPE) with BERT-style special pieces."""
+
+    def __init__(self, model_file: str) -> None:
+        import sentencepiece as spm
+
+        if not model_file or not os.path.isfile(model_file):
+            raise TokenizerError(f"--tokenizer-model {model_file!r}: SentencePiece model file not found")
+        self.model_file = model_file
+        self.name = "SentencePieceTokenizer"
+        self.sp = spm.SentencePieceProcessor(model_file=model_file)
+        self.vocab_size = self.sp.get_piece_size()
+
+        def lookup(piece: str):
+            i = self.sp.piece_to_id(piece)
+            return i if self.sp.id_to_piece(i) == piece else None
+
+        sp = _find_special(lookup, model_file)
+        self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
+            sp.cls_id, sp.sep_id, sp.pad_id, sp.mask_id, sp.unk_id)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+    def id_to_token(self, i: int) -> str:
+        return self.sp.id_to_piece(int(i))
+
+    def word_start_mask(self) -> np.ndarray:
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        for i in range(self.vocab_size):
+            p = self.sp.id_to_piece(i)
+            mask[i] = p.startswith("▁") or self.sp.is_control(i) or self.sp.is_unknown(i) or p.startswith("[")
+        return mask
+
+    def save(self, directory: str | os.PathLike) -> list[str]:
+        import shutil
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.model_file, Path(directory) / "spm.model")
+        return ["spm.model"]
+
+
+def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
+                    tokenizer_model: str | None = None) -> Tokenizer:
+    """Build a tokenizer from Megatron-style arguments (``--tokenizer-type`` and its file flag)."""
+    if tokenizer_type in ("BertWordPieceLowerCase", "BertWordPieceCase"):
+        if not vocab_file or not os.path.isfile(vocab_file):
+            raise TokenizerError(f"--tokenizer-type {tokenizer_type} needs --vocab-file (a WordPiece vocab.txt); "
+                                 f"got {vocab_file!r}, which does not exist")
+        from transformers import BertTokenizerFast
+
+        hf = BertTokenizerFast(vocab_file=vocab_file, do_lower_case=tokenizer_type == "BertWordPieceLowerCase")
+        return HFTokenizer(hf, tokenizer_type, vocab_file)
+    if tokenizer_type == "SentencePieceTokenizer":
+        return SentencePieceTokenizer(tokenizer_model)
+    if tokenizer_type == "HuggingFaceTokenizer":
+        if not tokenizer_model or not os.path.exists(tokenizer_model):
+            raise TokenizerError(f"--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a local "
+                                 f"tokenizer directory or tokenizer.json); got {tokenizer_model!r}")
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        if os.path.isdir(tokenizer_model):
+            hf = AutoTokenizer.from_pretrained(tokenizer_model, use_fast=True, local_files_only=True)
+        else:
+            hf = PreTrainedTokenizerFast(tokenizer_file=tokenizer_model)
+        return HFTokenizer(hf, tokenizer_type, tokenizer_model)
+    raise TokenizerError(f"unknown --tokenizer-type {tokenizer_type!r}; choose one of {', '.join(TOKENIZER_TYPES)}")

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Idempotent set-up: system packages (OpenMPI for mpi4py), a virtualenv in .venv, and requirements.txt.
+# Every other script sources this first, so a fresh machine needs nothing installed by hand.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+need_apt=()
+command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+[ -e /usr/include/x86_64-linux-gnu/openmpi ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include ] || need_apt+=(libopenmpi-dev)
+command -v pdsh >/dev/null 2>&1 || need_apt+=(pdsh)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "[setup] apt-get install ${need_apt[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=".venv/.requirements.sha256"
+want="$(sha256sum requirements.txt | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "[setup] pip install -r requirements.txt (first time takes a few minutes)"
+  # (pip's warnings about the machine's empty local indexes are filtered; real errors still fail the set-up)
+  quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; return "${PIPESTATUS[0]}"; }
+  quiet .venv/bin/python -m pip install -q --upgrade pip wheel
+  quiet .venv/bin/python -m pip install -q -r requirements.txt
+  echo "$want" > "$stamp"
+fi
