@@ -1,0 +1,116 @@
+"""Layouts: equality with DeepSpeed 0.19.5 goldens, BlockBERT's Eq. 2, random-block rules, ds_config parsing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model import attention as A
+
+GOLDEN = Path(__file__).parent / "data" / "ds0195_layouts.npz"
+
+
+def _goldens():
+    data = np.load(GOLDEN)
+    meta = json.loads(bytes(data["__meta__"]).decode())
+    return [(name, m, data[name]) for name, m in meta.items()]
+
+
+@pytest.mark.parametrize("name,meta,expected", _goldens(), ids=lambda x: x if isinstance(x, str) else "")
+def test_layout_equals_deepspeed_0195(name, meta, expected):
+    cfg = getattr(A, meta["class"])(**meta["kwargs"])
+    got = cfg.make_layout(meta["seq_len"])
+    assert got.dtype == torch.int64
+    assert got.shape == expected.shape
+    assert torch.equal(got, torch.from_numpy(expected.astype(np.int64))), name
+
+
+def test_deepspeed_defaults_and_validation():
+    f = A.FixedSparsityConfig(num_heads=4)
+    assert (f.block, f.num_local_blocks, f.num_global_blocks, f.attention) == (16, 4, 1, "bidirectional")
+    assert A.LocalSlidingWindowSparsityConfig(4).attention == "unidirectional"
+    assert A.BigBirdSparsityConfig(4).num_random_blocks == 1
+    with pytest.raises(ValueError, match="dividable by Block size"):
+        A.DenseSparsityConfig(2).make_layout(100)
+    with pytest.raises(ValueError, match="different_layout_per_head"):
+        A.FixedSparsityConfig(2, num_different_global_patterns=2)
+    with pytest.raises(ValueError, match="dividable by number of global"):
+        A.FixedSparsityConfig(2, num_local_blocks=4, num_global_blocks=3)
+    with pytest.raises(ValueError, match="horizontal"):
+        A.FixedSparsityConfig(2, attention="unidirectional", horizontal_global_attention=True)
+    with pytest.raises(ValueError, match="end index"):
+        A.BSLongformerSparsityConfig(2, global_block_indices=[3], global_block_end_indices=[3])
+
+
+@pytest.mark.parametrize("cls", [A.BigBirdSparsityConfig, A.VariableSparsityConfig])
+def test_random_blocks_seeded_and_follow_rules(cls):
+    kw = dict(num_heads=3, block=16, different_layout_per_head=True, num_random_blocks=2)
+    if cls is A.VariableSparsityConfig:
+        kw.update(local_window_blocks=[1], global_block_indices=[])
+    else:
+        kw.update(num_sliding_window_blocks=1, num_global_blocks=0)
+    a = cls(**kw, seed=7).make_layout(512)
+    assert torch.equal(a, cls(**kw, seed=7).make_layout(512)), "same seed must give the same layout on every rank"
+    assert not torch.equal(a, cls(**kw, seed=8).make_layout(512))
+    # with a 1-block window (diagonal only), every row has the diagonal plus 1..2 random blocks, distinct
+    eye = torch.eye(32, dtype=torch.int64)
+    extra = (a - eye).clamp(min=0).sum(-1)
+    assert extra.min() >= 1 and extra.max() <= 2
+    assert not torch.equal(a[0], a[1]), "different_layout_per_head draws per head"
+    # the random blocks are spread: every column gets picked somewhere over 3 heads x 32 rows x 2 draws
+    assert (a.sum((0, 1)) > 0).float().mean() > 0.8
+
+
+def test_bigbird_unidirectional_random_stays_causal():
+    lay = A.BigBirdSparsityConfig(2, num_random_blocks=1, attention="unidirectional", seed=3).make_layout(256)
+    assert torch.equal(lay, torch.tril(lay))
+
+
+@pytest.mark.parametrize("n,spec,counts", [(2, "10:2", [10, 2]), (3, "8:2:2", [8, 2, 2])])
+def test_blockbert_matches_paper_eq2(n, spec, counts):
+    cfg = A.BlockBERTSparsityConfig(num_heads=12, num_blocks=n, head_assignment=spec, block=16)
+    N = 16 * n * 4
+    lay = cfg.make_layout(N)
+    chunk = N // n
+    tok = torch.arange(N) // chunk
+    h = 0
+    for k, c in enumerate(counts):
+        for _ in range(c):
+            # token-level mask: M_ij = 1 iff key chunk == (query chunk + k) mod n  (pi = sigma^k)
+            want = (tok[None, :] == (tok[:, None] + k) % n)
+            got = lay[h].repeat_interleave(16, 0).repeat_interleave(16, 1).bool()
+            assert torch.equal(got, want), (h, k)
+            h += 1
+    assert A.layout_density(lay) == pytest.approx(1 / n)
+
+
+def test_blockbert_pads_never_truncates():
+    cfg = A.BlockBERTSparsityConfig(num_heads=4, num_blocks=3, head_assignment="2:1:1", block=16)
+    assert cfg.padded_length(100) == 144 and cfg.padded_length(144) == 144
+    with pytest.raises(ValueError, match="padded_length"):
+        cfg.make_layout(100)
+    with pytest.raises(ValueError, match="summing to num_heads"):
+        A.BlockBERTSparsityConfig(num_heads=12, num_blocks=2, head_assignment="10:1")
+    with pytest.raises(ValueError, match="num_blocks=2"):
+        A.BlockBERTSparsityConfig(num_heads=12, num_blocks=2, head_assignment="8:2:2")
+
+
+def test_from_ds_config_roundtrip_and_errors():
+    ds = {"mode": "fixed", "block": 16, "different_layout_per_head": True, "num_local_blocks": 4,
+          "num_global_blocks": 1, "attention": "bidirectional", "horizontal_global_attention": False,
+          "num_different_global_patterns": 4}
+    cfg = A.from_ds_config(ds, num_heads=4)
+    assert isinstance(cfg, A.FixedSparsityConfig) and cfg.num_different_global_patterns == 4
+    assert A.from_ds_config(cfg.to_dict(), num_heads=4) == cfg
+    # DeepSpeed's full default block for another mode carries keys this mode ignores: accepted
+    assert isinstance(A.from_ds_config({"mode": "dense", "block": 16, "num_local_blocks": 4}, 2), A.DenseSparsityConfig)
+    bb = A.from_ds_config({"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 32}, 12)
+    assert A.from_ds_config(bb.to_dict(), 12) == bb
+    with pytest.raises(ValueError, match="num_lcoal_blocks"):
+        A.from_ds_config({"mode": "fixed", "num_lcoal_blocks": 4}, 2)
+    with pytest.raises(NotImplementedError, match="sparse_attention mode"):
+        A.from_ds_config({"mode": "triangle"}, 2)
