@@ -122,6 +122,7 @@ class IndexedDatasetBuilder:
         self.num_documents = 0
         self.num_tokens = 0
         self._seq_at_doc_start = 0
+        self._open_item_tokens = 0
         self._closed = False
 
     # -- writing -----------------------------------------------------------------------------
@@ -138,6 +139,20 @@ class IndexedDatasetBuilder:
         self._lengths.write(struct.pack("<i", arr.size))
         self.num_sequences += 1
         self.num_tokens += int(arr.size)
+
+    def append_tokens(self, tokens: np.ndarray) -> None:
+        """Stream part of one long sequence (a document arriving in pieces); ``end_item`` closes it.
+        Memory stays bounded by the piece, not the document."""
+        arr = np.asarray(tokens)
+        self._bin.write(arr.astype(self.dtype, copy=False).tobytes(order="C"))
+        self._open_item_tokens += int(arr.size)
+
+    def end_item(self) -> None:
+        """Close the sequence built by ``append_tokens`` (records its length)."""
+        self._lengths.write(struct.pack("<i", self._open_item_tokens))
+        self.num_sequences += 1
+        self.num_tokens += self._open_item_tokens
+        self._open_item_tokens = 0
 
     def end_document(self) -> None:
         self._docs.write(struct.pack("<q", self.num_sequences))

@@ -196,7 +196,11 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
                                  f"got {vocab_file!r}, which does not exist")
         from transformers import BertTokenizerFast
 
-        hf = BertTokenizerFast(vocab_file=vocab_file, do_lower_case=tokenizer_type == "BertWordPieceLowerCase")
+        # transformers 5 takes the vocab as ``vocab=``; ``vocab_file=`` is silently ignored there and
+        # yields a 5-token tokenizer that maps every word to [UNK] (tested in test_tokenization.py).
+        hf = BertTokenizerFast(vocab=vocab_file, do_lower_case=tokenizer_type == "BertWordPieceLowerCase")
+        if len(hf) < 6:
+            raise TokenizerError(f"--vocab-file {vocab_file}: loaded only {len(hf)} tokens; is it a WordPiece vocab.txt?")
         return HFTokenizer(hf, tokenizer_type, vocab_file)
     if tokenizer_type == "SentencePieceTokenizer":
         return SentencePieceTokenizer(tokenizer_model)

@@ -1,0 +1,497 @@
+"""``python -m data_pipeline.preprocess``: raw corpora -> Megatron-compatible ``.bin``/``.idx`` shards.
+
+Flags mirror Megatron-LM's ``tools/preprocess_data.py`` (``--input --output-prefix --json-keys
+--split-sentences --keep-newlines --tokenizer-type --vocab-file --tokenizer-model --append-eod
+--workers``) and add input formats, resume, a bad-input report and MPI. See docs/data_pipeline.md.
+
+Flow: inputs are expanded and sorted; the reader of each file (parent) cuts documents into pieces,
+batches them into chunks; workers tokenise chunks (bounded, ordered map); the parent appends results
+to one *part* shard per input file; at the end part shards are merged in input order. Output bytes
+therefore do not depend on ``--workers``, the chunk size, or the number of MPI ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+
+from data_pipeline import resume as rs
+from data_pipeline.encode import Chunk, ChunkResult, EncodeSettings, Piece, encode_chunk, init_worker
+from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder, best_dtype
+from data_pipeline.readers import FORMATS, KIND_LINES, BadInputLog, expand_inputs, read_documents
+from data_pipeline.text import chunk_text
+from data_pipeline.tokenization import TOKENIZER_TYPES, Tokenizer, build_tokenizer
+
+#: Big documents are cut into pieces of about this many characters (at paragraph breaks). A constant,
+#: not a flag: with --split-sentences a paragraph longer than this is cut, which changes sentence
+#: boundaries, so it is part of the output's definition (and of the resume settings hash).
+PIECE_CHARS = 1 << 16
+
+
+@dataclass
+class PreprocessConfig:
+    """Everything one preprocessing run needs; validated on construction."""
+
+    input: list[str]
+    """Files, directories (recursive) and globs to read."""
+    output_prefix: str
+    """Output files are ``{prefix}_{key}_{sentence|document}.bin/.idx``."""
+    tokenizer_type: str
+    """One of BertWordPieceLowerCase, BertWordPieceCase, SentencePieceTokenizer, HuggingFaceTokenizer."""
+    vocab_file: str | None = None
+    """WordPiece vocab.txt (BertWordPiece*)."""
+    tokenizer_model: str | None = None
+    """SentencePiece .model, or a Hugging Face tokenizer directory / tokenizer.json."""
+    json_keys: list[str] = field(default_factory=lambda: ["text"])
+    """JSON / parquet fields to tokenise, one output shard each (other formats have only ``text``)."""
+    input_format: str = "auto"
+    """auto (detected per file from content), mediawiki, wikiextractor, jsonl, text, parquet."""
+    split_sentences: bool = False
+    """One sequence per sentence (blingfire) instead of per document."""
+    keep_newlines: bool = False
+    """With --split-sentences, keep the newline that ends a paragraph on its last sentence."""
+    append_eod: bool = False
+    """Append the end-of-document id (the tokenizer's [SEP]) to every document, like Megatron."""
+    workers: int = 1
+    """Tokenising processes per rank (1 = in-process)."""
+    chunk_chars: int = 1 << 20
+    """Characters of text per task sent to a worker (affects speed only, never the output)."""
+    max_document_chars: int = 8_000_000
+    """Documents longer than this are reported as ``oversized_document`` (still processed, in pieces)."""
+    resume: bool = False
+    """Continue an interrupted run, skipping input files already finished."""
+    strict: bool = False
+    """Exit non-zero, writing no final shards, if any bad input was found."""
+    progress: bool | None = None
+    """Progress bar; default: only when stderr is a terminal."""
+    log_interval: int = 0
+    """Unused; accepted for Megatron compatibility."""
+
+    def __post_init__(self) -> None:
+        if not self.input:
+            raise ValueError("--input: give at least one file, directory or glob")
+        if self.tokenizer_type not in TOKENIZER_TYPES:
+            raise ValueError(f"--tokenizer-type {self.tokenizer_type!r}: choose one of {', '.join(TOKENIZER_TYPES)}")
+        if self.input_format not in FORMATS:
+            raise ValueError(f"--input-format {self.input_format!r}: choose one of {', '.join(FORMATS)}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.chunk_chars < 1:
+            raise ValueError(f"--chunk-chars must be >= 1, got {self.chunk_chars}")
+        if not self.json_keys or len(set(self.json_keys)) != len(self.json_keys):
+            raise ValueError(f"--json-keys must be distinct names, got {self.json_keys}")
+        if self.input_format not in ("auto", "jsonl", "parquet") and len(self.json_keys) > 1:
+            raise ValueError(f"--json-keys {self.json_keys}: several keys need jsonl or parquet input")
+        if self.keep_newlines and not self.split_sentences:
+            raise ValueError("--keep-newlines only applies with --split-sentences")
+
+    @property
+    def level(self) -> str:
+        return "sentence" if self.split_sentences else "document"
+
+    def output_settings(self) -> dict:
+        """What defines the output bytes (the resume hash): not workers, chunk size or progress."""
+        return {
+            "tokenizer_type": self.tokenizer_type,
+            "vocab": rs.file_digest(self.vocab_file), "model": rs.file_digest(self.tokenizer_model),
+            "json_keys": self.json_keys, "input_format": self.input_format,
+            "split_sentences": self.split_sentences, "keep_newlines": self.keep_newlines,
+            "append_eod": self.append_eod, "max_document_chars": self.max_document_chars,
+            "piece_chars": PIECE_CHARS, "format_version": 1,
+        }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m data_pipeline.preprocess", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("input data")
+    g.add_argument("--input", nargs="+", required=True, help="files, directories and globs")
+    g.add_argument("--input-format", default="auto", choices=FORMATS)
+    g.add_argument("--json-keys", nargs="+", default=["text"])
+    g.add_argument("--split-sentences", action="store_true")
+    g.add_argument("--keep-newlines", action="store_true")
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
+    g.add_argument("--vocab-file", default=None)
+    g.add_argument("--tokenizer-model", default=None)
+    g.add_argument("--append-eod", action="store_true")
+    g.add_argument("--tokenizer-hf-no-include-special-tokens", action="store_true",
+                   help="accepted for Megatron compatibility; we never wrap sentences in [CLS]/[SEP]")
+    g = p.add_argument_group("output data")
+    g.add_argument("--output-prefix", required=True)
+    g = p.add_argument_group("runtime")
+    g.add_argument("--workers", type=int, default=1)
+    g.add_argument("--chunk-chars", type=int, default=1 << 20)
+    g.add_argument("--max-document-chars", type=int, default=8_000_000)
+    g.add_argument("--resume", action="store_true")
+    g.add_argument("--strict", action="store_true")
+    g.add_argument("--progress", dest="progress", action="store_true", default=None)
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+    g.add_argument("--log-interval", type=int, default=0)
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> PreprocessConfig:
+    ns = vars(build_parser().parse_args(argv))
+    ns.pop("tokenizer_hf_no_include_special_tokens")
+    return PreprocessConfig(**ns)
+
+
+# -- parent: reading into chunks ------------------------------------------------------------------
+def chunk_stream(cfg: PreprocessConfig, files: Sequence[tuple[int, str]]) -> Iterator[Chunk]:
+    """Chunks of pieces for each (part index, path); the last chunk of a file carries its reader log."""
+    for idx, path in files:
+        log = BadInputLog()
+        pieces: list[Piece] = []
+        nchars = 0
+        for doc in read_documents(path, cfg.input_format, cfg.json_keys, log):
+            size = max(len(t) for t in doc.texts.values()) if doc.texts else 0
+            if size > cfg.max_document_chars:
+                log.add("oversized_document", path, doc.where,
+                        f"{size:,} characters > --max-document-chars {cfg.max_document_chars:,}; kept, in pieces")
+            if doc.kind == KIND_LINES and len(doc.texts) == 1 and size > PIECE_CHARS:
+                (key, text), = doc.texts.items()
+                parts = chunk_text(text, PIECE_CHARS)
+                new = [Piece({key: t}, doc.kind, i == len(parts) - 1, doc.where) for i, t in enumerate(parts)]
+            else:
+                new = [Piece(doc.texts, doc.kind, True, doc.where)]
+            for pc in new:
+                pieces.append(pc)
+                nchars += sum(len(t) for t in pc.texts.values())
+                if nchars >= cfg.chunk_chars:
+                    yield Chunk(idx, pieces, nchars=nchars)
+                    pieces, nchars = [], 0
+        yield Chunk(idx, pieces, last=True, reader_log=log.to_dict(), nchars=nchars)
+
+
+def ordered_map(pool, fn, items: Iterable, window: int) -> Iterator:
+    """Like ``Pool.imap`` but with at most ``window`` tasks in flight, so reading never runs ahead of
+    tokenising (``imap`` drains its input eagerly: memory would grow with the corpus)."""
+    q: deque = deque()
+    for item in items:
+        q.append(pool.apply_async(fn, (item,)))
+        if len(q) >= window:
+            yield q.popleft().get()
+    while q:
+        yield q.popleft().get()
+
+
+# -- parent: writing one part shard ---------------------------------------------------------------
+class _KeyWriter:
+    """Turns piece results of one key into documents of one shard; documents may span chunks."""
+
+    def __init__(self, prefix: str, dtype: np.dtype, split: bool, eod: int | None, path: str, log: BadInputLog,
+                 key: str) -> None:
+        self.b = IndexedDatasetBuilder(prefix, dtype)
+        self.split, self.eod, self.path, self.log, self.key = split, eod, path, log, key
+        self.pending: np.ndarray | None = None  # last sentence of the open document (eod may join it)
+        self.doc_units = 0
+        self.doc_tokens = 0
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray, doc_end: bool, where: str) -> None:
+        if len(lengths):
+            if self.split:
+                if self.pending is not None:
+                    self.b.add_item(self.pending)
+                head = int(lengths[:-1].sum())
+                if len(lengths) > 1:
+                    self.b.add_raw(tokens[:head], lengths[:-1], [])
+                self.pending = tokens[head:]
+            else:
+                self.b.append_tokens(tokens)
+            self.doc_units += len(lengths)
+            self.doc_tokens += int(lengths.sum())
+        if doc_end:
+            if self.doc_units == 0:
+                self.log.add("empty_document", self.path, where,
+                             "no text left after cleaning" + (f" (key {self.key!r})" if self.key != "text" else ""))
+            else:
+                if self.split:
+                    last = self.pending
+                    if self.eod is not None:
+                        last = np.concatenate([last, np.asarray([self.eod], dtype=last.dtype)])
+                    self.b.add_item(last)
+                    self.pending = None
+                else:
+                    if self.eod is not None:
+                        self.b.append_tokens(np.asarray([self.eod]))
+                    self.b.end_item()
+                self.b.end_document()
+            self.doc_units = self.doc_tokens = 0
+
+
+class PartWriter:
+    """All keys' shards of one input file."""
+
+    def __init__(self, cfg: PreprocessConfig, layout: rs.RunLayout, idx: int, path: str, dtype: np.dtype,
+                 eod: int | None) -> None:
+        self.cfg, self.layout, self.idx, self.path = cfg, layout, idx, path
+        self.stamp = rs.input_stamp(path)  # before reading: a file changed mid-run is redone on resume
+        self.log = BadInputLog()
+        self.writers = {k: _KeyWriter(layout.part_prefix(idx, k, cfg.level), dtype, cfg.split_sentences, eod, path,
+                                      self.log, k) for k in cfg.json_keys}
+        self.nchars = 0
+        self.t0 = time.time()
+
+    def add(self, res: ChunkResult) -> None:
+        self.nchars += res.nchars
+        for key, kr in res.keys.items():
+            w = self.writers[key]
+            t0 = u0 = 0
+            for i in range(res.npieces):
+                n = int(kr.units_per_piece[i])
+                lens = kr.lengths[u0:u0 + n]
+                t1 = t0 + int(lens.sum())
+                w.add(kr.tokens[t0:t1], lens, res.doc_ends[i], res.wheres[i])
+                t0, u0 = t1, u0 + n
+        if res.reader_log:
+            self.log.merge(res.reader_log)
+
+    def finalize(self, shash: str) -> dict:
+        stats = {}
+        for key, w in self.writers.items():
+            w.b.finalize()
+            stats[key] = {"documents": w.b.num_documents, "sequences": w.b.num_sequences, "tokens": w.b.num_tokens}
+        marker = {"settings_hash": shash, "input": self.stamp, "stats": stats, "chars": self.nchars,
+                  "bad_input": self.log.to_dict(), "seconds": round(time.time() - self.t0, 3)}
+        rs.write_json_atomic(self.layout.part_marker(self.idx), marker)
+        return marker
+
+    def abort(self) -> None:
+        for w in self.writers.values():
+            w.b.abort()
+
+
+# -- orchestration --------------------------------------------------------------------------------
+class _Progress:
+    """tqdm bar on a terminal; one line per finished input file otherwise (quiet in logs)."""
+
+    def __init__(self, enabled: bool, nfiles: int, rank_tag: str) -> None:
+        self.bar = None
+        self.nfiles, self.tag = nfiles, rank_tag
+        self.t0 = time.time()
+        self.docs = self.tokens = self.chars = 0
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(unit="B", unit_scale=True, desc="preprocess", file=sys.stderr, dynamic_ncols=True)
+
+    def chunk(self, res: ChunkResult) -> None:
+        self.chars += res.nchars
+        self.docs += sum(res.doc_ends)
+        self.tokens += sum(int(k.lengths.sum()) for k in res.keys.values())
+        if self.bar is not None:
+            dt = max(time.time() - self.t0, 1e-9)
+            self.bar.update(res.nchars)
+            self.bar.set_postfix_str(f"{self.docs / dt:,.0f} docs/s {self.tokens / dt:,.0f} tok/s", refresh=False)
+
+    def part_done(self, done: int, path: str, marker: dict, skipped: bool = False) -> None:
+        if self.bar is None:
+            what = "skipped (already done)" if skipped else (
+                f"{sum(s['documents'] for s in marker['stats'].values()):,} docs, "
+                f"{sum(s['tokens'] for s in marker['stats'].values()):,} tokens")
+            print(f"[preprocess{self.tag}] {done}/{self.nfiles} {os.path.basename(path)}: {what}",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _mpi_comm():
+    """MPI_COMM_WORLD when started by mpirun/srun with several ranks, else None."""
+    if not any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")):
+        return None
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    return comm if comm.Get_size() > 1 else None
+
+
+def _process_parts(cfg: PreprocessConfig, layout: rs.RunLayout, todo: list[tuple[int, str]], tokenizer: Tokenizer,
+                   settings: EncodeSettings, shash: str, progress: _Progress, done_before: int, use_spawn: bool) -> None:
+    dtype = np.dtype(settings.dtype)
+    eod = tokenizer.eod_id if cfg.append_eod else None
+    if not todo:
+        return
+    paths = dict(todo)
+    stream = chunk_stream(cfg, todo)
+    pool = None
+    if cfg.workers == 1:
+        init_worker(settings, tokenizer)
+        results = map(encode_chunk, stream)
+    else:
+        ctx = multiprocessing.get_context("spawn" if use_spawn else "fork")
+        pool = ctx.Pool(cfg.workers, initializer=init_worker, initargs=(settings,))
+        results = ordered_map(pool, encode_chunk, stream, window=2 * cfg.workers + 1)
+    current: PartWriter | None = None
+    done = done_before
+    try:
+        for res in results:
+            if current is None or current.idx != res.file_idx:
+                current = PartWriter(cfg, layout, res.file_idx, paths[res.file_idx], dtype, eod)
+            current.add(res)
+            progress.chunk(res)
+            if res.last:
+                marker = current.finalize(shash)
+                done += 1
+                progress.part_done(done, current.path, marker)
+                current = None
+    except BaseException:
+        if current is not None:
+            current.abort()
+        if pool is not None:
+            pool.terminate()
+        raise
+    if pool is not None:
+        pool.close()
+        pool.join()
+
+
+def run(cfg: PreprocessConfig) -> int:
+    """Run the whole pipeline; returns the process exit code (0 ok, 1 bad input with --strict, 2 error)."""
+    comm = _mpi_comm()
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
+    tag = f" rank {rank}/{size}" if comm else ""
+    layout = rs.RunLayout(cfg.output_prefix)
+
+    expand_log = BadInputLog()
+    files = expand_inputs(cfg.input, expand_log)
+    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.tokenizer_model)
+    dtype = best_dtype(tokenizer.vocab_size)
+    settings = EncodeSettings(cfg.tokenizer_type, cfg.vocab_file, cfg.tokenizer_model, tuple(cfg.json_keys),
+                              cfg.split_sentences, cfg.keep_newlines, dtype.str)
+    shash = rs.settings_hash(cfg.output_settings())
+
+    # rank 0 checks / creates the manifest; everyone learns the outcome
+    err = None
+    if rank == 0:
+        if not files:
+            err = f"no input files found in --input {' '.join(cfg.input)}\n{expand_log.format()}"
+        else:
+            try:
+                resuming = rs.prepare(layout, shash, files, cfg.resume)
+                if resuming:
+                    print(f"[preprocess] resuming from {layout.manifest}", file=sys.stderr)
+            except rs.ResumeError as e:
+                err = str(e)
+    if comm:
+        err = comm.bcast(err, root=0)
+    if err:
+        if rank == 0:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    mine = [(i, p) for i, p in enumerate(files) if i % size == rank]
+    todo, skipped = [], 0
+    for i, p in mine:
+        if cfg.resume and rs.completed_marker(layout, i, p, shash, cfg.json_keys, cfg.level) is not None:
+            skipped += 1
+        else:
+            todo.append((i, p))
+    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    progress = _Progress(bool(show) and rank == 0, len(mine), tag)
+    if skipped:
+        print(f"[preprocess{tag}] --resume: {skipped} of {len(mine)} input file(s) already done, skipped",
+              file=sys.stderr)
+    t0 = time.time()
+    local_err = None
+    try:
+        _process_parts(cfg, layout, todo, tokenizer, settings, shash, progress, skipped, use_spawn=comm is not None)
+    except Exception as e:  # reported below, after the other ranks are told
+        local_err = f"rank {rank}: {type(e).__name__}: {e}"
+        if comm is None:
+            progress.close()
+            raise
+    progress.close()
+    if comm:
+        errs = comm.gather(local_err, root=0)
+        code = 0
+        if rank == 0:
+            errs = [e for e in errs if e]
+            code = _finish(cfg, layout, files, shash, expand_log, t0) if not errs else 2
+            for e in errs:
+                print(f"error: {e}", file=sys.stderr)
+        return comm.bcast(code, root=0)
+    return _finish(cfg, layout, files, shash, expand_log, t0)
+
+
+def _finish(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash: str, expand_log: BadInputLog,
+            t0: float) -> int:
+    """Rank 0: gather part markers, write the report, merge parts in input order (or refuse with --strict)."""
+    log = BadInputLog()
+    log.merge(expand_log)
+    totals = {k: {"documents": 0, "sequences": 0, "tokens": 0} for k in cfg.json_keys}
+    chars = 0
+    for i, p in enumerate(files):
+        marker = rs.completed_marker(layout, i, p, shash, cfg.json_keys, cfg.level)
+        if marker is None:
+            print(f"error: part {i} ({p}) is missing or stale after processing; rerun with --resume",
+                  file=sys.stderr)
+            return 2
+        log.merge(marker["bad_input"])
+        chars += marker["chars"]
+        for k, s in marker["stats"].items():
+            for f, v in s.items():
+                totals[k][f] += v
+    outputs = {k: layout.final_prefix(k, cfg.level) for k in cfg.json_keys}
+    report = {"inputs": len(files), "outputs": outputs, "totals": totals, "characters": chars,
+              "bad_input": log.to_dict(), "strict": cfg.strict, "seconds": round(time.time() - t0, 3)}
+    failed = cfg.strict and log.total > 0
+    report["status"] = "failed: bad input with --strict, no shards written" if failed else "ok"
+    rs.write_json_atomic(layout.report, report)
+    print(log.format(), file=sys.stderr)
+    if failed:
+        rs.finish(layout)
+        print(f"error: --strict: {log.total} bad input problem(s); no shards written (report: {layout.report})",
+              file=sys.stderr)
+        return 1
+    dtype = None
+    for k, prefix in outputs.items():
+        parts = [layout.part_prefix(i, k, cfg.level) for i in range(len(files))]
+
+        dtype = dtype or IndexedDataset(parts[0]).dtype
+        with IndexedDatasetBuilder(prefix, dtype) as b:
+            for p in parts:
+                b.merge_file(p)
+    rs.finish(layout)
+    dt = time.time() - t0
+    for k, t in totals.items():
+        print(f"[preprocess] {outputs[k]}.bin/.idx: {t['documents']:,} documents, {t['sequences']:,} "
+              f"{cfg.level}s, {t['tokens']:,} tokens ({chars / 1e6 / max(dt, 1e-9):.2f} MB/s, "
+              f"{t['tokens'] / max(dt, 1e-9):,.0f} tokens/s); report: {layout.report}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        cfg = config_from_args(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return run(cfg)
+    except Exception as e:  # clear one-line error for known failure kinds
+        from data_pipeline.tokenization import TokenizerError
+
+        from data_pipeline.indexed import IndexedDatasetError
+
+        if isinstance(e, (IndexedDatasetError, TokenizerError, rs.ResumeError, OSError)):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

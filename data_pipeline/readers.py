@@ -1,0 +1,334 @@
+"""One streaming reader per input format, plus input expansion, format detection and the bad-input log.
+
+Readers run in the parent process and do only cheap work (decompress, split records, validate UTF-8);
+turning wikitext into text, sentence splitting and tokenising happen in the workers. Each reader yields
+``RawDoc`` records and never raises on bad data: problems go to a ``BadInputLog`` with file and
+line/offset, and the reader carries on (or stops cleanly at a truncated stream).
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import html
+import json
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from data_pipeline.text import trim_gutenberg, unwrap_paragraphs
+
+FORMATS = ("auto", "mediawiki", "wikiextractor", "jsonl", "text", "parquet")
+
+#: kind of RawDoc payload: "lines" = paragraphs are lines; "wikitext" = raw MediaWiki markup
+KIND_LINES = "lines"
+KIND_WIKITEXT = "wikitext"
+
+
+@dataclass
+class RawDoc:
+    """One document as read: ``texts`` maps each output key (json key) to its raw text."""
+
+    texts: dict[str, str]
+    kind: str
+    where: str  # "line 12", "page 'Albedo' (line 4031)", "row 7", "whole file"
+
+
+class BadInputLog:
+    """Bad input counted by category, with the first few examples (file, where, detail)."""
+
+    MAX_EXAMPLES = 5
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[dict]] = {}
+
+    def add(self, category: str, file: str, where: str, detail: str = "") -> None:
+        self.counts[category] = self.counts.get(category, 0) + 1
+        ex = self.examples.setdefault(category, [])
+        if len(ex) < self.MAX_EXAMPLES:
+            ex.append({"file": str(file), "where": where, "detail": detail[:200]})
+
+    def merge(self, other: "BadInputLog | dict") -> None:
+        d = other.to_dict() if isinstance(other, BadInputLog) else other
+        for cat, info in d.items():
+            self.counts[cat] = self.counts.get(cat, 0) + info["count"]
+            ex = self.examples.setdefault(cat, [])
+            ex.extend(info["examples"][: self.MAX_EXAMPLES - len(ex)])
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def to_dict(self) -> dict:
+        return {cat: {"count": self.counts[cat], "examples": self.examples.get(cat, [])}
+                for cat in sorted(self.counts)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BadInputLog":
+        log = cls()
+        log.merge(d)
+        return log
+
+    def format(self) -> str:
+        if not self.counts:
+            return "bad input: none"
+        lines = [f"bad input: {self.total} problem(s)"]
+        for cat, info in self.to_dict().items():
+            lines.append(f"  {cat}: {info['count']}")
+            for ex in info["examples"]:
+                detail = f" ({ex['detail']})" if ex["detail"] else ""
+                lines.append(f"    {ex['file']}: {ex['where']}{detail}")
+        return "\n".join(lines)
+
+
+# -- input expansion ------------------------------------------------------------------------------
+def expand_inputs(specs: Sequence[str], log: BadInputLog) -> list[str]:
+    """Files, directories (recursive) and globs -> a deterministic, de-duplicated file list.
+
+    Order: the order of ``specs``; inside a directory or glob, sorted paths. Hidden files and our own
+    outputs (``.bin``/``.idx``/``.json`` next to them) inside directories are skipped.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def push(p: str) -> None:
+        rp = os.path.abspath(p)
+        if rp not in seen:
+            seen.add(rp)
+            out.append(rp)
+
+    for spec in specs:
+        if os.path.isdir(spec):
+            found = []
+            for root, dirs, files in os.walk(spec):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for f in files:
+                    if not f.startswith(".") and not f.endswith((".bin", ".idx", ".progress.json", ".report.json")):
+                        found.append(os.path.join(root, f))
+            if not found:
+                log.add("missing_input", spec, "directory", "directory holds no input files")
+            for f in sorted(found):
+                push(f)
+        elif os.path.isfile(spec):
+            push(spec)
+        elif glob.has_magic(spec):
+            matches = sorted(m for m in glob.glob(spec, recursive=True) if os.path.isfile(m))
+            if not matches:
+                log.add("missing_input", spec, "glob", "pattern matches no file")
+            for m in matches:
+                push(m)
+        else:
+            log.add("missing_input", spec, "path", "no such file or directory")
+    return out
+
+
+# -- opening and detection -----------------------------------------------------------------------
+def open_binary(path: str):
+    """Open plain, .bz2 or .gz files as a binary stream (detected from magic bytes, not the name)."""
+    with open(path, "rb") as f:
+        magic = f.read(3)
+    if magic == b"BZh":
+        return bz2.open(path, "rb")
+    if magic[:2] == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def detect_format(path: str) -> str:
+    """Guess the format from the first bytes of the (decompressed) content."""
+    with open(path, "rb") as f:
+        if f.read(4) == b"PAR1":
+            return "parquet"
+    try:
+        with open_binary(path) as f:
+            head = f.read(4096)
+    except (OSError, EOFError):
+        head = b""
+    s = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if s.startswith(b"<mediawiki") or (s.startswith(b"<?xml") and b"<mediawiki" in head):
+        return "mediawiki"
+    if s.startswith(b"<doc ") or s.startswith(b"<doc>"):
+        return "wikiextractor"
+    if s.startswith(b"{"):
+        return "jsonl"
+    return "text"
+
+
+def _decode(raw: bytes, path: str, where: str, log: BadInputLog) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        log.add("invalid_utf8", path, where, f"byte {e.start}: {raw[e.start:e.start + 4]!r}; replaced with U+FFFD")
+        return raw.decode("utf-8", errors="replace")
+
+
+def _lines(path: str, log: BadInputLog) -> Iterator[tuple[int, str]]:
+    """(line number, decoded line) pairs; a truncated compressed stream ends the file with a report."""
+    f = open_binary(path)
+    lineno = 0
+    try:
+        for lineno, raw in enumerate(f, start=1):
+            yield lineno, _decode(raw, path, f"line {lineno}", log)
+    except (EOFError, OSError) as e:
+        log.add("truncated_file", path, f"after line {lineno}", f"{type(e).__name__}: {e}; kept what was read")
+    finally:
+        f.close()
+
+
+# -- readers --------------------------------------------------------------------------------------
+def read_jsonl(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
+    for lineno, line in _lines(path, log):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            log.add("malformed_json", path, f"line {lineno}", str(e))
+            continue
+        if not isinstance(obj, dict):
+            log.add("malformed_json", path, f"line {lineno}", f"expected an object, got {type(obj).__name__}")
+            continue
+        texts = {}
+        for k in keys:
+            v = obj.get(k)
+            if v is None:
+                log.add("missing_key", path, f"line {lineno}", f"no key {k!r} (keys: {sorted(obj)[:8]})")
+                continue
+            if isinstance(v, list):  # Megatron accepts pre-split sentences
+                v = "\n".join(str(x) for x in v)
+            elif not isinstance(v, str):
+                log.add("malformed_json", path, f"line {lineno}", f"key {k!r} is {type(v).__name__}, not text")
+                continue
+            texts[k] = v
+        if texts:
+            yield RawDoc(texts, KIND_LINES, f"line {lineno}")
+
+
+def read_wikiextractor(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
+    """WikiExtractor ``<doc id= url= title=>`` ... ``</doc>``; the title line repeated as the first body
+    line is dropped (a title-only document is then empty and reported as such)."""
+    key = keys[0]
+    body: list[str] | None = None
+    title = ""
+    start = 0
+    for lineno, line in _lines(path, log):
+        s = line.strip()
+        if body is None:
+            if s.startswith("<doc") and s.endswith(">"):
+                body, start = [], lineno
+                t = s.find('title="')
+                title = s[t + 7:s.find('"', t + 7)] if t >= 0 else ""
+                title = html.unescape(title)
+            elif s:
+                log.add("malformed_doc", path, f"line {lineno}", "text outside <doc>...</doc>")
+            continue
+        if s == "</doc>":
+            if body and body[0].strip() == title.strip():
+                body = body[1:]
+            yield RawDoc({key: "".join(body)}, KIND_LINES, f"doc {title!r} (line {start})")
+            body = None
+        else:
+            body.append(line)
+    if body is not None:
+        log.add("truncated_file", path, f"line {start}", f"<doc title={title!r}> has no </doc>; dropped")
+
+
+def read_text(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
+    """One book per file (BookCorpus / Project Gutenberg): header and licence trimmed, hard-wrapped
+    lines joined into paragraphs, one document per file."""
+    parts = [line for _, line in _lines(path, log)]
+    text, _ = trim_gutenberg("".join(parts))
+    yield RawDoc({keys[0]: "\n".join(unwrap_paragraphs(text))}, KIND_LINES, "whole file")
+
+
+def read_mediawiki(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
+    """MediaWiki ``pages-articles`` XML, streamed with iterparse: namespace 0 only, redirects skipped."""
+    key = keys[0]
+    f = open_binary(path)
+    n_pages = 0
+    try:
+        ctx = ET.iterparse(f, events=("start", "end"))
+        root = None
+        for event, elem in ctx:
+            if root is None:
+                root = elem
+            if event != "end" or not elem.tag.endswith("page"):
+                continue
+            n_pages += 1
+            ns_tag = title = text = None
+            redirect = False
+            for child in elem:
+                tag = child.tag.rsplit("}", 1)[-1]
+                if tag == "ns":
+                    ns_tag = (child.text or "").strip()
+                elif tag == "title":
+                    title = child.text or ""
+                elif tag == "redirect":
+                    redirect = True
+                elif tag == "revision":
+                    for rc in child:
+                        if rc.tag.rsplit("}", 1)[-1] == "text":
+                            text = rc.text or ""
+            elem.clear()
+            root.clear()  # keep memory flat: drop finished pages from the tree
+            if ns_tag not in (None, "0") or redirect:
+                continue
+            if text is None:
+                text = ""
+            if text.lstrip()[:9].upper() == "#REDIRECT":
+                continue
+            yield RawDoc({key: text}, KIND_WIKITEXT, f"page {title!r} (#{n_pages})")
+    except ET.ParseError as e:
+        log.add("malformed_xml", path, f"after page {n_pages}", f"{e}; kept pages read so far")
+    except (EOFError, OSError) as e:
+        log.add("truncated_file", path, f"after page {n_pages}", f"{type(e).__name__}: {e}; kept pages read so far")
+    finally:
+        f.close()
+
+
+def read_parquet(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
+    """Parquet with a text column (Hugging Face ``datasets`` exports), streamed by record batch."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for corrupt files
+        log.add("malformed_parquet", path, "footer", str(e))
+        return
+    names = pf.schema_arrow.names
+    missing = [k for k in keys if k not in names]
+    if missing:
+        log.add("missing_key", path, "schema", f"no column(s) {missing}; columns: {names[:10]}")
+        return
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024, columns=list(keys)):
+        cols = [batch.column(k).to_pylist() for k in keys]
+        for vals in zip(*cols):
+            row += 1
+            texts = {k: v for k, v in zip(keys, vals) if isinstance(v, str)}
+            if len(texts) < len(keys):
+                log.add("missing_key", path, f"row {row}", "null or non-text value")
+            if texts:
+                yield RawDoc(texts, KIND_LINES, f"row {row}")
+
+
+READERS: dict[str, Callable[[str, Sequence[str], BadInputLog], Iterator[RawDoc]]] = {
+    "mediawiki": read_mediawiki,
+    "wikiextractor": read_wikiextractor,
+    "jsonl": read_jsonl,
+    "text": read_text,
+    "parquet": read_parquet,
+}
+
+
+def read_documents(path: str, fmt: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
+    """Documents of one file in the given (or detected) format; unreadable files are reported."""
+    try:
+        if fmt == "auto":
+            fmt = detect_format(path)
+        yield from READERS[fmt](path, keys, log)
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        log.add("missing_input", path, "open", str(e))

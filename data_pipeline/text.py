@@ -1,0 +1,131 @@
+"""Text cleaning and sentence splitting.
+
+Everything here works on plain ``str`` and keeps one invariant the token-parity guarantee rests on:
+the pipeline only ever cuts a document at whitespace. WordPiece (and SentencePiece with whitespace
+normalisation) tokenises whitespace-separated words independently, so the tokens of the pieces,
+concatenated, equal the tokens of the whole document. Sentence boundaries from blingfire that do not
+fall on whitespace (``"left!Next"``) are merged away rather than trusted.
+
+Paragraphs are separated by ``"\\n"`` in every cleaned document; sentences never span paragraphs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import blingfire
+
+# Project Gutenberg markers vary: "*** START OF THIS PROJECT GUTENBERG EBOOK X ***",
+# "***START OF THE PROJECT GUTENBERG EBOOK X***", indented variants, old "*END*THE SMALL PRINT".
+_PG_START = re.compile(r"^\s*\*{3}\s*START OF (THIS|THE) PROJECT GUTENBERG E-?BOOK.*$", re.I | re.M)
+_PG_END = re.compile(r"^\s*\*{3}\s*END OF (THIS|THE) PROJECT GUTENBERG E-?BOOK.*$", re.I | re.M)
+_PG_END_OLD = re.compile(r"^\s*End of (the )?Project Gutenberg'?s? .*$", re.I | re.M)
+_BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n\s*")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SPACES = re.compile(r"[ \t\r\f\v\u00a0]+")
+
+
+def trim_gutenberg(text: str) -> tuple[str, bool]:
+    """Cut a Project Gutenberg header (up to the START marker) and footer/licence (from the END marker).
+
+    Returns the body and whether any marker was found (books without markers pass through whole).
+    """
+    found = False
+    m = _PG_START.search(text)
+    if m:
+        text = text[m.end():]
+        found = True
+    m = _PG_END.search(text) or _PG_END_OLD.search(text)
+    if m:
+        text = text[:m.start()]
+        found = True
+    return text, found
+
+
+def normalize_newlines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def clean_line(line: str) -> str:
+    """Delete control characters, collapse runs of spaces, strip. Tokens do not change: BERT's
+    normaliser deletes the same control characters and treats these spaces as whitespace."""
+    line = _CONTROL.sub("", line)
+    return _SPACES.sub(" ", line).strip()
+
+
+def unwrap_paragraphs(text: str) -> list[str]:
+    """Hard-wrapped prose (books): blank lines separate paragraphs; lines inside one are joined."""
+    text = normalize_newlines(text)
+    paras = []
+    for block in _BLANK_LINES.split(text):
+        p = clean_line(block.replace("\n", " "))
+        if p:
+            paras.append(p)
+    return paras
+
+
+def split_lines(text: str) -> list[str]:
+    """Text whose lines are already paragraphs (Wikipedia, JSON): clean each line, drop empty ones."""
+    out = []
+    for line in normalize_newlines(text).split("\n"):
+        p = clean_line(line)
+        if p:
+            out.append(p)
+    return out
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Sentences of one paragraph with blingfire (fast, abbreviation-aware).
+
+    The paragraph is cut at the start of each sentence blingfire finds, but only where the character
+    before is whitespace, so the sentences cover the paragraph completely and, tokenised separately,
+    give exactly the paragraph's tokens (``"left!Next"`` stays one sentence).
+    """
+    if not paragraph or paragraph.isspace():
+        return []
+    _, offsets = blingfire.text_to_sentences_and_offsets(paragraph)
+    cuts = [0]
+    for start, _ in offsets[1:]:
+        if 0 < start < len(paragraph) and paragraph[start - 1].isspace() and start > cuts[-1]:
+            cuts.append(start)
+    cuts.append(len(paragraph))
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        piece = paragraph[a:b].strip()
+        if piece:
+            out.append(piece)
+    return out
+
+
+def chunk_text(text: str, max_chars: int) -> list[str]:
+    """Cut ``text`` into pieces of at most ~``max_chars`` at paragraph breaks, else at whitespace.
+
+    Used to spread one huge document over workers and to bound memory; concatenating the pieces'
+    tokens gives the document's tokens because every cut is at whitespace. A run of ``max_chars``
+    without any whitespace is kept whole (it is one "word" to the tokenizer anyway).
+    """
+    if len(text) <= max_chars:
+        return [text]
+    pieces = []
+    start = 0
+    n = len(text)
+    while start < n:
+        end = min(start + max_chars, n)
+        if end < n:
+            cut = text.rfind("\n", start + max_chars // 2, end)
+            if cut < 0:
+                cut = _rfind_space(text, start + 1, end)
+            if cut < 0:
+                m = re.compile(r"\s").search(text, end)
+                cut = m.start() if m else n
+            end = cut
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+def _rfind_space(text: str, lo: int, hi: int) -> int:
+    for i in range(hi - 1, lo - 1, -1):
+        if text[i].isspace():
+            return i
+    return -1
