@@ -12,3 +12,6 @@ from model.attention.layouts import (  # noqa: F401
     from_ds_config,
     layout_density,
 )
+from model.attention.bias import DenseScoreBias, ScoreBias, SumScoreBias  # noqa: F401,E402
+from model.attention.kernels import KERNELS, choose_kernel, get_kernel, register_kernel  # noqa: F401,E402
+from model.attention.module import BlockSparseAttention, SparseSelfAttention  # noqa: F401,E402

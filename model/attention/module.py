@@ -1,0 +1,208 @@
+"""The one attention module: a layout (data) + a kernel (registry name), with padding and plan caching.
+
+:class:`BlockSparseAttention` is what the encoder uses; :class:`SparseSelfAttention` wraps it with DeepSpeed's old
+constructor and ``forward`` so that code written for ``deepspeed.ops.sparse_attention`` ports by changing an import.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.attention.bias import DenseScoreBias, ScoreBias, combine_biases
+from model.attention.kernels import get_kernel
+from model.attention.layouts import SparsityConfig
+
+
+class BlockSparseAttention(nn.Module):
+    """softmax(q k^T * scale + bias, masked by layout/padding/token mask) v over ``[B, H, N, D]`` tensors.
+
+    The layout is made once at ``max_seq_length`` (as DeepSpeed did; random blocks drawn once) and kept in the
+    ``master_layout`` buffer (not in ``state_dict``: save it with :meth:`layout_state`). A sequence whose length
+    the layout family cannot serve is padded at the end; padded keys are masked and padded rows are cut off.
+    Kernel plans are cached per (layout, padded N, device).
+    """
+
+    def __init__(
+        self,
+        sparsity_config: SparsityConfig | None,
+        kernel: str = "auto",
+        max_seq_length: int = 2048,
+        dropout_p: float = 0.0,
+    ):
+        super().__init__()
+        self.sparsity_config = sparsity_config
+        self.kernel_name = kernel
+        self.kernel = get_kernel(kernel)
+        self.dropout_p = dropout_p
+        self.max_seq_length = max_seq_length
+        master = None
+        if sparsity_config is not None:
+            master = sparsity_config.make_layout(sparsity_config.padded_length(max_seq_length))
+        self.register_buffer("master_layout", master, persistent=False)
+        self._plans: dict = {}
+        self._layout_version = 0
+
+    # -- layout state (random layouts must travel with checkpoints) ------------------------------------------------
+    def layout_state(self) -> torch.Tensor | None:
+        return None if self.master_layout is None else self.master_layout.detach().cpu().clone()
+
+    def load_layout_state(self, layout: torch.Tensor | None) -> None:
+        if (layout is None) != (self.master_layout is None):
+            raise ValueError("layout state does not match this module (one is dense, the other sparse)")
+        if layout is not None:
+            if layout.shape != self.master_layout.shape:
+                raise ValueError(
+                    f"saved layout has shape {tuple(layout.shape)}, this module's is {tuple(self.master_layout.shape)}"
+                    " (different num_heads, block or max_seq_length?)"
+                )
+            self.master_layout.copy_(layout)
+        self._plans.clear()
+        self._layout_version += 1
+
+    def layout_for(self, seq_len: int) -> torch.Tensor | None:
+        """The int64 [H, Np/block, Np/block] layout applied to a sequence of ``seq_len`` (padded to Np)."""
+        if self.sparsity_config is None:
+            return None
+        n_pad = self.sparsity_config.padded_length(seq_len)
+        return self.sparsity_config.layout_for_length(self.master_layout.cpu(), n_pad)
+
+    def _plan(self, n_pad: int, device: torch.device):
+        key = (n_pad, str(device), self._layout_version)
+        plan = self._plans.get(key)
+        if plan is None:
+            layout = self.layout_for(n_pad)
+            block = None if self.sparsity_config is None else self.sparsity_config.block
+            plan = self.kernel.make_plan(layout, block, n_pad, device)
+            self._plans[key] = plan
+        return plan
+
+    def forward(
+        self,
+        q_BHND: torch.Tensor,
+        k_BHND: torch.Tensor,
+        v_BHND: torch.Tensor,
+        key_padding_mask_BN: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+        score_bias: ScoreBias | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        B, H, N, _ = q_BHND.shape
+        if self.sparsity_config is not None and H != self.sparsity_config.num_heads:
+            raise ValueError(f"q has {H} heads but the sparsity config was built for {self.sparsity_config.num_heads}")
+        n_pad = N if self.sparsity_config is None else self.sparsity_config.padded_length(N)
+        if n_pad != N:
+            p = n_pad - N
+            q_BHND, k_BHND, v_BHND = (F.pad(t, (0, 0, 0, p)) for t in (q_BHND, k_BHND, v_BHND))
+            if key_padding_mask_BN is None:
+                key_padding_mask_BN = torch.ones(B, N, dtype=torch.bool, device=q_BHND.device)
+            key_padding_mask_BN = F.pad(key_padding_mask_BN, (0, p), value=False)
+            if token_mask is not None:
+                token_mask = F.pad(token_mask, (0, p, 0, p), value=False)
+            if score_bias is not None:
+                score_bias = score_bias.padded(n_pad)
+        out = self.kernel(
+            q_BHND,
+            k_BHND,
+            v_BHND,
+            plan=self._plan(n_pad, q_BHND.device),
+            key_padding_mask_BN=key_padding_mask_BN,
+            token_mask=token_mask,
+            score_bias=score_bias,
+            dropout_p=self.dropout_p,
+            scale=scale,
+            training=self.training,
+        )
+        return out[:, :, :N] if n_pad != N else out
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel_name!r}, sparsity={self.sparsity_config!r}, dropout_p={self.dropout_p}"
+
+
+def _squeeze_to(x: torch.Tensor, dims: int, what: str) -> torch.Tensor:
+    while x.dim() > dims:
+        if 1 not in x.shape[1:]:
+            raise ValueError(f"{what} of shape {tuple(x.shape)} cannot be squeezed to {dims} dims")
+        x = x.squeeze(next(d for d in range(x.dim() - 1, 0, -1) if x.shape[d] == 1))
+    return x
+
+
+def _mask_from_mode(x: torch.Tensor, mode: str, what: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """DeepSpeed's mask modes -> (allowed bool or None, additive bias or None).
+
+    ``mul``: 0 means masked (-inf), anything else 0 added. ``add``: the values are added; -inf entries become
+    boolean masks so that fully masked rows can return zeros instead of NaN.
+    """
+    if mode == "mul":
+        return x != 0, None
+    if mode == "add":
+        x = x.float() if not x.is_floating_point() else x
+        neg_inf = torch.isneginf(x)
+        allow = ~neg_inf if bool(neg_inf.any()) else None
+        return allow, x.masked_fill(neg_inf, 0.0)
+    raise ValueError(f"{what} mode must be 'add' or 'mul', got {mode!r}")
+
+
+class SparseSelfAttention(nn.Module):
+    """Drop-in for ``deepspeed.ops.sparse_attention.SparseSelfAttention`` (0.19.5 semantics), on our kernels.
+
+    Differences: fp32/fp16/bf16, attention dropout (``attn_dropout``), a kernel choice (``kernel``), sequence
+    lengths that are not block multiples are padded instead of rejected, and plans are cached per layout (DeepSpeed
+    kept one class-wide cache keyed by length, shared between different layouts).
+    """
+
+    def __init__(
+        self,
+        sparsity_config: SparsityConfig,
+        key_padding_mask_mode: str = "add",
+        attn_mask_mode: str = "mul",
+        max_seq_length: int = 2048,
+        *,
+        kernel: str = "auto",
+        attn_dropout: float = 0.0,
+    ):
+        super().__init__()
+        for name, mode in (("key_padding_mask_mode", key_padding_mask_mode), ("attn_mask_mode", attn_mask_mode)):
+            if mode not in ("add", "mul"):
+                raise ValueError(f"{name} must be 'add' or 'mul', got {mode!r}")
+        self.sparsity_config = sparsity_config
+        self.key_padding_mask_mode = key_padding_mask_mode
+        self.attn_mask_mode = attn_mask_mode
+        self.attention = BlockSparseAttention(sparsity_config, kernel, max_seq_length, attn_dropout)
+
+    @property
+    def master_layout(self) -> torch.Tensor:
+        return self.attention.master_layout
+
+    def forward(self, query, key, value, rpe=None, key_padding_mask=None, attn_mask=None):
+        """q/k/v ``[B, H, N, D]`` (key may be ``[B, H, D, N]``); key_padding_mask ``[B, N]`` (extra unit dims are
+        squeezed); attn_mask ``[N, N]``; rpe broadcastable to ``[B, H, N, N]``, added after scaling."""
+        B, H, N, D = query.shape
+        if key.shape[2] != N and key.shape[3] == N:
+            key = key.transpose(2, 3)
+        if query.shape != key.shape or key.shape[:3] != value.shape[:3]:
+            raise NotImplementedError("only self-attention is supported for now")
+        kpm_allow = token_allow = None
+        biases: list[ScoreBias | None] = []
+        if key_padding_mask is not None:
+            kpm = _squeeze_to(key_padding_mask, 2, "key_padding_mask").to(query.device)
+            kpm_allow, kpm_bias = _mask_from_mode(kpm, self.key_padding_mask_mode, "key_padding_mask")
+            if kpm_bias is not None:
+                biases.append(DenseScoreBias(kpm_bias[:, None, None, :]))
+        if attn_mask is not None:
+            am = _squeeze_to(attn_mask, 2, "attn_mask").to(query.device)
+            token_allow, am_bias = _mask_from_mode(am, self.attn_mask_mode, "attn_mask")
+            if am_bias is not None:
+                biases.append(DenseScoreBias(am_bias))
+        if rpe is not None:
+            biases.append(DenseScoreBias(rpe))
+        return self.attention(
+            query,
+            key,
+            value,
+            key_padding_mask_BN=kpm_allow,
+            token_mask=None if token_allow is None else token_allow.unsqueeze(0),
+            score_bias=combine_biases(*biases),
+            scale=float(D) ** -0.5,
+        )
