@@ -1,0 +1,86 @@
+"""Building the tokenizer, ModelConfig, model and datasets from the run config (the only place that imports
+model/ and data_pipeline/ for training)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from pretrain.args import ArgsError, DataArgs, ModelArgs, RunConfig
+
+
+def build_tokenizer(data: DataArgs):
+    from data_pipeline.tokenization import build_tokenizer as _build
+
+    return _build(data.tokenizer_type, vocab_file=data.vocab_file, tokenizer_model=data.tokenizer_model)
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    return -(-vocab_size // multiple) * multiple
+
+
+def build_model_config(margs: ModelArgs, data: DataArgs, vocab_size: int,
+                       sparse_attention: dict[str, Any] | None, ds_path: str):
+    """ModelConfig from --model-config or the preset, then flags; vocab from the tokenizer; NSP head from the mode.
+
+    The ds_config's legacy `sparse_attention` block becomes attention.sparsity (a conflict with a flag is an error).
+    """
+    from model.config import ModelConfig
+
+    if margs.model_config:
+        try:
+            with open(margs.model_config) as f:
+                base = ModelConfig.from_dict(json.load(f))
+        except (OSError, ValueError, TypeError) as e:
+            raise ArgsError(f"--model-config {margs.model_config}: {e}") from e
+        cfg = dataclasses.replace(base, **margs.overrides)
+    else:
+        cfg = ModelConfig.preset(margs.model_preset, **margs.overrides)
+    attention = dict(margs.attention)
+    if sparse_attention is not None:
+        if "sparsity" in attention:
+            raise ArgsError(f"sparsity given twice: the 'sparse_attention' block of {ds_path} and a command-line "
+                            "flag (--sparsity-config / --blockbert-blocks); keep one")
+        attention["sparsity"] = sparse_attention
+    if attention:
+        cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, **attention))
+    cfg = dataclasses.replace(cfg, vocab_size=padded_vocab_size(vocab_size, margs.make_vocab_size_divisible_by),
+                              nsp_head=data.sample_mode == "nsp")
+    if cfg.max_position_embeddings < data.seq_length:
+        raise ArgsError(f"--seq-length {data.seq_length} exceeds the model's max_position_embeddings "
+                        f"{cfg.max_position_embeddings}; raise --max-position-embeddings")
+    return cfg
+
+
+def build_model(model_config):
+    from model.bert import BertForPreTraining
+
+    return BertForPreTraining(model_config)
+
+
+def data_config(run: RunConfig):
+    from data_pipeline.loader import DataConfig
+
+    d = run.data
+    return DataConfig(data_path=list(d.data_path), split=d.split, seq_length=d.seq_length, mode=d.sample_mode,
+                      seed=run.loop.seed, short_seq_prob=d.short_seq_prob, mlm_probability=d.mask_prob,
+                      whole_word_masking=d.whole_word_masking)
+
+
+def build_datasets(run: RunConfig, tokenizer, train_iters: int, global_batch: int):
+    """(train, valid, test) sized like Megatron: enough samples for every iteration and every evaluation."""
+    from data_pipeline.loader import build_datasets as _build
+
+    loop = run.loop
+    evals = (train_iters // loop.eval_interval + 1) if loop.eval_interval else 0
+    num = (train_iters * global_batch, evals * loop.eval_iters * global_batch, loop.eval_iters * global_batch)
+    return _build(data_config(run), tokenizer, num_samples=num)
+
+
+def build_dataloader(run: RunConfig, dataset, tokenizer, micro_batch: int, dp_rank: int, dp_world: int,
+                     consumed_samples: int, num_workers: int):
+    from data_pipeline.loader import build_dataloader as _build
+
+    return _build(dataset, tokenizer, data_config(run), micro_batch_size=micro_batch, dp_rank=dp_rank,
+                  dp_world_size=dp_world, consumed_samples=consumed_samples, num_workers=num_workers)

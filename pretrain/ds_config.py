@@ -1,0 +1,143 @@
+"""Reading a DeepSpeed JSON config: our two legacy blocks, batch-size arithmetic, and errors that name the file.
+
+DeepSpeed 0.19.8 raises on the removed `sparse_attention` and `amp` blocks and silently ignores unknown top-level
+keys. We read `sparse_attention` ourselves (it becomes the model's AttentionConfig.sparsity), refuse `amp` with the
+replacement to use, and reject unknown top-level keys so a typo never trains with a default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class DSConfigError(ValueError):
+    """A ds_config problem; the message always names the file."""
+
+
+# Top-level blocks DeepSpeed 0.19.8 reads that are not spelled in deepspeed.runtime.constants.
+_EXTRA_KNOWN_KEYS = {
+    "zero_optimization", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+    "comet", "aio", "data_efficiency", "compile", "comms_logger", "autotuning", "monitor_config",
+    "hybrid_engine", "pipeline", "timers", "nvme_path", "weight_quantization", "zenflow",
+}
+
+
+def _known_top_level_keys() -> set[str]:
+    import deepspeed.runtime.constants as constants  # heavy import only when a config is read
+
+    known = {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)}
+    return known | _EXTRA_KNOWN_KEYS
+
+
+@dataclass
+class ResolvedDSConfig:
+    """A ds_config ready for deepspeed.initialize, plus what we took out of it."""
+
+    path: str
+    """The JSON file it came from (for messages)."""
+    config: dict[str, Any]
+    """The dict handed to deepspeed.initialize (legacy blocks removed, batch sizes filled in)."""
+    sparse_attention: dict[str, Any] | None = None
+    """The legacy `sparse_attention` block, for the model's AttentionConfig.sparsity (None when absent)."""
+    notes: list[str] = field(default_factory=list)
+    """What we changed, printed once by rank 0."""
+
+    @property
+    def precision(self) -> str:
+        """'fp16', 'bf16' or 'fp32' as the engine will run."""
+        if self.config.get("fp16", {}).get("enabled", False):
+            return "fp16"
+        if self.config.get("bf16", {}).get("enabled", False):
+            return "bf16"
+        return "fp32"
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.config.get("zero_optimization", {}).get("stage", 0))
+
+
+def read_ds_config(path: str | Path) -> ResolvedDSConfig:
+    """Parse the JSON file, strip `sparse_attention`, refuse `amp` and unknown top-level keys."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise DSConfigError(f"cannot read DeepSpeed config {path}: {e}") from e
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DSConfigError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from e
+    if not isinstance(cfg, dict):
+        raise DSConfigError(f"{path}: the top level must be a JSON object")
+    if "amp" in cfg:
+        raise DSConfigError(
+            f"{path}: the 'amp' block (NVIDIA Apex AMP) is not supported by DeepSpeed 0.19 nor by this trainer; "
+            "remove it and use \"fp16\": {\"enabled\": true} (dynamic loss scale) or \"bf16\": {\"enabled\": true}")
+    out = ResolvedDSConfig(path=path, config=cfg)
+    if "sparse_attention" in cfg:
+        block = cfg.pop("sparse_attention")
+        if not isinstance(block, dict):
+            raise DSConfigError(f"{path}: 'sparse_attention' must be an object, got {type(block).__name__}")
+        out.sparse_attention = block
+        out.notes.append(f"{path}: read the legacy 'sparse_attention' block into the model's attention config "
+                         "and removed it before deepspeed.initialize")
+    unknown = sorted(set(cfg) - _known_top_level_keys())
+    if unknown:
+        raise DSConfigError(f"{path}: unknown top-level key(s) {unknown}; DeepSpeed 0.19.8 would silently ignore "
+                            "them. Fix the spelling or remove them (see docs/training.md for the accepted blocks)")
+    for key in ("fp16", "bf16"):
+        if key in cfg and not isinstance(cfg[key], dict):
+            raise DSConfigError(f"{path}: '{key}' must be an object like {{\"enabled\": true}}")
+    if cfg.get("fp16", {}).get("enabled") and cfg.get("bf16", {}).get("enabled"):
+        raise DSConfigError(f"{path}: 'fp16' and 'bf16' are both enabled; enable at most one")
+    return out
+
+
+def resolve_batch_sizes(ds: ResolvedDSConfig, micro_batch_size: int | None, global_batch_size: int | None,
+                        dp_world_size: int) -> tuple[int, int, int]:
+    """Fill train_micro_batch_size_per_gpu / gradient_accumulation_steps / train_batch_size consistently.
+
+    Command-line values win over the file only when the file leaves them out; a conflict is an error naming both.
+    Returns (micro, accumulation steps, global).
+    """
+    cfg, path = ds.config, ds.path
+
+    def pick(flag_value: int | None, key: str, flag: str) -> int | None:
+        file_value = cfg.get(key)
+        if flag_value is not None and file_value is not None and int(file_value) != flag_value:
+            raise DSConfigError(f"{path}: {key}={file_value} disagrees with {flag} {flag_value}; "
+                                "give it in one place only")
+        return flag_value if flag_value is not None else (int(file_value) if file_value is not None else None)
+
+    micro = pick(micro_batch_size, "train_micro_batch_size_per_gpu", "--micro-batch-size")
+    glob = pick(global_batch_size, "train_batch_size", "--global-batch-size")
+    gas = cfg.get("gradient_accumulation_steps")
+    if micro is None:
+        raise DSConfigError(f"{path}: no micro batch size; pass --micro-batch-size or set "
+                            "train_micro_batch_size_per_gpu")
+    if glob is None:
+        glob = micro * dp_world_size * int(gas or 1)
+    if glob % (micro * dp_world_size):
+        raise DSConfigError(f"global batch {glob} is not a multiple of micro batch {micro} x {dp_world_size} "
+                            f"data-parallel ranks (config {path}); change --global-batch-size or --micro-batch-size")
+    want_gas = glob // (micro * dp_world_size)
+    if gas is not None and int(gas) != want_gas:
+        raise DSConfigError(f"{path}: gradient_accumulation_steps={gas} but global batch {glob} / (micro {micro} x "
+                            f"{dp_world_size} ranks) = {want_gas}; remove it from the file (it is derived)")
+    cfg["train_micro_batch_size_per_gpu"] = micro
+    cfg["gradient_accumulation_steps"] = want_gas
+    cfg["train_batch_size"] = glob
+    return micro, want_gas, glob
+
+
+def apply_clip_grad(ds: ResolvedDSConfig, clip_grad: float | None) -> None:
+    """--clip-grad fills gradient_clipping (the engine clips); a conflicting value in the file is an error."""
+    if clip_grad is None:
+        return
+    file_value = ds.config.get("gradient_clipping")
+    if file_value is not None and float(file_value) != clip_grad:
+        raise DSConfigError(f"{ds.path}: gradient_clipping={file_value} disagrees with --clip-grad {clip_grad}")
+    ds.config["gradient_clipping"] = clip_grad

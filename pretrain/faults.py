@@ -1,0 +1,36 @@
+"""Test-only fault injection, driven by environment variables so no production flag exists for it.
+
+SPARSEBERT_FAULT_NONFINITE_LOSS="ITER[,ITER...]"  rank 0 multiplies its loss by inf at those iterations
+SPARSEBERT_FAULT_KILL_IN_SAVE="ITER"              rank 0 SIGKILLs itself after DeepSpeed wrote the checkpoint
+                                                   files of ITER but before the commit marker and `latest`
+SPARSEBERT_FAULT_KILL_RANK="RANK:ITER"             that rank SIGKILLs itself at the start of ITER
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def _iters(name: str) -> set[int]:
+    raw = os.environ.get(name, "")
+    return {int(x) for x in raw.split(",") if x.strip()}
+
+
+def nonfinite_loss_at(iteration: int, rank: int) -> bool:
+    return rank == 0 and iteration in _iters("SPARSEBERT_FAULT_NONFINITE_LOSS")
+
+
+def maybe_kill_in_save(iteration: int, rank: int) -> None:
+    if rank == 0 and iteration in _iters("SPARSEBERT_FAULT_KILL_IN_SAVE"):
+        print(f"[fault] rank {rank}: killed during the save of iteration {iteration}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_kill_rank(iteration: int, rank: int) -> None:
+    raw = os.environ.get("SPARSEBERT_FAULT_KILL_RANK", "")
+    if raw:
+        want_rank, want_iter = (int(x) for x in raw.split(":"))
+        if rank == want_rank and iteration == want_iter:
+            print(f"[fault] rank {rank}: dying at iteration {iteration}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,48 @@
+"""Entry point: `deepspeed pretrain/train.py ...`, `torchrun pretrain/train.py ...`, `mpirun -np K python -m
+pretrain.train ...` or `python -m pretrain.train ...`. See docs/training.md.
+
+Exit codes: 0 done, 2 bad settings/config/checkpoint (message names the file or flag), 3 non-finite loss.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script by a launcher: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pretrain.args import ArgsError, parse_args  # noqa: E402
+from pretrain.checkpoint import CheckpointError  # noqa: E402
+from pretrain.distributed import destroy_distributed  # noqa: E402
+from pretrain.ds_config import DSConfigError  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run = parse_args(argv)
+    except ArgsError as e:
+        print(f"pretrain: error: {e}", file=sys.stderr)
+        return 2
+    from pretrain.trainer import NonFiniteLossError, Trainer
+
+    trainer = None
+    try:
+        trainer = Trainer(run)
+        trainer.train()
+        return 0
+    except NonFiniteLossError as e:
+        print(f"pretrain: error: {e}", file=sys.stderr, flush=True)
+        return 3
+    except (ArgsError, DSConfigError, CheckpointError) as e:
+        print(f"pretrain: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        if trainer is not None:
+            trainer.close()
+        else:
+            destroy_distributed()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

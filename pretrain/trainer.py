@@ -1,0 +1,349 @@
+"""The pretraining loop: train_step, evaluation, logging, checkpoints; close() always runs.
+
+Order of set-up (fixed, so a resumed run replays a straight run bit for bit):
+seed -> model (identical on every rank) -> per-rank seed -> engine -> --load -> data iterator -> restore RNG.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pretrain import builders, checkpoint, faults
+from pretrain.args import RunConfig, train_iterations, warmup_steps
+from pretrain.distributed import DistInfo, all_ranks_true, destroy_distributed, init_distributed
+from pretrain.ds_config import apply_clip_grad, read_ds_config, resolve_batch_sizes
+from pretrain.parallelize import apply_activation_checkpointing, apply_compile, initialize_engine
+
+_BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
+
+
+class NonFiniteLossError(RuntimeError):
+    """A NaN/inf loss in bf16/fp32 (fp16 overflows are skipped by the loss scaler instead)."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated CUDA memory, or peak RSS of this process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Trainer:
+    def __init__(self, run: RunConfig) -> None:
+        self.run = run
+        self.engine = None
+        self.writer = None
+        self.log_file = None
+        self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
+        self.rank0 = self.dist.rank == 0
+        self.ds = read_ds_config(run.system.deepspeed_config)
+        self.micro, self.gas, self.global_batch = resolve_batch_sizes(
+            self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size)
+        apply_clip_grad(self.ds, run.optim.clip_grad)
+        self.train_iters = train_iterations(run.loop, self.global_batch)
+        self.decay_iters = run.optim.lr_decay_iters or self.train_iters
+        self.warmup = warmup_steps(run.optim, self.decay_iters)
+        for note in self.ds.notes:
+            self._print(note)
+
+        self.tokenizer = builders.build_tokenizer(run.data)
+        self.model_config = builders.build_model_config(run.model, run.data, self.tokenizer.vocab_size,
+                                                        self.ds.sparse_attention, self.ds.path)
+        seed_everything(run.loop.seed)
+        model = builders.build_model(self.model_config)
+        resume_tag = checkpoint.find_resume_tag(run.checkpoint.load) if run.checkpoint.load else None
+        if run.checkpoint.load and resume_tag is None:
+            self._print(f"--load {run.checkpoint.load}: no complete checkpoint there; starting from scratch")
+        if run.checkpoint.finetune and resume_tag:
+            self._load_finetune_weights(model, resume_tag)
+        if run.system.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        seed_everything(run.loop.seed + 100 * self.dist.rank)  # dropout differs across data-parallel ranks
+        self.engine = initialize_engine(model, self.ds, run.optim, self.warmup, self.decay_iters)
+        if run.system.compile:
+            apply_compile(self.engine)
+
+        self.iteration = 0
+        self.consumed_samples = 0
+        rng = None
+        if resume_tag and not run.checkpoint.finetune:
+            client = checkpoint.load(self.engine, run.checkpoint.load, resume_tag, self.model_config.to_dict(),
+                                     restore_rng=not run.checkpoint.no_load_rng)
+            self.iteration = int(client["iteration"])
+            self.consumed_samples = int(client["consumed_train_samples"])
+            if client.get("layout_state") is not None:
+                self.engine.module.load_layout_state(client["layout_state"])
+            rng = client.get("_rng")
+            self._print(f"resumed from {run.checkpoint.load}/{resume_tag}: iteration {self.iteration}, "
+                        f"{self.consumed_samples} samples consumed")
+
+        self.train_ds, self.valid_ds, _ = builders.build_datasets(run, self.tokenizer, self.train_iters,
+                                                                  self.global_batch)
+        self.train_iter = self._loader(self.train_ds, self.consumed_samples, run.system.num_workers)
+        if rng is not None:
+            checkpoint.set_rng_state(rng)
+
+        if self.rank0 and run.logging.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=run.logging.tensorboard_dir)
+        if self.rank0 and run.logging.log_json:
+            Path(run.logging.log_json).parent.mkdir(parents=True, exist_ok=True)
+            self.log_file = open(run.logging.log_json, "a")
+
+    # ------------------------------------------------------------------ helpers
+    def _print(self, msg: str) -> None:
+        if self.rank0:
+            print(f"[pretrain] {msg}", flush=True)
+
+    def _loader(self, dataset, consumed: int, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
+        return iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
+                                              self.dist.world_size, consumed, num_workers))
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: batch[k].to(self.dist.device, non_blocking=True) for k in _BATCH_KEYS if k in batch}
+
+    def _load_finetune_weights(self, model: torch.nn.Module, tag: str) -> None:
+        """Phase 2 of a two-phase run: weights only, position table extended when the model got longer."""
+        load_dir = self.run.checkpoint.load
+        client = checkpoint.read_client_state(load_dir, tag)
+        diffs = checkpoint.architecture_differences(client.get("model_config", {}), self.model_config.to_dict(),
+                                                    allow={"max_position_embeddings"})
+        if diffs:
+            raise checkpoint.CheckpointError(f"--finetune {load_dir}/{tag}: the model differs beyond "
+                                             "max_position_embeddings:\n  " + "\n  ".join(diffs))
+        weights = checkpoint.load_fp32_weights(load_dir, tag)
+        for line in checkpoint.extend_position_embeddings(weights, model):
+            self._print(f"extended {line}")
+        model.load_state_dict(weights, strict=True)
+        if client.get("layout_state") is not None:
+            model.load_layout_state(client["layout_state"])
+        self._print(f"--finetune: loaded weights of {load_dir}/{tag}; iteration, optimizer and LR warmup restart")
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step over `gas` micro-batches. Raises NonFiniteLossError on every rank together."""
+        engine, module = self.engine, self.engine.module
+        skipped_before = engine.skipped_steps
+        lr = engine.get_lr()[0]  # the LR this step uses (the scheduler moves it after an applied step)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        tokens = 0
+        aux_value = None
+        for _ in range(self.gas):
+            try:
+                batch = self._to_device(next(self.train_iter))
+            except StopIteration:
+                raise RuntimeError(f"the training data ran out at iteration {self.iteration + 1}; the sample index "
+                                   "was built for fewer samples than --train-iters x --global-batch-size") from None
+            out = engine(**batch)
+            loss = out.loss
+            aux = module.auxiliary_loss()
+            if aux is not None:
+                loss = loss + aux
+                aux_value = float(aux.detach())
+            if faults.nonfinite_loss_at(self.iteration + 1, self.dist.rank):
+                loss = loss * float("inf")
+            if self.ds.precision != "fp16" and not all_ranks_true(bool(torch.isfinite(loss).item()),
+                                                                  self.dist.device):
+                raise NonFiniteLossError(
+                    f"non-finite loss at iteration {self.iteration + 1} ({self.ds.precision}); every rank stopped "
+                    f"before the update. Last complete checkpoint: {self._last_checkpoint_text()}")
+            engine.backward(loss)
+            engine.step()
+            loss_sum += loss.detach().double().cpu()
+            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        self.iteration += 1
+        self.consumed_samples += self.global_batch
+        return {"loss_sum": loss_sum / self.gas, "tokens": tokens,
+                "skipped": engine.skipped_steps - skipped_before, "aux_loss": aux_value, "lr": lr}
+
+    def _last_checkpoint_text(self) -> str:
+        save = self.run.checkpoint.save or self.run.checkpoint.load
+        tag = checkpoint.find_resume_tag(save) if save else None
+        return f"{save}/{tag} (resume with --load {save})" if tag else "none"
+
+    def _dp_mean(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.dist.device)
+        dist.all_reduce(t)
+        return (t / self.dist.world_size).tolist()
+
+    def _dp_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.dist.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation MLM loss, perplexity, masked-token accuracy (and NSP accuracy); leaves training RNG untouched."""
+        state = checkpoint.rng_state()
+        self.engine.eval()
+        sums = [0.0] * 5  # mlm loss x count, mlm correct, mlm count, nsp correct, nsp count
+        it = self._loader(self.valid_ds, 0, 0)
+        for _ in range(self.run.loop.eval_iters):
+            try:
+                batch = self._to_device(next(it))
+            except StopIteration:
+                break
+            out = self.engine(**batch)
+            count = float(out.mlm_count)
+            sums[0] += float(out.mlm_loss) * count
+            sums[1] += float(out.mlm_correct)
+            sums[2] += count
+            if out.nsp_logits is not None and "next_sentence_label" in batch:
+                sums[3] += float((out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum())
+                sums[4] += batch["next_sentence_label"].numel()
+        self.engine.train()
+        checkpoint.set_rng_state(state)
+        s = self._dp_sum(sums)
+        loss = s[0] / max(s[2], 1.0)
+        out = {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "mlm_accuracy": s[1] / max(s[2], 1.0)}
+        if s[4]:
+            out["nsp_accuracy"] = s[3] / s[4]
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> None:
+        module = self.engine.module
+        client = {"iteration": self.iteration, "consumed_train_samples": self.consumed_samples,
+                  "model_config": self.model_config.to_dict(), "args": self.run.to_dict(),
+                  "layout_state": module.layout_state(), "world_size": self.dist.world_size}
+        tag = checkpoint.save(self.engine, self.run.checkpoint.save, self.iteration, client,
+                              self.run.checkpoint.keep_last)
+        self._print(f"saved {self.run.checkpoint.save}/{tag}")
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> None:
+        run = self.run
+        loop, ckpt = run.loop, run.checkpoint
+        self.engine.train()
+        window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
+        last_saved = self.iteration if ckpt.load else None
+        while self.iteration < self.train_iters:
+            faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
+            step = self.train_step()
+            window_tokens += step["tokens"]
+            window_iters += 1
+            if self.iteration % loop.log_interval == 0 or self.iteration == self.train_iters:
+                elapsed = time.perf_counter() - window_start
+                self._log(step, elapsed, window_tokens, window_iters)
+                window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
+            if loop.eval_interval and self.iteration % loop.eval_interval == 0:
+                self._log_eval(self.evaluate())
+            done = self.iteration == self.train_iters
+            stop = bool(loop.exit_interval and self.iteration % loop.exit_interval == 0)
+            if ckpt.save and (done or stop or (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)):
+                self.save()
+                last_saved = self.iteration
+            if stop and not done:
+                self._print(f"--exit-interval {loop.exit_interval}: stopping at iteration {self.iteration}")
+                break
+        self._export_dam_masks()
+        del last_saved
+
+    def _export_dam_masks(self) -> None:
+        """DAM search runs end by writing the binarized learned masks (for fixed-mask training)."""
+        module = self.engine.module
+        export = getattr(module, "export_learned_masks", None)
+        if export is None or not self.run.checkpoint.save:
+            return
+        masks = export()
+        if masks is not None and self.rank0:
+            path = Path(self.run.checkpoint.save, "learned_masks.pt")
+            torch.save(masks, path)
+            self._print(f"exported the learned DAM masks to {path}")
+
+    def _log(self, step: dict[str, Any], elapsed: float, window_tokens: int, window_iters: int) -> None:
+        engine = self.engine
+        loss, tokens, skipped_max, neg_skipped_min = self._dp_mean_and_counts(step, window_tokens)
+        if skipped_max != -neg_skipped_min:
+            raise RuntimeError(f"ranks disagree on skipped fp16 steps at iteration {self.iteration} "
+                               f"({-neg_skipped_min} vs {skipped_max})")
+        lr = step["lr"]
+        grad_norm = engine.get_global_grad_norm()
+        grad_norm = None if grad_norm is None else float(grad_norm)
+        scale = engine._get_optimizer_loss_scale() if self.ds.precision == "fp16" else None
+        rec = {"iteration": self.iteration, "loss": loss, "lr": lr,
+               "loss_scale": None if scale is None else float(scale), "grad_norm": grad_norm,
+               "skipped_steps": int(skipped_max), "consumed_samples": self.consumed_samples,
+               "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
+               "samples_per_s": window_iters * self.global_batch / elapsed if elapsed > 0 else None,
+               "memory_mb": peak_memory_mb(self.dist.device)}
+        if step["aux_loss"] is not None:
+            rec["aux_loss"] = step["aux_loss"]
+        sparsity = getattr(engine.module, "mask_sparsity", None)
+        if sparsity is not None:
+            rec["mask_sparsity"] = float(sparsity())
+        if not self.rank0:
+            return
+        print(f"[pretrain] iteration {self.iteration}/{self.train_iters} | loss {loss:.6f} | lr {lr:.3e} | "
+              f"grad norm {grad_norm} | loss scale {rec['loss_scale']} | skipped {rec['skipped_steps']} | "
+              f"tokens/s {rec['tokens_per_s'] or 0:.0f} | mem {rec['memory_mb']:.0f} MB", flush=True)
+        if self.log_file:
+            self.log_file.write(json.dumps(rec) + "\n")
+            self.log_file.flush()
+        if self.writer:
+            tb = dict(rec)
+            tb["perplexity"] = math.exp(min(loss, 50.0))
+            for k, v in tb.items():
+                if k not in ("iteration",) and v is not None:
+                    self.writer.add_scalar(f"train/{k}", v, self.iteration)
+            self.writer.flush()
+
+    def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: int) -> tuple[float, float, float, float]:
+        """One all-reduce: mean loss, total tokens, max and -min of the skipped-step counter."""
+        skipped = float(self.engine.skipped_steps)
+        t = torch.tensor([float(step["loss_sum"]), float(window_tokens), skipped, -skipped], dtype=torch.float64,
+                         device=self.dist.device)
+        sum_part, max_part = t[:2].clone(), t[2:].clone()
+        dist.all_reduce(sum_part)
+        dist.all_reduce(max_part, op=dist.ReduceOp.MAX)
+        return (float(sum_part[0]) / self.dist.world_size, float(sum_part[1]), float(max_part[0]),
+                float(max_part[1]))
+
+    def _log_eval(self, metrics: dict[str, float]) -> None:
+        if not self.rank0:
+            return
+        print(f"[pretrain] validation at iteration {self.iteration}: " +
+              " | ".join(f"{k} {v:.6f}" for k, v in metrics.items()), flush=True)
+        if self.log_file:
+            self.log_file.write(json.dumps({"iteration": self.iteration, "valid": metrics}) + "\n")
+            self.log_file.flush()
+        if self.writer:
+            for k, v in metrics.items():
+                self.writer.add_scalar(f"valid/{k}", v, self.iteration)
+            self.writer.flush()
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Flush outputs and destroy the process group; safe after any failure, safe to call twice."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+        destroy_distributed()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

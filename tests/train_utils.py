@@ -1,0 +1,111 @@
+"""Tiny inputs for the training tests: a 128-entry WordPiece vocabulary, synthetic shards, and a runner for
+`deepspeed` / `torchrun` / `mpirun` / plain python launches with a hard timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.indexed import IndexedDatasetBuilder, best_dtype
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+VOCAB_SIZE = 128
+
+
+def write_vocab(path: Path) -> Path:
+    words = SPECIALS + [f"w{i}" for i in range(VOCAB_SIZE - len(SPECIALS))]
+    path.write_text("\n".join(words) + "\n")
+    return path
+
+
+def write_shard(prefix: Path, num_docs: int = 60, seed: int = 0) -> Path:
+    """Documents of 3-12 sentences of 4-20 tokens; tokens follow a simple Markov chain so MLM can learn."""
+    rng = np.random.default_rng(seed)
+    with IndexedDatasetBuilder(prefix, best_dtype(VOCAB_SIZE)) as b:
+        for _ in range(num_docs):
+            for _ in range(rng.integers(3, 13)):
+                n = int(rng.integers(4, 21))
+                start = int(rng.integers(len(SPECIALS), VOCAB_SIZE))
+                steps = rng.integers(0, 3, size=n)
+                ids = len(SPECIALS) + (start - len(SPECIALS) + np.cumsum(steps)) % (VOCAB_SIZE - len(SPECIALS))
+                b.add_item(ids.astype(np.int64))
+            b.end_document()
+    return prefix
+
+
+def tiny_model_config(path: Path, **overrides) -> Path:
+    from model.config import ModelConfig
+
+    cfg = ModelConfig.preset("tiny", vocab_size=VOCAB_SIZE, **overrides)
+    path.write_text(json.dumps(cfg.to_dict()))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_args(tmp: Path, ds_config: str, iters: int, *extra: str, seq: int = 64, micro: int = 2,
+               global_batch: int | None = None) -> list[str]:
+    """Common flags for a tiny run reading the fixtures of `tmp` (prepared by `prepare`)."""
+    args = ["--deepspeed_config", str(REPO / "ds_configs" / ds_config), "--data-path", str(tmp / "shard"),
+            "--vocab-file", str(tmp / "vocab.txt"), "--model-config", str(tmp / "model.json"),
+            "--seq-length", str(seq), "--micro-batch-size", str(micro), "--train-iters", str(iters),
+            "--lr", "1e-3", "--lr-warmup-fraction", "0.2", "--log-interval", "1", "--eval-interval", "0",
+            "--num-workers", "0", "--split", "90,10,0", "--seed", "7"]
+    if global_batch is not None:
+        args += ["--global-batch-size", str(global_batch)]
+    return args + list(extra)
+
+
+def prepare(tmp: Path, **model_overrides) -> Path:
+    write_vocab(tmp / "vocab.txt")
+    write_shard(tmp / "shard")
+    tiny_model_config(tmp / "model.json", **model_overrides)
+    return tmp
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = dict(os.environ)
+    e.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    e.update(extra)
+    return e
+
+
+def launch(kind: str, args: list[str], nprocs: int = 2, timeout: float = 240, **env_extra: str):
+    """Run training through one launch path; returns CompletedProcess (stdout+stderr merged)."""
+    port = str(free_port())
+    if kind == "deepspeed":
+        cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", port,
+               str(REPO / "pretrain" / "train.py")]
+    elif kind == "torchrun":
+        cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", port,
+               str(REPO / "pretrain" / "train.py")]
+    elif kind == "mpirun":
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nprocs), "-x", "PYTHONPATH",
+               "-x", "OMP_NUM_THREADS", *sum((["-x", k] for k in env_extra), []),
+               sys.executable, "-m", "pretrain.train"]
+    elif kind == "python":
+        cmd = [sys.executable, "-m", "pretrain.train"]
+    else:
+        raise ValueError(kind)
+    return subprocess.run(cmd + args, cwd=REPO, env=env(**env_extra), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_records(path: Path) -> list[dict]:
+    return [r for r in read_log(path) if "loss" in r]
