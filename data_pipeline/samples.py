@@ -1,0 +1,424 @@
+"""The sample index: which tokens of a shard form each pretraining sample.
+
+A shard (Megatron ``.bin``/``.idx``) stores one sequence per sentence, documents as runs of sentences,
+all tokens back to back. Every sample we build is one or two *contiguous token ranges* of that flat
+array, so the index is a small int64 table, one row per sample::
+
+    a_start, a_end, b_start, b_end, nsp_label      (b_* = 0 and label = -1 outside nsp mode)
+
+Modes (the tokens around the ranges are added at batch time):
+
+- ``doc-sentences``: ``[CLS] A [SEP]``, A = whole sentences of one document packed up to N - 2 tokens
+  (RoBERTa's DOC-SENTENCES, used by BlockBERT and DIET).
+- ``full-sentences``: like doc-sentences but packing continues into the next document; a [SEP] is
+  inserted at each document boundary and counted in the budget (RoBERTa's FULL-SENTENCES).
+- ``nsp``: ``[CLS] A [SEP] B [SEP]`` with BERT's recipe: pack up to N - 3, cut at a random sentence,
+  B is the rest (label 0) or, half the time, sentences from a random other document (label 1; the
+  unused sentences go back and start the next sample); the longer segment is trimmed if needed.
+
+Sentences longer than the budget are split into budget-sized pieces, never dropped. With probability
+``short_seq_prob`` a sample's budget is drawn uniformly from [2, budget] (BERT). Empty sentences are skipped.
+
+Packing is greedy but vectorized. The end of a sample that starts at a given token is one ``searchsorted``
+on the sentence boundaries (doc/full-sentences: on a virtual token axis with a [SEP] slot before every
+document; nsp: on the running token count of sentence pieces). Samples are then walked from every chain
+start at once (chains = documents, or runs across documents in full-sentences mode, also cut every
+~CHAIN_SAMPLES budgets), so the Python loop runs a few hundred steps whatever the corpus size, each step
+a handful of numpy calls over all chains. Random budgets are hashes of (seed, chain, step): order-free.
+
+When the next whole sentence does not fit and more than ``cut_fraction`` of the budget would stay empty,
+doc/full-sentences cut that sentence (the tail opens the next sample, nothing is dropped): whole-sentence
+packing alone leaves ~13% of N=128 empty on books (greedy is optimal for contiguous whole sentences).
+
+The index is cached next to the shard as ``{prefix}_samples_{hash}.npy`` (+ ``.json`` describing it),
+where the hash covers every parameter that changes it; it is written to a temp file and renamed, so
+ranks that build it at the same time never see a partial file, and memory-mapped when reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.indexed import IndexedDataset, data_file_path, index_file_path
+from data_pipeline.masking import sample_keys
+
+MODES = ("doc-sentences", "full-sentences", "nsp")
+INDEX_VERSION = 1
+#: the packing walk runs over chains in parallel; chains (documents, or runs of sentences crossing them in
+#: full-sentences mode) are also cut at a sentence start about every this many samples' worth of tokens,
+#: so a long book costs few steps (at most one shorter sample per chain: < 0.2% of the fill)
+CHAIN_SAMPLES = 256
+A_START, A_END, B_START, B_END, NSP_LABEL = range(5)
+
+
+class SampleIndexError(ValueError):
+    """Bad settings or data for building samples; the message names the setting or file."""
+
+
+@dataclass(frozen=True)
+class SampleIndexConfig:
+    """Everything that changes a sample index (and therefore its cache name)."""
+
+    seq_length: int = 512
+    """Maximum tokens per sample, [CLS]/[SEP] included."""
+    mode: str = "doc-sentences"
+    """One of doc-sentences, full-sentences, nsp (see module docstring)."""
+    seed: int = 1234
+    """Seed of the short-sequence draws and of nsp's split points and random segments."""
+    short_seq_prob: float = 0.1
+    """Probability that a sample gets a random shorter budget, as in BERT."""
+    cut_fraction: float = 0.05
+    """doc/full-sentences: when the next whole sentence does not fit and more than this fraction of the
+    budget would stay empty, cut that sentence: its head fills the sample, its tail opens the next one
+    (nothing is dropped). 1.0 = whole sentences only (strict RoBERTa packing: fill ~0.87 at N=128 on
+    books); 0.0 = every sample filled to the budget. Ignored in nsp mode (segments are whole sentences)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SampleIndexError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if int(self.seq_length) < 8:
+            raise SampleIndexError(f"seq_length={self.seq_length}: must be at least 8")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise SampleIndexError(f"short_seq_prob={self.short_seq_prob}: must be within [0, 1]")
+        if not 0.0 <= self.cut_fraction <= 1.0:
+            raise SampleIndexError(f"cut_fraction={self.cut_fraction}: must be within [0, 1]")
+
+    @property
+    def budget(self) -> int:
+        """Tokens available to the text of a sample: N minus its [CLS]/[SEP] tokens."""
+        return self.seq_length - (3 if self.mode == "nsp" else 2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# building
+# ---------------------------------------------------------------------------------------------------------
+def _units(ds: IndexedDataset, doc_lo: int, doc_hi: int, budget: int):
+    """Sentence pieces of documents [doc_lo, doc_hi): (token start [U], length [U], document [U])."""
+    s_lo, s_hi = int(ds.document_indices[doc_lo]), int(ds.document_indices[doc_hi])
+    lengths = np.asarray(ds.sequence_lengths[s_lo:s_hi], dtype=np.int64)
+    starts = np.asarray(ds.sequence_pointers[s_lo:s_hi], dtype=np.int64) // ds.dtype.itemsize
+    docs_of_seq = np.repeat(np.arange(doc_lo, doc_hi, dtype=np.int64),
+                            np.diff(np.asarray(ds.document_indices[doc_lo:doc_hi + 1], dtype=np.int64)))
+    keep = lengths > 0
+    lengths, starts, docs_of_seq = lengths[keep], starts[keep], docs_of_seq[keep]
+    pieces = (lengths + budget - 1) // budget
+    total = int(pieces.sum())
+    first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+    piece = np.arange(total, dtype=np.int64) - first
+    u_start = np.repeat(starts, pieces) + piece * budget
+    u_len = np.minimum(np.repeat(lengths, pieces) - piece * budget, budget)
+    u_doc = np.repeat(docs_of_seq, pieces)
+    return u_start, u_len, u_doc
+
+
+def _walk(nxt: np.ndarray, chain_starts: np.ndarray, chain_ends: np.ndarray) -> np.ndarray:
+    """All nodes on the orbits ``s, next[s], next[next[s]], ...`` (< chain end) of every chain, sorted."""
+    out = []
+    cur, end = chain_starts.copy(), chain_ends.copy()
+    while cur.size:
+        out.append(cur)
+        cur = nxt[cur]
+        alive = cur < end
+        cur, end = cur[alive], end[alive]
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
+
+
+def _short_targets(config: SampleIndexConfig, keys: np.ndarray, salt: int) -> np.ndarray:
+    """Budget of a sample starting at ``keys`` (positions): the full budget, or with probability
+    short_seq_prob a uniform one in [2, budget]; a hash of (seed, position), so order-free."""
+    L = config.budget
+    h = sample_keys(config.seed, keys, salt)
+    target = np.full(len(keys), L, dtype=np.int64)
+    if config.short_seq_prob > 0:
+        short = (h & np.uint64(0xFFFFFF)).astype(np.int64) < int(round(config.short_seq_prob * (1 << 24)))
+        target[short] = 2 + ((h[short] >> np.uint64(24)) % np.uint64(L - 1)).astype(np.int64)
+    return target
+
+
+def _chain_open(u_start: np.ndarray, doc_first: np.ndarray, config: SampleIndexConfig) -> np.ndarray:
+    """Pieces that open a chain of the walk: every ~CHAIN_SAMPLES budgets, plus document starts
+    (except in full-sentences mode, where packing runs across documents)."""
+    bucket = u_start // (CHAIN_SAMPLES * config.budget)
+    opens = np.r_[True, bucket[1:] != bucket[:-1]]
+    return opens if config.mode == "full-sentences" else opens | doc_first
+
+
+def _pack_tokens(u_start: np.ndarray, u_len: np.ndarray, doc_first: np.ndarray,
+                 config: SampleIndexConfig) -> np.ndarray:
+    """doc-sentences / full-sentences packing on a virtual token axis (full-sentences: one [SEP] slot
+    before every document start), walked for all chains at once; returns ``[S, 5]``."""
+    L = config.budget
+    U = len(u_len)
+    full = config.mode == "full-sentences"
+    k = np.cumsum(doc_first) if full else np.zeros(U, dtype=np.int64)
+    vs = u_start + k                                     # virtual start of every piece
+    sep_v = (vs[doc_first] - 1) if full else np.zeros(0, dtype=np.int64)
+    ve = vs + u_len                                      # virtual end of every piece
+    starts_u = np.flatnonzero(_chain_open(u_start, doc_first, config))
+    chain_v0 = vs[starts_u]
+    chain_v1 = ve[np.r_[starts_u[1:], U] - 1]
+    bnd = np.unique(np.concatenate([vs, chain_v1]))      # where a sample may end without a cut
+    cut = int(np.floor(config.cut_fraction * L))
+    rec_lo, rec_hi = [], []
+    cur, end, cid = chain_v0.copy(), chain_v1.copy(), np.arange(len(chain_v0), dtype=np.int64)
+    n_chains, step, block = len(chain_v0), 0, 64
+    while cur.size:
+        if step % block == 0:  # budgets of the next `block` samples of every chain, keyed by (chain, step)
+            keys = (np.arange(n_chains, dtype=np.int64)[:, None] << 32) + step + np.arange(block)[None, :]
+            targets = _short_targets(config, keys.ravel(), 1).reshape(n_chains, block)
+        lim = np.minimum(cur + targets[cid, step % block], end)
+        step += 1
+        e = bnd[np.searchsorted(bnd, lim, side="right") - 1]
+        nxt_b = bnd[np.minimum(np.searchsorted(bnd, cur, side="right"), len(bnd) - 1)]
+        e = np.where(e > cur, e, np.minimum(nxt_b, end))  # a short budget still takes one piece
+        if config.cut_fraction < 1.0:
+            e = np.where((lim - e > cut) & (lim > cur), lim, e)
+        rec_lo.append(cur)
+        rec_hi.append(e)
+        alive = e < end
+        cur, end, cid = e[alive], end[alive], cid[alive]
+    v0, v1 = np.concatenate(rec_lo), np.concatenate(rec_hi)
+    order = np.argsort(v0, kind="stable")
+    v0, v1 = v0[order], v1[order]
+    out = np.zeros((len(v0), 5), dtype=np.int64)
+    out[:, A_START] = v0 - np.searchsorted(sep_v, v0, side="left")
+    out[:, A_END] = v1 - np.searchsorted(sep_v, v1, side="left")
+    out[:, NSP_LABEL] = -1
+    keep = out[:, A_END] > out[:, A_START]             # a sample that would hold only a [SEP] slot
+    return out[keep]
+
+
+def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: SampleIndexConfig) -> np.ndarray:
+    """Build the ``[S, 5]`` int64 index of the documents ``doc_range`` of ``ds`` (no caching)."""
+    doc_lo, doc_hi = doc_range
+    L = config.budget
+    u_start, u_len, u_doc = _units(ds, doc_lo, doc_hi, L)
+    U = len(u_len)
+    if U == 0:
+        return np.zeros((0, 5), dtype=np.int64)
+    doc_first = np.r_[True, u_doc[1:] != u_doc[:-1]]        # piece opens a document
+    if config.mode != "nsp":
+        return _pack_tokens(u_start, u_len, doc_first, config)
+
+    idx = np.arange(U, dtype=np.int64)
+    rng = np.random.default_rng([config.seed, MODES.index(config.mode), config.seq_length, INDEX_VERSION])
+    target = _short_targets(config, idx, 2)
+    doc_start_units = np.flatnonzero(doc_first)
+    doc_end_units = np.r_[doc_start_units[1:], U]
+    doc_ord = np.cumsum(doc_first) - 1                          # rank of the piece's document among non-empty ones
+    opens = _chain_open(u_start, doc_first, config)
+    chain_starts = np.flatnonzero(opens)
+    chain_ends = np.r_[chain_starts[1:], U]
+    unit_chain_end = chain_ends[np.cumsum(opens) - 1]
+    cum = np.r_[0, np.cumsum(u_len)]
+    pack_end = np.searchsorted(cum, cum[:-1] + target, side="right") - 1
+    pack_end = np.clip(pack_end, idx + 1, unit_chain_end)
+
+    # ---- nsp: split point, random-next decision and random segment, all drawn per piece --------------
+    n_docs = len(doc_start_units)
+    if n_docs < 2:
+        raise SampleIndexError(f"{ds.prefix}: nsp mode needs at least 2 non-empty documents in the split "
+                               f"(documents {doc_lo}..{doc_hi - 1} have {n_docs})")
+    k = pack_end - idx
+    split = idx + 1 + np.floor(rng.random(U) * np.maximum(k - 1, 1)).astype(np.int64)
+    split = np.minimum(split, pack_end)
+    is_random = (rng.random(U) < 0.5) | (k == 1)
+    a_len = cum[split] - cum[idx]
+    other = np.floor(rng.random(U) * (n_docs - 1)).astype(np.int64)
+    other += other >= doc_ord                                   # any document but this one
+    o_first, o_end = doc_start_units[other], doc_end_units[other]
+    b_first = o_first + np.floor(rng.random(U) * (o_end - o_first)).astype(np.int64)
+    b_budget = np.maximum(target - a_len, 1)
+    b_end = np.searchsorted(cum, cum[b_first] + b_budget, side="right") - 1
+    b_end = np.clip(b_end, b_first + 1, o_end)
+    nxt = np.where(is_random, split, pack_end)                  # random B: the unused sentences go back
+
+    starts = _walk(nxt, chain_starts, chain_ends)
+    s, r = split[starts], is_random[starts]
+    b_lo = np.where(r, b_first[starts], s)
+    b_hi = np.where(r, b_end[starts], pack_end[starts])
+    a0 = u_start[starts]
+    a1 = u_start[s - 1] + u_len[s - 1]
+    b0 = u_start[b_lo]
+    b1 = u_start[b_hi - 1] + u_len[b_hi - 1]
+    # trim the longer segment (from its end) until the pair fits, as BERT's truncate_seq_pair
+    la, lb = a1 - a0, b1 - b0
+    over = la + lb > L
+    keep_a = np.minimum(la, np.maximum(L - lb, np.where(la >= lb, (L + 1) // 2, L // 2)))
+    la = np.where(over, keep_a, la)
+    lb = np.where(over, L - la, lb)
+    out = np.empty((len(starts), 5), dtype=np.int64)
+    out[:, A_START], out[:, A_END] = a0, a0 + la
+    out[:, B_START], out[:, B_END] = b0, b0 + lb
+    out[:, NSP_LABEL] = r.astype(np.int64)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# caching
+# ---------------------------------------------------------------------------------------------------------
+def _shard_identity(prefix: str) -> dict:
+    out = {}
+    for p in (index_file_path(prefix), data_file_path(prefix)):
+        st = os.stat(p)
+        out[os.path.basename(p)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def index_cache_path(prefix: str, doc_range: tuple[int, int], config: SampleIndexConfig,
+                     cache_dir: str | None = None) -> tuple[Path, dict]:
+    """Where the index for these parameters lives, and the description hashed into its name."""
+    desc = {"version": INDEX_VERSION, "shard": _shard_identity(prefix), "doc_range": list(map(int, doc_range)),
+            **asdict(config)}
+    digest = hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+    base = Path(prefix) if cache_dir is None else Path(cache_dir) / Path(prefix).name
+    return base.parent / f"{base.name}_samples_{digest}.npy", desc
+
+
+def _atomic_save(path: Path, writer) -> None:
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            writer(f)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load_or_build_index(ds: IndexedDataset, doc_range: tuple[int, int], config: SampleIndexConfig,
+                        cache_dir: str | None = None, verbose: bool = False) -> np.ndarray:
+    """The cached index (memory-mapped) if present, else build it, save it atomically and return it."""
+    path, desc = index_cache_path(ds.prefix, doc_range, config, cache_dir)
+    if path.is_file():
+        try:
+            arr = np.load(path, mmap_mode="r")
+            if arr.ndim == 2 and arr.shape[1] == 5 and arr.dtype == np.int64:
+                return arr
+        except (ValueError, OSError):
+            pass  # unreadable: rebuild below
+    t0 = time.perf_counter()
+    arr = build_sample_index(ds, doc_range, config)
+    seconds = time.perf_counter() - t0
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_save(path, lambda f: np.save(f, arr))
+        desc.update(num_samples=int(len(arr)), build_seconds=round(seconds, 4))
+        _atomic_save(path.with_suffix(".json"), lambda f: f.write(json.dumps(desc, indent=1).encode()))
+    except OSError as e:
+        if verbose:
+            print(f"[samples] could not cache the index at {path} ({e}); set cache_dir to a writable folder",
+                  file=sys.stderr)
+        return arr
+    if verbose:
+        print(f"[samples] built {len(arr)} samples for {ds.prefix} documents {doc_range} in {seconds:.3f}s "
+              f"-> {path}", file=sys.stderr)
+    return np.load(path, mmap_mode="r")
+
+
+def shard_max_token_id(ds: IndexedDataset) -> int:
+    """Largest token id in the shard, scanned in chunks once and cached next to it (keyed by size/mtime)."""
+    ident = _shard_identity(ds.prefix)
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(f"{ds.prefix}_maxid_{digest}.json")
+    try:
+        return int(json.loads(path.read_text())["max_token_id"])
+    except (OSError, ValueError, KeyError):
+        pass
+    tokens = ds.tokens
+    m = -1
+    step = 1 << 24
+    for i in range(0, len(tokens), step):
+        m = max(m, int(np.asarray(tokens[i:i + step]).max()))
+    try:
+        _atomic_save(path, lambda f: f.write(json.dumps({"max_token_id": m, "shard": ident}).encode()))
+    except OSError:
+        pass
+    return m
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m data_pipeline.samples",
+                                description="Build (and cache) the sample index of shards; print statistics.")
+    p.add_argument("--data-path", nargs="+", required=True,
+                   help="shard prefix, or weights and prefixes: 0.25 books_prefix 0.75 wiki_prefix")
+    p.add_argument("--split", default="949,50,1", help="train,valid,test proportions of documents")
+    p.add_argument("--split-name", default="train", choices=("train", "valid", "test"),
+                   help="which split to describe")
+    p.add_argument("--seq-length", type=int, default=512)
+    p.add_argument("--mode", default="doc-sentences", choices=MODES)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--mlm-probability", type=float, default=0.15)
+    p.add_argument("--whole-word-masking", action="store_true")
+    p.add_argument("--pad-to-multiple-of", type=int, default=None)
+    p.add_argument("--tokenizer-type", required=True)
+    p.add_argument("--vocab-file", default=None)
+    p.add_argument("--tokenizer-model", default=None)
+    p.add_argument("--cache-dir", default=None, help="where to cache indices (default: next to the shards)")
+    p.add_argument("--stats", action="store_true", help="print statistics as JSON")
+    p.add_argument("--stats-samples", type=int, default=20000,
+                   help="how many samples to mask for the masking statistics (fill ratio uses all)")
+    p.add_argument("--show", type=int, default=0, metavar="K", help="decode K masked samples")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    from data_pipeline.loader import DataConfig, build_datasets, Collator, dataset_stats
+    from data_pipeline.tokenization import build_tokenizer
+
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
+    try:
+        config = DataConfig(data_path=args.data_path, split=args.split, seq_length=args.seq_length, mode=args.mode,
+                            seed=args.seed, short_seq_prob=args.short_seq_prob,
+                            mlm_probability=args.mlm_probability, whole_word_masking=args.whole_word_masking,
+                            pad_to_multiple_of=args.pad_to_multiple_of, cache_dir=args.cache_dir)
+        t0 = time.perf_counter()
+        splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer)))
+        build_s = time.perf_counter() - t0
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ds = splits[args.split_name]
+    if ds is None:
+        print(f"error: the {args.split_name} split is empty with --split {args.split}", file=sys.stderr)
+        return 2
+    collator = Collator(tokenizer, config)
+    if args.stats:
+        stats = dataset_stats(ds, collator, max_masked_samples=args.stats_samples)
+        stats["index_seconds"] = round(build_s, 4)
+        print(json.dumps(stats, indent=1))
+    if args.show:
+        batch = collator(ds.__getitems__(list(range(min(args.show, len(ds))))))
+        for row in range(batch["input_ids"].shape[0]):
+            ids = batch["input_ids"][row]
+            labels = batch["labels"][row]
+            n = int(batch["attention_mask"][row].sum())
+            pieces = []
+            for pos in range(n):
+                tok = tokenizer.id_to_token(int(ids[pos]))
+                if int(labels[pos]) != -100:
+                    orig = tokenizer.id_to_token(int(labels[pos]))
+                    tok = f"<<{tok}|{orig}>>" if tok != orig else f"<<={tok}>>"
+                pieces.append(tok)
+            extra = f" next_sentence_label={int(batch['next_sentence_label'][row])}" if "next_sentence_label" in batch else ""
+            print(f"--- sample {row} ({n} tokens){extra}")
+            print(" ".join(pieces))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
