@@ -14,7 +14,7 @@ Modes (the tokens around the ranges are added at batch time):
   inserted at each document boundary and counted in the budget (RoBERTa's FULL-SENTENCES).
 - ``nsp``: ``[CLS] A [SEP] B [SEP]`` with BERT's recipe: pack up to N - 3, cut at a random sentence,
   B is the rest (label 0) or, half the time, sentences from a random other document (label 1; the
-  unused sentences go back and start the next sample); the longer segment is trimmed if needed.
+  unused sentences go back and start the next sample); a random B is trimmed to fit, A never is.
 
 Sentences longer than the budget are split into budget-sized pieces, never dropped. With probability
 ``short_seq_prob`` a sample's budget is drawn uniformly from [2, budget] (BERT). Empty sentences are skipped.
@@ -201,7 +201,8 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     """Build the ``[S, 5]`` int64 index of the documents ``doc_range`` of ``ds`` (no caching)."""
     doc_lo, doc_hi = doc_range
     L = config.budget
-    u_start, u_len, u_doc = _units(ds, doc_lo, doc_hi, L)
+    # nsp: pieces of at most L - 1 tokens, so that a one-piece A always leaves room for B
+    u_start, u_len, u_doc = _units(ds, doc_lo, doc_hi, L - 1 if config.mode == "nsp" else L)
     U = len(u_len)
     if U == 0:
         return np.zeros((0, 5), dtype=np.int64)
@@ -250,12 +251,10 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     a1 = u_start[s - 1] + u_len[s - 1]
     b0 = u_start[b_lo]
     b1 = u_start[b_hi - 1] + u_len[b_hi - 1]
-    # trim the longer segment (from its end) until the pair fits, as BERT's truncate_seq_pair
+    # only a random B can overflow (A and a true B were packed within the budget); trim B's tail, so A,
+    # and with it every token of the corpus, is never cut (BERT's truncate_seq_pair would cut A too)
     la, lb = a1 - a0, b1 - b0
-    over = la + lb > L
-    keep_a = np.minimum(la, np.maximum(L - lb, np.where(la >= lb, (L + 1) // 2, L // 2)))
-    la = np.where(over, keep_a, la)
-    lb = np.where(over, L - la, lb)
+    lb = np.minimum(lb, L - la)
     out = np.empty((len(starts), 5), dtype=np.int64)
     out[:, A_START], out[:, A_END] = a0, a0 + la
     out[:, B_START], out[:, B_END] = b0, b0 + lb

@@ -1,0 +1,220 @@
+"""The data-parallel loader: batch format, exact resume, independence from num_workers, disjoint ranks,
+epochs (fresh shuffle, fresh mask), blending proportions, splits, and bad-input errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder
+from data_pipeline.loader import (DataConfig, DataConfigError, build_dataloader, build_datasets,
+                                  split_document_ranges)
+from tests.samples_helpers import FIRST_ID, synthetic_shard
+
+
+class StubTokenizer:
+    """The tokenizer interface the loader uses (BERT-like ids), so these tests run without the corpus."""
+
+    vocab_size, pad_id, unk_id, cls_id, sep_id, mask_id = 30522, 0, 100, 101, 102, 103
+    special_ids = np.array([0, 100, 101, 102, 103])
+
+    def word_start_mask(self):
+        return np.ones(self.vocab_size, dtype=bool)
+
+
+TOK = StubTokenizer()
+
+
+def docs(seed, n_docs=60):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 30, size=int(rng.integers(2, 25))).tolist() for _ in range(n_docs)]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loader")
+    a = synthetic_shard(root / "a", docs(1))
+    b = synthetic_shard(root / "b", docs(2, 30))
+    return str(a), str(b)
+
+
+def collect(loader, n=None):
+    out = []
+    for i, batch in enumerate(loader):
+        if n is not None and i >= n:
+            break
+        out.append(batch)
+    return out
+
+
+def assert_batches_equal(xs, ys):
+    assert len(xs) == len(ys)
+    for x, y in zip(xs, ys):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+
+
+@pytest.mark.parametrize("mode", ["doc-sentences", "full-sentences", "nsp"])
+def test_batch_format(shards, mode):
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=48, mode=mode, seed=1)
+    train, valid, test = build_datasets(cfg, TOK)
+    assert valid is None and test is None
+    batch = next(iter(build_dataloader(train, TOK, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1,
+                                       num_workers=0)))
+    expect = {"input_ids", "attention_mask", "token_type_ids", "labels"} | ({"next_sentence_label"} if mode == "nsp"
+                                                                             else set())
+    assert set(batch) == expect
+    for v in batch.values():
+        assert v.dtype == torch.int64
+    ids, am, tt, lab = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["labels"]
+    assert ids.shape == (8, 48)
+    n = am.sum(1)
+    assert (ids[:, 0] == TOK.cls_id).all()
+    assert (ids[torch.arange(8), n - 1] == TOK.sep_id).all()
+    assert (ids[am == 0] == TOK.pad_id).all() and (lab[am == 0] == -100).all()
+    assert ((lab == -100) | (lab >= FIRST_ID)).all()  # only real text tokens are predicted
+    if mode == "nsp":
+        assert set(batch["next_sentence_label"].tolist()) <= {0, 1}
+        for r in range(8):  # [CLS] A [SEP] B [SEP]: type 0 up to the first [SEP], 1 after, 0 on padding
+            seps = torch.nonzero(ids[r] == TOK.sep_id).flatten()
+            first = int(seps[0]) + 1
+            assert (tt[r, :first] == 0).all() and (tt[r, first:n[r]] == 1).all() and (tt[r, n[r]:] == 0).all()
+    else:
+        assert (tt == 0).all()
+
+
+def test_padding_to_block_multiple(shards):
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=50, pad_to_multiple_of=16)
+    train = build_datasets(cfg, TOK)[0]
+    b = next(iter(build_dataloader(train, TOK, cfg, 4, 0, 1, num_workers=0)))
+    assert b["input_ids"].shape == (4, 64)
+    cfg2 = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=50, pad_to_multiple_of=16,
+                      dynamic_padding=True, short_seq_prob=1.0)
+    train2 = build_datasets(cfg2, TOK)[0]
+    b2 = next(iter(build_dataloader(train2, TOK, cfg2, 4, 0, 1, num_workers=0)))
+    L = b2["input_ids"].shape[1]
+    assert L % 16 == 0 and L - 16 < int(b2["attention_mask"].sum(1).max()) <= L
+
+
+def test_resume_equals_uninterrupted_run_whatever_num_workers(shards):
+    cfg = DataConfig(data_path=["0.3", shards[0], "0.7", shards[1]], split="1,0,0", seq_length=40, mode="nsp")
+    train = build_datasets(cfg, TOK, num_samples=(600, 0, 0))[0]
+    mbs, world = 4, 2
+    full = {r: collect(build_dataloader(train, TOK, cfg, mbs, r, world, num_workers=0), 12) for r in range(world)}
+    k = 5
+    for workers in (0, 2):
+        for r in range(world):
+            resumed = collect(build_dataloader(train, TOK, cfg, mbs, r, world, consumed_samples=k * mbs * world,
+                                               num_workers=workers), 7)
+            assert_batches_equal(resumed, full[r][k:12])
+    # a different world size sees the same global stream: ranks' slices of a step = one rank with mbs * world
+    single = collect(build_dataloader(train, TOK, cfg, mbs * world, 0, 1, num_workers=0), 12)
+    for t in range(12):
+        for key in single[t]:
+            torch.testing.assert_close(single[t][key], torch.cat([full[0][t][key], full[1][t][key]]))
+
+
+def test_ranks_disjoint_and_loader_length(shards):
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40)
+    train = build_datasets(cfg, TOK)[0]
+    world, mbs = 3, 5
+    seen = []
+    for r in range(world):
+        sampler = build_dataloader(train, TOK, cfg, mbs, r, world, consumed_samples=30, num_workers=0).sampler
+        assert len(sampler) == (len(train) - 30) // (mbs * world)
+        seen.append([p for batch in sampler for p in batch])
+    flat = np.concatenate(seen)
+    assert len(np.unique(flat)) == len(flat), "two ranks got the same sample"
+    steps = len(seen[0]) // mbs
+    np.testing.assert_array_equal(np.sort(flat), np.arange(30, 30 + steps * mbs * world))
+
+
+def test_epochs_reshuffle_and_remask(shards):
+    cfg = DataConfig(data_path=[shards[1]], split="1,0,0", seq_length=40, seed=4)
+    train = build_datasets(cfg, TOK)[0]
+    S = len(train.components[0])
+    ds = build_datasets(cfg, TOK, num_samples=(3 * S, 0, 0))[0]
+    comp, rows = ds.locate(np.arange(3 * S))
+    assert (comp == 0).all()
+    e0, e1 = rows[:S], rows[S:2 * S]
+    np.testing.assert_array_equal(np.sort(e0), np.arange(S))  # every sample once per epoch
+    np.testing.assert_array_equal(np.sort(e1), np.arange(S))
+    assert (e0 != e1).any(), "epoch 2 was not reshuffled"
+    # the same sample in two epochs gets two different masks
+    from data_pipeline.loader import Collator
+
+    col = Collator(TOK, cfg)
+    s = int(e0[0])
+    p1, p2 = 0, S + int(np.flatnonzero(e1 == s)[0])
+    b = col(ds.__getitems__([p1, p2]))
+    assert torch.equal(b["attention_mask"][0], b["attention_mask"][1])
+    assert not torch.equal(b["labels"][0], b["labels"][1])
+    # a fixed epoch_seed changes masks, not order
+    l0 = collect(build_dataloader(ds, TOK, cfg, 8, 0, 1, num_workers=0), 1)[0]
+    l1 = collect(build_dataloader(ds, TOK, cfg, 8, 0, 1, num_workers=0, epoch_seed=5), 1)[0]
+    assert torch.equal(l0["attention_mask"], l1["attention_mask"]) and not torch.equal(l0["labels"], l1["labels"])
+
+
+def test_blending_proportions(shards):
+    cfg = DataConfig(data_path=["1", shards[0], "3", shards[1]], split="1,0,0", seq_length=40)
+    ds = build_datasets(cfg, TOK, num_samples=(4000, 0, 0))[0]
+    comp, _ = ds.locate(np.arange(4000))
+    assert abs((comp == 0).sum() - 1000) <= 4
+    for lo in (0, 1000, 3000):  # every window close to 1:3
+        assert abs((comp[lo:lo + 400] == 0).sum() - 100) <= 8
+
+
+def test_splits_are_disjoint_document_ranges(shards):
+    assert split_document_ranges(1000, "949,50,1") == [(0, 949), (949, 999), (999, 1000)]
+    assert split_document_ranges(10, "80,20") == [(0, 8), (8, 10), (10, 10)]
+    cfg = DataConfig(data_path=[shards[0]], split="80,10,10", seq_length=40)
+    tr, va, te = build_datasets(cfg, TOK)
+    rng = [c.components[0].doc_range for c in (tr, va, te)]
+    assert rng == [(0, 48), (48, 54), (54, 60)]
+    spans = [(c.components[0].index[:, 0].min(), c.components[0].index[:, 1].max()) for c in (tr, va, te)]
+    assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0]
+
+
+def test_dataset_pickles_without_token_data(shards):
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40)
+    train = build_datasets(cfg, TOK)[0]
+    blob = pickle.dumps(train)
+    assert len(blob) < 20_000  # the index is re-memory-mapped in the worker, not copied
+    clone = pickle.loads(blob)
+    a, b = train.__getitems__([0, 5, 9]), clone.__getitems__([0, 5, 9])
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x[0], y[0])
+
+
+def test_config_errors(shards, tmp_path):
+    with pytest.raises(DataConfigError, match="weights do not match paths"):
+        DataConfig(data_path=["0.3", shards[0], shards[1]])
+    with pytest.raises(DataConfigError, match="weights do not match paths"):
+        DataConfig(data_path=[shards[0], "0.5"])
+    with pytest.raises(DataConfigError, match="seq_length"):
+        DataConfig(data_path=[shards[0]], seq_length=4)
+    with pytest.raises(DataConfigError, match="split"):
+        DataConfig(data_path=[shards[0]], split="a,b")
+    with pytest.raises(DataConfigError, match="unknown data config keys"):
+        DataConfig.from_dict({"data_path": [shards[0]], "seq_len": 128})
+    # a uint8 shard cannot hold a 30k vocabulary; ids beyond the vocabulary are caught too
+    with IndexedDatasetBuilder(tmp_path / "u8", np.uint8) as b:
+        b.add_document([[5, 6]])
+    with pytest.raises(DataConfigError, match=r"u8\.idx.*uint8"):
+        build_datasets(DataConfig(data_path=[str(tmp_path / "u8")]), TOK)
+    with IndexedDatasetBuilder(tmp_path / "big", np.int32) as b:
+        b.add_document([[5, 40000]])
+    with pytest.raises(DataConfigError, match=r"big\.idx.*40000"):
+        build_datasets(DataConfig(data_path=[str(tmp_path / "big")]), TOK)
+    # empty train split, empty shard
+    with pytest.raises(DataConfigError, match="train split"):
+        build_datasets(DataConfig(data_path=[shards[0]], split="0,1,0"), TOK)
+    with IndexedDatasetBuilder(tmp_path / "empty", np.uint16) as b:
+        b.add_document([[]])
+    with pytest.raises(DataConfigError, match=r"empty\.idx.*no tokens"):
+        build_datasets(DataConfig(data_path=[str(tmp_path / "empty")]), TOK)
+    assert not list(tmp_path.glob("*_samples_*")), "an index was built before the error"
