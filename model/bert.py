@@ -1,0 +1,215 @@
+"""Plain-PyTorch BERT encoder with block-sparse attention, MLM head (tied) and optional NSP head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.attention.module import BlockSparseAttention
+from model.config import ModelConfig
+from model.positions import AbsolutePositionEmbedding
+
+_ACT = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None
+    """mlm_loss + nsp_loss (those given)."""
+    mlm_loss: torch.Tensor | None
+    nsp_loss: torch.Tensor | None
+    logits: torch.Tensor
+    """With ``labels``: ``[T, V]`` for the T positions whose label != -100 (in row-major order); else ``[B, N, V]``."""
+    nsp_logits: torch.Tensor | None
+    mlm_correct: torch.Tensor | None
+    """Number of masked positions predicted right (argmax)."""
+    mlm_count: torch.Tensor | None
+    """Number of positions with a label."""
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
+        self.position_embeddings = AbsolutePositionEmbedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size) if c.type_vocab_size else None
+        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.hidden_dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings.forward_positions(input_ids.shape[1],
+                                                                                        input_ids.device)
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                x = x + self.token_type_embeddings.weight[0]
+            else:
+                x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.layer_norm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Fused Q/K/V projection to heads x head_size, the shared attention module, output projection back."""
+
+    def __init__(self, c: ModelConfig, kernel: str, sparsity):
+        super().__init__()
+        self.num_heads = c.num_attention_heads
+        self.head_size = c.attention_head_size
+        inner = self.num_heads * self.head_size
+        self.qkv = nn.Linear(c.hidden_size, 3 * inner)
+        self.core = BlockSparseAttention(sparsity, kernel, c.max_position_embeddings, c.attention_dropout)
+        self.out_proj = nn.Linear(inner, c.hidden_size)
+
+    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None,
+                score_bias=None) -> torch.Tensor:
+        B, N, _ = x_BND.shape
+        qkv = self.qkv(x_BND).view(B, N, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
+        ctx_BHND = self.core(qkv[0], qkv[1], qkv[2], key_padding_mask_BN=key_padding_mask_BN, score_bias=score_bias)
+        return self.out_proj(ctx_BHND.transpose(1, 2).reshape(B, N, -1))
+
+
+class BertLayer(nn.Module):
+    """Attention + feed-forward, post-LN (BERT) or pre-LN."""
+
+    def __init__(self, c: ModelConfig, index: int):
+        super().__init__()
+        kernel, sparsity = c.attention.for_layer(index, c.num_attention_heads)
+        self.pre_ln = c.pre_layer_norm
+        self.attention = BertSelfAttention(c, kernel, sparsity)
+        self.attn_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.ffn_in = nn.Linear(c.hidden_size, c.intermediate_size)
+        self.ffn_out = nn.Linear(c.intermediate_size, c.hidden_size)
+        self.ffn_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.act = _ACT[c.hidden_act]
+
+    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_ln:
+            x_BND = x_BND + self.dropout(self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN))
+            return x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(self.ffn_layer_norm(x_BND)))))
+        x_BND = self.attn_layer_norm(x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN)))
+        return self.ffn_layer_norm(x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(x_BND)))))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(BertLayer(c, i) for i in range(c.num_layers))
+        self.final_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.pre_layer_norm else None
+
+    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layers:
+            x_BND = layer(x_BND, key_padding_mask_BN)
+        return x_BND if self.final_layer_norm is None else self.final_layer_norm(x_BND)
+
+
+class BertModel(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.embeddings = BertEmbeddings(c)
+        self.encoder = BertEncoder(c)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        kpm = None
+        if attention_mask is not None:
+            kpm = attention_mask.to(torch.bool)
+            if bool(kpm.all()):
+                kpm = None  # no padding: unmasked fused attention
+        return self.encoder(self.embeddings(input_ids, token_type_ids), kpm)
+
+
+class MLMTransform(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.act = _ACT[c.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(self.act(self.dense(x)))
+
+
+class PreTrainingHeads(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.transform = MLMTransform(c)
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size))  # decoder weight is tied to the word embeddings
+        self.pooler = nn.Linear(c.hidden_size, c.hidden_size) if c.nsp_head else None
+        self.seq_relationship = nn.Linear(c.hidden_size, 2) if c.nsp_head else None
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the MLM head (decoder tied to word embeddings) and, if configured, the NSP head."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = PreTrainingHeads(config)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, m: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.cls.transform(hidden), self.bert.embeddings.word_embeddings.weight, self.cls.bias)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                next_sentence_label=None) -> PreTrainingOutput:
+        hidden_BND = self.bert(input_ids, attention_mask, token_type_ids)
+        mlm_loss = mlm_correct = mlm_count = None
+        if labels is not None:
+            # only the labelled positions go through the transform and the vocab-sized decoder
+            sel = labels.ne(-100)
+            targets = labels[sel]
+            logits = self.mlm_logits(hidden_BND[sel])
+            mlm_count = sel.sum()
+            if targets.numel():
+                mlm_loss = F.cross_entropy(logits.float(), targets)
+            else:
+                mlm_loss = logits.sum() * 0.0
+            mlm_correct = (logits.detach().argmax(-1) == targets).sum()
+        else:
+            logits = self.mlm_logits(hidden_BND)
+        nsp_logits = nsp_loss = None
+        if self.cls.pooler is not None:
+            pooled = torch.tanh(self.cls.pooler(hidden_BND[:, 0]))
+            nsp_logits = self.cls.seq_relationship(pooled)
+            if next_sentence_label is not None:
+                nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))
+        elif next_sentence_label is not None:
+            raise ValueError("next_sentence_label given but the model has no NSP head (set nsp_head: true)")
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(losses[1:], losses[0]) if losses else None
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, nsp_logits, mlm_correct, mlm_count)
+
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """Sum of ``auxiliary_loss()`` of submodules that have one (DAM's L1 term, next issue); None if none do."""
+        terms = [m.auxiliary_loss() for m in self.modules() if m is not self and hasattr(m, "auxiliary_loss")]
+        terms = [t for t in terms if t is not None]
+        return sum(terms[1:], terms[0]) if terms else None
+
+    def layout_state(self) -> dict:
+        """Every layer's master layout (random layouts must be saved with checkpoints)."""
+        return {f"layer{i}": layer.attention.core.layout_state() for i, layer in enumerate(self.bert.encoder.layers)}
+
+    def load_layout_state(self, state: dict) -> None:
+        want = {f"layer{i}" for i in range(len(self.bert.encoder.layers))}
+        if set(state) != want:
+            raise ValueError(f"layout state has keys {sorted(state)}, expected {sorted(want)}")
+        for i, layer in enumerate(self.bert.encoder.layers):
+            layer.attention.core.load_layout_state(state[f"layer{i}"])

@@ -1,0 +1,180 @@
+"""Model configuration: one dataclass for attention, one for the encoder, named presets, strict dict round-trip."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.attention.kernels import KERNELS
+from model.attention.layouts import SparsityConfig, from_ds_config
+
+_LAYER_KEYS = {"kernel", "sparsity"}
+
+
+def _reject_unknown(d: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in {where}; allowed keys: {sorted(allowed)}")
+
+
+def _check_kernel(name: str, where: str) -> None:
+    if name not in KERNELS:
+        raise ValueError(f"{where}: unknown attention kernel {name!r}; choose one of {sorted(KERNELS)}")
+
+
+@dataclass
+class AttentionConfig:
+    """Which layout and which kernel each layer's attention uses."""
+
+    kernel: str = "auto"
+    """Kernel registry name: dense | block_gather | flex | auto (auto picks by device, dtype, N, density)."""
+    sparsity: dict | None = None
+    """None = full attention. Else an old ds_config ``sparse_attention`` block, e.g. ``{"mode": "fixed", "block": 16,
+    "num_local_blocks": 4}``, or BlockBERT ``{"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2",
+    "block": 64}``. Random modes take an extra ``seed`` (default 0): the same layout on every rank."""
+    per_layer: list[dict] | None = None
+    """Optional list, one dict per layer with ``kernel`` and/or ``sparsity`` overriding the two fields above
+    (``"sparsity": null`` makes that layer dense)."""
+
+    def __post_init__(self) -> None:
+        _check_kernel(self.kernel, "attention.kernel")
+        if self.sparsity is not None and not isinstance(self.sparsity, dict):
+            raise ValueError(f"attention.sparsity must be a dict or null, got {type(self.sparsity).__name__}")
+        if self.per_layer is not None:
+            if not isinstance(self.per_layer, list):
+                raise ValueError("attention.per_layer must be a list of dicts (one per layer)")
+            for i, d in enumerate(self.per_layer):
+                if not isinstance(d, dict):
+                    raise ValueError(f"attention.per_layer[{i}] must be a dict with keys {sorted(_LAYER_KEYS)}")
+                _reject_unknown(d, _LAYER_KEYS, f"attention.per_layer[{i}]")
+                if "kernel" in d:
+                    _check_kernel(d["kernel"], f"attention.per_layer[{i}].kernel")
+
+    def for_layer(self, index: int, num_heads: int) -> tuple[str, SparsityConfig | None]:
+        """(kernel name, layout object or None) for layer ``index``."""
+        d = {} if self.per_layer is None else self.per_layer[index]
+        kernel = d.get("kernel", self.kernel)
+        sparsity = d["sparsity"] if "sparsity" in d else self.sparsity
+        if sparsity is None:
+            return kernel, None
+        try:
+            return kernel, from_ds_config(dict(sparsity), num_heads)
+        except (ValueError, NotImplementedError) as e:
+            where = f"attention.per_layer[{index}].sparsity" if "sparsity" in d else "attention.sparsity"
+            raise ValueError(f"{where}: {e}") from e
+
+
+@dataclass
+class ModelConfig:
+    """Sizes and options of the BERT encoder and its pre-training heads."""
+
+    vocab_size: int = 30522
+    """Word-piece vocabulary size (tied MLM decoder has the same size)."""
+    hidden_size: int = 768
+    """Width of the residual stream."""
+    num_layers: int = 12
+    """Number of transformer layers."""
+    num_attention_heads: int = 12
+    """Attention heads per layer."""
+    intermediate_size: int = 3072
+    """Feed-forward inner width."""
+    max_position_embeddings: int = 512
+    """Learned absolute positions; also the longest sequence the attention layouts are built for."""
+    type_vocab_size: int = 2
+    """Segment (token type) embeddings; 0 disables them."""
+    hidden_dropout: float = 0.1
+    """Dropout on embeddings, attention output and feed-forward output."""
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities (inside the kernel)."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon (BERT: 1e-12)."""
+    pre_layer_norm: bool = False
+    """False: post-LN as BERT/RoBERTa. True: LN before each sublayer plus a final LN."""
+    nsp_head: bool = False
+    """Add the pooler and next-sentence-prediction classifier."""
+    head_size: int | None = None
+    """Per-head width; None = hidden_size / num_attention_heads. Q/K/V project to heads*head_size."""
+    hidden_act: str = "gelu"
+    """gelu (exact, as BERT) | gelu_tanh | relu."""
+    initializer_range: float = 0.02
+    """Std of the normal init of weights."""
+    pad_token_id: int = 0
+    """Padding id (kept for the Hugging Face config)."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """Layout + kernel, for all layers or per layer."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):
+            self.attention = AttentionConfig(**_strict(self.attention, AttentionConfig, "attention"))
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.head_size is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}; "
+                "set head_size explicitly"
+            )
+        if self.head_size is not None and self.head_size < 1:
+            raise ValueError(f"head_size must be a positive integer or null, got {self.head_size}")
+        if self.hidden_act not in ("gelu", "gelu_tanh", "relu"):
+            raise ValueError(f"hidden_act must be gelu | gelu_tanh | relu, got {self.hidden_act!r}")
+        if self.attention.per_layer is not None and len(self.attention.per_layer) != self.num_layers:
+            raise ValueError(
+                f"attention.per_layer has {len(self.attention.per_layer)} entries but num_layers is {self.num_layers}"
+            )
+        for i in range(self.num_layers):  # build every layout object once, so errors surface at config time
+            self.attention.for_layer(i, self.num_attention_heads)
+
+    @property
+    def attention_head_size(self) -> int:
+        return self.head_size if self.head_size is not None else self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        d = _strict(d, cls, "model config")
+        if "attention" in d and isinstance(d["attention"], dict):
+            d["attention"] = AttentionConfig(**_strict(d["attention"], AttentionConfig, "model config 'attention'"))
+        return cls(**d)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+        d = copy.deepcopy(PRESETS[name])
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown override(s) {unknown} for preset {name!r}")
+        d.update(overrides)
+        return cls.from_dict(d) if isinstance(d.get("attention"), dict) else cls(**d)
+
+
+def _strict(d: dict[str, Any], klass: type, where: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(d).__name__}")
+    _reject_unknown(d, {f.name for f in dataclasses.fields(klass)}, where)
+    return dict(d)
+
+
+_BASE = dict(vocab_size=30522, hidden_size=768, num_layers=12, num_attention_heads=12, intermediate_size=3072,
+             max_position_embeddings=512, type_vocab_size=2)
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-base": dict(_BASE),
+    "bert-large": dict(_BASE, hidden_size=1024, num_layers=24, num_attention_heads=16, intermediate_size=4096),
+    "tiny": dict(_BASE, hidden_size=64, num_layers=2, num_attention_heads=4, intermediate_size=128),
+    # BlockBERT (paper: RoBERTa-1seq setting, no NSP, N=512 or 1024)
+    "blockbert-base-n2": dict(_BASE, attention={"kernel": "auto", "sparsity": {
+        "mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 64}}),
+    "blockbert-base-n3": dict(_BASE, attention={"kernel": "auto", "sparsity": {
+        "mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 64}}),
+}

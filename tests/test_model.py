@@ -1,0 +1,151 @@
+"""The encoder: configs, presets, attention chosen from the config (per layer too), heads, layout state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.bert import BertForPreTraining
+from model.config import AttentionConfig, ModelConfig
+
+TINY = dict(vocab_size=101, hidden_size=32, num_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=128, hidden_dropout=0.0, attention_dropout=0.0)
+BIGBIRD = {"mode": "bigbird", "block": 16, "num_random_blocks": 1, "different_layout_per_head": True, "seed": 3}
+BLOCKBERT3 = {"mode": "blockbert", "num_blocks": 3, "head_assignment": "2:1:1", "block": 16}
+
+
+def _batch(B=2, N=70, vocab=101, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (B, N), generator=g)
+    mask = torch.ones(B, N, dtype=torch.long)
+    mask[1, 50:] = 0
+    labels = torch.full((B, N), -100)
+    labels[:, ::7] = ids[:, ::7]
+    labels[mask == 0] = -100
+    return ids, mask, labels
+
+
+def test_presets_and_strict_dicts():
+    base = ModelConfig.preset("bert-base")
+    assert (base.hidden_size, base.num_layers, base.num_attention_heads) == (768, 12, 12)
+    large = ModelConfig.preset("bert-large")
+    assert (large.hidden_size, large.num_layers, large.num_attention_heads, large.intermediate_size) == (1024, 24, 16, 4096)
+    bb = ModelConfig.preset("blockbert-base-n3")
+    assert bb.attention.sparsity["head_assignment"] == "8:2:2"
+    assert ModelConfig.from_dict(bb.to_dict()) == bb
+    with pytest.raises(ValueError, match=r"\['hiden_size'\]"):
+        ModelConfig.from_dict({"hiden_size": 3})
+    with pytest.raises(ValueError, match=r"\['kernal'\]"):
+        ModelConfig.from_dict({"attention": {"kernal": "dense"}})
+    with pytest.raises(ValueError, match="unknown attention kernel"):
+        AttentionConfig(kernel="triton")
+    with pytest.raises(ValueError, match="per_layer has 1 entries"):
+        ModelConfig(**TINY, attention=AttentionConfig(per_layer=[{}]))
+    with pytest.raises(ValueError, match=r"attention.sparsity: head_assignment"):
+        ModelConfig(**TINY, attention={"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2"}})
+    with pytest.raises(ValueError, match="not divisible"):
+        ModelConfig(**dict(TINY, hidden_size=30))
+
+
+def test_attention_from_config_per_layer():
+    cfg = ModelConfig(**TINY, attention=AttentionConfig(kernel="block_gather", sparsity=BIGBIRD,
+                                                        per_layer=[{}, {"kernel": "dense", "sparsity": None}]))
+    m = BertForPreTraining(cfg)
+    c0, c1 = (layer.attention.core for layer in m.bert.encoder.layers)
+    assert c0.kernel_name == "block_gather" and type(c0.sparsity_config).__name__ == "BigBirdSparsityConfig"
+    assert c1.kernel_name == "dense" and c1.sparsity_config is None
+
+
+@pytest.mark.parametrize("sparsity", [BIGBIRD, BLOCKBERT3], ids=["bigbird", "blockbert_n3_padded"])
+def test_sparse_model_same_on_every_kernel_and_trains(sparsity):
+    torch.manual_seed(0)
+    ref = BertForPreTraining(ModelConfig(**TINY, attention={"kernel": "dense", "sparsity": sparsity}))
+    fast = BertForPreTraining(ModelConfig(**TINY, attention={"kernel": "block_gather", "sparsity": sparsity}))
+    fast.load_state_dict(ref.state_dict())
+    ids, mask, labels = _batch()  # N=70: not a block multiple; n=3 pads to 96
+    a = ref(ids, mask, labels=labels)
+    b = fast(ids, mask, labels=labels)
+    torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
+    a.loss.backward()
+    b.loss.backward()
+    for (n, p), q in zip(ref.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=n)
+    with torch.no_grad():
+        c = BertForPreTraining(ModelConfig(**TINY, attention={"kernel": "flex", "sparsity": sparsity}))
+        c.load_state_dict(ref.state_dict())
+        torch.testing.assert_close(c(ids, mask).logits, ref(ids, mask).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_sparsity_changes_the_function():
+    torch.manual_seed(0)
+    dense = BertForPreTraining(ModelConfig(**TINY))
+    sparse = BertForPreTraining(ModelConfig(**TINY, attention={"sparsity": BLOCKBERT3}))
+    sparse.load_state_dict(dense.state_dict())
+    ids, mask, _ = _batch()
+    with torch.no_grad():
+        assert (dense(ids, mask).logits - sparse(ids, mask).logits).abs().max() > 1e-3
+
+
+def test_mlm_gather_equals_full_logits_and_nsp_head():
+    torch.manual_seed(0)
+    m = BertForPreTraining(ModelConfig(**TINY, nsp_head=True)).eval()
+    ids, mask, labels = _batch()
+    nsl = torch.tensor([0, 1])
+    with torch.no_grad():
+        full = m(ids, mask)
+        out = m(ids, mask, labels=labels, next_sentence_label=nsl)
+    assert full.logits.shape == (2, 70, 101) and full.loss is None
+    torch.testing.assert_close(out.logits, full.logits[labels != -100])
+    want = torch.nn.functional.cross_entropy(full.logits[labels != -100], labels[labels != -100])
+    torch.testing.assert_close(out.mlm_loss, want)
+    torch.testing.assert_close(out.nsp_loss, torch.nn.functional.cross_entropy(full.nsp_logits, nsl))
+    torch.testing.assert_close(out.loss, out.mlm_loss + out.nsp_loss)
+    assert out.mlm_count == (labels != -100).sum()
+    assert m.auxiliary_loss() is None
+    with pytest.raises(ValueError, match="nsp_head"):
+        BertForPreTraining(ModelConfig(**TINY))(ids, mask, next_sentence_label=nsl)
+
+
+def test_no_labels_in_batch_gives_zero_loss_with_graph():
+    m = BertForPreTraining(ModelConfig(**TINY))
+    ids, mask, labels = _batch()
+    out = m(ids, mask, labels=torch.full_like(labels, -100))
+    assert out.loss.item() == 0.0 and out.mlm_count.item() == 0
+    out.loss.backward()
+
+
+def test_head_size_and_pre_ln():
+    cfg = ModelConfig(**TINY, head_size=12, pre_layer_norm=True, attention={"kernel": "block_gather",
+                                                                          "sparsity": BIGBIRD})
+    m = BertForPreTraining(cfg)
+    assert m.bert.encoder.layers[0].attention.qkv.weight.shape == (3 * 4 * 12, 32)
+    assert m.bert.encoder.layers[0].attention.out_proj.weight.shape == (32, 48)
+    assert m.bert.encoder.final_layer_norm is not None
+    ids, mask, labels = _batch()
+    out = m(ids, mask, labels=labels)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_layout_state_roundtrip_restores_random_layouts():
+    cfg_a = ModelConfig(**TINY, attention={"kernel": "block_gather", "sparsity": dict(BIGBIRD, seed=1)})
+    cfg_b = ModelConfig(**TINY, attention={"kernel": "block_gather", "sparsity": dict(BIGBIRD, seed=2)})
+    torch.manual_seed(0)
+    a = BertForPreTraining(cfg_a).eval()
+    b = BertForPreTraining(cfg_b).eval()
+    b.load_state_dict(a.state_dict())
+    ids, mask, _ = _batch()
+    with torch.no_grad():
+        assert not torch.allclose(a(ids, mask).logits, b(ids, mask).logits)
+        state = a.layout_state()
+        assert set(state) == {"layer0", "layer1"} and state["layer0"].dtype == torch.int64
+        b.load_layout_state(state)
+        torch.testing.assert_close(a(ids, mask).logits, b(ids, mask).logits)
+    with pytest.raises(ValueError, match="expected"):
+        b.load_layout_state({"layer0": state["layer0"]})
+
+
+def test_too_long_input_is_a_clear_error():
+    m = BertForPreTraining(ModelConfig(**TINY))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        m(torch.ones(1, 129, dtype=torch.long))
