@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one worker = one cor
 import numpy as np
 
 from data_pipeline.readers import KIND_WIKITEXT, BadInputLog
-from data_pipeline.text import split_lines, split_sentences
+from data_pipeline.text import sentence_starts, split_lines, split_paragraphs_into_sentences
 from data_pipeline.tokenization import Tokenizer, build_tokenizer
 from data_pipeline.wikitext import wikitext_to_text
 
@@ -80,19 +80,63 @@ def init_worker(settings: EncodeSettings, tokenizer: Tokenizer | None = None) ->
                                                       settings.tokenizer_model)
 
 
-def _units(text: str, kind: str, split: bool, keep_newlines: bool) -> list[str]:
+def _doc_text(text: str, kind: str) -> str:
+    """Cleaned document text: paragraphs, one per line."""
     if kind == KIND_WIKITEXT:
         text = wikitext_to_text(text)
-    paras = split_lines(text)
+    return "\n".join(split_lines(text))
+
+
+def _encode_key(tok: Tokenizer, docs: list[str], split: bool, keep_newlines: bool,
+                dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, unit lengths, units per doc) for one key of a chunk.
+
+    Sentence mode tokenises each document ONCE and cuts the ids at sentence starts (token start offset
+    >= sentence start), so a document's sentence tokens concatenated are its tokens by construction, at
+    the cost of one tokenizer pass. Tokenizers without offsets tokenise sentence strings instead.
+    """
     if not split:
-        return ["\n".join(paras)] if paras else []
-    out: list[str] = []
-    for p in paras:
-        sents = split_sentences(p)
-        if keep_newlines and sents:
-            sents[-1] += "\n"
-        out.extend(sents)
-    return out
+        ids = tok.encode_batch(docs) if docs else []
+        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+        upp = (lengths > 0).astype(np.int32)
+        return tokens, lengths[lengths > 0], upp
+    with_starts = tok.encode_batch_with_starts(docs) if docs else []
+    if with_starts is None:  # e.g. SentencePiece: sentences as strings
+        sents, upp = [], []
+        for d in docs:
+            ss, ends = split_paragraphs_into_sentences(d.split("\n") if d else [])
+            if keep_newlines:
+                ss = [x + "\n" if e else x for x, e in zip(ss, ends)]
+            sents.extend(ss)
+            upp.append(len(ss))
+        ids = tok.encode_batch(sents) if sents else []
+        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+        upp_a = np.asarray(upp, dtype=np.int32)
+        if len(lengths) and (lengths == 0).any():  # Megatron drops empty sentences too
+            keep = lengths > 0
+            owner = np.repeat(np.arange(len(upp_a)), upp_a)
+            upp_a = np.bincount(owner[keep], minlength=len(upp_a)).astype(np.int32)
+            lengths = lengths[keep]
+        return tokens, lengths, upp_a
+    all_lengths, upp = [], []
+    total = 0
+    for d, (ids, starts) in zip(docs, with_starts):
+        n = len(ids)
+        if n == 0:
+            upp.append(0)
+            continue
+        cuts = np.searchsorted(starts, sentence_starts(d), side="left")
+        bounds = np.concatenate(([0], cuts, [n]))
+        lens = np.diff(bounds)
+        lens = lens[lens > 0]
+        all_lengths.append(lens)
+        upp.append(len(lens))
+        total += n
+    tokens = np.fromiter(chain.from_iterable(ids for ids, _ in with_starts), dtype=dtype, count=total)
+    lengths = np.concatenate(all_lengths).astype(np.int32) if all_lengths else np.zeros(0, np.int32)
+    return tokens, lengths, np.asarray(upp, dtype=np.int32)
 
 
 def encode_chunk(chunk: Chunk) -> ChunkResult:
@@ -101,22 +145,8 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     dtype = np.dtype(st.dtype)
     keys: dict[str, KeyResult] = {}
     for key in st.json_keys:
-        units: list[str] = []
-        per_piece: list[int] = []
-        for piece in chunk.pieces:
-            text = piece.texts.get(key)
-            us = _units(text, piece.kind, st.split_sentences, st.keep_newlines) if text else []
-            units.extend(us)
-            per_piece.append(len(us))
-        ids = tok.encode_batch(units) if units else []
-        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
-        upp = np.asarray(per_piece, dtype=np.int32)
-        if len(lengths) and (lengths == 0).any():  # Megatron drops empty sentences too
-            keep = lengths > 0
-            owner = np.repeat(np.arange(len(upp)), upp)
-            upp = np.bincount(owner[keep], minlength=len(upp)).astype(np.int32)
-            lengths = lengths[keep]
+        docs = [_doc_text(p.texts[key], p.kind) if p.texts.get(key) else "" for p in chunk.pieces]
+        tokens, lengths, upp = _encode_key(tok, docs, st.split_sentences, st.keep_newlines, dtype)
         keys[key] = KeyResult(tokens, lengths, upp)
     return ChunkResult(chunk.file_idx, keys, chunk.last, chunk.reader_log, chunk.nchars, len(chunk.pieces),
                        [p.doc_end for p in chunk.pieces], [p.where for p in chunk.pieces])

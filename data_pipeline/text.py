@@ -11,9 +11,11 @@ Paragraphs are separated by ``"\\n"`` in every cleaned document; sentences never
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import blingfire
+import numpy as np
 
 # Project Gutenberg markers vary: "*** START OF THIS PROJECT GUTENBERG EBOOK X ***",
 # "***START OF THE PROJECT GUTENBERG EBOOK X***", indented variants, old "*END*THE SMALL PRINT".
@@ -95,6 +97,84 @@ def split_sentences(paragraph: str) -> list[str]:
         if piece:
             out.append(piece)
     return out
+
+
+def sentence_starts(doc: str) -> np.ndarray:
+    """Character offsets (> 0) where a new sentence begins in ``doc``: blingfire's sentence starts plus
+    every paragraph start (after each ``"\\n"``), sorted and unique.
+
+    Calls blingfire's C ``TextToSentencesWithOffsets`` with numpy buffers: its Python wrapper maps UTF-8
+    byte offsets to characters in a per-byte Python loop, which is slower than tokenising.
+    """
+    data = doc.encode("utf-8")
+    n = len(data)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    cap = 2 * n + 16
+    out = ctypes.create_string_buffer(cap)
+    starts = np.zeros(cap, dtype=np.int32)
+    ends = np.zeros(cap, dtype=np.int32)
+    o_len = _BF_SENT_OFFSETS(data, n, out, starts.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                             ends.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), cap)
+    if o_len < 0 or o_len > cap:
+        bstarts = np.zeros(0, dtype=np.int64)
+    else:
+        num = out.value.count(b"\n") + 1
+        bstarts = starts[1:num].astype(np.int64)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    cuts = np.union1d(bstarts, np.flatnonzero(raw == 10) + 1)  # paragraph starts
+    cuts = cuts[(cuts > 0) & (cuts < n)]
+    if n != len(doc):  # non-ASCII: byte offset -> character offset
+        char_of_byte = np.cumsum((raw & 0xC0) != 0x80) - 1
+        cuts = char_of_byte[cuts]
+    return cuts
+
+
+_BF_SENT_OFFSETS = blingfire.blingfire.TextToSentencesWithOffsets
+
+
+def split_paragraphs_into_sentences(paragraphs: list[str]) -> tuple[list[str], list[bool]]:
+    """Sentences of a whole document (a list of paragraphs) and, per sentence, whether it ends a paragraph.
+
+    Fast path: one blingfire call for the document (its per-call cost dominates on short paragraphs),
+    then sentence and paragraph boundaries are merged by *word index*: sentences are rebuilt from the
+    document's whitespace-separated words. That is only done when it is provably token-safe: blingfire
+    kept every non-space character and cut only between words (the word counts add up). Otherwise the
+    paragraphs go through ``split_sentences`` one by one.
+    """
+    if not paragraphs:
+        return [], []
+    doc = "\n".join(paragraphs)
+    out = blingfire.text_to_sentences(doc)
+    bf_sents = out.split("\n")
+    words = doc.split()
+    bf_counts = [len(x.split()) for x in bf_sents]
+    if sum(bf_counts) != len(words) or "".join(words) != "".join(out.split()):
+        sents, ends = [], []
+        for p in paragraphs:
+            ss = split_sentences(p)
+            sents.extend(ss)
+            ends.extend([False] * (len(ss) - 1) + [True] if ss else [])
+        return sents, ends
+    cuts: set[int] = set()
+    pos = 0
+    for c in bf_counts:
+        pos += c
+        cuts.add(pos)
+    para_ends: set[int] = set()
+    pos = 0
+    for p in paragraphs:
+        pos += len(p.split())
+        para_ends.add(pos)
+    cuts |= para_ends
+    sents, ends = [], []
+    start = 0
+    for c in sorted(cuts):
+        if c > start:
+            sents.append(" ".join(words[start:c]))
+            ends.append(c in para_ends)
+            start = c
+    return sents, ends
 
 
 def chunk_text(text: str, max_chars: int) -> list[str]:

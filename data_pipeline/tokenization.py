@@ -67,6 +67,11 @@ class Tokenizer:
         """Write the files a Hugging Face tokenizer needs into ``directory``; return their names."""
         raise NotImplementedError
 
+    def encode_batch_with_starts(self, texts: Sequence[str]) -> list[tuple[list[int], np.ndarray]] | None:
+        """Ids and each token's start character offset, or None if this tokenizer cannot give offsets.
+        Lets the pipeline tokenise a document once and cut the ids at sentence starts."""
+        return None
+
     # -- shared --------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""
@@ -121,10 +126,20 @@ class HFTokenizer(Tokenizer):
             if i < self.vocab_size:
                 self._id_to_token[i] = tok
         self._is_wordpiece = type(self._fast.model).__name__ == "WordPiece"
+        self._encode = getattr(self._fast, "encode_batch_fast", self._fast.encode_batch)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        encs = self._fast.encode_batch(list(texts), add_special_tokens=False)
+        # encode_batch_fast (tokenizers >= 0.20) skips offset tracking: same ids, ~20% faster
+        encs = self._encode(list(texts), add_special_tokens=False)
         return [e.ids for e in encs]
+
+    def encode_batch_with_starts(self, texts: Sequence[str]) -> list[tuple[list[int], np.ndarray]]:
+        encs = self._fast.encode_batch(list(texts), add_special_tokens=False)
+        out = []
+        for e in encs:
+            offs = np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)
+            out.append((e.ids, offs[:, 0]))
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)

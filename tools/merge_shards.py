@@ -1,0 +1,45 @@
+"""``python -m tools.merge_shards --inputs P1 P2 ... --output-prefix OUT``: concatenate Megatron shards.
+
+Documents keep the order given; all inputs must share a dtype. Streams (memory does not grow with
+the shards) and writes ``OUT.bin/.idx`` by atomic rename. Useful to join shards preprocessed on
+different machines, or the per-rank parts of a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+from typing import Sequence
+
+from data_pipeline.indexed import IndexedDataset, IndexedDatasetError, merge_shards
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.merge_shards", description=__doc__.split("\n\n")[0])
+    p.add_argument("--inputs", nargs="+", required=True,
+                   help="shard prefixes (or globs of .idx files, merged in sorted order)")
+    p.add_argument("--output-prefix", required=True)
+    a = p.parse_args(argv)
+    prefixes: list[str] = []
+    for spec in a.inputs:
+        if glob.has_magic(spec):
+            prefixes += [m[:-4] for m in sorted(glob.glob(spec)) if m.endswith(".idx")]
+        else:
+            prefixes.append(spec[:-4] if spec.endswith((".idx", ".bin")) else spec)
+    if not prefixes:
+        print(f"error: --inputs {' '.join(a.inputs)} matched no shard", file=sys.stderr)
+        return 2
+    try:
+        merge_shards(prefixes, a.output_prefix)
+        ds = IndexedDataset(a.output_prefix)
+    except (IndexedDatasetError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[merge_shards] {a.output_prefix}.bin/.idx: {len(prefixes)} shards, {ds.num_documents:,} documents, "
+          f"{len(ds):,} sequences, {ds.num_tokens:,} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
