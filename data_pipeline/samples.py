@@ -166,7 +166,7 @@ def _pack_tokens(u_start: np.ndarray, u_len: np.ndarray, doc_first: np.ndarray,
     starts_u = np.flatnonzero(_chain_open(u_start, doc_first, config))
     chain_v0 = vs[starts_u]
     chain_v1 = ve[np.r_[starts_u[1:], U] - 1]
-    bnd = np.unique(np.concatenate([vs, chain_v1]))      # where a sample may end without a cut
+    bnd = np.sort(np.concatenate([vs, chain_v1]))        # where a sample may end without a cut
     cut = int(np.floor(config.cut_fraction * L))
     rec_lo, rec_hi = [], []
     cur, end, cid = chain_v0.copy(), chain_v1.copy(), np.arange(len(chain_v0), dtype=np.int64)
@@ -233,20 +233,21 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     split = idx + 1 + np.floor(rng.random(U) * np.maximum(k - 1, 1)).astype(np.int64)
     split = np.minimum(split, pack_end)
     is_random = (rng.random(U) < 0.5) | (k == 1)
-    a_len = cum[split] - cum[idx]
-    other = np.floor(rng.random(U) * (n_docs - 1)).astype(np.int64)
-    other += other >= doc_ord                                   # any document but this one
-    o_first, o_end = doc_start_units[other], doc_end_units[other]
-    b_first = o_first + np.floor(rng.random(U) * (o_end - o_first)).astype(np.int64)
-    b_budget = np.maximum(target - a_len, 1)
-    b_end = np.searchsorted(cum, cum[b_first] + b_budget, side="right") - 1
-    b_end = np.clip(b_end, b_first + 1, o_end)
+    u_other, u_first = rng.random(U), rng.random(U)             # drawn per piece: order-free, like the rest
     nxt = np.where(is_random, split, pack_end)                  # random B: the unused sentences go back
 
     starts = _walk(nxt, chain_starts, chain_ends)
     s, r = split[starts], is_random[starts]
-    b_lo = np.where(r, b_first[starts], s)
-    b_hi = np.where(r, b_end[starts], pack_end[starts])
+    # the random segment: any other document, from a random sentence, up to the budget A leaves
+    other = np.floor(u_other[starts] * (n_docs - 1)).astype(np.int64)
+    other += other >= doc_ord[starts]
+    o_first, o_end = doc_start_units[other], doc_end_units[other]
+    b_first = o_first + np.floor(u_first[starts] * (o_end - o_first)).astype(np.int64)
+    b_budget = np.maximum(target[starts] - (cum[s] - cum[starts]), 1)
+    b_end = np.searchsorted(cum, cum[b_first] + b_budget, side="right") - 1
+    b_end = np.clip(b_end, b_first + 1, o_end)
+    b_lo = np.where(r, b_first, s)
+    b_hi = np.where(r, b_end, pack_end[starts])
     a0 = u_start[starts]
     a1 = u_start[s - 1] + u_len[s - 1]
     b0 = u_start[b_lo]

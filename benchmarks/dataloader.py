@@ -1,0 +1,141 @@
+"""Dataloader benchmark: sample-index build time against reading the corpus once, and loader samples/s.
+
+    .venv/bin/python -m benchmarks.dataloader                      # builds shards from ../shared/corpus
+    .venv/bin/python -m benchmarks.dataloader --data-path PREFIX --vocab-file VOCAB
+
+Without ``--data-path`` the WikiExtractor set (and the books) of the shared corpus are tokenized once into
+``--work-dir`` (one sequence per sentence, one document per <doc>/book), reused on later runs.
+Prints one JSON object; figures go to docs/samples.md with the machine they were measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.indexed import IndexedDataset, shard_exists
+from data_pipeline.loader import DataConfig, build_dataloader, build_datasets
+from data_pipeline.samples import SampleIndexConfig, build_sample_index
+from data_pipeline.tokenization import build_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("SPARSEBERT_CORPUS", REPO.parent / "shared" / "corpus"))
+
+
+def _corpus_shards(work_dir: Path, tokenizer) -> dict[str, tuple[str, list[Path]]]:
+    from tests.samples_helpers import books_shard, wiki_shard
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    wiki_files = sorted((CORPUS / "wiki" / "wikiextractor" / "AA").glob("wiki_*"))
+    book_files = sorted((CORPUS / "books").glob("pg*.txt"))
+    for name, files, make in (("wiki", wiki_files, wiki_shard), ("books", book_files, books_shard)):
+        prefix = work_dir / name
+        if not shard_exists(prefix):
+            t0 = time.perf_counter()
+            make(prefix, CORPUS, tokenizer)
+            print(f"[bench] tokenized {name} into {prefix} in {time.perf_counter() - t0:.1f}s")
+        out[name] = (str(prefix), files)
+    return out
+
+
+def _read_text_once(files: list[Path]) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for f in files:
+        n += len(f.read_text(encoding="utf-8"))
+    return time.perf_counter() - t0
+
+
+def _read_tokens_once(prefix: str) -> float:
+    t0 = time.perf_counter()
+    ds = IndexedDataset(prefix)
+    total = 0
+    step = 1 << 22
+    for i in range(0, ds.num_tokens, step):
+        total += int(np.asarray(ds.tokens[i:i + step], dtype=np.int64).sum())
+    return time.perf_counter() - t0
+
+
+def bench_index(prefix: str, files: list[Path], repeats: int = 3) -> dict:
+    ds = IndexedDataset(prefix)
+    res = {"tokens": ds.num_tokens, "sentences": len(ds), "documents": ds.num_documents,
+           "read_text_s": min(_read_text_once(files) for _ in range(repeats)) if files else None,
+           "read_tokens_s": min(_read_tokens_once(prefix) for _ in range(repeats))}
+    for mode in ("doc-sentences", "full-sentences", "nsp"):
+        for N in (128, 512):
+            cfg = SampleIndexConfig(seq_length=N, mode=mode)
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                idx = build_sample_index(ds, (0, ds.num_documents), cfg)
+                best = min(best, time.perf_counter() - t0)
+            lens = idx[:, 1] - idx[:, 0] + idx[:, 3] - idx[:, 2] + (3 if mode == "nsp" else 2)
+            res[f"{mode}@{N}"] = {"samples": int(len(idx)), "build_s": round(best, 4),
+                                  "fill": round(float(lens.mean() / N), 4)}
+    return res
+
+
+def bench_loader(prefix: str, tokenizer, seq_length: int, mbs: int, workers: int, batches: int, mode: str,
+                 wwm: bool, cache_dir: str) -> dict:
+    cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=seq_length, mode=mode,
+                     whole_word_masking=wwm, cache_dir=cache_dir)
+    train = build_datasets(cfg, tokenizer, num_samples=(10**9, 0, 0))[0]
+    loader = build_dataloader(train, tokenizer, cfg, micro_batch_size=mbs, dp_rank=0, dp_world_size=1,
+                              num_workers=workers)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    warm = 4 * max(workers, 1)
+    for _ in range(warm):
+        next(it)
+    t1 = time.perf_counter()
+    n = 0
+    for _ in range(batches):
+        b = next(it)
+        n += b["input_ids"].shape[0]
+    t2 = time.perf_counter()
+    del it
+    return {"mode": mode, "whole_word_masking": wwm, "seq_length": seq_length, "micro_batch": mbs,
+            "workers": workers, "samples_per_s": round(n / (t2 - t1)), "startup_s": round(t1 - t0, 2)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-path", default=None, help="an existing shard prefix (default: build from the corpus)")
+    p.add_argument("--vocab-file", default=str(CORPUS / "vocab" / "bert-base-uncased" / "vocab.txt"))
+    p.add_argument("--work-dir", default="/tmp/sparsebert_bench_samples")
+    p.add_argument("--seq-length", type=int, default=512)
+    p.add_argument("--micro-batch-size", type=int, default=32)
+    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--batches", type=int, default=300)
+    p.add_argument("--skip-index", action="store_true")
+    args = p.parse_args()
+
+    tok = build_tokenizer("BertWordPieceLowerCase", args.vocab_file)
+    result: dict = {"machine": "2-core CPU dev box, shared, no GPU"}
+    if args.data_path:
+        shards = {"given": (args.data_path, [])}
+    else:
+        shards = _corpus_shards(Path(args.work_dir), tok)
+    if not args.skip_index:
+        for name, (prefix, files) in shards.items():
+            result[f"index_{name}"] = bench_index(prefix, files)
+    prefix = shards.get("wiki", shards.get("given"))[0]
+    cache = str(Path(args.work_dir) / "cache")
+    result["loader"] = [
+        bench_loader(prefix, tok, args.seq_length, args.micro_batch_size, args.num_workers, args.batches,
+                     mode, wwm, cache)
+        for mode, wwm in (("doc-sentences", False), ("doc-sentences", True), ("nsp", False))
+    ]
+    result["loader"].append(bench_loader(prefix, tok, args.seq_length, args.micro_batch_size, 0,
+                                         args.batches // 2, "doc-sentences", False, cache))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
