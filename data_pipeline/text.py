@@ -37,9 +37,10 @@ def trim_gutenberg(text: str) -> tuple[str, bool]:
     if m:
         text = text[m.end():]
         found = True
-    m = _PG_END.search(text) or _PG_END_OLD.search(text)
-    if m:
-        text = text[:m.start()]
+    # "End of the Project Gutenberg EBook of X" often precedes the "*** END OF ..." marker: cut at the first
+    ends = [m.start() for m in (_PG_END.search(text), _PG_END_OLD.search(text)) if m]
+    if ends:
+        text = text[:min(ends)]
         found = True
     return text, found
 

@@ -214,8 +214,15 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
         # transformers 5 takes the vocab as ``vocab=``; ``vocab_file=`` is silently ignored there and
         # yields a 5-token tokenizer that maps every word to [UNK] (tested in test_tokenization.py).
         hf = BertTokenizerFast(vocab=vocab_file, do_lower_case=tokenizer_type == "BertWordPieceLowerCase")
-        if len(hf) < 6:
-            raise TokenizerError(f"--vocab-file {vocab_file}: loaded only {len(hf)} tokens; is it a WordPiece vocab.txt?")
+        with open(vocab_file, encoding="utf-8") as f:
+            entries = [line.rstrip("\n") for line in f]
+        missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in set(entries)]
+        if missing:
+            raise TokenizerError(f"--vocab-file {vocab_file}: no {', '.join(missing)} entry; a BERT WordPiece vocab.txt "
+                                 f"lists them (train one with `python -m data_pipeline.train_tokenizer`)")
+        if len(hf) != len(entries):
+            raise TokenizerError(f"--vocab-file {vocab_file}: loaded {len(hf)} tokens from {len(entries)} lines; "
+                                 f"duplicate lines or not a WordPiece vocab.txt")
         return HFTokenizer(hf, tokenizer_type, vocab_file)
     if tokenizer_type == "SentencePieceTokenizer":
         return SentencePieceTokenizer(tokenizer_model)
