@@ -1,0 +1,435 @@
+"""DeepSpeed ZeRO checkpoint -> Hugging Face directory, and Hugging Face BERT -> warm-start checkpoint.
+
+    python -m tools.convert_checkpoint --load CKPT_DIR [--tag iter_0001000] --to-hf OUT_DIR
+    python -m tools.convert_checkpoint --from-hf HF_DIR --to-ds OUT_DIR [--max-position-embeddings 1024]
+                                       [--sparsity '{"mode": "blockbert", "num_blocks": 2, ...}']
+
+ZeRO 0/1/2/3 shards of any number of ranks are consolidated to fp32 by DeepSpeed's own zero_to_fp32 (through
+pretrain.checkpoint.load_fp32_weights). Models that stock BERT can express become a plain ``BertForMaskedLM``
+directory (names mapped by model/hf_adapter.py); the others carry our own model code (tools/hf_export) and load
+with ``trust_remote_code=True``. Output directories are written to a temporary sibling and renamed at the end, so a
+failed conversion leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.bert import BertForPreTraining
+from model.config import ModelConfig
+from model.hf_adapter import from_hf, to_hf
+from pretrain.checkpoint import COMMIT_MARKER, LATEST, committed_tags, extend_position_embeddings, load_fp32_weights
+from tools.hf_export import remote_code
+from tools.hf_export.model_card import model_card
+
+# ModelConfig fields stock Hugging Face BERT can represent; any other field away from its default needs our code.
+_STOCK_FIELDS = {"vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size", "hidden_dropout", "attention_dropout", "layer_norm_eps",
+                 "hidden_act", "initializer_range", "pad_token_id", "nsp_head", "head_size", "attention"}
+_MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
+                 "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt")
+
+
+class ConversionError(RuntimeError):
+    """Bad input: the message names the file, tag or setting at fault and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------- reading DeepSpeed
+def resolve_tag(load_dir: str | Path, tag: str | None) -> str:
+    """The tag to convert: ``tag`` if given (must exist and be committed), else the one in ``latest``."""
+    root = Path(load_dir)
+    if not root.is_dir():
+        raise ConversionError(f"--load {root}: no such directory")
+    done = [t for _, t in committed_tags(root)]
+    if tag is None:
+        latest = root / LATEST
+        if not latest.is_file():
+            hint = f"complete tags there: {done}; pass one with --tag" if done else "it holds no complete checkpoint"
+            raise ConversionError(f"--load {root}: no '{LATEST}' file, so no tag to convert ({hint})")
+        tag = latest.read_text().strip()
+        what = f"'{LATEST}' names tag {tag!r}"
+    else:
+        what = f"--tag {tag!r}"
+    tag_dir = root / tag
+    if not tag_dir.is_dir():
+        raise ConversionError(f"--load {root}: {what} but {tag_dir} does not exist (complete tags: {done})")
+    if not (tag_dir / COMMIT_MARKER).is_file():
+        raise ConversionError(f"{tag_dir}: no {COMMIT_MARKER} marker, the save did not complete "
+                              f"(complete tags: {done})")
+    return tag
+
+
+def _model_states_file(tag_dir: Path) -> Path:
+    for name in _MODEL_STATES:
+        if (tag_dir / name).is_file():
+            return tag_dir / name
+    raise ConversionError(f"{tag_dir}: none of {list(_MODEL_STATES)} found; not a DeepSpeed checkpoint tag "
+                          "or rank 0's files are missing")
+
+
+def read_client_state(load_dir: str | Path, tag: str) -> dict[str, Any]:
+    """Client state (model config, args, layouts, iteration) plus DeepSpeed's ZeRO stage and precision."""
+    tag_dir = Path(load_dir, tag)
+    state = torch.load(_model_states_file(tag_dir), map_location="cpu", weights_only=False)
+    if "model_config" not in state:
+        raise ConversionError(f"{tag_dir}: the checkpoint has no 'model_config' client state; it was not written "
+                              "by pretrain/train.py")
+    client = {k: state.get(k) for k in ("iteration", "consumed_train_samples", "model_config", "args",
+                                        "layout_state", "world_size", "dam_masks")}
+    ds = state.get("ds_config") or {}
+    stage = (ds.get("zero_optimization") or {}).get("stage", 0)
+    prec = "bf16" if (ds.get("bf16") or {}).get("enabled") else "fp16" if (ds.get("fp16") or {}).get("enabled") \
+        else "fp32"
+    client["zero_stage"] = int(stage)
+    client["ds_summary"] = (f"ZeRO stage {stage}, {prec}, {client.get('world_size') or state.get('dp_world_size')} "
+                            f"rank(s), deepspeed {state.get('ds_version', '?')}")
+    client["dp_world_size"] = int(state.get("dp_world_size") or client.get("world_size") or 1)
+    return client
+
+
+def check_rank_files(load_dir: str | Path, tag: str, client: dict[str, Any]) -> None:
+    """Every data-parallel rank's ZeRO shard must be present (DeepSpeed's own error does not say which is missing)."""
+    tag_dir = Path(load_dir, tag)
+    world = client["dp_world_size"]
+    stage = client["zero_stage"]
+    marker = json.loads((tag_dir / COMMIT_MARKER).read_text())
+    world = int(marker.get("world_size", world))
+    if stage == 0:
+        _model_states_file(tag_dir)
+        return
+    prefix = "bf16_" if any(tag_dir.glob("bf16_zero_pp_rank_*")) else ""
+    needed = [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+    if stage == 3:
+        needed += [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)]
+    missing = [n for n in needed if not (tag_dir / n).is_file()]
+    if missing:
+        raise ConversionError(f"{tag_dir}: ZeRO stage {stage} checkpoint of {world} ranks is missing rank file(s) "
+                              f"{missing}; copy them from the machines that trained it")
+
+
+def _strip_wrappers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop prefixes that torch.compile / DDP-style wrappers add to parameter names."""
+    out = {}
+    for k, v in sd.items():
+        for p in ("_orig_mod.", "module."):
+            while k.startswith(p):
+                k = k[len(p):]
+        out[k.replace("._orig_mod.", ".").replace("._checkpoint_wrapped_module.", ".")] = v
+    return out
+
+
+def consolidate(load_dir: str | Path, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 state dict of our BertForPreTraining from any ZeRO stage and rank count (DeepSpeed's zero_to_fp32)."""
+    sd = load_fp32_weights(str(load_dir), tag)
+    return {k: v.detach().float().contiguous() for k, v in _strip_wrappers(sd).items()}
+
+
+# ----------------------------------------------------------------------------------------------- writing HF
+def stock_bert_reason(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> str | None:
+    """None if stock ``BertForMaskedLM`` reproduces the model exactly, else why it needs our code."""
+    default = ModelConfig().to_dict()
+    d = config.to_dict()
+    extra = sorted(k for k in d if k not in _STOCK_FIELDS and d[k] != default[k])
+    if extra:
+        return f"settings stock BERT lacks: {extra}"
+    if config.attention_head_size * config.num_attention_heads != config.hidden_size:
+        return f"free head size {config.attention_head_size}"
+    for i in range(config.num_layers):
+        if config.attention.for_layer(i, config.num_attention_heads)[1] is not None:
+            return f"sparse attention (layer {i})"
+    try:
+        to_hf(state_dict, config)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespace, max_len: int) -> list[str]:
+    from data_pipeline.tokenization import build_tokenizer
+
+    data = dict((args or {}).get("data") or {})
+    for k in ("tokenizer_type", "vocab_file", "tokenizer_model"):
+        if getattr(overrides, k, None):
+            data[k] = getattr(overrides, k)
+    ttype = data.get("tokenizer_type")
+    if not ttype:
+        raise ConversionError("the checkpoint does not record its tokenizer; pass --tokenizer-type and "
+                              "--vocab-file/--tokenizer-model, or --no-tokenizer")
+    try:
+        tok = build_tokenizer(ttype, vocab_file=data.get("vocab_file"), tokenizer_model=data.get("tokenizer_model"))
+    except Exception as e:  # the tokenizer module raises TokenizerError with the path at fault
+        raise ConversionError(f"tokenizer recorded in the checkpoint cannot be built ({e}); pass --vocab-file or "
+                              "--tokenizer-model pointing at the files, or --no-tokenizer") from e
+    if hasattr(tok, "hf"):
+        tok.hf.model_max_length = max_len
+    files = list(tok.save(out))
+    if data.get("vocab_file") and ttype.startswith("BertWordPiece"):
+        shutil.copyfile(data["vocab_file"], out / "vocab.txt")
+        files.append("vocab.txt")
+    specials = {"cls_token": tok.id_to_token(tok.cls_id), "sep_token": tok.id_to_token(tok.sep_id),
+                "pad_token": tok.id_to_token(tok.pad_id), "mask_token": tok.id_to_token(tok.mask_id),
+                "unk_token": tok.id_to_token(tok.unk_id)}
+    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
+    return [Path(f).name for f in files] + ["special_tokens_map.json"]
+
+
+def _fresh_dir(out: str | Path, overwrite: bool) -> tuple[Path, Path]:
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConversionError(f"{out} exists and is not empty; choose a new directory or pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out, Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def write_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout_state: dict | None, out_dir: Path,
+             remote: str = "auto") -> dict[str, Any]:
+    """Write config.json + model.safetensors (+ code) into ``out_dir``; returns {"remote_code", "reason"}."""
+    from safetensors.torch import save_file
+
+    reason = stock_bert_reason(config, state_dict)
+    use_remote = remote == "always" or reason is not None
+    if remote == "never" and reason is not None:
+        raise ConversionError(f"--remote-code never: stock BERT cannot express this model ({reason})")
+    if use_remote:
+        remote_code.copy_model_code(out_dir)
+        tensors = remote_code.to_remote_state_dict(state_dict, layout_state)
+        hf_config = {"model_type": remote_code.MODEL_TYPE, "architectures": ["SparseBertForMaskedLM"],
+                     "auto_map": dict(remote_code.AUTO_MAP), "sparse_bert": config.to_dict()}
+    else:
+        tensors, hf_config = to_hf(state_dict, config)
+        tensors = dict(tensors)
+        tensors.pop("cls.predictions.decoder.weight", None)  # tied to the word embeddings (tie_word_embeddings)
+    tensors = {k: v.contiguous().clone() for k, v in tensors.items()}  # safetensors refuses shared storage
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    return {"remote_code": use_remote, "reason": reason or ("--remote-code always" if use_remote else None)}
+
+
+def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = "auto", tokenizer: bool = True,
+             tokenizer_overrides: argparse.Namespace | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Consolidate ``load_dir/tag`` and write a Hugging Face directory at ``out_dir``."""
+    tag = resolve_tag(load_dir, tag)
+    client = read_client_state(load_dir, tag)
+    check_rank_files(load_dir, tag, client)
+    try:
+        config = ModelConfig.from_dict(client["model_config"])
+    except (ValueError, TypeError) as e:
+        raise ConversionError(f"{load_dir}/{tag}: the stored model config is not valid for this code: {e}") from e
+    state_dict = consolidate(load_dir, tag)
+    model = BertForPreTraining(config)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if missing or unexpected:
+        raise ConversionError(f"{load_dir}/{tag}: weights do not match the stored model config: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}")
+    if client.get("layout_state") is not None:
+        model.load_layout_state(client["layout_state"])
+    if client.get("dam_masks") is not None:
+        print("[convert] note: the checkpoint carries DAM search masks; they are exported only where the model "
+              "config already holds them as fixed masks", file=sys.stderr)
+    out, tmp = _fresh_dir(out_dir, overwrite)
+    try:
+        info = write_hf(state_dict, config, model.layout_state(), tmp, remote)
+        files = []
+        if tokenizer:
+            files = _save_tokenizer(tmp, client.get("args") or {}, tokenizer_overrides or argparse.Namespace(),
+                                    config.max_position_embeddings)
+        d = config.to_dict()
+        extra = {k: v for k, v in d.items() if k not in _STOCK_FIELDS}
+        (tmp / "README.md").write_text(model_card(d, client, f"{load_dir}/{tag}", info["remote_code"], extra))
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {**info, "tag": tag, "tokenizer_files": files, "out": str(out)}
+
+
+# ----------------------------------------------------------------------------------------------- reading HF
+def _read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if (hf_dir / "model.safetensors").is_file():
+        return load_file(str(hf_dir / "model.safetensors"))
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        out = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            out.update(load_file(str(hf_dir / shard)))
+        return out
+    if (hf_dir / "pytorch_model.bin").is_file():
+        return torch.load(hf_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ConversionError(f"--from-hf {hf_dir}: no model.safetensors, model.safetensors.index.json or "
+                          "pytorch_model.bin there")
+
+
+def _legacy_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Original TF-converted BERT checkpoints call LayerNorm parameters gamma/beta."""
+    return {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
+            for k, v in sd.items()}
+
+
+def read_hf(hf_dir: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig, dict | None]:
+    """A Hugging Face BERT (or one of our custom-code exports) -> (our state dict, ModelConfig, layout state)."""
+    hf_dir = Path(hf_dir)
+    cfg_file = hf_dir / "config.json"
+    if not cfg_file.is_file():
+        raise ConversionError(f"--from-hf {hf_dir}: no config.json; not a Hugging Face model directory")
+    cfg = json.loads(cfg_file.read_text())
+    mtype = cfg.get("model_type")
+    sd = _read_hf_weights(hf_dir)
+    if mtype == remote_code.MODEL_TYPE:
+        ours, layouts = remote_code.from_remote_state_dict(sd)
+        return ours, ModelConfig.from_dict(cfg["sparse_bert"]), layouts or None
+    if mtype != "bert":
+        raise ConversionError(f"--from-hf {hf_dir}: config.json has model_type {mtype!r}; only 'bert' (and our "
+                              f"'{remote_code.MODEL_TYPE}' exports) can be converted")
+    sd = _legacy_names(sd)
+    if not any(k.startswith("bert.") for k in sd):
+        raise ConversionError(f"--from-hf {hf_dir}: weights have no 'bert.' prefix (a bare BertModel without the "
+                              "MLM head); export it with BertForMaskedLM or BertForPreTraining")
+    if "cls.seq_relationship.weight" not in sd:  # MLM-only models may still carry an unused pooler
+        sd = {k: v for k, v in sd.items() if not k.startswith("bert.pooler.")}
+    if "cls.predictions.decoder.weight" not in sd and "bert.embeddings.word_embeddings.weight" in sd:
+        sd["cls.predictions.decoder.weight"] = sd["bert.embeddings.word_embeddings.weight"]
+    try:
+        ours, config = from_hf(sd, cfg)
+    except (KeyError, ValueError) as e:
+        raise ConversionError(f"--from-hf {hf_dir}: {e}") from e
+    return ours, config, None
+
+
+def _ds_checkpoint(out: Path, state_dict: dict[str, torch.Tensor], config: ModelConfig, layouts: dict,
+                   source: str) -> str:
+    """The layout pretrain/checkpoint.py reads with ``--load OUT --finetune``: weights only, no optimizer."""
+    from pretrain.checkpoint import tag_for
+
+    tag = tag_for(0)
+    (out / tag).mkdir(parents=True)
+    torch.save({"module": state_dict, "iteration": 0, "consumed_train_samples": 0, "model_config": config.to_dict(),
+                "args": {}, "layout_state": layouts, "world_size": 1, "warm_start_from": source},
+               out / tag / "mp_rank_00_model_states.pt")
+    (out / tag / COMMIT_MARKER).write_text(json.dumps({"iteration": 0, "world_size": 1, "tag": tag}))
+    (out / LATEST).write_text(tag)
+    (out / "model_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    return tag
+
+
+def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = None, sparsity: Any = "keep",
+             kernel: str | None = None, drop_nsp_head: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Warm-start checkpoint from a Hugging Face BERT, optionally longer (positions copied cyclically) and with a
+    different attention (e.g. BlockBERT from dense BERT). ``sparsity="keep"`` keeps the source's attention."""
+    sd, config, layouts = read_hf(hf_dir)
+    d = config.to_dict()
+    att = dict(d["attention"])
+    if sparsity != "keep":
+        att.update(sparsity=sparsity, per_layer=None)
+        layouts = None  # a new layout family: draw it for the new model
+    if kernel:
+        att["kernel"] = kernel
+    d["attention"] = att
+    if max_position_embeddings and max_position_embeddings != d["max_position_embeddings"]:
+        layouts = None  # layouts are drawn for the maximum length: a longer model gets its own
+        d["max_position_embeddings"] = max_position_embeddings
+    if drop_nsp_head:
+        d["nsp_head"] = False
+        sd = {k: v for k, v in sd.items() if not k.startswith(("cls.pooler.", "cls.seq_relationship."))}
+    try:
+        target = ModelConfig.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise ConversionError(f"target model config is invalid: {e}") from e
+    model = BertForPreTraining(target)
+    extended = extend_position_embeddings(sd, model)
+    try:
+        model.load_state_dict(sd, strict=True)
+    except RuntimeError as e:
+        raise ConversionError(f"--from-hf {hf_dir}: weights do not fit the target model: {e}") from e
+    if layouts:
+        full = {f"layer{i}": layouts.get(f"layer{i}") for i in range(target.num_layers)}
+        model.load_layout_state(full)
+    out, tmp = _fresh_dir(out_dir, overwrite)
+    try:
+        tag = _ds_checkpoint(tmp, {k: v.clone() for k, v in model.state_dict().items()}, target,
+                             model.layout_state(), str(hf_dir))
+        for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spm.model"):
+            if (Path(hf_dir) / name).is_file():
+                (tmp / "tokenizer").mkdir(exist_ok=True)
+                shutil.copyfile(Path(hf_dir) / name, tmp / "tokenizer" / name)
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"tag": tag, "extended": extended, "out": str(out), "config": target}
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.convert_checkpoint", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", help="DeepSpeed checkpoint directory written by pretrain/train.py (has 'latest')")
+    p.add_argument("--tag", help="checkpoint tag to convert (default: the one in 'latest')")
+    p.add_argument("--to-hf", help="output Hugging Face directory")
+    p.add_argument("--remote-code", choices=("auto", "always", "never"), default="auto",
+                   help="auto: stock BertForMaskedLM when it expresses the model exactly, else our code")
+    p.add_argument("--no-tokenizer", action="store_true", help="do not write tokenizer files")
+    p.add_argument("--tokenizer-type", help="override the tokenizer recorded in the checkpoint")
+    p.add_argument("--vocab-file", help="override the WordPiece vocab path recorded in the checkpoint")
+    p.add_argument("--tokenizer-model", help="override the SentencePiece/HF tokenizer path recorded in the checkpoint")
+    p.add_argument("--from-hf", help="Hugging Face BERT directory (BertForMaskedLM / BertForPreTraining or our export)")
+    p.add_argument("--to-ds", help="output warm-start checkpoint directory (use with pretrain/train.py --load "
+                                   "DIR --finetune --model-config DIR/model_config.json)")
+    p.add_argument("--max-position-embeddings", type=int, help="grow the position table to N (rows copied cyclically)")
+    p.add_argument("--sparsity", help="JSON sparse_attention block for the new model, or 'dense' (default: keep)")
+    p.add_argument("--attention-kernel", help="kernel for the new model (dense | block_gather | flex | auto)")
+    p.add_argument("--drop-nsp-head", action="store_true", help="drop the pooler/NSP head (RoBERTa-1seq training)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    a = p.parse_args(argv)
+    if bool(a.load) == bool(a.from_hf):
+        p.error("give exactly one of --load (with --to-hf) or --from-hf (with --to-ds)")
+    try:
+        if a.load:
+            if not a.to_hf:
+                p.error("--load needs --to-hf OUT_DIR")
+            info = ds_to_hf(a.load, a.to_hf, a.tag, a.remote_code, not a.no_tokenizer, a, a.overwrite)
+            kind = f"custom code ({info['reason']})" if info["remote_code"] else "stock BertForMaskedLM"
+            print(f"[convert] {a.load}/{info['tag']} -> {info['out']} as {kind}; tokenizer files: "
+                  f"{info['tokenizer_files'] or 'none'}")
+        else:
+            if not a.to_ds:
+                p.error("--from-hf needs --to-ds OUT_DIR")
+            sparsity: Any = "keep"
+            if a.sparsity:
+                sparsity = None if a.sparsity == "dense" else json.loads(a.sparsity)
+            info = hf_to_ds(a.from_hf, a.to_ds, a.max_position_embeddings, sparsity, a.attention_kernel,
+                            a.drop_nsp_head, a.overwrite)
+            for line in info["extended"]:
+                print(f"[convert] extended {line}")
+            print(f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
+                  f"pretrain/train.py --load {info['out']} --finetune --model-config {info['out']}/model_config.json ...")
+    except (ConversionError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Hugging Face export helpers: our model code flattened into a trust_remote_code directory, and the model card."""

@@ -1,0 +1,81 @@
+"""README.md model card for an export, from what the checkpoint's client state recorded about the run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _attention_lines(model_config: dict[str, Any]) -> list[str]:
+    att = model_config.get("attention") or {}
+    per_layer = att.get("per_layer")
+    if per_layer:
+        lines = []
+        for i, d in enumerate(per_layer):
+            sp = d.get("sparsity", att.get("sparsity"))
+            lines.append(f"- layer {i}: {'dense (full)' if sp is None else json.dumps(sp, sort_keys=True)}, "
+                         f"kernel `{d.get('kernel', att.get('kernel'))}`")
+        return lines
+    sp = att.get("sparsity")
+    what = "dense (full attention)" if sp is None else f"block-sparse `{json.dumps(sp, sort_keys=True)}`"
+    return [f"- all layers: {what}, trained with kernel `{att.get('kernel', 'auto')}`"]
+
+
+def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str, remote_code: bool,
+               extra_config: dict[str, Any]) -> str:
+    """Markdown: attention, sizes, steps and data as recorded in the checkpoint (``unknown`` where absent)."""
+    args = client.get("args") or {}
+    data, loop, optim = args.get("data") or {}, args.get("loop") or {}, args.get("optim") or {}
+    c = model_config
+    head = c.get("head_size") or (c["hidden_size"] // c["num_attention_heads"])
+    other = {k: v for k, v in extra_config.items() if v not in (None, False, 0, [], {})}
+    load = ("AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True)" if remote_code
+            else "AutoModelForMaskedLM.from_pretrained(path)")
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [bert, fill-mask, sparse-attention]" if remote_code else "tags: [bert, fill-mask]",
+        "---",
+        "",
+        "# Sparse-attention BERT encoder",
+        "",
+        f"Converted from the DeepSpeed checkpoint `{source}` by `python -m tools.convert_checkpoint`.",
+        "",
+        "## Load",
+        "",
+        "```python",
+        "from transformers import AutoModelForMaskedLM, AutoTokenizer",
+        "tok = AutoTokenizer.from_pretrained(path)",
+        f"model = {load}",
+        "```",
+        "",
+    ]
+    if remote_code:
+        lines += ["The directory carries its modeling code (copied verbatim from the training code, depends only on",
+                  "torch and transformers), so `trust_remote_code=True` is required. `AutoModel`,",
+                  "`AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering` load from it too.", ""]
+    lines += [
+        "## Attention", "", *_attention_lines(c), "",
+        "## Sizes", "",
+        f"- layers {c['num_layers']}, hidden {c['hidden_size']}, heads {c['num_attention_heads']} x head size {head}, "
+        f"feed-forward {c['intermediate_size']}",
+        f"- vocabulary {c['vocab_size']}, max positions {c['max_position_embeddings']}, "
+        f"{'pre' if c.get('pre_layer_norm') else 'post'}-LayerNorm, activation {c.get('hidden_act')}, "
+        f"NSP head {'yes' if c.get('nsp_head') else 'no'}",
+    ]
+    if other:
+        lines.append(f"- other settings: `{json.dumps(other, sort_keys=True)}`")
+    lines += [
+        "", "## Training", "",
+        f"- iterations: {client.get('iteration', 'unknown')}, samples consumed: "
+        f"{client.get('consumed_train_samples', 'unknown')}, data-parallel ranks: {client.get('world_size', 'unknown')}",
+        f"- sequence length {data.get('seq_length', 'unknown')}, micro batch {loop.get('micro_batch_size', 'unknown')}, "
+        f"global batch {loop.get('global_batch_size', 'unknown')}, peak LR {optim.get('lr', 'unknown')}",
+        f"- data: {data.get('data_path', 'unknown')} (sample mode {data.get('sample_mode', 'unknown')}, "
+        f"mask prob {data.get('mask_prob', 'unknown')}, whole-word masking {data.get('whole_word_masking', 'unknown')})",
+        f"- tokenizer: {data.get('tokenizer_type', 'unknown')} "
+        f"({data.get('vocab_file') or data.get('tokenizer_model') or 'unknown'})",
+        f"- DeepSpeed: {client.get('ds_summary', 'unknown')}",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Copy OUR model code (model/*.py, model/attention/*.py) into an export directory as flat, relatively-imported
+modules, plus the thin Hugging Face wrappers of ``remote_template/``.
+
+Why copy instead of re-implementing: the exported model then runs the very code we trained with, so logits match
+exactly and there is one source of truth. Hugging Face's dynamic-module loader follows ``from .x import y`` between
+files of the same directory, so ``model/attention/kernels.py`` becomes ``ours_attention_kernels.py`` and
+``from model.attention.kernels import KERNELS`` becomes ``from .ours_attention_kernels import KERNELS``.
+Only the modules reachable from ``model/bert.py`` are copied (the transitive closure of its ``model.*`` imports).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = REPO / "model"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "remote_template"
+ENTRY_MODULES = ("model.bert", "model.config")
+MODEL_TYPE = "sparsebert"
+"""``model_type`` of exported custom-code configs."""
+BASE_PREFIX = "sparsebert"
+"""``base_model_prefix`` of the exported classes: head models hold the encoder as ``self.sparsebert``."""
+LAYOUT_PREFIX = "sparse_layouts."
+"""Persistent buffers holding each sparse layer's master layout (random layouts must not be re-drawn)."""
+AUTO_MAP = {
+    "AutoConfig": "configuration_sparsebert.SparseBertConfig",
+    "AutoModel": "modeling_sparsebert.SparseBertModel",
+    "AutoModelForMaskedLM": "modeling_sparsebert.SparseBertForMaskedLM",
+    "AutoModelForPreTraining": "modeling_sparsebert.SparseBertForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_sparsebert.SparseBertForSequenceClassification",
+    "AutoModelForQuestionAnswering": "modeling_sparsebert.SparseBertForQuestionAnswering",
+}
+
+
+class ExportError(RuntimeError):
+    """The model code cannot be exported as self-contained remote code."""
+
+
+def flat_name(module: str) -> str:
+    """``model.attention.kernels`` -> ``ours_attention_kernels``; ``model.attention`` -> ``ours_attention``."""
+    parts = module.split(".")
+    if parts[0] != "model" or len(parts) < 2:
+        raise ExportError(f"not a module of our model package: {module!r}")
+    return "ours_" + "_".join(parts[1:])
+
+
+def _module_file(module: str) -> Path:
+    rel = Path(*module.split("."))
+    for cand in (REPO / rel.with_suffix(".py"), REPO / rel / "__init__.py"):
+        if cand.is_file():
+            return cand
+    raise ExportError(f"cannot find the source of {module!r} under {REPO}")
+
+
+def _model_imports(path: Path) -> list[str]:
+    """Every ``model.*`` module imported anywhere in ``path`` (top level or inside functions)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "model":
+                raise ExportError(f"{path}: 'from model import ...' cannot be flattened; import from the submodule")
+            if node.module.startswith("model."):
+                out.append(node.module)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "model" or a.name.startswith("model."):
+                    raise ExportError(f"{path}: 'import {a.name}' cannot be flattened; use 'from {a.name} import ...'")
+    return out
+
+
+def module_closure(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
+    """The ``model.*`` modules the entry modules need, sorted."""
+    seen: set[str] = set()
+    todo = list(entries)
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(_model_imports(_module_file(m)))
+    return sorted(seen)
+
+
+_FROM_RE = re.compile(r"^(\s*)from\s+(model(?:\.\w+)+)\s+import\b", re.MULTILINE)
+
+
+def rewrite_imports(source: str) -> str:
+    """Absolute ``from model.x.y import`` -> relative ``from .ours_x_y import`` (HF's loader follows these)."""
+    return _FROM_RE.sub(lambda m: f"{m.group(1)}from .{flat_name(m.group(2))} import", source)
+
+
+def _check_external_imports(path: Path) -> None:
+    """Exported code may import only the standard library, torch and transformers."""
+    allowed = {"torch", "transformers"} | set(sys.stdlib_module_names)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for n in names:
+            if n.split(".")[0] not in allowed:
+                raise ExportError(f"{path.name} imports {n!r}; exported model code may depend only on torch, "
+                                  "transformers and the standard library")
+
+
+def copy_model_code(out_dir: str | Path) -> list[str]:
+    """Write the flattened model modules and the HF wrappers into ``out_dir``; returns the file names written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for m in module_closure():
+        src = _module_file(m)
+        text = rewrite_imports(src.read_text())
+        header = f"# Copied from {src.relative_to(REPO)} by tools/hf_export (imports made relative). Do not edit.\n"
+        dst = out / f"{flat_name(m)}.py"
+        dst.write_text(header + text)
+        written.append(dst.name)
+    for t in sorted(TEMPLATE_DIR.glob("*.py")):
+        shutil.copyfile(t, out / t.name)
+        written.append(t.name)
+    for name in written:
+        _check_external_imports(out / name)
+        leftover = re.search(r"^\s*(from|import)\s+model\b", (out / name).read_text(), re.MULTILINE)
+        if leftover:
+            raise ExportError(f"{name}: an absolute import of our package survived flattening: {leftover.group(0)!r}")
+    return written
+
+
+# ----------------------------------------------------------------------------------------------- weights
+def to_remote_state_dict(state_dict: dict[str, torch.Tensor], layout_state: dict | None) -> dict[str, torch.Tensor]:
+    """Our ``BertForPreTraining`` state dict -> the keys of the exported ``SparseBertForMaskedLM``.
+
+    The exported classes hold our ``BertModel`` as ``sparsebert.bert`` and our ``PreTrainingHeads`` as ``cls``;
+    master layouts become persistent buffers ``sparsebert.sparse_layouts.layer{i}``.
+    """
+    out = {}
+    for k, v in state_dict.items():
+        if k.startswith("bert."):
+            out[f"{BASE_PREFIX}.{k}"] = v
+        elif k.startswith("cls."):
+            out[k] = v
+        else:
+            raise ExportError(f"unexpected weight {k!r}: neither under bert. nor cls.")
+    for layer, lay in (layout_state or {}).items():
+        if lay is not None:
+            out[f"{BASE_PREFIX}.{LAYOUT_PREFIX}{layer}"] = lay.to(torch.int64).contiguous()
+    return out
+
+
+def from_remote_state_dict(remote: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
+    """Inverse of :func:`to_remote_state_dict`: (our state dict, layout state of the sparse layers)."""
+    sd, layouts = {}, {}
+    lay_prefix = f"{BASE_PREFIX}.{LAYOUT_PREFIX}"
+    for k, v in remote.items():
+        if k.startswith(lay_prefix):
+            layouts[k[len(lay_prefix):]] = v
+        elif k.startswith(f"{BASE_PREFIX}."):
+            sd[k[len(BASE_PREFIX) + 1:]] = v
+        elif k.startswith("cls."):
+            sd[k] = v
+        else:
+            raise ExportError(f"unexpected weight {k!r} in a {MODEL_TYPE} export (task heads cannot go back to "
+                              "our pre-training model)")
+    return sd, layouts

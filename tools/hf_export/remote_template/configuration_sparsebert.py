@@ -1,0 +1,53 @@
+"""Hugging Face config of an exported sparse-attention BERT (written by tools/hf_export; depends on torch and
+transformers only). ``sparse_bert`` holds the full training-time model config (layouts, head size, positional
+variants); the usual BERT fields mirror it so that generic tooling reads the sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig
+
+from .ours_config import ModelConfig
+
+
+@dataclass(repr=False)
+class SparseBertConfig(PretrainedConfig):
+    model_type = "sparsebert"
+
+    sparse_bert: dict | None = None
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int | None = 0
+    classifier_dropout: float | None = None
+
+    def __post_init__(self, **kwargs):
+        ours = self.model_config()  # validates the stored config
+        self.sparse_bert = ours.to_dict()
+        self.vocab_size = ours.vocab_size
+        self.hidden_size = ours.hidden_size
+        self.num_hidden_layers = ours.num_layers
+        self.num_attention_heads = ours.num_attention_heads
+        self.intermediate_size = ours.intermediate_size
+        self.max_position_embeddings = ours.max_position_embeddings
+        self.type_vocab_size = ours.type_vocab_size
+        self.hidden_dropout_prob = ours.hidden_dropout
+        self.attention_probs_dropout_prob = ours.attention_dropout
+        self.layer_norm_eps = ours.layer_norm_eps
+        self.initializer_range = ours.initializer_range
+        self.pad_token_id = ours.pad_token_id
+        super().__post_init__(**kwargs)
+
+    def model_config(self) -> ModelConfig:
+        """Our training-time ModelConfig (dropouts follow the HF fields, which fine-tuning may change)."""
+        d = dict(self.sparse_bert) if self.sparse_bert else ModelConfig().to_dict()
+        return ModelConfig.from_dict(d)
