@@ -1,0 +1,232 @@
+"""Hugging Face export: stock BERT and custom-code directories reproduce our logits (fp32, <= 1e-4), round trips keep
+every tensor, and the custom code loads in a process that cannot import our package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.bert import BertForPreTraining
+from model.config import ModelConfig
+from tools.convert_checkpoint import ConversionError, read_hf, stock_bert_reason, write_hf
+from tools.hf_export import remote_code
+
+TOL = 1e-4
+_SMALL = dict(vocab_size=97, hidden_size=32, num_layers=2, num_attention_heads=4, intermediate_size=64,
+              max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+
+# name -> ModelConfig kwargs; every family the exporter must carry through our own code
+CUSTOM = {
+    "dense_remote": dict(_SMALL),
+    "fixed": dict(_SMALL, attention={"kernel": "dense", "sparsity": {
+        "mode": "fixed", "block": 16, "num_local_blocks": 2, "num_global_blocks": 1}}),
+    "blockbert": dict(_SMALL, attention={"kernel": "block_gather", "sparsity": {
+        "mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}}),
+    "bigbird_random": dict(_SMALL, attention={"kernel": "dense", "sparsity": {
+        "mode": "bigbird", "block": 16, "num_random_blocks": 1, "num_sliding_window_blocks": 1,
+        "num_global_blocks": 1, "seed": 3}}),
+    "free_head_preln_mixed": dict(_SMALL, head_size=12, pre_layer_norm=True, attention={
+        "kernel": "dense", "per_layer": [
+            {"sparsity": None},
+            {"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16}}]}),
+}
+
+
+def _config(kw: dict) -> ModelConfig:
+    return ModelConfig.from_dict(json.loads(json.dumps(kw)))
+
+
+def _model(config: ModelConfig, seed: int = 0) -> BertForPreTraining:
+    torch.manual_seed(seed)
+    m = BertForPreTraining(config).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # non-trivial LayerNorm/bias values so a wrong mapping cannot hide behind init constants
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return m
+
+
+def _batch(vocab: int, B: int = 3, N: int = 40):
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, vocab, (B, N), generator=g)
+    mask = torch.ones(B, N, dtype=torch.long)
+    mask[1, 29:] = 0
+    mask[2, 9:] = 0
+    ids[mask == 0] = 0
+    tt = torch.zeros(B, N, dtype=torch.long)
+    tt[:, 20:] = 1
+    return ids, mask, tt
+
+
+def _export(model: BertForPreTraining, out: Path, remote: str) -> dict:
+    out.mkdir(parents=True)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    return write_hf(sd, model.config, model.layout_state(), out, remote)
+
+
+# ------------------------------------------------------------------------------------------------ flattening
+def test_rewrite_imports_makes_model_imports_relative():
+    src = "from model.attention.kernels import KERNELS\n    from model.config import (\n  A,\n)\nimport torch\n"
+    out = remote_code.rewrite_imports(src)
+    assert out == ("from .ours_attention_kernels import KERNELS\n    from .ours_config import (\n  A,\n)\n"
+                   "import torch\n")
+
+
+def test_closure_covers_model_code_and_nothing_else():
+    mods = remote_code.module_closure()
+    assert {"model.bert", "model.config", "model.attention.module", "model.attention.kernels",
+            "model.attention.layouts"} <= set(mods)
+    assert "model.hf_adapter" not in mods  # not needed by the model itself
+
+
+def test_exported_code_imports_only_torch_transformers_stdlib(tmp_path):
+    files = remote_code.copy_model_code(tmp_path)
+    assert "modeling_sparsebert.py" in files and "configuration_sparsebert.py" in files
+    bad = tmp_path / "ours_bad.py"
+    bad.write_text("import numpy as np\n")
+    with pytest.raises(remote_code.ExportError, match="numpy"):
+        remote_code._check_external_imports(bad)
+
+
+def test_stock_bert_decision():
+    assert stock_bert_reason(_config(_SMALL), _model(_config(_SMALL)).state_dict()) is None
+    for name in ("fixed", "blockbert", "free_head_preln_mixed"):
+        cfg = _config(CUSTOM[name])
+        assert stock_bert_reason(cfg, _model(cfg).state_dict()) is not None, name
+
+
+# ------------------------------------------------------------------------------------------------ stock BERT
+def test_dense_export_is_stock_bert_with_logit_parity_and_exact_round_trip(tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    cfg = _config(_SMALL)
+    ours = _model(cfg)
+    info = _export(ours, tmp_path / "hf", "auto")
+    assert not info["remote_code"]
+    hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert hf_cfg["model_type"] == "bert" and "auto_map" not in hf_cfg
+    assert not list((tmp_path / "hf").glob("*.py"))
+    hf = AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    ids, mask, tt = _batch(cfg.vocab_size)
+    with torch.no_grad():
+        want = ours(ids, attention_mask=mask, token_type_ids=tt).logits
+        got = hf(input_ids=ids, attention_mask=mask, token_type_ids=tt).logits
+    assert (got - want).abs().max().item() <= TOL
+    sd, back, layouts = read_hf(tmp_path / "hf")
+    assert back.to_dict() == cfg.to_dict() and layouts is None
+    ref = ours.state_dict()
+    assert set(sd) == set(ref)
+    for k in ref:
+        assert torch.equal(sd[k], ref[k]), k
+
+
+def test_never_remote_refuses_sparse(tmp_path):
+    cfg = _config(CUSTOM["blockbert"])
+    with pytest.raises(ConversionError, match="stock BERT cannot express"):
+        _export(_model(cfg), tmp_path / "x", "never")
+
+
+def test_non_bert_hf_dir_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    from safetensors.torch import save_file
+
+    save_file({"wte.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ConversionError, match="model_type 'gpt2'"):
+        read_hf(tmp_path)
+    with pytest.raises(ConversionError, match="no config.json"):
+        read_hf(tmp_path / "nope")
+
+
+# ------------------------------------------------------------------------------------------------ custom code
+_LOADER = textwrap.dedent("""
+    import importlib.util, json, sys
+    import torch
+    assert importlib.util.find_spec("model") is None, "our package is importable: the test would prove nothing"
+    from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
+                              AutoModelForSequenceClassification)
+    root = sys.argv[1]
+    for name in json.loads(sys.argv[2]):
+        d = f"{root}/{name}"
+        inp = torch.load(f"{root}/{name}_inputs.pt")
+        m = AutoModelForMaskedLM.from_pretrained(d, trust_remote_code=True).eval()
+        out = {}
+        with torch.no_grad():
+            out["logits"] = m(**inp).logits
+            out["hidden"] = AutoModel.from_pretrained(d, trust_remote_code=True).eval()(**inp).last_hidden_state
+            sc = AutoModelForSequenceClassification.from_pretrained(d, trust_remote_code=True, num_labels=3).eval()
+            out["cls_shape"] = list(sc(**inp).logits.shape)
+            qa = AutoModelForQuestionAnswering.from_pretrained(d, trust_remote_code=True).eval()
+            out["qa_shape"] = list(qa(**inp).start_logits.shape)
+        out["layouts"] = {k: v for k, v in m.state_dict().items() if "sparse_layouts" in k}
+        out["module_file"] = sys.modules[type(m).__module__].__file__
+        torch.save(out, f"{root}/{name}_got.pt")
+""")
+
+
+@pytest.fixture(scope="module")
+def custom_exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exports")
+    models = {}
+    for name, kw in CUSTOM.items():
+        cfg = _config(kw)
+        m = _model(cfg, seed=len(models))
+        if name == "bigbird_random":  # the trained layout differs from what the config would draw: must be stored
+            other = BertForPreTraining(_config({**kw, "attention": {**kw["attention"], "sparsity": {
+                **kw["attention"]["sparsity"], "seed": 11}}}))
+            assert any(not torch.equal(a, b) for a, b in zip(m.layout_state().values(),
+                                                             other.layout_state().values()))
+            m.load_layout_state(other.layout_state())
+        info = _export(m, root / name, "always" if name == "dense_remote" else "auto")
+        assert info["remote_code"]
+        ids, mask, tt = _batch(cfg.vocab_size)
+        torch.save({"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}, root / f"{name}_inputs.pt")
+        models[name] = m
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(root / "hf_modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-I", "-c", _LOADER, str(root), json.dumps(list(CUSTOM))], cwd=root,
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:]
+    return root, models
+
+
+@pytest.mark.parametrize("name", list(CUSTOM))
+def test_custom_code_logits_match_ours(custom_exports, name):
+    root, models = custom_exports
+    m = models[name]
+    inp = torch.load(root / f"{name}_inputs.pt")
+    got = torch.load(root / f"{name}_got.pt")
+    with torch.no_grad():
+        want = m(inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]).logits
+        hidden = m.bert(inp["input_ids"], inp["attention_mask"], inp["token_type_ids"])
+    assert (got["logits"] - want).abs().max().item() <= TOL
+    assert (got["hidden"] - hidden).abs().max().item() <= TOL
+    assert got["cls_shape"] == [3, 3] and got["qa_shape"] == [3, 40]
+    assert "hf_modules" in got["module_file"]  # loaded from the export's own code, not from the repository
+    for layer, lay in m.layout_state().items():
+        key = f"sparsebert.{remote_code.LAYOUT_PREFIX}{layer}"
+        if lay is None:
+            assert key not in got["layouts"]
+        else:
+            assert torch.equal(got["layouts"][key], lay), layer
+
+
+@pytest.mark.parametrize("name", ["blockbert", "bigbird_random", "free_head_preln_mixed"])
+def test_custom_code_round_trip_keeps_every_tensor(custom_exports, name):
+    root, models = custom_exports
+    m = models[name]
+    sd, cfg, layouts = read_hf(root / name)
+    assert cfg.to_dict() == m.config.to_dict()
+    ref = m.state_dict()
+    assert set(sd) == set(ref)
+    for k in ref:
+        assert torch.equal(sd[k], ref[k]), k
+    for layer, lay in m.layout_state().items():
+        if lay is not None:
+            assert torch.equal(layouts[layer], lay)
