@@ -142,11 +142,21 @@ def detect_format(path: str) -> str:
     with open(path, "rb") as f:
         if f.read(4) == b"PAR1":
             return "parquet"
+    head = b""
     try:
         with open_binary(path) as f:
-            head = f.read(4096)
+            while len(head) < 4096:  # small reads: a truncated stream still yields its first bytes
+                block = f.read(512)
+                if not block:
+                    break
+                head += block
     except (OSError, EOFError):
-        head = b""
+        pass
+    if not head:  # unreadable (e.g. a truncated one-block .bz2): fall back to the file name
+        name = os.path.basename(path).lower()
+        for marker, fmt in ((".xml", "mediawiki"), (".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet")):
+            if marker in name:
+                return fmt
     s = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if s.startswith(b"<mediawiki") or (s.startswith(b"<?xml") and b"<mediawiki" in head):
         return "mediawiki"

@@ -56,7 +56,8 @@ def test_real_dump_article_count_matches_an_independent_parse(corpus):
 
 
 def test_truncated_bz2_keeps_pages_read_and_reports(tmp_path):
-    raw = (SAMPLE / "wiki" / "sample-pages-articles.xml.bz2").read_bytes()
+    # recompressed in 100 kB blocks, so the blocks before the cut can still be decompressed
+    raw = bz2.compress(bz2.decompress((SAMPLE / "wiki" / "sample-pages-articles.xml.bz2").read_bytes()), 1)
     cut = tmp_path / "cut.xml.bz2"
     cut.write_bytes(raw[: len(raw) * 2 // 3])
     docs, log = _docs(cut)
@@ -124,3 +125,12 @@ def test_expand_inputs_dirs_globs_and_missing(tmp_path):
                            str(tmp_path / "none*.json")], log)
     assert [Path(f).relative_to(tmp_path).as_posix() for f in files] == ["d/a.txt", "d/b.txt", "d/sub/c.txt"]
     assert log.counts == {"missing_input": 2}
+
+
+def test_unreadable_truncated_bz2_is_still_reported_as_its_format(tmp_path):
+    raw = (SAMPLE / "wiki" / "sample-pages-articles.xml.bz2").read_bytes()
+    cut = tmp_path / "one-block.xml.bz2"
+    cut.write_bytes(raw[:200])  # a single 900 kB bz2 block, cut: nothing can be decompressed
+    assert detect_format(str(cut)) == "mediawiki"
+    docs, log = _docs(cut)
+    assert docs == [] and log.counts == {"truncated_file": 1}
