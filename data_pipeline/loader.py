@@ -99,6 +99,9 @@ class DataConfig:
     """Seeds sample packing, epoch shuffles and masks: the global order depends only on it and the position."""
     short_seq_prob: float = 0.1
     """Probability of a shorter random budget per sample, as BERT's --short_seq_prob."""
+    cut_fraction: float = 0.05
+    """doc/full-sentences: cut the sentence that does not fit when more than this fraction of N would stay
+    empty (its tail opens the next sample; nothing is dropped). 1.0 = whole sentences only."""
     mlm_probability: float = 0.15
     """Share of non-special tokens chosen for prediction (80% [MASK], 10% random, 10% kept)."""
     whole_word_masking: bool = False
@@ -121,6 +124,8 @@ class DataConfig:
             raise DataConfigError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise DataConfigError(f"short_seq_prob={self.short_seq_prob}: must be within [0, 1]")
+        if not 0.0 <= self.cut_fraction <= 1.0:
+            raise DataConfigError(f"cut_fraction={self.cut_fraction}: must be within [0, 1]")
         if not 0.0 < self.mlm_probability < 1.0:
             raise DataConfigError(f"mlm_probability={self.mlm_probability}: must be within (0, 1)")
         if self.pad_to_multiple_of is not None and (not isinstance(self.pad_to_multiple_of, int)
@@ -142,7 +147,7 @@ class DataConfig:
     @property
     def index_config(self) -> SampleIndexConfig:
         return SampleIndexConfig(seq_length=self.seq_length, mode=self.mode, seed=self.seed,
-                                 short_seq_prob=self.short_seq_prob)
+                                 short_seq_prob=self.short_seq_prob, cut_fraction=self.cut_fraction)
 
     @property
     def masking_config(self) -> MaskingConfig:

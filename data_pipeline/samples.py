@@ -361,6 +361,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", default="doc-sentences", choices=MODES)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--cut-fraction", type=float, default=0.05,
+                   help="doc/full-sentences: cut a sentence to fill a sample when more than this fraction of "
+                        "N would stay empty (1.0 = whole sentences only)")
     p.add_argument("--mlm-probability", type=float, default=0.15)
     p.add_argument("--whole-word-masking", action="store_true")
     p.add_argument("--pad-to-multiple-of", type=int, default=None)
@@ -383,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
     try:
         config = DataConfig(data_path=args.data_path, split=args.split, seq_length=args.seq_length, mode=args.mode,
-                            seed=args.seed, short_seq_prob=args.short_seq_prob,
+                            seed=args.seed, short_seq_prob=args.short_seq_prob, cut_fraction=args.cut_fraction,
                             mlm_probability=args.mlm_probability, whole_word_masking=args.whole_word_masking,
                             pad_to_multiple_of=args.pad_to_multiple_of, cache_dir=args.cache_dir)
         t0 = time.perf_counter()
