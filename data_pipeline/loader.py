@@ -35,13 +35,13 @@ class DataConfigError(ValueError):
     """A data setting is invalid; the message names the setting."""
 
 
-def parse_data_path(data_path: Sequence[str] | str) -> list[tuple[float, str]]:
-    """Megatron's ``--data-path``: ``prefix`` or ``w1 prefix1 w2 prefix2 ...`` -> [(weight, prefix)]."""
+def parse_data_path(data_path: Sequence[str] | str) -> list[tuple[float | None, str]]:
+    """Megatron's ``--data-path``: ``w1 prefix1 w2 prefix2 ...`` -> [(weight, prefix)], or prefixes alone
+    -> [(None, prefix)]: unweighted, each split then draws from every shard in proportion to its samples
+    (one pass = the concatenation), as Megatron does for a blend without weights."""
     items = data_path.split() if isinstance(data_path, str) else [str(x) for x in data_path]
     if not items:
         raise DataConfigError("data_path is empty: give a shard prefix or 'weight prefix' pairs")
-    if len(items) == 1:
-        return [(1.0, items[0])]
 
     def num(s: str) -> float | None:
         try:
@@ -49,9 +49,13 @@ def parse_data_path(data_path: Sequence[str] | str) -> list[tuple[float, str]]:
         except ValueError:
             return None
 
-    if len(items) % 2 or any(num(w) is None for w in items[0::2]) or any(num(p) is not None for p in items[1::2]):
+    numeric = [num(x) is not None for x in items]
+    if not any(numeric):
+        return [(None, p) for p in items]
+    if len(items) % 2 or not all(numeric[0::2]) or any(numeric[1::2]):
         raise DataConfigError(f"data_path {items}: weights do not match paths; expected "
-                              f"'weight1 prefix1 weight2 prefix2 ...' (e.g. 0.25 books 0.75 wiki) or one prefix")
+                              f"'weight1 prefix1 weight2 prefix2 ...' (e.g. 0.25 books 0.75 wiki), or prefixes "
+                              f"without any weight")
     pairs = [(float(w), p) for w, p in zip(items[0::2], items[1::2])]
     if any(not np.isfinite(w) or w < 0 for w, _ in pairs) or sum(w for w, _ in pairs) <= 0:
         raise DataConfigError(f"data_path weights {[w for w, _ in pairs]}: must be non-negative and not all zero")
@@ -88,7 +92,8 @@ class DataConfig:
     """What the pretraining batches are made of. Tokenizer is passed separately."""
 
     data_path: list[str]
-    """Megatron style: ["prefix"] or ["0.25", "books_prefix", "0.75", "wiki_prefix"] (weights, then prefixes)."""
+    """Megatron style: ["prefix"], ["0.25", "books_prefix", "0.75", "wiki_prefix"] (weight, prefix pairs), or
+    several prefixes without weights (each drawn in proportion to its sample count)."""
     split: str = "949,50,1"
     """Train/valid/test proportions of each shard's documents (contiguous ranges, as Megatron)."""
     seq_length: int = 512
@@ -392,6 +397,12 @@ def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int) -> None:
                               f"tokenized with a different vocabulary")
 
 
+def _non_empty_documents(ds: IndexedDataset, lo: int, hi: int) -> int:
+    seq = np.asarray(ds.document_indices[lo:hi + 1], dtype=np.int64)
+    cum = np.r_[0, np.cumsum(np.asarray(ds.sequence_lengths[seq[0]:seq[-1]], dtype=np.int64))]
+    return int((np.diff(cum[seq - seq[0]]) > 0).sum())
+
+
 def build_datasets(config: DataConfig, tokenizer, num_samples: tuple[int, int, int] | None = None,
                    verbose: bool = False) -> tuple[PretrainingDataset | None, ...]:
     """Train/valid/test datasets (None where a split is empty), blended per the data_path weights.
@@ -409,15 +420,21 @@ def build_datasets(config: DataConfig, tokenizer, num_samples: tuple[int, int, i
         shards.append((weight, ds, ranges))
     for weight, ds, ranges in shards:
         lo, hi = ranges[0]
-        if hi <= lo and weight > 0:
+        if hi <= lo and weight != 0:
             raise DataConfigError(f"{index_file_path(ds.prefix)}: the train split '{config.split}' of its "
                                   f"{ds.num_documents} documents is empty; give it more documents or change split")
+        if config.mode == "nsp":
+            for k, (lo, hi) in enumerate(ranges):
+                if hi > lo and _non_empty_documents(ds, lo, hi) < 2:
+                    raise DataConfigError(f"{index_file_path(ds.prefix)}: nsp mode needs at least 2 non-empty "
+                                          f"documents in the {SPLIT_NAMES[k]} split (documents {lo}..{hi - 1}); "
+                                          f"use doc-sentences or change split")
     out: list[PretrainingDataset | None] = []
     for k, name in enumerate(SPLIT_NAMES):
         comps, weights = [], []
         for weight, ds, ranges in shards:
             lo, hi = ranges[k]
-            if hi <= lo or weight <= 0:
+            if hi <= lo or weight == 0:
                 continue
             try:
                 index = load_or_build_index(ds, (lo, hi), config.index_config, config.cache_dir, verbose)
@@ -432,7 +449,7 @@ def build_datasets(config: DataConfig, tokenizer, num_samples: tuple[int, int, i
                           file=sys.stderr)
                 continue
             comps.append(ShardSplit(ds.prefix, (lo, hi), index, config.mode, tokenizer.cls_id, tokenizer.sep_id))
-            weights.append(weight)
+            weights.append(float(len(index)) if weight is None else weight)
         if not comps:
             out.append(None)
             continue

@@ -285,7 +285,7 @@ def index_cache_path(prefix: str, doc_range: tuple[int, int], config: SampleInde
 
 
 def _atomic_save(path: Path, writer) -> None:
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{os.urandom(4).hex()}")  # unique across hosts too
     try:
         with open(tmp, "wb") as f:
             writer(f)

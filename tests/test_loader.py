@@ -168,6 +168,17 @@ def test_blending_proportions(shards):
         assert abs((comp[lo:lo + 400] == 0).sum() - 100) <= 8
 
 
+def test_unweighted_paths_concatenate(shards):
+    cfg = DataConfig(data_path=[shards[0], shards[1]], split="1,0,0", seq_length=40)
+    ds = build_datasets(cfg, TOK)[0]
+    sizes = [len(c) for c in ds.components]
+    assert len(ds) == sum(sizes)
+    comp, rows = ds.locate(np.arange(len(ds)))
+    for k in range(2):  # one pass serves every sample of every shard once (up to the blend's rounding)
+        assert abs((comp == k).sum() - sizes[k]) <= 4
+        assert len(np.unique(rows[comp == k])) == (comp == k).sum()
+
+
 def test_splits_are_disjoint_document_ranges(shards):
     assert split_document_ranges(1000, "949,50,1") == [(0, 949), (949, 999), (999, 1000)]
     assert split_document_ranges(10, "80,20") == [(0, 8), (8, 10), (10, 10)]
@@ -195,6 +206,8 @@ def test_config_errors(shards, tmp_path):
         DataConfig(data_path=["0.3", shards[0], shards[1]])
     with pytest.raises(DataConfigError, match="weights do not match paths"):
         DataConfig(data_path=[shards[0], "0.5"])
+    with pytest.raises(DataConfigError, match="weights do not match paths"):
+        DataConfig(data_path=["0.5", shards[0], "0.5"])
     with pytest.raises(DataConfigError, match="seq_length"):
         DataConfig(data_path=[shards[0]], seq_length=4)
     with pytest.raises(DataConfigError, match="split"):
@@ -217,4 +230,8 @@ def test_config_errors(shards, tmp_path):
         b.add_document([[]])
     with pytest.raises(DataConfigError, match=r"empty\.idx.*no tokens"):
         build_datasets(DataConfig(data_path=[str(tmp_path / "empty")]), TOK)
+    # nsp needs two non-empty documents per split, checked before any index is built
+    synthetic_shard(tmp_path / "onedoc", [[10, 10], [0]])
+    with pytest.raises(DataConfigError, match=r"onedoc\.idx.*nsp mode needs at least 2"):
+        build_datasets(DataConfig(data_path=[str(tmp_path / "onedoc")], split="1,0,0", mode="nsp"), TOK)
     assert not list(tmp_path.glob("*_samples_*")), "an index was built before the error"
