@@ -1,0 +1,149 @@
+"""DeepSpeed ZeRO-3 checkpoint of 2 ranks (made by the real trainer) -> Hugging Face; bad inputs; the reverse warm
+start from a Hugging Face BERT into the trainer (BlockBERT from dense BERT, longer N)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.bert import BertForPreTraining
+from model.config import ModelConfig
+from tests import train_utils as tu
+from tools import convert_checkpoint as cc
+
+BLOCKBERT = {"kernel": "block_gather", "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1",
+                                                    "block": 16}}
+
+
+@pytest.fixture(scope="module")
+def zero3_ckpt(tmp_path_factory) -> Path:
+    """2 CPU ranks (gloo), ZeRO-3 fp32, a BlockBERT tiny model, 2 iterations, saved at the end."""
+    tmp = tmp_path_factory.mktemp("zero3")
+    tu.prepare(tmp, attention=BLOCKBERT)
+    args = tu.train_args(tmp, "zero3_fp32.json", 2, "--save", str(tmp / "ckpt"), "--save-interval", "2")
+    r = tu.launch("deepspeed", args, nprocs=2, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:]
+    files = {p.name for p in (tmp / "ckpt" / "iter_0000002").iterdir()}
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= files
+    return tmp
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src / "ckpt", dst)
+    return dst
+
+
+@pytest.mark.multirank
+def test_zero3_two_ranks_to_hf(zero3_ckpt, tmp_path):
+    out = tmp_path / "hf"
+    assert cc.main(["--load", str(zero3_ckpt / "ckpt"), "--to-hf", str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "README.md", "vocab.txt", "tokenizer_config.json",
+            "special_tokens_map.json", "modeling_sparsebert.py"} <= names
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".hf.")]  # no temporary leftovers
+
+    # consolidated fp32 weights: every parameter of the model, full shapes, trained (not all equal to init)
+    sd, cfg, layouts = cc.read_hf(out)
+    model = BertForPreTraining(cfg)
+    model.load_state_dict(sd, strict=True)
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in sd.values())
+    assert cfg.attention.sparsity["mode"] == "blockbert"
+    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"].endswith("ForMaskedLM")
+
+    # DeepSpeed's zero_to_fp32 run directly agrees tensor for tensor
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    ref = get_fp32_state_dict_from_zero_checkpoint(str(zero3_ckpt / "ckpt"), tag="iter_0000002")
+    assert set(ref) == set(sd)
+    for k in ref:
+        assert torch.equal(ref[k].float(), sd[k]), k
+
+    card = (out / "README.md").read_text()
+    for expected in ("ZeRO stage 3", "iterations: 2", "blockbert", "layers 2, hidden 64", "doc-sentences"):
+        assert expected in card, expected
+
+    # the exported tokenizer encodes like the training tokenizer
+    from transformers import AutoTokenizer
+
+    from data_pipeline.tokenization import build_tokenizer
+
+    ours = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(zero3_ckpt / "vocab.txt"))
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    text = "w1 w17 w3 W99 unknownword"
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
+    assert hf_tok.mask_token_id == ours.mask_id and hf_tok.pad_token_id == ours.pad_id
+
+
+def test_bad_checkpoint_dirs(zero3_ckpt, tmp_path):
+    good = zero3_ckpt / "ckpt"
+    out = tmp_path / "out"
+
+    no_latest = _copy(zero3_ckpt, tmp_path / "no_latest")
+    (no_latest / "latest").unlink()
+    with pytest.raises(cc.ConversionError, match=r"no 'latest' file.*iter_0000002.*--tag"):
+        cc.ds_to_hf(str(no_latest), str(out))
+
+    with pytest.raises(cc.ConversionError, match=r"--tag 'iter_0000099'.*does not exist"):
+        cc.ds_to_hf(str(good), str(out), tag="iter_0000099")
+
+    missing = _copy(zero3_ckpt, tmp_path / "missing_rank")
+    (missing / "iter_0000002" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    with pytest.raises(cc.ConversionError, match=r"2 ranks is missing.*zero_pp_rank_1_mp_rank_00_optim_states\.pt"):
+        cc.ds_to_hf(str(missing), str(out))
+
+    uncommitted = _copy(zero3_ckpt, tmp_path / "uncommitted")
+    (uncommitted / "iter_0000002" / "commit.json").unlink()
+    with pytest.raises(cc.ConversionError, match="no commit.json marker"):
+        cc.ds_to_hf(str(uncommitted), str(out))
+
+    with pytest.raises(cc.ConversionError, match="no such directory"):
+        cc.ds_to_hf(str(tmp_path / "nowhere"), str(out))
+    assert not out.exists()  # nothing half-written
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("x")
+    with pytest.raises(cc.ConversionError, match="not empty"):
+        cc.ds_to_hf(str(good), str(busy), tokenizer=False)
+
+
+def test_cli_reports_errors_without_traceback(tmp_path, capsys):
+    assert cc.main(["--load", str(tmp_path), "--to-hf", str(tmp_path / "o")]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.multirank
+def test_warm_start_blockbert_from_dense_hf_bert(tmp_path):
+    """A stock HF BertForMaskedLM (N=64) -> BlockBERT checkpoint with N=128 -> the trainer runs from it."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    tu.prepare(tmp_path)
+    torch.manual_seed(0)
+    hf = BertForMaskedLM(BertConfig(vocab_size=tu.VOCAB_SIZE, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=128, max_position_embeddings=64))
+    hf.save_pretrained(tmp_path / "hf_dense")
+    shutil.copyfile(tmp_path / "vocab.txt", tmp_path / "hf_dense" / "vocab.txt")
+    out = tmp_path / "warm"
+    assert cc.main(["--from-hf", str(tmp_path / "hf_dense"), "--to-ds", str(out), "--max-position-embeddings",
+                    "128", "--sparsity", json.dumps(BLOCKBERT["sparsity"]), "--attention-kernel",
+                    "block_gather"]) == 0
+
+    state = torch.load(out / "iter_0000000" / "mp_rank_00_model_states.pt", weights_only=False)
+    cfg = ModelConfig.from_dict(state["model_config"])
+    assert cfg.max_position_embeddings == 128 and cfg.attention.sparsity["mode"] == "blockbert"
+    pos_old = hf.state_dict()["bert.embeddings.position_embeddings.weight"]
+    pos_new = state["module"]["bert.embeddings.position_embeddings.weight"]
+    assert torch.equal(pos_new[:64], pos_old) and torch.equal(pos_new[64:], pos_old)  # rows copied cyclically
+    q = hf.state_dict()["bert.encoder.layer.1.attention.self.query.weight"]
+    assert torch.equal(state["module"]["bert.encoder.layers.1.attention.qkv.weight"][:64], q)
+    assert (out / "tokenizer" / "vocab.txt").is_file()
+
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 1, "--load", str(out), "--finetune", seq=128)
+    args[args.index("--model-config") + 1] = str(out / "model_config.json")
+    r = tu.launch("python", args, timeout=240)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert "--finetune: loaded weights" in r.stdout
