@@ -174,7 +174,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(_BASE, hidden_size=64, num_layers=2, num_attention_heads=4, intermediate_size=128),
     # BlockBERT (paper: RoBERTa-1seq setting, no NSP, N=512 or 1024)
     "blockbert-base-n2": dict(_BASE, attention={"kernel": "auto", "sparsity": {
-        "mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 64}}),
+        "mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 16}}),
     "blockbert-base-n3": dict(_BASE, attention={"kernel": "auto", "sparsity": {
-        "mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 64}}),
+        "mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 16}}),
 }

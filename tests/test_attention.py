@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import attention as A
-from model.attention.kernels import coarsen_layout
+from model.attention.kernels import query_tile_factor
 
 H, D, B = 4, 16, 2
 
@@ -224,10 +224,12 @@ def test_attention_dropout_trains_and_is_off_in_eval():
     assert err < 0.1
 
 
-def test_coarsening_blockbert_and_plan_cache():
+def test_query_tiles_and_groups():
     cfg = A.BlockBERTSparsityConfig(12, num_blocks=2, head_assignment="10:2", block=64)
-    lay, blk = coarsen_layout(cfg.make_layout(4096), 64)
-    assert lay.shape == (12, 2, 2) and blk == 2048
+    assert query_tile_factor(cfg.make_layout(4096)) == 32  # 2 tiles of 2048 query rows per head
+    assert query_tile_factor(A.FixedSparsityConfig(12, block=16).make_layout(1024)) == 4  # one tile per window
+    plan = A.get_kernel("block_gather").make_plan(cfg.make_layout(512), 64, 512, "cpu")
+    assert len(plan.groups) == 1 and plan.inverse is None and plan.groups[0].k_index_GK.shape == (24, 256)
     mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=512)
     q, k, v = _inputs(128)
     with pytest.raises(ValueError, match="heads"):

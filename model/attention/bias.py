@@ -21,8 +21,9 @@ class ScoreBias:
         """Bias broadcastable to ``[B, H, n, n]``."""
         raise NotImplementedError
 
-    def gather(self, q_index_HMQ: torch.Tensor, k_index_HMK: torch.Tensor) -> torch.Tensor:
-        """Bias for gathered tiles: query tokens ``[H|1, M, Q]`` x key tokens ``[H, M, K]`` -> ``[B|1, H, M, Q, K]``."""
+    def gather(self, head_G: torch.Tensor, q_index_GQ: torch.Tensor, k_index_GK: torch.Tensor) -> torch.Tensor:
+        """Bias for G gathered tiles: tile g is head ``head_G[g]``, query tokens ``q_index_GQ[g]``, key tokens
+        ``k_index_GK[g]``; returns ``[B|1, G, Q, K]``."""
         raise NotImplementedError
 
     def score_mod(self) -> Callable:
@@ -49,13 +50,11 @@ class DenseScoreBias(ScoreBias):
             raise ValueError(f"score bias covers {self.bias.shape[-1]} tokens, the sequence has {n}")
         return self.bias
 
-    def gather(self, q_index_HMQ: torch.Tensor, k_index_HMK: torch.Tensor) -> torch.Tensor:
+    def gather(self, head_G: torch.Tensor, q_index_GQ: torch.Tensor, k_index_GK: torch.Tensor) -> torch.Tensor:
         b = self.bias
-        H = k_index_HMK.shape[0]
-        b = b.expand(b.shape[0], H, b.shape[2], b.shape[3])
-        h = torch.arange(H, device=b.device).view(H, 1, 1, 1)
-        qi = q_index_HMQ[..., :, None] if b.shape[2] > 1 else torch.zeros_like(q_index_HMQ[..., :1, None])
-        return b[:, h, qi, k_index_HMK[:, :, None, :]]
+        h = head_G[:, None, None] if b.shape[1] > 1 else torch.zeros_like(head_G[:, None, None])
+        qi = q_index_GQ[:, :, None] if b.shape[2] > 1 else torch.zeros_like(q_index_GQ[:, :1, None])
+        return b[:, h, qi, k_index_GK[:, None, :]]
 
     def score_mod(self) -> Callable:
         b = self.bias
@@ -83,10 +82,10 @@ class SumScoreBias(ScoreBias):
             out = out + p.dense(n)
         return out
 
-    def gather(self, q_index_HMQ: torch.Tensor, k_index_HMK: torch.Tensor) -> torch.Tensor:
-        out = self.parts[0].gather(q_index_HMQ, k_index_HMK)
+    def gather(self, head_G: torch.Tensor, q_index_GQ: torch.Tensor, k_index_GK: torch.Tensor) -> torch.Tensor:
+        out = self.parts[0].gather(head_G, q_index_GQ, k_index_GK)
         for p in self.parts[1:]:
-            out = out + p.gather(q_index_HMQ, k_index_HMK)
+            out = out + p.gather(head_G, q_index_GQ, k_index_GK)
         return out
 
     def score_mod(self) -> Callable:

@@ -100,66 +100,90 @@ class DenseKernel(Kernel):
         return _sdpa_with_allow(q_BHND, k_BHND, v_BHND, allow, bias, dropout_p if training else 0.0, scale)
 
 
-def coarsen_layout(layout_HMM: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
-    """The coarsest equivalent layout: merge c x c tiles while every merged tile is uniform on every head.
+def query_tile_factor(layout_HMM: torch.Tensor) -> int:
+    """Largest r dividing M such that the r query blocks of every tile have identical layout rows on every head.
 
-    BlockBERT at block 64 and N=4096 becomes an n x n layout with one key block per query block, so block_gather
-    runs one big tile per query chunk instead of many small ones.
+    Merging them into one query tile loses nothing (same key set) and gives the fused attention kernel taller
+    tiles: BlockBERT at block 64, N=4096, n=2 becomes 2 query tiles of 2048 rows per head; Fixed with 4-block
+    local windows gets tiles of 4 blocks.
     """
     H, M, _ = layout_HMM.shape
-    for c in sorted((d for d in range(2, M + 1) if M % d == 0), reverse=True):
-        t = layout_HMM.view(H, M // c, c, M // c, c)
-        if torch.equal(t.amin(dim=(2, 4)), t.amax(dim=(2, 4))):
-            return t[:, :, 0, :, 0].contiguous(), block * c
-    return layout_HMM, block
+    for r in sorted((d for d in range(2, M + 1) if M % d == 0), reverse=True):
+        t = layout_HMM.view(H, M // r, r, M)
+        if bool((t == t[:, :, :1]).all()):
+            return r
+    return 1
+
+
+@dataclass
+class GatherGroup:
+    """Query tiles whose rows attend to the same number of key tokens K: one fused SDPA call."""
+
+    start: int  # first position of this group's tiles in the permuted tile order
+    head_G: torch.Tensor  # [G] head of each tile
+    q_index_GQ: torch.Tensor  # [G, Q] query token ids
+    k_index_GK: torch.Tensor  # [G, K] key token ids gathered for each tile (K may be 0)
+    k_offset: int  # where this group's G*K gathered keys start in the one gathered K/V tensor
 
 
 @dataclass
 class GatherPlan:
-    """Which key tokens each query block of each head gathers (see BlockGatherKernel)."""
+    """How block_gather computes one layout at one padded length (see BlockGatherKernel)."""
 
-    block: int  # query/key tile size after coarsening
-    num_heads: int
-    q_index_1MQ: torch.Tensor  # [1, M, block] query token ids per query block
-    k_index_HMK: torch.Tensor  # [H, M, K] gathered key token ids, K = max key blocks per row x block
-    flat_index: torch.Tensor  # [H*M*K] row ids into k.reshape(B, H*N, D)
-    k_valid_HMK: torch.Tensor | None  # [H, M, K] False where a row had fewer blocks than K (filler); None = all real
+    tile: int  # query rows per tile
+    num_tiles: int  # H * Mq
+    groups: list[GatherGroup]
+    perm: torch.Tensor | None  # tile order grouped by key count; None if already in order
+    inverse: torch.Tensor | None  # undoes perm
+    flat_index: torch.Tensor  # all groups' key rows into k.reshape(B, H*N, D), concatenated
     density: float
 
 
 @register_kernel("block_gather")
 class BlockGatherKernel(Kernel):
-    """Pure PyTorch: each query block gathers only the key/value blocks its layout row names, then one batched SDPA.
+    """Pure PyTorch: each query tile gathers only the key/value blocks its layout row names; tiles with the same
+    number of key blocks go through one fused SDPA call (no filler blocks, no mask unless padding asks for one).
 
-    Compute and score memory scale with the layout's density; gathered K/V take (key blocks per row) x the size of
-    K/V. Autograd works on every device (index_select backward is index_add).
+    Compute and score memory scale with the layout's density; gathered K/V cost (key blocks per row) x the size of
+    K/V. One gather for K, one for V, one permutation of Q and of the output, whatever the number of groups (each
+    large temporary costs page faults on CPU). Autograd works on every device (index_select's backward is
+    index_add).
     """
 
     def make_plan(self, layout_HMM, block, seq_len, device):
         if layout_HMM is None:
             return None
-        density = float(layout_HMM.float().mean())
-        lay, blk = coarsen_layout(layout_HMM.cpu(), block)
+        lay = layout_HMM.cpu().bool()
         H, M, _ = lay.shape
-        counts = lay.sum(-1)  # [H, M]
-        S = max(int(counts.max()), 1)
-        # stable sort puts the on-blocks first, in increasing key order
-        order = torch.sort(lay, dim=-1, descending=True, stable=True).indices[..., :S]  # [H, M, S]
-        valid = torch.arange(S)[None, None, :] < counts[..., None]
-        order = torch.where(valid, order, torch.zeros_like(order))
-        ar = torch.arange(blk)
-        k_index = (order[..., None] * blk + ar).reshape(H, M, S * blk)
-        k_valid = valid[..., None].expand(H, M, S, blk).reshape(H, M, S * blk)
-        flat = (torch.arange(H)[:, None, None] * seq_len + k_index).reshape(-1)
-        q_index = (torch.arange(M)[:, None] * blk + ar).unsqueeze(0)
+        r = query_tile_factor(lay)
+        tile = r * block
+        lay_q = lay[:, ::r].reshape(-1, M)  # [H*Mq, M]
+        Mq = M // r
+        counts = lay_q.sum(-1)
+        ar = torch.arange(block)
+        groups, order, flats = [], [], []
+        start = offset = 0
+        for c in sorted(set(counts.tolist())):
+            rows = (counts == c).nonzero().squeeze(1)
+            head = rows // Mq
+            kblocks = lay_q[rows].nonzero()[:, 1].view(len(rows), c)  # increasing key order
+            k_index = (kblocks[..., None] * block + ar).reshape(len(rows), c * block)
+            q_index = (rows % Mq)[:, None] * tile + torch.arange(tile)
+            groups.append(GatherGroup(start, head.to(device), q_index.to(device), k_index.to(device), offset))
+            flats.append((head[:, None] * seq_len + k_index).reshape(-1))
+            order.append(rows)
+            start += len(rows)
+            offset += k_index.numel()
+        perm = torch.cat(order)
+        in_order = torch.equal(perm, torch.arange(H * Mq))
         return GatherPlan(
-            block=blk,
-            num_heads=H,
-            q_index_1MQ=q_index.to(device),
-            k_index_HMK=k_index.to(device),
-            flat_index=flat.to(device),
-            k_valid_HMK=None if bool(k_valid.all()) else k_valid.to(device),
-            density=density,
+            tile=tile,
+            num_tiles=H * Mq,
+            groups=groups,
+            perm=None if in_order else perm.to(device),
+            inverse=None if in_order else torch.argsort(perm).to(device),
+            flat_index=torch.cat(flats).to(device),
+            density=float(lay.float().mean()),
         )
 
     def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN=None, token_mask=None, score_bias=None,
@@ -170,26 +194,37 @@ class BlockGatherKernel(Kernel):
                                     training=training)
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
-        blk = plan.block
-        M = N // blk
-        K = plan.k_index_HMK.shape[-1]
-        q = q_BHND.reshape(B, H * M, blk, D)
-        k = k_BHND.reshape(B, H * N, D).index_select(1, plan.flat_index).view(B, H * M, K, D)
-        v = v_BHND.reshape(B, H * N, Dv).index_select(1, plan.flat_index).view(B, H * M, K, Dv)
-        allow = None if plan.k_valid_HMK is None else plan.k_valid_HMK.reshape(1, H * M, 1, K)
-        if key_padding_mask_BN is not None:
-            kp = key_padding_mask_BN[:, plan.k_index_HMK].reshape(B, H * M, 1, K)
-            allow = kp if allow is None else allow & kp
-        if token_mask is not None:
-            tm = token_mask.expand(H, N, N)
-            h = torch.arange(H, device=tm.device).view(H, 1, 1, 1)
-            tm = tm[h, plan.q_index_1MQ[..., :, None], plan.k_index_HMK[:, :, None, :]].reshape(1, H * M, blk, K)
-            allow = tm if allow is None else allow & tm
-        bias = None
-        if score_bias is not None:
-            bias = score_bias.gather(plan.q_index_1MQ, plan.k_index_HMK)
-            bias = bias.reshape(bias.shape[0], H * M, blk, K)
-        out = _sdpa_with_allow(q, k, v, allow, bias, dropout_p if training else 0.0, scale)
+        T = plan.tile
+        q_tiles = q_BHND.reshape(B, plan.num_tiles, T, D)
+        if plan.perm is not None:
+            q_tiles = q_tiles.index_select(1, plan.perm)
+        k_all = k_BHND.reshape(B, H * N, D).index_select(1, plan.flat_index)
+        v_all = v_BHND.reshape(B, H * N, Dv).index_select(1, plan.flat_index)
+        drop = dropout_p if training else 0.0
+        # split (not narrow): its backward is one cat, not a zero-filled full-size tensor per group
+        q_parts = q_tiles.split([g.k_index_GK.shape[0] for g in plan.groups], 1)
+        k_parts = k_all.split([g.k_index_GK.numel() for g in plan.groups], 1)
+        v_parts = v_all.split([g.k_index_GK.numel() for g in plan.groups], 1)
+        outs = []
+        for g, q, k, v in zip(plan.groups, q_parts, k_parts, v_parts):
+            G, K = g.k_index_GK.shape
+            if K == 0:  # tiles with no key block at all: zeros
+                outs.append(q_BHND.new_zeros(B, G, T, Dv))
+                continue
+            k = k.view(B, G, K, D)
+            v = v.view(B, G, K, Dv)
+            allow = None
+            if key_padding_mask_BN is not None:
+                allow = key_padding_mask_BN[:, g.k_index_GK].view(B, G, 1, K)
+            if token_mask is not None:
+                tm = token_mask.expand(H, N, N)[g.head_G[:, None, None], g.q_index_GQ[:, :, None],
+                                                g.k_index_GK[:, None, :]].unsqueeze(0)
+                allow = tm if allow is None else allow & tm
+            bias = None if score_bias is None else score_bias.gather(g.head_G, g.q_index_GQ, g.k_index_GK)
+            outs.append(_sdpa_with_allow(q, k, v, allow, bias, drop, scale))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+        if plan.inverse is not None:
+            out = out.index_select(1, plan.inverse)
         return out.view(B, H, N, Dv)
 
 

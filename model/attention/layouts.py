@@ -452,7 +452,7 @@ class BlockBERTSparsityConfig(SparsityConfig):
         num_heads: int,
         num_blocks: int = 2,
         head_assignment: str | Sequence[int] = "10:2",
-        block: int = 64,
+        block: int = 16,
         *,
         seed: int = 0,
     ):

@@ -1,0 +1,213 @@
+"""Forward+backward time and peak memory of each attention kernel x layout vs dense SDPA without a mask.
+
+    .venv/bin/python -m benchmarks.attention --out-dir out/bench_attention            # CPU, fp32
+    .venv/bin/python -m benchmarks.attention --device cuda --dtype bf16 --kernels block_gather flex
+
+Writes ``attention.json`` (one row per kernel x layout x N) and ``attention.png`` (time and memory ratios vs the
+dense baseline, with the target line 1.15 x density) to ``--out-dir``.
+
+Memory: on CUDA, ``torch.cuda.max_memory_allocated`` minus what was allocated before the step. On CPU there is no
+allocator counter, so the step runs once under ``torch.profiler`` with ``profile_memory=True`` and we replay its
+allocation/free events in time order; the peak of that running sum is what the step itself allocated (outputs,
+saved activations, gradients of q/k/v, temporaries inside fused kernels), excluding the inputs made beforehand.
+Time: median of ``--repeats`` runs after one warm-up, without the profiler, alternating with the dense baseline\n(so that load from other processes hits both alike; the ratio is the figure that matters on a shared box).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from model.attention import (
+    BigBirdSparsityConfig,
+    BlockBERTSparsityConfig,
+    BlockSparseAttention,
+    BSLongformerSparsityConfig,
+    FixedSparsityConfig,
+    LocalSlidingWindowSparsityConfig,
+    VariableSparsityConfig,
+    layout_density,
+)
+
+HEADS, HEAD_DIM = 12, 64
+LAYOUTS: dict[str, Callable[[], object]] = {
+    "blockbert_n2": lambda: BlockBERTSparsityConfig(HEADS, num_blocks=2, head_assignment="10:2", block=16),
+    "blockbert_n3": lambda: BlockBERTSparsityConfig(HEADS, num_blocks=3, head_assignment="8:2:2", block=16),
+    "fixed_b16": lambda: FixedSparsityConfig(HEADS, block=16),
+    "fixed_b64": lambda: FixedSparsityConfig(HEADS, block=64),
+    "bigbird_b64": lambda: BigBirdSparsityConfig(HEADS, block=64),
+    "bslongformer_b64": lambda: BSLongformerSparsityConfig(HEADS, block=64),
+    "local_bi_b64": lambda: LocalSlidingWindowSparsityConfig(HEADS, block=64, attention="bidirectional"),
+    "variable_b64": lambda: VariableSparsityConfig(HEADS, block=64, num_random_blocks=1),
+}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_mib(step: Callable[[], None], device: torch.device) -> float:
+    """Peak MiB the step allocates beyond what existed before it (see the module docstring)."""
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        _sync(device)
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    cur = peak = 0
+    for e in events:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak / 2**20
+
+
+def paired_times(step: Callable[[], None], baseline: Callable[[], None], device: torch.device,
+                 repeats: int) -> tuple[float, float]:
+    """Median seconds of ``step`` and of ``baseline``, run alternately so that load from other processes on a
+    shared machine hits both alike (the ratio is what we report)."""
+    step()
+    baseline()
+    ts, tb = [], []
+    for _ in range(repeats):
+        for fn, acc in ((step, ts), (baseline, tb)):
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(ts), statistics.median(tb)
+
+
+def make_step(fn: Callable, q, k, v) -> Callable[[], None]:
+    go = torch.randn_like(q)
+
+    def step() -> None:
+        out = fn(q, k, v)
+        torch.autograd.backward(out, go)
+        for t in (q, k, v):
+            t.grad = None
+
+    return step
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    rows = []
+    for n in args.seq_lens:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(args.batch, HEADS, n, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
+                   for _ in range(3))
+        dense = make_step(F.scaled_dot_product_attention, q, k, v)
+        m_dense = peak_memory_mib(dense, device)
+        candidates = []
+        if args.math_baseline and n <= args.math_max_n:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            def math_sdpa(q, k, v):
+                with sdpa_kernel(SDPBackend.MATH):
+                    return F.scaled_dot_product_attention(q, k, v)
+
+            candidates.append(("sdpa_math", "none", None, math_sdpa))
+        for lname in args.layouts:
+            for kname in args.kernels:
+                if kname == "flex" and device.type == "cpu":
+                    continue  # FlexAttention has no backward on CPU
+                if kname == "dense" and n > args.max_dense_masked_n:
+                    continue
+                candidates.append((kname, lname, LAYOUTS[lname](), None))
+        for kname, lname, cfg, fn in candidates:
+            density = 1.0
+            if cfg is not None:
+                mod = BlockSparseAttention(cfg, kernel=kname, max_seq_length=n).to(device)
+                density = layout_density(mod.layout_for(n))
+                fn = lambda a, b, c, mod=mod: mod(a, b, c)  # noqa: E731
+            step = make_step(fn, q, k, v)
+            try:
+                t, t_dense = paired_times(step, dense, device, args.repeats)
+                m = peak_memory_mib(step, device)
+            except RuntimeError as e:  # out of memory etc.: record, keep going
+                print(f"N={n:5d} {kname:12s} {lname:16s} failed: {e}", flush=True)
+                continue
+            row = dict(kernel=kname, layout=lname, n=n, density=density, time_s=t, dense_time_s=t_dense, mem_mib=m,
+                       dense_mem_mib=m_dense, time_ratio=t / t_dense, mem_ratio=m / m_dense,
+                       target=1.15 * density)
+            row["meets_time"] = row["time_ratio"] <= row["target"]
+            row["meets_mem"] = row["mem_ratio"] <= row["target"]
+            rows.append(row)
+            print(f"N={n:5d} {kname:12s} {lname:16s} density {density:5.3f}: {t * 1e3:9.1f} ms vs dense "
+                  f"{t_dense * 1e3:8.1f} ms = {row['time_ratio']:.2f}x (target <= {row['target']:.2f}x); "
+                  f"{m:8.1f} MiB vs {m_dense:7.1f} MiB = {row['mem_ratio']:.2f}x", flush=True)
+        del q, k, v
+    return rows
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    series = sorted({(r["kernel"], r["layout"]) for r in rows})
+    for ax, key, label in ((axes[0], "time_ratio", "time / dense SDPA"), (axes[1], "mem_ratio", "peak memory / dense SDPA")):
+        for kern, lay in series:
+            pts = sorted((r["n"], r[key]) for r in rows if r["kernel"] == kern and r["layout"] == lay)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{kern}:{lay}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out-dir", type=Path, default=Path("out/bench_attention"))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    p.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
+    p.add_argument("--kernels", nargs="+", default=["block_gather", "flex"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--math-baseline", action="store_true", help="also time SDPA's math backend (N^2 scores kept)")
+    p.add_argument("--math-max-n", type=int, default=2048, help="largest N for --math-baseline")
+    p.add_argument("--max-dense-masked-n", type=int, default=2048, help="skip the masked 'dense' kernel above this N")
+    args = p.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    if args.device.startswith("cuda"):
+        machine = f"{torch.cuda.get_device_name()} ({machine})"
+    rows = run(args)
+    meta = dict(machine=machine, device=args.device, dtype=args.dtype, batch=args.batch, heads=HEADS,
+                head_dim=HEAD_DIM, repeats=args.repeats)
+    (args.out_dir / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    plot(rows, args.out_dir / "attention.png", f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}")
+    print(f"wrote {args.out_dir / 'attention.json'} and attention.png")
+
+
+if __name__ == "__main__":
+    main()
