@@ -201,8 +201,9 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     """Build the ``[S, 5]`` int64 index of the documents ``doc_range`` of ``ds`` (no caching)."""
     doc_lo, doc_hi = doc_range
     L = config.budget
-    # nsp: pieces of at most L - 1 tokens, so that a one-piece A always leaves room for B
-    u_start, u_len, u_doc = _units(ds, doc_lo, doc_hi, L - 1 if config.mode == "nsp" else L)
+    # nsp: pieces of at most half the budget, so a chunk holds two pieces and B can truly follow A
+    # (a shard of whole documents, one sequence each, would otherwise only make random pairs)
+    u_start, u_len, u_doc = _units(ds, doc_lo, doc_hi, max(L // 2, 1) if config.mode == "nsp" else L)
     U = len(u_len)
     if U == 0:
         return np.zeros((0, 5), dtype=np.int64)

@@ -235,3 +235,30 @@ def test_config_errors(shards, tmp_path):
     with pytest.raises(DataConfigError, match=r"onedoc\.idx.*nsp mode needs at least 2"):
         build_datasets(DataConfig(data_path=[str(tmp_path / "onedoc")], split="1,0,0", mode="nsp"), TOK)
     assert not list(tmp_path.glob("*_samples_*")), "an index was built before the error"
+
+
+def test_shards_written_by_megatron(corpus, bert_uncased_vocab, tmp_path):
+    """Megatron's own shards (read-only folder): sentence shard and one-sequence-per-document shard."""
+    from data_pipeline.tokenization import build_tokenizer
+
+    tok = build_tokenizer("BertWordPieceLowerCase", str(bert_uncased_vocab))
+    base = corpus / "megatron-shards"
+    for name, mode in (("wiki60_text_sentence", "doc-sentences"), ("wiki60_text_document", "nsp")):
+        prefix = str(base / name)
+        # the corpus folder is read-only: without cache_dir the index is built in memory, with it, cached
+        for cache in (None, str(tmp_path)):
+            cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=128, mode=mode, cache_dir=cache)
+            train = build_datasets(cfg, tok)[0]
+        assert list(tmp_path.glob(f"{name}_samples_*.npy"))
+        comp = train.components[0]
+        ds = IndexedDataset(prefix)
+        if mode == "doc-sentences":  # every token of the corpus in exactly one sample
+            idx = np.asarray(comp.index)
+            assert idx[0, 0] == 0 and idx[-1, 1] == ds.num_tokens and (idx[1:, 0] == idx[:-1, 1]).all()
+        else:  # whole documents as single sequences: split into pieces, paired with true/random next pieces
+            assert len(comp) > 60 * 2 and 0.3 < np.asarray(comp.index)[:, 4].mean() < 0.7
+        batch = next(iter(build_dataloader(train, tok, cfg, 16, 0, 1, num_workers=0)))
+        assert batch["input_ids"].shape == (16, 128)
+        assert (batch["input_ids"][:, 0] == tok.cls_id).all()
+        text = tok.decode(batch["input_ids"][0][batch["attention_mask"][0] > 0].tolist())
+        assert text.startswith("[CLS]") and len(text.split()) > 20
