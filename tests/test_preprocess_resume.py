@@ -1,0 +1,109 @@
+"""Resume: a run killed with SIGKILL mid-way and rerun with --resume ends byte-identical, skipping done inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
+
+
+@pytest.fixture(scope="module")
+def many_inputs(tmp_path_factory) -> Path:
+    """24 input files (copies of the sample books and articles, each slightly different)."""
+    d = tmp_path_factory.mktemp("inputs")
+    srcs = sorted((SAMPLE / "books").glob("*.txt")) + [SAMPLE / "jsonl" / "articles.jsonl"]
+    for i in range(24):
+        src = srcs[i % len(srcs)]
+        text = src.read_text(encoding="utf-8")
+        if src.suffix == ".jsonl":
+            rows = [json.loads(l) for l in text.splitlines()]
+            text = "".join(json.dumps({"text": f"Copy {i}. " + r["text"]}) + "\n" for r in rows)
+        else:
+            text = text.replace("CHAPTER 1.", f"CHAPTER 1. Copy {i}.")
+        (d / f"in{i:02d}{src.suffix}").write_text(text, encoding="utf-8")
+    return d
+
+
+def _cmd(inputs: Path, prefix: Path, vocab: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "data_pipeline.preprocess", "--input", str(inputs), "--output-prefix", str(prefix),
+            "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--split-sentences",
+            "--workers", "1", "--chunk-chars", "20000", "--no-progress", *extra]
+
+
+def _same(a: Path, b: Path) -> bool:
+    return all(Path(f"{a}_text_sentence{e}").read_bytes() == Path(f"{b}_text_sentence{e}").read_bytes()
+               for e in (".bin", ".idx"))
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_then_resume_is_byte_identical(many_inputs, bert_uncased_vocab, tmp_path):
+    ref = tmp_path / "ref"
+    subprocess.run(_cmd(many_inputs, ref, bert_uncased_vocab), cwd=REPO, check=True, capture_output=True)
+
+    out = tmp_path / "run"
+    parts = Path(f"{out}.parts")
+    proc = subprocess.Popen(_cmd(many_inputs, out, bert_uncased_vocab), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if parts.is_dir() and len(list(parts.glob("*.done.json"))) >= 3:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "run finished before it could be killed; make the inputs bigger"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list(parts.glob("*.done.json")))
+    assert 3 <= done < 24
+    assert not Path(f"{out}_text_sentence.bin").exists()  # nothing final after a kill
+
+    # without --resume the leftover progress file is an error that says what to do
+    r = subprocess.run(_cmd(many_inputs, out, bert_uncased_vocab), cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and "--resume" in r.stderr and "progress.json" in r.stderr
+
+    # an input that changed since its part was finished (new mtime) is redone; the others are skipped
+    first = sorted(many_inputs.iterdir())[0]
+    st = first.stat()
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    try:
+        r = subprocess.run(_cmd(many_inputs, out, bert_uncased_vocab, "--resume"), cwd=REPO, capture_output=True,
+                           text=True)
+    finally:
+        os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert r.returncode == 0, r.stderr
+    assert f"{done - 1} of 24 input file(s) already done, skipped" in r.stderr
+    assert _same(out, ref)
+    assert not parts.exists() and not Path(f"{out}.progress.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_resume_refuses_a_run_with_other_settings(many_inputs, bert_uncased_vocab, tmp_path):
+    from data_pipeline import resume as rs
+    from data_pipeline.preprocess import config_from_args, main
+
+    small = tmp_path / "small"
+    small.mkdir()
+    for f in sorted(many_inputs.iterdir())[:2]:
+        shutil.copy(f, small / f.name)
+    out = tmp_path / "o"
+    base = _cmd(small, out, bert_uncased_vocab)[3:]
+    cfg = config_from_args(base)
+    files = sorted(str(p) for p in small.iterdir())
+    layout = rs.RunLayout(str(out))
+    rs.prepare(layout, rs.settings_hash(cfg.output_settings()), files, resume=False)  # as left by a killed run
+    with pytest.raises(rs.ResumeError, match="different settings"):
+        rs.prepare(layout, rs.settings_hash(config_from_args(base + ["--append-eod"]).output_settings()), files, True)
+    with pytest.raises(rs.ResumeError, match="different input list"):
+        rs.prepare(layout, rs.settings_hash(cfg.output_settings()), files[:1], True)
+    assert main(base + ["--resume", "--append-eod"]) == 2
+    assert main(base + ["--resume", "--workers", "2"]) == 0  # workers do not change the output: allowed
+    assert Path(f"{out}_text_sentence.bin").exists() and not Path(layout.manifest).exists()
