@@ -1,0 +1,183 @@
+"""tools/finetune.py: SQuAD v1.1 metrics against hand-computed cases, sliding-window span mapping, bad data, and
+end-to-end runs on the shipped tiny datasets (classification on a stock BERT export, QA on a BlockBERT export)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.bert import BertForPreTraining
+from model.config import ModelConfig
+from tools import finetune as ft
+from tools.convert_checkpoint import write_hf
+
+DATA = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def test_normalize_and_scores_match_hand_computed_values():
+    assert ft.normalize_answer("  The Cat,  sat!  ") == "cat sat"
+    assert ft.normalize_answer("An apple a day") == "apple day"
+    assert ft.exact_match("the Ada  Morrow.", "Ada Morrow") == 1.0
+    assert ft.exact_match("Ada", "Ada Morrow") == 0.0
+    # pred {cat, sat, on, mat} vs gold {cat, on, mat}: P = 3/4, R = 1, F1 = 6/7
+    assert ft.f1_score("the cat sat on the mat", "a cat on the mat") == pytest.approx(6 / 7)
+    assert ft.f1_score("dog", "cat") == 0.0
+    assert ft.f1_score("the", "a") == 0.0  # both normalize to nothing: no overlap
+    # repeated tokens count with multiplicity: pred {a1, a1}, gold {a1}: P = 1/2, R = 1
+    assert ft.f1_score("x x", "x") == pytest.approx(2 / 3)
+    m = ft.squad_metrics({"q1": "twelve", "q2": "the old mill", "q3": "oats"},
+                         {"q1": ["twelve", "12"], "q2": ["old mill wheel"], "q3": ["barley"], "q4": ["x"]})
+    # q1 EM 1 F1 1; q2 EM 0 F1 2*(1)*(2/3)/(5/3) = 0.8; q3 0; q4 missing prediction -> 0
+    assert m["exact_match"] == pytest.approx(25.0)
+    assert m["f1"] == pytest.approx(100 * 1.8 / 4)
+    assert ft.accuracy([1, 0, 1, 1], [1, 1, 1, 0]) == 0.5
+
+
+# ------------------------------------------------------------------------------------------------ data
+def _tokenizer(tmp: Path):
+    """A WordPiece vocabulary trained on the shipped examples (no download, no corpus needed)."""
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertTokenizerFast
+
+    texts = []
+    for name in ("cls_train", "cls_dev", "pair_train", "qa_train", "qa_dev"):
+        for _, o in ft.read_jsonl(DATA / f"{name}.jsonl"):
+            texts += [v for k, v in o.items() if isinstance(v, str)]
+    wp = BertWordPieceTokenizer(lowercase=True)
+    wp.train_from_iterator(texts, vocab_size=400, min_frequency=1,
+                           special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tmp.mkdir(parents=True, exist_ok=True)
+    wp.save_model(str(tmp))
+    return BertTokenizerFast(vocab=str(tmp / "vocab.txt"), do_lower_case=True)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return _tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def test_shipped_datasets_parse():
+    assert len(ft.read_classification(DATA / "cls_train.jsonl")) == 24
+    pairs = ft.read_classification(DATA / "pair_train.jsonl")
+    assert all(p.text_b for p in pairs)
+    nested, flat = ft.read_qa(DATA / "qa_train.jsonl"), ft.read_qa(DATA / "qa_dev.jsonl")
+    for ex in nested + flat:
+        assert ex.context[ex.starts[0]:ex.starts[0] + len(ex.answers[0])] == ex.answers[0]
+
+
+def test_bad_data_errors_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"sentence1": "ok", "label": 1}\n{not json\n')
+    with pytest.raises(ft.DataError, match=r"bad\.jsonl:2: not valid JSON"):
+        ft.read_classification(bad)
+    bad.write_text('{"sentence2": "no first sentence", "label": 1}\n')
+    with pytest.raises(ft.DataError, match=r"bad\.jsonl:1: .*'sentence1'"):
+        ft.read_classification(bad)
+    bad.write_text(json.dumps({"context": "abc def", "question": "q?",
+                               "answers": {"text": ["def"], "answer_start": [1]}}) + "\n")
+    with pytest.raises(ft.DataError, match=r"bad\.jsonl:1: answer 'def' is not at character 1"):
+        ft.read_qa(bad)
+
+
+@pytest.mark.parametrize("max_length,stride,overlapping", [(40, 16, True), (64, 128, False), (512, 128, True)])
+def test_windows_map_gold_spans_back_to_the_exact_answer(tok, max_length, stride, overlapping):
+    examples = ft.read_qa(DATA / "qa_train.jsonl") + ft.read_qa(DATA / "qa_dev.jsonl")
+    feats = ft.qa_features(tok, examples, max_length, stride, 64)
+    by_ex: dict[int, list] = {}
+    for f in feats:
+        by_ex.setdefault(f.example, []).append(f)
+        assert len(f.input_ids) <= max_length
+        assert f.input_ids[0] == tok.cls_token_id and f.input_ids[-1] == tok.sep_token_id
+        if f.start:
+            ex = examples[f.example]
+            assert ex.context[f.offsets[f.start][0]:f.offsets[f.end][1]] == ex.answers[0]
+            assert f.token_type_ids[f.start] == 1
+    for i, ex in enumerate(examples):
+        fs = by_ex[i]
+        if overlapping:  # stride >= capacity makes disjoint windows: an answer on a boundary is in none (as BERT)
+            assert any(f.start for f in fs), f"gold answer of {ex.qid} is in no window"
+        n_ctx = len(tok(ex.context, add_special_tokens=False)["input_ids"])
+        firsts = [next(o for o in f.offsets if o is not None) for f in fs]
+        ctx_ids = tok(ex.context, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        starts = [ctx_ids.index(tuple(o)) for o in firsts]
+        assert starts[0] == 0
+        q = len(fs[0].input_ids) - 3 - sum(o is not None for o in fs[0].offsets)
+        capacity = max_length - q - 3
+        assert all(b - a == min(stride, capacity) for a, b in zip(starts, starts[1:]))  # BERT run_squad stride
+        last = fs[-1]
+        assert starts[-1] + sum(o is not None for o in last.offsets) == n_ctx  # the whole context is covered
+    if max_length == 40:
+        assert len(feats) > len(examples)  # the long paragraph really needed several windows
+
+
+def test_decode_picks_best_valid_span_across_windows(tok):
+    examples = ft.read_qa(DATA / "qa_dev.jsonl")
+    feats = ft.qa_features(tok, examples, 40, 16, 64)
+    starts, ends = [], []
+    for f in feats:
+        s, e = [-100.0] * len(f.input_ids), [-100.0] * len(f.input_ids)
+        s[0] = e[0] = 50.0  # [CLS] scores high but is never a valid answer
+        if f.start:
+            s[f.start], e[f.end] = 10.0, 10.0
+        elif len(f.input_ids) > 10:
+            s[-2], e[-3] = 30.0, 30.0  # end before start: must be skipped
+        starts.append(s)
+        ends.append(e)
+    preds = ft.decode_qa(feats, starts, ends, examples, n_best=20, max_answer_length=30)
+    assert preds == {ex.qid: ex.answers[0] for ex in examples}
+    assert ft.squad_metrics(preds, {ex.qid: ex.answers for ex in examples}) == {"exact_match": 100.0, "f1": 100.0}
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def _export(tmp: Path, tok, **kw) -> Path:
+    cfg = ModelConfig.from_dict({**dict(vocab_size=len(tok), hidden_size=32, num_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=64), **kw})
+    torch.manual_seed(0)
+    m = BertForPreTraining(cfg)
+    tmp.mkdir(parents=True)
+    write_hf(m.state_dict(), cfg, m.layout_state(), tmp)
+    tok.save_pretrained(str(tmp))
+    return tmp
+
+
+def _recomputed(out: Path, task: str) -> dict:
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    if task == "qa":
+        return ft.squad_metrics({r["id"]: r["prediction"] for r in rows}, {r["id"]: r["answers"] for r in rows})
+    return {"accuracy": ft.accuracy([r["prediction"] for r in rows], [r["label"] for r in rows])}
+
+
+def test_finetune_classification_end_to_end_on_stock_bert(tmp_path, tok, capsys):
+    model = _export(tmp_path / "dense", tok)
+    assert json.loads((model / "config.json").read_text())["model_type"] == "bert"
+    out = tmp_path / "cls"
+    assert ft.main(["--model", str(model), "--task", "classification", "--train", str(DATA / "cls_train.jsonl"),
+                    "--dev", str(DATA / "cls_dev.jsonl"), "--output-dir", str(out), "--max-steps", "4",
+                    "--batch-size", "8", "--lr", "1e-3"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["steps"] == 4 and m["max_length"] == 64
+    assert m["accuracy"] == pytest.approx(_recomputed(out, "classification")["accuracy"])
+    assert 0.0 <= m["accuracy"] <= 1.0
+    assert '"accuracy"' in capsys.readouterr().out
+
+
+def test_finetune_qa_end_to_end_on_blockbert_custom_code(tmp_path, tok):
+    model = _export(tmp_path / "blockbert", tok, attention={
+        "kernel": "block_gather", "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1",
+                                               "block": 16}})
+    assert "auto_map" in json.loads((model / "config.json").read_text())
+    out = tmp_path / "qa"
+    assert ft.main(["--model", str(model), "--task", "qa", "--train", str(DATA / "qa_train.jsonl"),
+                    "--dev", str(DATA / "qa_dev.jsonl"), "--output-dir", str(out), "--max-steps", "3",
+                    "--batch-size", "8", "--lr", "1e-3", "--doc-stride", "32"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["steps"] == 3 and m["dev_windows"] > 5  # the long paragraph was split into windows at N = 64
+    again = _recomputed(out, "qa")
+    assert m["exact_match"] == pytest.approx(again["exact_match"]) and m["f1"] == pytest.approx(again["f1"])
+    assert 0.0 <= m["exact_match"] <= m["f1"] <= 100.0
+    assert ft.main(["--model", str(model), "--task", "qa", "--train", str(DATA / "qa_train.jsonl"),
+                    "--dev", str(DATA / "qa_dev.jsonl"), "--output-dir", str(out), "--no-trust-remote-code"]) == 2

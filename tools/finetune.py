@@ -1,0 +1,479 @@
+"""Fine-tune a converted model on sequence classification or extractive QA (the blockwise-attention paper's protocol).
+
+    python -m tools.finetune --model HF_DIR --task classification --train train.jsonl --dev dev.jsonl --output-dir OUT
+    python -m tools.finetune --model HF_DIR --task qa --train train.jsonl --dev dev.jsonl --output-dir OUT
+
+Protocol (BlockBERT paper, appendix A.4, following BERT's SQuAD setup): inputs are ``[CLS] question [SEP] context
+[SEP]`` up to ``max_length = N`` (default: the model's max positions); longer contexts are cut into windows whose
+starts are ``doc_stride = 128`` context tokens apart; a linear layer gives start/end logits per token; the answer is
+the best-scoring valid span over all windows of an example. Metrics: accuracy, or SQuAD v1.1 EM/F1 (percent).
+
+Data, one JSON object per line:
+  classification: {"sentence1": str, "sentence2": str (optional), "label": int | str}  ("sentence" / "text" also
+                  accepted for sentence1)
+  qa:             {"id": str (optional), "context": str, "question": str,
+                   "answers": {"text": [str, ...], "answer_start": [int, ...]}}
+                  or the flattened form with "answers.text" / "answers.answer_start".
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import random
+import re
+import string
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and line."""
+
+
+# ----------------------------------------------------------------------------------------------- config
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run."""
+
+    model: str
+    """Hugging Face directory (from tools.convert_checkpoint, or any BERT-like model)."""
+    task: str
+    """classification | qa."""
+    train: str
+    """Training JSON lines."""
+    dev: str
+    """Evaluation JSON lines."""
+    output_dir: str
+    """Where metrics.json, predictions.jsonl (and the model with --save-model) go."""
+    max_length: int | None = None
+    """N: longest input in tokens; None = the model's max_position_embeddings (the paper's max_sequence_length=N)."""
+    doc_stride: int = 128
+    """QA: distance in context tokens between the starts of consecutive windows of a long context."""
+    max_query_length: int = 64
+    """QA: questions are cut to this many tokens."""
+    max_answer_length: int = 30
+    """QA: longest predicted span in tokens."""
+    n_best: int = 20
+    """QA: start/end candidates per window considered when decoding."""
+    epochs: float = 4.0
+    """Passes over the training data (the paper: 4)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (overrides epochs)."""
+    batch_size: int = 16
+    """Examples (QA: windows) per step (the paper: 16 or 32)."""
+    lr: float = 3e-5
+    """Peak learning rate (the paper grid-searches 5e-6 .. 5e-5)."""
+    warmup_fraction: float = 0.1
+    """Linear warmup over this fraction of the steps, then linear decay to 0."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not on biases and LayerNorm weights)."""
+    seed: int = 42
+    """Seed for head init, shuffling and dropout."""
+    trust_remote_code: bool = True
+    """Load custom modeling code shipped in the model directory (our sparse-attention exports need it)."""
+    save_model: bool = False
+    """Also save the fine-tuned model and tokenizer to output_dir/model."""
+
+    def __post_init__(self) -> None:
+        if self.task not in ("classification", "qa"):
+            raise ValueError(f"--task must be classification or qa, got {self.task!r}")
+        for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_length is not None and self.max_length < 8:
+            raise ValueError(f"--max-length must be >= 8, got {self.max_length}")
+        if self.epochs <= 0 and not self.max_steps:
+            raise ValueError("--epochs must be > 0 (or give --max-steps)")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
+        for name in ("model", "train", "dev"):
+            if not Path(getattr(self, name)).exists():
+                raise ValueError(f"--{name} {getattr(self, name)}: not found")
+
+
+# ----------------------------------------------------------------------------------------------- metrics
+def normalize_answer(s: str) -> str:
+    """SQuAD v1.1: lower case, drop punctuation and the articles a/an/the, collapse whitespace."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def exact_match(prediction: str, truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(truth))
+
+
+def f1_score(prediction: str, truth: str) -> float:
+    """Token-overlap F1 of the normalized strings (SQuAD v1.1)."""
+    p, t = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    common = collections.Counter(p) & collections.Counter(t)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(t)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_metrics(predictions: dict[str, str], golds: dict[str, list[str]]) -> dict[str, float]:
+    """EM and F1 in percent, each the max over the gold answers, averaged over the gold examples."""
+    if not golds:
+        raise ValueError("no gold examples to score")
+    em = f1 = 0.0
+    for qid, truths in golds.items():
+        pred = predictions.get(qid, "")
+        em += max(exact_match(pred, t) for t in truths)
+        f1 += max(f1_score(pred, t) for t in truths)
+    return {"exact_match": 100.0 * em / len(golds), "f1": 100.0 * f1 / len(golds)}
+
+
+def accuracy(predictions: Sequence[int], labels: Sequence[int]) -> float:
+    if len(predictions) != len(labels) or not labels:
+        raise ValueError(f"accuracy needs equal, non-empty lists (got {len(predictions)} and {len(labels)})")
+    return sum(int(p == t) for p, t in zip(predictions, labels)) / len(labels)
+
+
+# ----------------------------------------------------------------------------------------------- data
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{n}: expected a JSON object per line")
+            yield n, obj
+
+
+@dataclass
+class ClsExample:
+    text_a: str
+    text_b: str | None
+    label: Any
+
+
+def read_classification(path: str | Path) -> list[ClsExample]:
+    out = []
+    for n, o in read_jsonl(path):
+        a = next((o[k] for k in ("sentence1", "sentence", "text") if k in o), None)
+        if not isinstance(a, str) or "label" not in o:
+            raise DataError(f"{path}:{n}: a classification line needs a string 'sentence1' (or 'sentence'/'text') "
+                            f"and a 'label'; got keys {sorted(o)}")
+        b = o.get("sentence2")
+        if b is not None and not isinstance(b, str):
+            raise DataError(f"{path}:{n}: 'sentence2' must be a string")
+        out.append(ClsExample(a, b, o["label"]))
+    if not out:
+        raise DataError(f"{path}: no examples")
+    return out
+
+
+@dataclass
+class QAExample:
+    qid: str
+    question: str
+    context: str
+    answers: list[str]
+    starts: list[int]
+
+
+def read_qa(path: str | Path) -> list[QAExample]:
+    out = []
+    for n, o in read_jsonl(path):
+        ans = o.get("answers")
+        if isinstance(ans, dict):
+            texts, starts = ans.get("text"), ans.get("answer_start")
+        else:
+            texts, starts = o.get("answers.text"), o.get("answers.answer_start")
+        ctx, q = o.get("context"), o.get("question")
+        if not isinstance(ctx, str) or not isinstance(q, str) or not isinstance(texts, list) \
+                or not isinstance(starts, list) or len(texts) != len(starts) or not texts:
+            raise DataError(f"{path}:{n}: a QA line needs 'context', 'question' and 'answers' "
+                            "{'text': [...], 'answer_start': [...]} (same non-zero length)")
+        for t, s in zip(texts, starts):
+            if not isinstance(s, int) or ctx[s:s + len(t)] != t:
+                raise DataError(f"{path}:{n}: answer {t!r} is not at character {s} of the context "
+                                f"(found {ctx[s:s + len(t)]!r})")
+        out.append(QAExample(str(o.get("id", f"{Path(path).name}:{n}")), q, ctx, list(texts), list(starts)))
+    if not out:
+        raise DataError(f"{path}: no examples")
+    return out
+
+
+@dataclass
+class QAFeature:
+    """One window of one example."""
+
+    example: int
+    input_ids: list[int]
+    token_type_ids: list[int]
+    offsets: list[tuple[int, int] | None]
+    """Character span in the context for context tokens, None for question/special tokens."""
+    start: int
+    """Gold start token (0 = [CLS] when the answer is not inside this window)."""
+    end: int
+
+
+def qa_features(tokenizer, examples: Sequence[QAExample], max_length: int, doc_stride: int,
+                max_query_length: int) -> list[QAFeature]:
+    """``[CLS] q [SEP] window [SEP]``; window starts are ``doc_stride`` context tokens apart (BERT's run_squad)."""
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if cls_id is None or sep_id is None:
+        raise DataError("the tokenizer has no [CLS]/[SEP] token; QA needs a BERT-style tokenizer")
+    feats = []
+    for ei, ex in enumerate(examples):
+        q_ids = tokenizer(ex.question, add_special_tokens=False)["input_ids"][:max_query_length]
+        enc = tokenizer(ex.context, add_special_tokens=False, return_offsets_mapping=True)
+        c_ids, c_off = enc["input_ids"], enc["offset_mapping"]
+        capacity = max_length - len(q_ids) - 3
+        if capacity < 1:
+            raise DataError(f"example {ex.qid}: --max-length {max_length} leaves no room for the context after a "
+                            f"{len(q_ids)}-token question; raise --max-length or lower --max-query-length")
+        a_start = ex.starts[0]
+        a_end = a_start + len(ex.answers[0])  # exclusive; training uses the first gold answer (SQuAD train has one)
+        tok_s = next((i for i, (s, e) in enumerate(c_off) if e > a_start), None)
+        tok_e = next((i for i in range(len(c_off) - 1, -1, -1) if c_off[i][0] < a_end), None)
+        w = 0
+        while True:
+            n = min(capacity, len(c_ids) - w)
+            ids = [cls_id] + q_ids + [sep_id] + c_ids[w:w + n] + [sep_id]
+            tt = [0] * (len(q_ids) + 2) + [1] * (n + 1)
+            offs: list[tuple[int, int] | None] = [None] * (len(q_ids) + 2) + list(c_off[w:w + n]) + [None]
+            start = end = 0
+            if tok_s is not None and tok_e is not None and w <= tok_s and tok_e < w + n:
+                start, end = tok_s - w + len(q_ids) + 2, tok_e - w + len(q_ids) + 2
+            feats.append(QAFeature(ei, ids, tt, offs, start, end))
+            if w + n >= len(c_ids):
+                break
+            w += min(n, doc_stride)
+    return feats
+
+
+def decode_qa(features: Sequence[QAFeature], start_logits: Sequence[Sequence[float]],
+              end_logits: Sequence[Sequence[float]], examples: Sequence[QAExample], n_best: int,
+              max_answer_length: int) -> dict[str, str]:
+    """Best valid span (start <= end, both in the context, length <= max) over every window of each example."""
+    best: dict[int, tuple[float, str]] = {}
+    for f, sl, el in zip(features, start_logits, end_logits):
+        n = len(f.input_ids)
+        sl, el = list(sl[:n]), list(el[:n])
+        starts = sorted(range(n), key=lambda i: -sl[i])[:n_best]
+        ends = sorted(range(n), key=lambda i: -el[i])[:n_best]
+        ctx = examples[f.example].context
+        for s in starts:
+            for e in ends:
+                if f.offsets[s] is None or f.offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                    continue
+                score = sl[s] + el[e]
+                if f.example not in best or score > best[f.example][0]:
+                    best[f.example] = (score, ctx[f.offsets[s][0]:f.offsets[e][1]])
+    return {ex.qid: best.get(i, (0.0, ""))[1] for i, ex in enumerate(examples)}
+
+
+# ----------------------------------------------------------------------------------------------- training
+def _pad(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+    n = max(len(r) for r in rows)
+    return torch.tensor([list(r) + [value] * (n - len(r)) for r in rows], dtype=torch.long)
+
+
+def _batches(n: int, size: int, shuffle: bool, rng: random.Random) -> Iterator[list[int]]:
+    order = list(range(n))
+    if shuffle:
+        rng.shuffle(order)
+    for i in range(0, n, size):
+        yield order[i:i + size]
+
+
+def _optimizer(model: torch.nn.Module, cfg: FinetuneConfig, total_steps: int):
+    from transformers import get_linear_schedule_with_warmup
+
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_fraction * total_steps), total_steps)
+    return opt, sched
+
+
+def _needs_remote_code(model_dir: str) -> bool:
+    cfg = Path(model_dir, "config.json")
+    return cfg.is_file() and "auto_map" in json.loads(cfg.read_text())
+
+
+def _train(model, batches_per_epoch: int, make_batch, n_items: int, cfg: FinetuneConfig,
+           rng: random.Random) -> dict[str, float]:
+    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * batches_per_epoch))
+    opt, sched = _optimizer(model, cfg, total)
+    model.train()
+    step, losses, t0 = 0, [], time.time()
+    while step < total:
+        for idx in _batches(n_items, cfg.batch_size, True, rng):
+            loss = model(**make_batch(idx)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            step += 1
+            if step >= total:
+                break
+    return {"steps": step, "train_loss_first": losses[0], "train_loss_last": losses[-1],
+            "train_seconds": time.time() - t0}
+
+
+def run(cfg: FinetuneConfig) -> dict[str, Any]:
+    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
+        AutoTokenizer
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    remote = _needs_remote_code(cfg.model)
+    if remote and not cfg.trust_remote_code:
+        raise DataError(f"--model {cfg.model} ships custom modeling code (auto_map in config.json); "
+                        "drop --no-trust-remote-code to load it")
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    if not getattr(tok, "is_fast", False):
+        raise DataError(f"--model {cfg.model}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+    hf_cfg = AutoConfig.from_pretrained(cfg.model, trust_remote_code=remote)
+    if getattr(hf_cfg, "model_type", None) not in ("bert", "sparsebert"):
+        print(f"[finetune] note: model_type {hf_cfg.model_type!r} is not BERT; segment ids are still passed",
+              file=sys.stderr)
+    max_len = cfg.max_length or int(hf_cfg.max_position_embeddings)
+    if max_len > hf_cfg.max_position_embeddings:
+        raise DataError(f"--max-length {max_len} exceeds the model's max_position_embeddings "
+                        f"{hf_cfg.max_position_embeddings}")
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    def tensors(ids_rows, tt_rows):
+        ids = _pad(ids_rows, pad)
+        return {"input_ids": ids, "token_type_ids": _pad(tt_rows, 0),
+                "attention_mask": _pad([[1] * len(r) for r in ids_rows], 0)}
+
+    result: dict[str, Any] = {"task": cfg.task, "model": cfg.model, "max_length": max_len}
+    if cfg.task == "classification":
+        train, dev = read_classification(cfg.train), read_classification(cfg.dev)
+        labels = sorted({e.label for e in train}, key=lambda x: (str(type(x)), x))
+        index = {lab: i for i, lab in enumerate(labels)}
+        unknown = sorted({str(e.label) for e in dev if e.label not in index})
+        if unknown:
+            raise DataError(f"{cfg.dev}: labels {unknown} never occur in {cfg.train}")
+        model = AutoModelForSequenceClassification.from_pretrained(
+            cfg.model, num_labels=len(labels), trust_remote_code=remote,
+            id2label={i: str(lab) for i, lab in enumerate(labels)}, label2id={str(lab): i for i, lab in enumerate(labels)})
+
+        def encode(exs):
+            enc = tok([e.text_a for e in exs], [e.text_b for e in exs] if any(e.text_b for e in exs) else None,
+                      truncation=True, max_length=max_len)
+            tts = enc.get("token_type_ids") or [[0] * len(r) for r in enc["input_ids"]]
+            return enc["input_ids"], tts
+
+        tr_ids, tr_tt = encode(train)
+        y = torch.tensor([index[e.label] for e in train])
+
+        def make_batch(idx):
+            b = tensors([tr_ids[i] for i in idx], [tr_tt[i] for i in idx])
+            b["labels"] = y[idx]
+            return b
+
+        result.update(_train(model, math.ceil(len(train) / cfg.batch_size), make_batch, len(train), cfg, rng))
+        model.eval()
+        dv_ids, dv_tt = encode(dev)
+        preds = []
+        with torch.no_grad():
+            for idx in _batches(len(dev), cfg.batch_size, False, rng):
+                preds += model(**tensors([dv_ids[i] for i in idx], [dv_tt[i] for i in idx])).logits.argmax(-1).tolist()
+        gold = [index[e.label] for e in dev]
+        result["accuracy"] = accuracy(preds, gold)
+        with open(out / "predictions.jsonl", "w") as f:
+            for e, p in zip(dev, preds):
+                f.write(json.dumps({"label": e.label, "prediction": labels[p]}) + "\n")
+    else:
+        train, dev = read_qa(cfg.train), read_qa(cfg.dev)
+        model = AutoModelForQuestionAnswering.from_pretrained(cfg.model, trust_remote_code=remote)
+        tr_f = qa_features(tok, train, max_len, cfg.doc_stride, cfg.max_query_length)
+        dv_f = qa_features(tok, dev, max_len, cfg.doc_stride, cfg.max_query_length)
+
+        def make_batch(idx):
+            b = tensors([tr_f[i].input_ids for i in idx], [tr_f[i].token_type_ids for i in idx])
+            b["start_positions"] = torch.tensor([tr_f[i].start for i in idx])
+            b["end_positions"] = torch.tensor([tr_f[i].end for i in idx])
+            return b
+
+        result.update(_train(model, math.ceil(len(tr_f) / cfg.batch_size), make_batch, len(tr_f), cfg, rng))
+        model.eval()
+        starts, ends = [None] * len(dv_f), [None] * len(dv_f)
+        with torch.no_grad():
+            for idx in _batches(len(dv_f), cfg.batch_size, False, rng):
+                o = model(**tensors([dv_f[i].input_ids for i in idx], [dv_f[i].token_type_ids for i in idx]))
+                for j, i in enumerate(idx):
+                    starts[i], ends[i] = o.start_logits[j].tolist(), o.end_logits[j].tolist()
+        preds = decode_qa(dv_f, starts, ends, dev, cfg.n_best, cfg.max_answer_length)
+        result.update(squad_metrics(preds, {e.qid: e.answers for e in dev}))
+        result.update(train_windows=len(tr_f), dev_windows=len(dv_f))
+        with open(out / "predictions.jsonl", "w") as f:
+            for e in dev:
+                f.write(json.dumps({"id": e.qid, "prediction": preds[e.qid], "answers": e.answers}) + "\n")
+    if cfg.save_model:
+        model.save_pretrained(out / "model")
+        tok.save_pretrained(out / "model")
+    result["config"] = asdict(cfg)
+    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.finetune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", required=True, choices=("classification", "qa"))
+    p.add_argument("--train", required=True)
+    p.add_argument("--dev", required=True)
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--max-length", type=int)
+    p.add_argument("--doc-stride", type=int, default=128)
+    p.add_argument("--max-query-length", type=int, default=64)
+    p.add_argument("--max-answer-length", type=int, default=30)
+    p.add_argument("--n-best", type=int, default=20)
+    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--warmup-fraction", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
+    p.add_argument("--save-model", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        cfg = FinetuneConfig(**vars(ns))
+        result = run(cfg)
+    except (ValueError, OSError) as e:  # DataError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    keys = ("accuracy",) if cfg.task == "classification" else ("exact_match", "f1")
+    print(json.dumps({k: result[k] for k in ("task", "steps", "train_loss_first", "train_loss_last", *keys)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
