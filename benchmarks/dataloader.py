@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.dataloader                      # builds shards from ../shared/corpus
     .venv/bin/python -m benchmarks.dataloader --data-path PREFIX --vocab-file VOCAB
 
-Without ``--data-path`` the WikiExtractor set (and the books) of the shared corpus are tokenized once into
-``--work-dir`` (one sequence per sentence, one document per <doc>/book), reused on later runs.
+Without ``--data-path`` the WikiExtractor set and the books of the shared corpus are preprocessed once
+(``python -m data_pipeline.preprocess --split-sentences``) into ``--work-dir`` and reused on later runs.
 Prints one JSON object; figures go to docs/samples.md with the machine they were measured on.
 """
 
@@ -27,19 +27,24 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("SPARSEBERT_CORPUS", REPO.parent / "shared" / "corpus"))
 
 
-def _corpus_shards(work_dir: Path, tokenizer) -> dict[str, tuple[str, list[Path]]]:
-    from tests.samples_helpers import books_shard, wiki_shard
+def _corpus_shards(work_dir: Path, vocab_file: str) -> dict[str, tuple[str, list[Path]]]:
+    """Shards of the shared corpus made by our preprocess CLI (once; reused from work_dir)."""
+    import subprocess
+    import sys
 
     work_dir.mkdir(parents=True, exist_ok=True)
     out = {}
     wiki_files = sorted((CORPUS / "wiki" / "wikiextractor" / "AA").glob("wiki_*"))
-    book_files = sorted((CORPUS / "books").glob("pg*.txt"))
-    for name, files, make in (("wiki", wiki_files, wiki_shard), ("books", book_files, books_shard)):
-        prefix = work_dir / name
+    book_files = sorted((CORPUS / "books").glob("*.txt"))
+    for name, files, fmt in (("wiki", wiki_files, "wikiextractor"), ("books", book_files, "text")):
+        prefix = work_dir / f"{name}_text_sentence"
         if not shard_exists(prefix):
             t0 = time.perf_counter()
-            make(prefix, CORPUS, tokenizer)
-            print(f"[bench] tokenized {name} into {prefix} in {time.perf_counter() - t0:.1f}s")
+            subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input", *map(str, files),
+                            "--input-format", fmt, "--split-sentences", "--tokenizer-type", "BertWordPieceLowerCase",
+                            "--vocab-file", vocab_file, "--output-prefix", str(work_dir / name), "--workers", "2",
+                            "--no-progress"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+            print(f"[bench] preprocessed {name} into {prefix} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         out[name] = (str(prefix), files)
     return out
 
@@ -136,7 +141,7 @@ def main() -> None:
     if args.data_path:
         shards = {"given": (args.data_path, [])}
     else:
-        shards = _corpus_shards(Path(args.work_dir), tok)
+        shards = _corpus_shards(Path(args.work_dir), args.vocab_file)
     if not args.skip_index:
         for name, (prefix, files) in shards.items():
             result[f"index_{name}"] = bench_index(prefix, files)

@@ -333,11 +333,12 @@ class Collator:
             n = -(-n // self.multiple) * self.multiple
         return n
 
-    def compact(self, items: list[tuple[np.ndarray, int, int, int]]) -> torch.Tensor:
-        """Pad + mask into one flat int32 tensor ``[ids (B*L) | labels (B*L) | lengths, first, nsp (3*B) | B, L]``.
+    def compact(self, items: list[tuple[np.ndarray, int, int, int]]) -> np.ndarray:
+        """Pad + mask into one flat int32 array ``[ids (B*L) | labels (B*L) | lengths, first, nsp (3*B) | B, L]``.
 
-        This is what dataloader workers send: one shared-memory segment of int32 instead of five int64
-        tensors (the transfer, not the masking, limited the loader); ``expand`` rebuilds the batch."""
+        This is what dataloader workers send: one int32 numpy array, pickled through the worker pipe,
+        instead of five int64 tensors, each moved to its own shared-memory segment (the transfer, not the
+        masking, limited the loader: 3.3k -> 9k samples/s); ``expand`` rebuilds the batch."""
         B = len(items)
         lens = np.fromiter((len(it[0]) for it in items), dtype=np.int64, count=B)
         L = self.padded_length(int(lens.max()) if B else 0)
@@ -354,10 +355,11 @@ class Collator:
         meta[1] = np.fromiter((it[1] for it in items), dtype=np.int64, count=B)
         meta[2] = np.fromiter((it[2] for it in items), dtype=np.int64, count=B)
         out[-2:] = (B, L)
-        return torch.from_numpy(out)
+        return out
 
-    def expand(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The batch dict from ``compact``'s tensor (cheap: a few broadcasts, run in the consuming process)."""
+    def expand(self, compact: np.ndarray) -> dict[str, torch.Tensor]:
+        """The batch dict from ``compact``'s array (cheap: a few broadcasts, run in the consuming process)."""
+        flat = torch.from_numpy(compact)
         B, L = int(flat[-2]), int(flat[-1])
         ids = flat[:B * L].view(B, L).long()
         labels = flat[B * L:2 * B * L].view(B, L).long()

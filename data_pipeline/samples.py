@@ -8,15 +8,16 @@ array, so the index is a small int64 table, one row per sample::
 
 Modes (the tokens around the ranges are added at batch time):
 
-- ``doc-sentences``: ``[CLS] A [SEP]``, A = whole sentences of one document packed up to N - 2 tokens
-  (RoBERTa's DOC-SENTENCES, used by BlockBERT and DIET).
+- ``doc-sentences``: ``[CLS] A [SEP]``, A = consecutive sentences of one document packed up to N - 2
+  tokens (RoBERTa's DOC-SENTENCES, used by BlockBERT and DIET; see ``cut_fraction`` below).
 - ``full-sentences``: like doc-sentences but packing continues into the next document; a [SEP] is
   inserted at each document boundary and counted in the budget (RoBERTa's FULL-SENTENCES).
 - ``nsp``: ``[CLS] A [SEP] B [SEP]`` with BERT's recipe: pack up to N - 3, cut at a random sentence,
   B is the rest (label 0) or, half the time, sentences from a random other document (label 1; the
   unused sentences go back and start the next sample); a random B is trimmed to fit, A never is.
 
-Sentences longer than the budget are split into budget-sized pieces, never dropped. With probability
+Sentences longer than the budget are split into budget-sized pieces (nsp: half-budget pieces), never
+dropped. With probability
 ``short_seq_prob`` a sample's budget is drawn uniformly from [2, budget] (BERT). Empty sentences are skipped.
 
 Packing is greedy but vectorized. The end of a sample that starts at a given token is one ``searchsorted``
@@ -52,7 +53,7 @@ from data_pipeline.indexed import IndexedDataset, data_file_path, index_file_pat
 from data_pipeline.masking import sample_keys
 
 MODES = ("doc-sentences", "full-sentences", "nsp")
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 #: the packing walk runs over chains in parallel; chains (documents, or runs of sentences crossing them in
 #: full-sentences mode) are also cut at a sentence start about every this many samples' worth of tokens,
 #: so a long book costs few steps (at most one shorter sample per chain: < 0.2% of the fill)
