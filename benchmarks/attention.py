@@ -183,6 +183,22 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def markdown_table(result: dict) -> str:
+    """The JSON result as the Markdown table recorded in docs/model.md."""
+    lines = [f"Machine: {result['meta']['machine']}; {result['meta']['dtype']}, batch {result['meta']['batch']}, "
+             f"{result['meta']['heads']} heads x {result['meta']['head_dim']}, fwd+bwd, median of "
+             f"{result['meta']['repeats']} (paired with the dense baseline).", "",
+             "| N | kernel | layout | density | time ms | dense ms | time ratio | target | mem MiB | dense MiB | mem ratio |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        ok = "" if r["layout"] == "none" else (" ✓" if r["meets_time"] else " ✗")
+        okm = "" if r["layout"] == "none" else (" ✓" if r["meets_mem"] else " ✗")
+        lines.append(f"| {r['n']} | {r['kernel']} | {r['layout']} | {r['density']:.3f} | {r['time_s'] * 1e3:.0f} | "
+                     f"{r['dense_time_s'] * 1e3:.0f} | {r['time_ratio']:.2f}{ok} | {r['target']:.2f} | "
+                     f"{r['mem_mib']:.1f} | {r['dense_mem_mib']:.1f} | {r['mem_ratio']:.2f}{okm} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out-dir", type=Path, default=Path("out/bench_attention"))
@@ -196,7 +212,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--math-baseline", action="store_true", help="also time SDPA's math backend (N^2 scores kept)")
     p.add_argument("--math-max-n", type=int, default=2048, help="largest N for --math-baseline")
     p.add_argument("--max-dense-masked-n", type=int, default=2048, help="skip the masked 'dense' kernel above this N")
+    p.add_argument("--table", type=Path, help="only print the Markdown table of an existing attention.json")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     args = p.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     if args.device.startswith("cuda"):
@@ -206,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                 head_dim=HEAD_DIM, repeats=args.repeats)
     (args.out_dir / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     plot(rows, args.out_dir / "attention.png", f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}")
-    print(f"wrote {args.out_dir / 'attention.json'} and attention.png")
+    (args.out_dir / "attention.md").write_text(markdown_table(dict(meta=meta, rows=rows)) + "\n")
+    print(f"wrote {args.out_dir / 'attention.json'}, attention.md and attention.png")
 
 
 if __name__ == "__main__":

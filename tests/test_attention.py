@@ -48,9 +48,10 @@ def _padding(n, kind):
 
 def _run(kernel, cfg, q, k, v, kpm, grad=True):
     mod = A.BlockSparseAttention(cfg, kernel=kernel, max_seq_length=256)
-    out = mod(q, k, v, key_padding_mask_BN=kpm)
     if not grad:
-        return out, None
+        with torch.no_grad():
+            return mod(q, k, v, key_padding_mask_BN=kpm), None
+    out = mod(q, k, v, key_padding_mask_BN=kpm)
     go = torch.randn_like(out, generator=torch.Generator().manual_seed(9))
     grads = torch.autograd.grad(out, (q, k, v), go)
     return out, grads
@@ -252,3 +253,27 @@ def test_choose_kernel_rule():
     assert A.choose_kernel("cpu", torch.float32, 1024, 0.8, True, False) == "dense"
     assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, True, False) == "flex"
     assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, True, True) == "block_gather"
+
+
+class _HoleyLayout(A.SparsityConfig):
+    """A custom layout with empty rows (a layout may leave a query block with nothing to attend to)."""
+
+    def make_layout(self, seq_len):
+        lay = A.DenseSparsityConfig(self.num_heads, self.block).make_layout(seq_len)
+        lay[0, 1] = 0  # head 0, query block 1: no key block
+        lay[2, :, 0] = 0
+        return lay
+
+
+@pytest.mark.parametrize("kernel", ["block_gather", "flex"])
+def test_empty_layout_rows_give_zeros(kernel):
+    cfg = _HoleyLayout(H, block=16)
+    q, k, v = _inputs(64)
+    kpm = _padding(64, "tail")
+    ref, ref_g = _run("dense", cfg, q, k, v, kpm)
+    out, g = _run(kernel, cfg, q, k, v, kpm, grad=kernel != "flex")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    assert out[:, 0, 16:32].abs().max() == 0
+    if g is not None:
+        for a, b in zip(g, ref_g):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
