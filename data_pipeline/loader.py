@@ -522,6 +522,8 @@ def build_dataloader(dataset: PretrainingDataset, tokenizer, config: DataConfig,
     Stops when the next global batch would pass ``len(dataset)``, or never with ``cyclic=True``.
     ``epoch_seed`` salts the masks (e.g. a fixed one for evaluation), leaving the order unchanged.
     """
+    if dataset is None:
+        raise DataConfigError(f"build_dataloader: no dataset (the split is empty with split={config.split!r})")
     collator = Collator(tokenizer, config, mask_salt=0 if epoch_seed is None else int(epoch_seed) + 1)
     sampler = DistributedBatchSampler(None if cyclic else len(dataset), consumed_samples, micro_batch_size,
                                       dp_rank, dp_world_size)

@@ -100,6 +100,7 @@ def test_padding_to_block_multiple(shards):
     assert L % 16 == 0 and L - 16 < int(b2["attention_mask"].sum(1).max()) <= L
 
 
+@pytest.mark.timeout(180)
 def test_resume_equals_uninterrupted_run_whatever_num_workers(shards):
     cfg = DataConfig(data_path=["0.3", shards[0], "0.7", shards[1]], split="1,0,0", seq_length=40, mode="nsp")
     train = build_datasets(cfg, TOK, num_samples=(600, 0, 0))[0]
@@ -262,3 +263,14 @@ def test_shards_written_by_megatron(corpus, bert_uncased_vocab, tmp_path):
         assert (batch["input_ids"][:, 0] == tok.cls_id).all()
         text = tok.decode(batch["input_ids"][0][batch["attention_mask"][0] > 0].tolist())
         assert text.startswith("[CLS]") and len(text.split()) > 20
+
+
+def test_cyclic_loader_runs_past_the_nominal_length(shards):
+    cfg = DataConfig(data_path=[shards[1]], split="1,0,0", seq_length=40)
+    ds = build_datasets(cfg, TOK, num_samples=(20, 0, 0))[0]
+    assert len(build_dataloader(ds, TOK, cfg, 4, 0, 1, num_workers=0)) == 5
+    sampler = build_dataloader(ds, TOK, cfg, 4, 1, 2, consumed_samples=16, num_workers=0, cyclic=True).sampler
+    it = iter(sampler)
+    assert [next(it) for _ in range(3)] == [[20, 21, 22, 23], [28, 29, 30, 31], [36, 37, 38, 39]]
+    with pytest.raises(DataConfigError, match="split is empty"):
+        build_dataloader(None, TOK, cfg, 4, 0, 1)

@@ -230,3 +230,27 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, bert_uncased_vocab, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "small.idx" in err and "uint8" in err
     assert not list(tmp_path.glob("*_samples_*")), "work was done before the error"
+
+
+def _build_in_process(prefix: str, cache_dir: str) -> int:
+    ds = IndexedDataset(prefix)
+    cfg = SampleIndexConfig(seq_length=32, mode="full-sentences", seed=77)
+    return len(load_or_build_index(ds, (0, ds.num_documents), cfg, cache_dir))
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_builders_never_see_a_partial_cache(tmp_path):
+    """Several ranks building the same index at once: each gets the full index, one valid file remains."""
+    import multiprocessing as mp
+
+    prefix = str(synthetic_shard(tmp_path / "conc", random_docs(3, n_docs=400)))
+    ctx = mp.get_context("fork")
+    with ctx.Pool(3) as pool:
+        sizes = pool.starmap(_build_in_process, [(prefix, str(tmp_path / "cache"))] * 6, chunksize=1)
+    ds = IndexedDataset(prefix)
+    expect = build_sample_index(ds, (0, ds.num_documents), SampleIndexConfig(seq_length=32, mode="full-sentences",
+                                                                            seed=77))
+    assert sizes == [len(expect)] * 6
+    files = list((tmp_path / "cache").iterdir())
+    assert sorted(f.suffix for f in files) == [".json", ".npy"], files
+    np.testing.assert_array_equal(np.load(next(f for f in files if f.suffix == ".npy")), expect)
