@@ -147,3 +147,22 @@ def test_warm_start_blockbert_from_dense_hf_bert(tmp_path):
     r = tu.launch("python", args, timeout=240)
     assert r.returncode == 0, r.stdout[-4000:]
     assert "--finetune: loaded weights" in r.stdout
+
+
+@pytest.mark.parametrize("ds_config", ["zero0_fp16", "zero1_bf16"])
+def test_half_precision_runs_export_fp32_masters(tmp_path, ds_config):
+    """fp16 ZeRO-0 keeps masters in the optimizer state, bf16 ZeRO-1 in `bf16_zero_pp_rank_*` shards: the export
+    must carry those fp32 masters (which round exactly to the half-precision module weights), not the half weights."""
+    tu.prepare(tmp_path)
+    args = tu.train_args(tmp_path, f"{ds_config}.json", 1, "--save", str(tmp_path / "ckpt"), "--save-interval", "1")
+    r = tu.launch("python", args, timeout=240)
+    assert r.returncode == 0, r.stdout[-4000:]
+    out = tmp_path / "hf"
+    cc.ds_to_hf(str(tmp_path / "ckpt"), str(out), tokenizer=False)
+    sd, _, _ = cc.read_hf(out)
+    module = torch.load(tmp_path / "ckpt" / "iter_0000001" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert set(sd) == set(module)
+    half = next(iter(module.values())).dtype
+    assert half in (torch.float16, torch.bfloat16)
+    assert all(sd[k].dtype == torch.float32 and torch.equal(sd[k].to(half), module[k]) for k in module)
+    assert sum(not torch.equal(sd[k], module[k].float()) for k in module) > len(module) // 2

@@ -4,8 +4,8 @@
     python -m tools.convert_checkpoint --from-hf HF_DIR --to-ds OUT_DIR [--max-position-embeddings 1024]
                                        [--sparsity '{"mode": "blockbert", "num_blocks": 2, ...}']
 
-ZeRO 0/1/2/3 shards of any number of ranks are consolidated to fp32 by DeepSpeed's own zero_to_fp32 (through
-pretrain.checkpoint.load_fp32_weights). Models that stock BERT can express become a plain ``BertForMaskedLM``
+ZeRO 1/2/3 shards of any number of ranks (fp32, fp16, bf16) are consolidated to fp32 by DeepSpeed's own
+zero_to_fp32; ZeRO-0 fp16/bf16 checkpoints give the optimizer's fp32 master weights. Models that stock BERT can express become a plain ``BertForMaskedLM``
 directory (names mapped by model/hf_adapter.py); the others carry our own model code (tools/hf_export) and load
 with ``trust_remote_code=True``. Output directories are written to a temporary sibling and renamed at the end, so a
 failed conversion leaves nothing half-written.
@@ -28,7 +28,7 @@ import torch
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import from_hf, to_hf
-from pretrain.checkpoint import COMMIT_MARKER, LATEST, committed_tags, extend_position_embeddings, load_fp32_weights
+from pretrain.checkpoint import COMMIT_MARKER, LATEST, committed_tags, extend_position_embeddings
 from tools.hf_export import remote_code
 from tools.hf_export.model_card import model_card
 
@@ -94,6 +94,7 @@ def read_client_state(load_dir: str | Path, tag: str) -> dict[str, Any]:
     client["ds_summary"] = (f"ZeRO stage {stage}, {prec}, {client.get('world_size') or state.get('dp_world_size')} "
                             f"rank(s), deepspeed {state.get('ds_version', '?')}")
     client["dp_world_size"] = int(state.get("dp_world_size") or client.get("world_size") or 1)
+    client["global_batch"] = ds.get("train_batch_size")
     return client
 
 
@@ -128,9 +129,53 @@ def _strip_wrappers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def consolidate(load_dir: str | Path, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 state dict of our BertForPreTraining from any ZeRO stage and rank count (DeepSpeed's zero_to_fp32)."""
-    sd = load_fp32_weights(str(load_dir), tag)
+def _zero0_fp32_masters(module: dict[str, torch.Tensor], fp32_groups: list, config: ModelConfig,
+                        where: Path) -> dict[str, torch.Tensor] | None:
+    """ZeRO-0 with fp16/bf16 keeps fp32 masters in the optimizer state as lists in param-group order; name them
+    with the trainer's own grouping (pretrain.parallelize.param_groups) and check each rounds to the module weight."""
+    from pretrain.parallelize import param_groups
+
+    model = BertForPreTraining(config)
+    ids = {id(p): n for n, p in model.named_parameters()}
+    names = [ids[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
+    masters = [t for group in fp32_groups for t in group]
+    if len(names) != len(masters):
+        return None
+    out = {}
+    for n, t in zip(names, masters):
+        half = module.get(n)
+        if half is None or tuple(t.shape) != tuple(half.shape) or not torch.equal(t.to(half.dtype), half):
+            return None
+        out[n] = t.float()
+    if set(out) != set(module):
+        return None
+    return out
+
+
+def consolidate(load_dir: str | Path, tag: str, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """fp32 state dict of our BertForPreTraining from any ZeRO stage, precision and rank count.
+
+    ZeRO 1/2/3 (fp32, fp16 or ``bf16_`` shards): DeepSpeed's zero_to_fp32. ZeRO-0: the module weights, replaced by
+    the optimizer's fp32 masters when training ran in fp16/bf16.
+    """
+    tag_dir = Path(load_dir, tag)
+    if any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(load_dir), tag=tag)
+    else:
+        state = torch.load(_model_states_file(tag_dir), map_location="cpu", weights_only=False)
+        sd = _strip_wrappers(state["module"])
+        opt = state.get("optimizer")
+        if any(v.dtype in (torch.float16, torch.bfloat16) for v in sd.values()):
+            masters = None
+            if isinstance(opt, dict) and isinstance(opt.get("fp32_groups"), list):
+                masters = _zero0_fp32_masters(sd, opt["fp32_groups"], config, tag_dir)
+            if masters is None:
+                print(f"[convert] warning: {tag_dir} holds half-precision module weights and no fp32 masters that "
+                      "match them; exporting the half weights cast to fp32", file=sys.stderr)
+            else:
+                sd = masters
     return {k: v.detach().float().contiguous() for k, v in _strip_wrappers(sd).items()}
 
 
@@ -231,7 +276,7 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
         config = ModelConfig.from_dict(client["model_config"])
     except (ValueError, TypeError) as e:
         raise ConversionError(f"{load_dir}/{tag}: the stored model config is not valid for this code: {e}") from e
-    state_dict = consolidate(load_dir, tag)
+    state_dict = consolidate(load_dir, tag, config)
     model = BertForPreTraining(config)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
