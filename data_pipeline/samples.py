@@ -32,13 +32,15 @@ doc/full-sentences cut that sentence (the tail opens the next sample, nothing is
 packing alone leaves ~13% of N=128 empty on books (greedy is optimal for contiguous whole sentences).
 
 The index is cached next to the shard as ``{prefix}_samples_{hash}.npy`` (+ ``.json`` describing it),
-where the hash covers every parameter that changes it; it is written to a temp file and renamed, so
-ranks that build it at the same time never see a partial file, and memory-mapped when reused.
+where the hash covers every parameter that changes it. One process builds it while the others wait on a
+file lock; it is written to a temp file and renamed, so no rank ever sees a partial file; it is
+memory-mapped when reused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -297,30 +299,64 @@ def _atomic_save(path: Path, writer) -> None:
             tmp.unlink()
 
 
-def load_or_build_index(ds: IndexedDataset, doc_range: tuple[int, int], config: SampleIndexConfig,
-                        cache_dir: str | None = None, verbose: bool = False) -> np.ndarray:
-    """The cached index (memory-mapped) if present, else build it, save it atomically and return it."""
-    path, desc = index_cache_path(ds.prefix, doc_range, config, cache_dir)
+def _try_load(path: Path) -> np.ndarray | None:
     if path.is_file():
         try:
             arr = np.load(path, mmap_mode="r")
             if arr.ndim == 2 and arr.shape[1] == 5 and arr.dtype == np.int64:
                 return arr
         except (ValueError, OSError):
-            pass  # unreadable: rebuild below
-    t0 = time.perf_counter()
-    arr = build_sample_index(ds, doc_range, config)
-    seconds = time.perf_counter() - t0
+            pass  # unreadable: rebuild
+    return None
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """One builder per index at a time (ranks of a node, or of a cluster on a file system with locks);
+    the others wait here, then find the cache. Without a usable lock everyone builds (atomic rename
+    still keeps the cache whole). The lock file is removed by the builder once the cache is in place,
+    so anyone arriving later finds the cache before looking for a lock."""
+    lock_path = path.with_name(path.name + ".lock")
     try:
+        import fcntl
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_save(path, lambda f: np.save(f, arr))
-        desc.update(num_samples=int(len(arr)), build_seconds=round(seconds, 4))
-        _atomic_save(path.with_suffix(".json"), lambda f: f.write(json.dumps(desc, indent=1).encode()))
-    except OSError as e:
-        if verbose:
-            print(f"[samples] could not cache the index at {path} ({e}); set cache_dir to a writable folder",
-                  file=sys.stderr)
+        fh = open(lock_path, "a")
+        fcntl.flock(fh, fcntl.LOCK_EX)
+    except (OSError, ImportError):
+        yield lambda: None
+        return
+    try:
+        yield lambda: lock_path.unlink(missing_ok=True)
+    finally:
+        fh.close()
+
+
+def load_or_build_index(ds: IndexedDataset, doc_range: tuple[int, int], config: SampleIndexConfig,
+                        cache_dir: str | None = None, verbose: bool = False) -> np.ndarray:
+    """The cached index (memory-mapped) if present, else build it, save it atomically and return it."""
+    path, desc = index_cache_path(ds.prefix, doc_range, config, cache_dir)
+    arr = _try_load(path)
+    if arr is not None:
         return arr
+    with _build_lock(path) as release:
+        arr = _try_load(path)  # built by another rank while we waited
+        if arr is not None:
+            return arr
+        t0 = time.perf_counter()
+        arr = build_sample_index(ds, doc_range, config)
+        seconds = time.perf_counter() - t0
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_save(path, lambda f: np.save(f, arr))
+            desc.update(num_samples=int(len(arr)), build_seconds=round(seconds, 4))
+            _atomic_save(path.with_suffix(".json"), lambda f: f.write(json.dumps(desc, indent=1).encode()))
+            release()
+        except OSError as e:
+            if verbose:
+                print(f"[samples] could not cache the index at {path} ({e}); set cache_dir to a writable folder",
+                      file=sys.stderr)
+            return arr
     if verbose:
         print(f"[samples] built {len(arr)} samples for {ds.prefix} documents {doc_range} in {seconds:.3f}s "
               f"-> {path}", file=sys.stderr)

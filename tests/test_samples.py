@@ -240,7 +240,8 @@ def _build_in_process(prefix: str, cache_dir: str) -> int:
 
 @pytest.mark.timeout(120)
 def test_concurrent_builders_never_see_a_partial_cache(tmp_path):
-    """Several ranks building the same index at once: each gets the full index, one valid file remains."""
+    """Several ranks building the same index at once: each gets the full index, one valid file remains
+    (and no lock or temp file)."""
     import multiprocessing as mp
 
     prefix = str(synthetic_shard(tmp_path / "conc", random_docs(3, n_docs=400)))
