@@ -89,12 +89,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(engine, save_dir: str, iteration: int, client_state: dict[str, Any], keep_last: int | None) -> str:
-    """Save on every rank; returns the tag. Commit marker and `latest` are written after all ranks finished."""
+def save(engine, save_dir: str, iteration: int, client_state: dict[str, Any], keep_last: int | None,
+         rng: dict[str, Any]) -> str:
+    """Save on every rank; returns the tag. Commit marker and `latest` are written after all ranks finished.
+
+    `rng` is this rank's RNG captured before anything of the save ran (building the client state or DeepSpeed's
+    save may draw random numbers); the caller restores it afterwards so saving never changes the run.
+    """
     tag = tag_for(iteration)
     rank = dist.get_rank()
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
-    torch.save(rng_state(), Path(save_dir, tag, f"rng_rank{rank}.pt"))
+    torch.save(rng, Path(save_dir, tag, f"rng_rank{rank}.pt"))
     dist.barrier()  # every rank's files (DeepSpeed's and RNG) are on disk past this point
     faults.maybe_kill_in_save(iteration, rank)
     if rank == 0:

@@ -141,3 +141,13 @@ def apply_clip_grad(ds: ResolvedDSConfig, clip_grad: float | None) -> None:
     if file_value is not None and float(file_value) != clip_grad:
         raise DSConfigError(f"{ds.path}: gradient_clipping={file_value} disagrees with --clip-grad {clip_grad}")
     ds.config["gradient_clipping"] = clip_grad
+
+
+def validate_with_deepspeed(ds: ResolvedDSConfig) -> None:
+    """Let DeepSpeed's own validation (pydantic models, batch assertions) judge the config; errors name the file."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    try:
+        DeepSpeedConfig(dict(ds.config))
+    except Exception as e:  # DeepSpeed raises ValueError, AssertionError, pydantic errors, DeepSpeedConfigError
+        raise DSConfigError(f"DeepSpeed rejected the config {ds.path}: {type(e).__name__}: {e}") from e

@@ -16,7 +16,7 @@ import torch
 import torch.utils.checkpoint
 
 from pretrain.args import OptimConfig
-from pretrain.ds_config import DSConfigError, ResolvedDSConfig
+from pretrain.ds_config import DSConfigError, ResolvedDSConfig, validate_with_deepspeed
 from pretrain.schedule import WarmupLinearDecay
 
 
@@ -80,22 +80,18 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
 
 def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, warmup: int,
                       decay_iters: int):
-    """deepspeed.initialize with our param groups and LR scheduler; config errors name the file."""
+    """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file)."""
     import deepspeed
 
     configure_optimizer(ds, optim)
+    validate_with_deepspeed(ds)
 
     def scheduler(opt: torch.optim.Optimizer) -> WarmupLinearDecay:
         return WarmupLinearDecay(opt, peak=optim.lr, min_lr=optim.min_lr, warmup=warmup,
                                  decay_iters=decay_iters, style=optim.lr_decay_style)
 
-    try:
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, optim.weight_decay),
-                                               config=ds.config, lr_scheduler=scheduler)
-    except (ValueError, TypeError, KeyError, AssertionError) as e:
-        if type(e).__name__ in ("ValidationError", "DeepSpeedConfigError") or isinstance(e, (ValueError, KeyError)):
-            raise DSConfigError(f"DeepSpeed rejected the config {ds.path}: {e}") from e
-        raise
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, optim.weight_decay),
+                                           config=ds.config, lr_scheduler=scheduler)
     return engine
 
 

@@ -6,6 +6,7 @@ seed -> model (identical on every rank) -> per-rank seed -> engine -> --load -> 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -115,8 +116,15 @@ class Trainer:
             print(f"[pretrain] {msg}", flush=True)
 
     def _loader(self, dataset, consumed: int, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
-        return iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
-                                              self.dist.world_size, consumed, num_workers))
+        """A primed iterator: torch's DataLoader draws its base seed from the global RNG on the first next(), so
+        we take the first batch now (before the RNG is restored on resume) instead of inside step k+1."""
+        it = iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
+                                            self.dist.world_size, consumed, num_workers))
+        try:
+            first = next(it)
+        except StopIteration:
+            return iter(())
+        return itertools.chain([first], it)
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: batch[k].to(self.dist.device, non_blocking=True) for k in _BATCH_KEYS if k in batch}
@@ -221,12 +229,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
+        rng = checkpoint.rng_state()  # first: what follows may draw random numbers
         module = self.engine.module
         client = {"iteration": self.iteration, "consumed_train_samples": self.consumed_samples,
                   "model_config": self.model_config.to_dict(), "args": self.run.to_dict(),
                   "layout_state": module.layout_state(), "world_size": self.dist.world_size}
         tag = checkpoint.save(self.engine, self.run.checkpoint.save, self.iteration, client,
-                              self.run.checkpoint.keep_last)
+                              self.run.checkpoint.keep_last, rng)
+        checkpoint.set_rng_state(rng)  # a run that saves continues exactly like one that does not
         self._print(f"saved {self.run.checkpoint.save}/{tag}")
 
     # ------------------------------------------------------------------ loop

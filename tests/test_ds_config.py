@@ -1,0 +1,128 @@
+"""ds_config handling: legacy blocks, unknown keys, batch arithmetic, and every shipped preset passing DeepSpeed's
+own validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pretrain.args import OptimConfig
+from pretrain.ds_config import (DSConfigError, apply_clip_grad, read_ds_config, resolve_batch_sizes,
+                                validate_with_deepspeed)
+from pretrain.parallelize import configure_optimizer
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = sorted((REPO / "ds_configs").glob("*.json"))
+
+
+def write(tmp_path: Path, cfg, name: str = "cfg.json") -> Path:
+    p = tmp_path / name
+    p.write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
+    return p
+
+
+def test_presets_cover_every_stage_and_precision():
+    names = {p.name for p in PRESETS}
+    for stage in range(4):
+        for prec in ("fp32", "fp16", "bf16"):
+            assert f"zero{stage}_{prec}.json" in names
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_every_preset_passes_deepspeed_validation(path):
+    ds = read_ds_config(path)
+    resolve_batch_sizes(ds, 2, 4, 1)
+    configure_optimizer(ds, OptimConfig())
+    validate_with_deepspeed(ds)  # DeepSpeed's own pydantic models and batch assertions
+    assert "sparse_attention" not in ds.config and "amp" not in ds.config
+    if path.name.startswith("zero"):
+        assert ds.zero_stage == int(path.name[4])
+        assert ds.precision == path.stem.split("_")[1]
+
+
+def test_sparse_attention_block_is_read_and_removed(tmp_path):
+    block = {"mode": "fixed", "block": 16, "num_local_blocks": 4, "num_global_blocks": 1}
+    p = write(tmp_path, {"zero_optimization": {"stage": 1}, "sparse_attention": block})
+    ds = read_ds_config(p)
+    assert ds.sparse_attention == block
+    assert "sparse_attention" not in ds.config
+    assert any(str(p) in n for n in ds.notes)
+    resolve_batch_sizes(ds, 2, None, 1)
+    validate_with_deepspeed(ds)  # DeepSpeed 0.19.8 itself would raise on the block
+
+
+def test_sparse_attention_block_reaches_the_model_config(tmp_path):
+    from pretrain.args import DataArgs, ModelArgs
+    from pretrain.builders import build_model_config
+
+    block = {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}
+    cfg = build_model_config(ModelArgs(model_preset="tiny"), DataArgs(data_path=["x"], seq_length=128), 100,
+                             block, "f.json")
+    assert cfg.attention.sparsity == block and cfg.vocab_size == 100 and not cfg.nsp_head
+    with pytest.raises(Exception, match="f.json"):
+        build_model_config(ModelArgs(model_preset="tiny", attention={"sparsity": block}),
+                           DataArgs(data_path=["x"], seq_length=128), 100, block, "f.json")
+
+
+def test_amp_block_refused_with_replacement(tmp_path):
+    p = write(tmp_path, {"amp": {"enabled": True, "opt_level": "O1"}})
+    with pytest.raises(DSConfigError, match=r"cfg\.json.*'amp'.*fp16"):
+        read_ds_config(p)
+
+
+def test_unknown_top_level_key_names_file_and_key(tmp_path):
+    p = write(tmp_path, {"zero_optimisation": {"stage": 2}})
+    with pytest.raises(DSConfigError, match=r"cfg\.json.*zero_optimisation"):
+        read_ds_config(p)
+
+
+def test_unknown_nested_key_goes_through_deepspeed_and_names_file(tmp_path):
+    p = write(tmp_path, {"zero_optimization": {"stage": 2, "stag": 1}})
+    ds = read_ds_config(p)
+    resolve_batch_sizes(ds, 2, None, 1)
+    with pytest.raises(DSConfigError, match=r"(?s)cfg\.json.*stag"):
+        validate_with_deepspeed(ds)
+
+
+def test_bad_json_names_line(tmp_path):
+    p = write(tmp_path, '{\n  "fp16": {"enabled": true},\n  oops\n}')
+    with pytest.raises(DSConfigError, match=r"cfg\.json:3:"):
+        read_ds_config(p)
+
+
+def test_fp16_and_bf16_together_refused(tmp_path):
+    p = write(tmp_path, {"fp16": {"enabled": True}, "bf16": {"enabled": True}})
+    with pytest.raises(DSConfigError, match="both enabled"):
+        read_ds_config(p)
+
+
+def test_batch_sizes_derived_and_conflicts_named(tmp_path):
+    ds = read_ds_config(write(tmp_path, {}))
+    assert resolve_batch_sizes(ds, 4, 64, 2) == (4, 8, 64)
+    assert ds.config["gradient_accumulation_steps"] == 8 and ds.config["train_batch_size"] == 64
+    ds = read_ds_config(write(tmp_path, {"train_micro_batch_size_per_gpu": 8}))
+    with pytest.raises(DSConfigError, match="--micro-batch-size"):
+        resolve_batch_sizes(ds, 4, 64, 2)
+    ds = read_ds_config(write(tmp_path, {}))
+    with pytest.raises(DSConfigError, match="not a multiple"):
+        resolve_batch_sizes(ds, 4, 63, 2)
+    ds = read_ds_config(write(tmp_path, {"gradient_accumulation_steps": 3}))
+    with pytest.raises(DSConfigError, match="gradient_accumulation_steps=3"):
+        resolve_batch_sizes(ds, 4, 64, 2)
+    ds = read_ds_config(write(tmp_path, {"gradient_clipping": 0.5}))
+    with pytest.raises(DSConfigError, match="--clip-grad"):
+        apply_clip_grad(ds, 1.0)
+
+
+def test_lamb_refused_under_zero(tmp_path):
+    ds = read_ds_config(REPO / "ds_configs" / "zero2_fp16.json")
+    with pytest.raises(DSConfigError, match="ZeRO stage 2"):
+        configure_optimizer(ds, OptimConfig(optimizer="lamb"))
+
+
+def test_scheduler_block_refused(tmp_path):
+    ds = read_ds_config(write(tmp_path, {"scheduler": {"type": "WarmupLR"}}))
+    with pytest.raises(DSConfigError, match="scheduler"):
+        configure_optimizer(ds, OptimConfig())
