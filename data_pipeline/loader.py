@@ -104,7 +104,7 @@ class DataConfig:
     """Seeds sample packing, epoch shuffles and masks: the global order depends only on it and the position."""
     short_seq_prob: float = 0.1
     """Probability of a shorter random budget per sample, as BERT's --short_seq_prob."""
-    cut_fraction: float = 0.05
+    cut_fraction: float = 0.1
     """doc/full-sentences: cut the sentence that does not fit when more than this fraction of N would stay
     empty (its tail opens the next sample; nothing is dropped). 1.0 = whole sentences only."""
     mlm_probability: float = 0.15
@@ -546,6 +546,10 @@ def dataset_stats(dataset: PretrainingDataset, collator: Collator, max_masked_sa
         "seq_length": N,
         "mean_fill_ratio": float(all_len.mean() / N),
         "mean_fill_ratio_per_dataset": {c.prefix: float(l.mean() / N) for c, l in zip(dataset.components, lengths)},
+        # the price of cut_fraction < 1: samples whose text starts inside a sentence
+        "mid_sentence_start_fraction": float(np.mean(np.concatenate([
+            ~np.isin(np.asarray(c.index)[:, A_START], np.asarray(c.shard.sequence_pointers) // c.shard.dtype.itemsize)
+            for c in dataset.components]))),
     }
     n_pred = n_cand = n_mask = n_rand = n_kept = 0
     nsp_pos = nsp_total = 0

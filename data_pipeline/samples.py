@@ -79,7 +79,7 @@ class SampleIndexConfig:
     """Seed of the short-sequence draws and of nsp's split points and random segments."""
     short_seq_prob: float = 0.1
     """Probability that a sample gets a random shorter budget, as in BERT."""
-    cut_fraction: float = 0.05
+    cut_fraction: float = 0.1
     """doc/full-sentences: when the next whole sentence does not fit and more than this fraction of the
     budget would stay empty, cut that sentence: its head fills the sample, its tail opens the next one
     (nothing is dropped). 1.0 = whole sentences only (strict RoBERTa packing: fill ~0.87 at N=128 on
@@ -399,7 +399,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", default="doc-sentences", choices=MODES)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--cut-fraction", type=float, default=0.05,
+    p.add_argument("--cut-fraction", type=float, default=0.1,
                    help="doc/full-sentences: cut a sentence to fill a sample when more than this fraction of "
                         "N would stay empty (1.0 = whole sentences only)")
     p.add_argument("--mlm-probability", type=float, default=0.15)

@@ -198,13 +198,17 @@ def books(tmp_path_factory, corpus, bert_uncased_vocab):
 def test_doc_sentences_fill_ratio_on_books(books):
     prefix, _ = books
     ds = IndexedDataset(prefix)
-    cfg = SampleIndexConfig(seq_length=128, mode="doc-sentences")  # defaults: short_seq_prob 0.1, cut 0.05
+    cfg = SampleIndexConfig(seq_length=128, mode="doc-sentences")  # defaults: short_seq_prob 0.1, cut 0.1
     idx = build_sample_index(ds, (0, ds.num_documents), cfg)
     fill = ((idx[:, A_END] - idx[:, A_START] + 2) / 128).mean()
     assert fill >= 0.9, f"doc-sentences fill ratio {fill:.3f} < 0.9 at N=128"
     strict = build_sample_index(ds, (0, ds.num_documents), SampleIndexConfig(seq_length=128, short_seq_prob=0.0,
                                                                              cut_fraction=1.0))
     assert ((strict[:, A_END] - strict[:, A_START] + 2) / 128).mean() < fill  # what whole sentences alone give
+    # the price: samples that start inside a sentence (none with whole sentences, none at all at N=512 here)
+    starts = np.asarray(ds.sequence_pointers) // ds.dtype.itemsize
+    assert np.isin(strict[:, A_START], starts).mean() > 0.98
+    assert np.isin(idx[:, A_START], starts).mean() > 0.4
 
 
 def test_cli_stats_and_show(books, bert_uncased_vocab, capsys, tmp_path):
