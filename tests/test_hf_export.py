@@ -39,6 +39,22 @@ CUSTOM = {
 }
 
 
+def _preset(name: str) -> ModelConfig:
+    """A preset shrunk to test size, keeping its head count (head assignments depend on it) and its attention."""
+    from model.config import PRESETS
+
+    heads = PRESETS[name].get("num_attention_heads", 12)
+    return ModelConfig.preset(name, vocab_size=97, hidden_size=4 * heads, num_layers=2, num_attention_heads=heads,
+                              intermediate_size=64, max_position_embeddings=128, hidden_dropout=0.0,
+                              attention_dropout=0.0)
+
+
+def _all_presets() -> list[str]:
+    from model.config import PRESETS
+
+    return sorted(PRESETS)
+
+
 def _config(kw: dict) -> ModelConfig:
     return ModelConfig.from_dict(json.loads(json.dumps(kw)))
 
@@ -159,6 +175,10 @@ _LOADER = textwrap.dedent("""
         out = {}
         with torch.no_grad():
             out["logits"] = m(**inp).logits
+        if name.startswith("preset_"):
+            torch.save(out, f"{root}/{name}_got.pt")
+            continue
+        with torch.no_grad():
             out["hidden"] = AutoModel.from_pretrained(d, trust_remote_code=True).eval()(**inp).last_hidden_state
             sc = AutoModelForSequenceClassification.from_pretrained(d, trust_remote_code=True, num_labels=3).eval()
             out["cls_shape"] = list(sc(**inp).logits.shape)
@@ -188,9 +208,17 @@ def custom_exports(tmp_path_factory):
         ids, mask, tt = _batch(cfg.vocab_size)
         torch.save({"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}, root / f"{name}_inputs.pt")
         models[name] = m
+    for preset in _all_presets():  # every named preset (issue 5's DIET / SparseBERT presets join automatically)
+        name = f"preset_{preset}"
+        cfg = _preset(preset)
+        m = _model(cfg, seed=len(models))
+        _export(m, root / name, "auto")
+        ids, mask, tt = _batch(cfg.vocab_size)
+        torch.save({"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}, root / f"{name}_inputs.pt")
+        models[name] = m
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_MODULES_CACHE=str(root / "hf_modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-I", "-c", _LOADER, str(root), json.dumps(list(CUSTOM))], cwd=root,
+    r = subprocess.run([sys.executable, "-I", "-c", _LOADER, str(root), json.dumps(list(models))], cwd=root,
                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:]
     return root, models
@@ -215,6 +243,20 @@ def test_custom_code_logits_match_ours(custom_exports, name):
             assert key not in got["layouts"]
         else:
             assert torch.equal(got["layouts"][key], lay), layer
+
+
+@pytest.mark.parametrize("preset", _all_presets())
+def test_every_preset_exports_with_logit_parity(custom_exports, preset):
+    root, models = custom_exports
+    name = f"preset_{preset}"
+    m = models[name]
+    inp = torch.load(root / f"{name}_inputs.pt")
+    with torch.no_grad():
+        want = m(inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]).logits
+    got = torch.load(root / f"{name}_got.pt")["logits"]
+    assert (got - want).abs().max().item() <= TOL
+    stock = json.loads((root / name / "config.json").read_text())["model_type"] == "bert"
+    assert stock == (stock_bert_reason(m.config, m.state_dict()) is None)
 
 
 @pytest.mark.parametrize("name", ["blockbert", "bigbird_random", "free_head_preln_mixed"])
