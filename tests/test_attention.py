@@ -212,17 +212,19 @@ def test_sparse_self_attention_deepspeed_semantics(kernel, kp_mode, am_mode):
 def test_attention_dropout_trains_and_is_off_in_eval():
     cfg = LAYOUTS["bigbird"]()
     q, k, v = _inputs(128)
-    mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=128, dropout_p=0.5)
+    mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=128, dropout_p=0.2)
     ref = A.BlockSparseAttention(cfg, kernel="dense", max_seq_length=128)(q, k, v)
     mod.eval()
     torch.testing.assert_close(mod(q, k, v), ref, atol=1e-5, rtol=1e-4)
     mod.train()
     torch.manual_seed(0)
-    outs = torch.stack([mod(q, k, v) for _ in range(200)])
+    with torch.no_grad():
+        outs = torch.stack([mod(q, k, v) for _ in range(40)])
     assert not torch.allclose(outs[0], ref)
     # inverted dropout is unbiased: the mean over draws approaches the dropout-free output
     err = (outs.mean(0) - ref).abs().mean() / ref.abs().mean()
-    assert err < 0.1
+    one = (outs[0] - ref).abs().mean() / ref.abs().mean()
+    assert err < 0.35 * one  # averaging 40 draws shrinks the error ~1/sqrt(40) = 0.16
 
 
 def test_query_tiles_and_groups():

@@ -112,5 +112,7 @@ def test_from_ds_config_roundtrip_and_errors():
     assert A.from_ds_config(bb.to_dict(), 12) == bb
     with pytest.raises(ValueError, match="num_lcoal_blocks"):
         A.from_ds_config({"mode": "fixed", "num_lcoal_blocks": 4}, 2)
+    with pytest.raises(ValueError, match="num_local_blocks"):
+        A.from_ds_config({"mode": "blockbert", "num_blocks": 2, "head_assignment": "1:1", "num_local_blocks": 4}, 2)
     with pytest.raises(NotImplementedError, match="sparse_attention mode"):
         A.from_ds_config({"mode": "triangle"}, 2)

@@ -532,7 +532,8 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
             f"sparse_attention mode {mode!r} is not supported; choose one of {sorted(SPARSITY_MODES)}"
         )
     allowed = _MODE_KEYS[mode]
-    unknown = sorted(set(cfg) - allowed - _OLD_DS_KEYS)
+    tolerated = set() if mode == "blockbert" else _OLD_DS_KEYS  # BlockBERT was never a DeepSpeed mode: strict
+    unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in sparse_attention config for mode {mode!r}; allowed: {sorted(allowed)}")
     kwargs = {k: v for k, v in cfg.items() if k in allowed and k != "mode"}
