@@ -109,15 +109,21 @@ def _find_special(lookup, vocab_desc: str) -> SpecialIds:
 
 
 class HFTokenizer(Tokenizer):
-    """Any Hugging Face fast tokenizer (WordPiece vocab.txt or tokenizer.json / tokenizer directory)."""
+    """Any Hugging Face fast tokenizer (WordPiece vocab.txt or tokenizer.json / tokenizer directory).
 
-    def __init__(self, hf_tokenizer, name: str, source: str) -> None:
-        self.hf = hf_tokenizer
+    Encoding runs on the ``tokenizers`` backend. The ``transformers`` object (``.hf``, used for
+    ``save_pretrained``) is built lazily: importing transformers costs seconds per process, which would
+    dominate short preprocessing runs and every worker's start-up.
+    """
+
+    def __init__(self, backend, name: str, source: str, hf_tokenizer=None, hf_factory=None) -> None:
+        self._hf = hf_tokenizer
+        self._hf_factory = hf_factory
         self.name = name
         self.source = source
-        self._fast = hf_tokenizer.backend_tokenizer
-        self.vocab_size = len(hf_tokenizer)
-        vocab = hf_tokenizer.get_vocab()
+        self._fast = backend
+        vocab = backend.get_vocab(with_added_tokens=True)
+        self.vocab_size = len(hf_tokenizer) if hf_tokenizer is not None else len(vocab)
         sp = _find_special(vocab.get, source)
         self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
             sp.cls_id, sp.sep_id, sp.pad_id, sp.mask_id, sp.unk_id)
@@ -127,6 +133,13 @@ class HFTokenizer(Tokenizer):
                 self._id_to_token[i] = tok
         self._is_wordpiece = type(self._fast.model).__name__ == "WordPiece"
         self._encode = getattr(self._fast, "encode_batch_fast", self._fast.encode_batch)
+
+    @property
+    def hf(self):
+        """The ``transformers`` tokenizer (built on first use)."""
+        if self._hf is None:
+            self._hf = self._hf_factory()
+        return self._hf
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # encode_batch_fast (tokenizers >= 0.20) skips offset tracking: same ids, ~20% faster
@@ -142,7 +155,7 @@ class HFTokenizer(Tokenizer):
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+        return self._fast.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def id_to_token(self, i: int) -> str:
         return self._id_to_token[i]
@@ -209,21 +222,30 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
         if not vocab_file or not os.path.isfile(vocab_file):
             raise TokenizerError(f"--tokenizer-type {tokenizer_type} needs --vocab-file (a WordPiece vocab.txt); "
                                  f"got {vocab_file!r}, which does not exist")
-        from transformers import BertTokenizerFast
+        from tokenizers import BertWordPieceTokenizer
 
-        # transformers 5 takes the vocab as ``vocab=``; ``vocab_file=`` is silently ignored there and
-        # yields a 5-token tokenizer that maps every word to [UNK] (tested in test_tokenization.py).
-        hf = BertTokenizerFast(vocab=vocab_file, do_lower_case=tokenizer_type == "BertWordPieceLowerCase")
+        lower = tokenizer_type == "BertWordPieceLowerCase"
         with open(vocab_file, encoding="utf-8") as f:
             entries = [line.rstrip("\n") for line in f]
         missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in set(entries)]
         if missing:
             raise TokenizerError(f"--vocab-file {vocab_file}: no {', '.join(missing)} entry; a BERT WordPiece vocab.txt "
                                  f"lists them (train one with `python -m data_pipeline.train_tokenizer`)")
-        if len(hf) != len(entries):
-            raise TokenizerError(f"--vocab-file {vocab_file}: loaded {len(hf)} tokens from {len(entries)} lines; "
-                                 f"duplicate lines or not a WordPiece vocab.txt")
-        return HFTokenizer(hf, tokenizer_type, vocab_file)
+        # exactly the pipeline BertTokenizerFast(vocab, do_lower_case=lower) builds (parity is tested)
+        backend = BertWordPieceTokenizer(vocab_file, clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                         lowercase=lower)._tokenizer
+        if backend.get_vocab_size(with_added_tokens=True) != len(entries):
+            raise TokenizerError(f"--vocab-file {vocab_file}: loaded {backend.get_vocab_size()} tokens from "
+                                 f"{len(entries)} lines; duplicate lines or not a WordPiece vocab.txt")
+
+        def make_hf():
+            from transformers import BertTokenizerFast
+
+            # transformers 5 takes the vocab as ``vocab=``; ``vocab_file=`` is silently ignored there and
+            # yields a 5-token tokenizer that maps every word to [UNK] (tested in test_tokenization.py).
+            return BertTokenizerFast(vocab=vocab_file, do_lower_case=lower)
+
+        return HFTokenizer(backend, tokenizer_type, vocab_file, hf_factory=make_hf)
     if tokenizer_type == "SentencePieceTokenizer":
         return SentencePieceTokenizer(tokenizer_model)
     if tokenizer_type == "HuggingFaceTokenizer":
@@ -236,5 +258,5 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
             hf = AutoTokenizer.from_pretrained(tokenizer_model, use_fast=True, local_files_only=True)
         else:
             hf = PreTrainedTokenizerFast(tokenizer_file=tokenizer_model)
-        return HFTokenizer(hf, tokenizer_type, tokenizer_model)
+        return HFTokenizer(hf.backend_tokenizer, tokenizer_type, tokenizer_model, hf_tokenizer=hf)
     raise TokenizerError(f"unknown --tokenizer-type {tokenizer_type!r}; choose one of {', '.join(TOKENIZER_TYPES)}")

@@ -74,3 +74,14 @@ def test_missing_or_bad_files_are_clear_errors(tmp_path):
     bad.write_text("hello\nworld\n")
     with pytest.raises(TokenizerError, match=r"no \[PAD\]"):
         build_tokenizer("BertWordPieceLowerCase", str(bad))
+
+
+def test_special_token_literals_and_lazy_transformers_object(uncased, bert_uncased_vocab, tmp_path):
+    from transformers import BertTokenizerFast
+
+    text = "a [MASK] b [SEP] [CLS]x"
+    assert uncased.encode(text) == BertTokenizerFast(str(bert_uncased_vocab))(text, add_special_tokens=False).input_ids
+    files = uncased.save(tmp_path)  # builds the transformers tokenizer on demand
+    assert any(str(f).endswith("tokenizer.json") for f in files)
+    again = BertTokenizerFast.from_pretrained(str(tmp_path))
+    assert again(text, add_special_tokens=False).input_ids == uncased.encode(text)

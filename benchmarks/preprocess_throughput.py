@@ -1,0 +1,250 @@
+"""Preprocessing throughput: our pipeline vs the raw tokenizer vs Megatron-LM's ``tools/preprocess_data.py``.
+
+    .venv/bin/python -m benchmarks.preprocess_throughput --megatron-repo /tmp/megatron-lm [--max-mb 12]
+
+Measures, side by side in one run, on the books and WikiExtractor files of the shared corpus (BERT uncased vocab):
+  * raw tokenizer: ``BertTokenizerFast`` backend ``encode_batch`` (and ``encode_batch_fast``) on the cleaned
+    document texts, 1 and 2 threads (fresh subprocess each, rayon threads pinned);
+  * our pipeline on the raw files (document and sentence level), ``--workers`` 1 and 2;
+  * our pipeline and Megatron's script on the SAME jsonl (the cleaned documents, one per line), same vocab,
+    same workers, document level (Megatron's ``--split-sentences`` needs NLTK punkt data, which is not on PyPI).
+Times are wall-clock of the whole command; "net" subtracts each tool's fixed start-up cost (the same command
+on a one-document input), since start-up (imports) is not throughput. Prints a table and writes JSON.
+
+Megatron-LM's script is run from a checkout given by ``--megatron-repo`` (never vendored here). On a CPU box
+without Triton and with Python 3.11 its import chain needs a shim (inert stubs for Megatron modules that import
+Triton kernels; ``typing.override``) that this script writes to a temp dir and puts on PYTHONPATH; Megatron's
+``BertWordPieceLowerCase`` loads ``AutoTokenizer('bert-large-uncased', vocab_file=...)``, which offline is served
+from a local directory of that name holding the same vocab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+_SHIM = '''
+import importlib.abc, importlib.machinery, sys, types, typing
+if not hasattr(typing, "override"):
+    typing.override = lambda f: f
+
+class _Inert:
+    def __init__(self, *a, **k): pass
+    def __call__(self, *a, **k): return _Inert()
+    def __getattr__(self, n):
+        if n.startswith("__"): raise AttributeError(n)
+        return _Inert()
+
+class _StubLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        m = types.ModuleType(spec.name)
+        m.__file__ = spec.origin
+        def ga(n):
+            if n.startswith("__"): raise AttributeError(n)
+            return _Inert if n[:1].isupper() else _Inert()
+        m.__getattr__ = ga
+        return m
+    def exec_module(self, module): pass
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if not name.startswith("megatron."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py") or spec.submodule_search_locations:
+            return None
+        src = open(spec.origin, encoding="utf-8").read()
+        if "import triton" in src or "from triton" in src:
+            return importlib.machinery.ModuleSpec(name, _StubLoader(), origin=spec.origin)
+        return None
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+_RAW = '''
+import json, os, sys, time
+texts = json.load(open(sys.argv[1]))
+from tokenizers import BertWordPieceTokenizer
+tok = BertWordPieceTokenizer(sys.argv[2], lowercase=True)
+out = {}
+for name in ("encode_batch", "encode_batch_fast"):
+    fn = getattr(tok._tokenizer, name)
+    best = None
+    for _ in range(2):
+        t0 = time.perf_counter(); n = 0
+        for i in range(0, len(texts), 64):
+            n += sum(len(e.ids) for e in fn(texts[i:i + 64], add_special_tokens=False))
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    out[name] = {"seconds": best, "tokens": n}
+print(json.dumps(out))
+'''
+
+
+def _run(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
+    return dt
+
+
+def _select(files: list[Path], max_bytes: int) -> list[Path]:
+    out, total = [], 0
+    for f in files:
+        if total >= max_bytes:
+            break
+        out.append(f)
+        total += f.stat().st_size
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
+    ap.add_argument("--vocab-file", default=None, help="default: CORPUS/vocab/bert-base-uncased/vocab.txt")
+    ap.add_argument("--megatron-repo", default=None, help="checkout of NVIDIA/Megatron-LM (tools/preprocess_data.py)")
+    ap.add_argument("--max-mb", type=float, default=12.0, help="MB of books plus MB of WikiExtractor files, each")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--output-json", default=str(REPO / "out" / "bench" / "preprocess_throughput.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    a = ap.parse_args()
+
+    corpus = Path(a.corpus)
+    vocab = Path(a.vocab_file or corpus / "vocab" / "bert-base-uncased" / "vocab.txt")
+    books = _select(sorted((corpus / "books").glob("pg*.txt")), int(a.max_mb * 1e6))
+    wiki = _select(sorted((corpus / "wiki" / "wikiextractor").rglob("wiki_*")), int(a.max_mb * 1e6))
+    inputs = books + wiki
+    in_bytes = sum(f.stat().st_size for f in inputs)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_preprocess_"))
+    py = sys.executable
+    env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
+
+    # the cleaned documents, as our readers produce them: the raw tokenizer's input and the shared jsonl
+    from data_pipeline.encode import _doc_text
+    from data_pipeline.readers import BadInputLog, read_documents
+
+    texts = []
+    for f in inputs:
+        for d in read_documents(str(f), "auto", ["text"], BadInputLog()):
+            t = _doc_text(d.texts["text"], d.kind)
+            if t:
+                texts.append(t)
+    (tmp / "texts.json").write_text(json.dumps(texts))
+    with open(tmp / "docs.jsonl", "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    with open(tmp / "one.jsonl", "w", encoding="utf-8") as f:
+        f.write(json.dumps({"text": texts[0][:2000]}) + "\n")
+    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    jsonl_bytes = (tmp / "docs.jsonl").stat().st_size
+    print(f"input: {len(books)} books + {len(wiki)} WikiExtractor files = {in_bytes / 1e6:.1f} MB raw, "
+          f"{len(texts)} documents, {text_bytes / 1e6:.1f} MB of cleaned text", flush=True)
+
+    results: dict = {"machine": "2-core CPU dev box, shared, no GPU", "input_files": [str(f) for f in inputs],
+                     "input_mb": in_bytes / 1e6, "text_mb": text_bytes / 1e6, "documents": len(texts), "runs": {}}
+
+    # raw tokenizer, 1 and 2 threads
+    for threads in a.workers:
+        tenv = dict(env, TOKENIZERS_PARALLELISM="true" if threads > 1 else "false", RAYON_NUM_THREADS=str(threads),
+                    RAYON_RS_NUM_CPUS=str(threads))
+        r = subprocess.run([py, "-c", _RAW, str(tmp / "texts.json"), str(vocab)], env=tenv, capture_output=True,
+                           text=True, check=True)
+        for name, v in json.loads(r.stdout).items():
+            results["runs"][f"raw {name} x{threads}"] = {"net_s": v["seconds"], "tokens": v["tokens"],
+                                                          "mb": text_bytes / 1e6}
+        print(f"raw tokenizer x{threads}: done", flush=True)
+    tokens = results["runs"][f"raw encode_batch x{a.workers[0]}"]["tokens"]
+
+    def ours(inp: list[str], prefix: str, workers: int, extra: list[str]) -> float:
+        return _run([py, "-m", "data_pipeline.preprocess", "--input", *inp, "--output-prefix", str(tmp / prefix),
+                     "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--workers",
+                     str(workers), "--no-progress", *extra], env=env, cwd=str(REPO))
+
+    start_ours = ours([str(tmp / "one.jsonl")], "startup", 1, [])
+    results["startup_s"] = {"ours": start_ours}
+    for level, extra in (("document", []), ("sentence", ["--split-sentences"])):
+        for w in a.workers:
+            wall = ours([str(f) for f in inputs], f"raw_{level}_{w}", w, extra)
+            results["runs"][f"ours raw files {level} w{w}"] = {"wall_s": wall, "net_s": wall - start_ours,
+                                                              "tokens": tokens, "mb": in_bytes / 1e6}
+            print(f"ours {level} w{w}: {wall:.1f}s", flush=True)
+    for w in a.workers:
+        wall = ours([str(tmp / "docs.jsonl")], f"jsonl_{w}", w, [])
+        results["runs"][f"ours jsonl document w{w}"] = {"wall_s": wall, "net_s": wall - start_ours,
+                                                       "tokens": tokens, "mb": jsonl_bytes / 1e6}
+
+    if a.megatron_repo:
+        shim = tmp / "shim"
+        shim.mkdir()
+        (shim / "sitecustomize.py").write_text(_SHIM)
+        hub = tmp / "mwork" / "bert-large-uncased"
+        hub.mkdir(parents=True)
+        shutil.copy(vocab, hub / "vocab.txt")
+        (hub / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+        (hub / "config.json").write_text(json.dumps({"model_type": "bert"}))
+        menv = dict(os.environ, PYTHONPATH=f"{a.megatron_repo}:{shim}", HF_HUB_OFFLINE="1",
+                    TOKENIZERS_PARALLELISM="false")
+        script = str(Path(a.megatron_repo) / "tools" / "preprocess_data.py")
+
+        def megatron(inp: Path, prefix: str, workers: int) -> float:
+            return _run([py, script, "--input", str(inp), "--output-prefix", str(tmp / prefix), "--tokenizer-type",
+                         "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--tokenizer-hf-no-include-special-tokens",
+                         "--workers", str(workers)], env=menv, cwd=str(tmp / "mwork"))
+
+        start_m = megatron(tmp / "one.jsonl", "mstartup", 1)
+        results["startup_s"]["megatron"] = start_m
+        for w in a.workers:
+            wall = megatron(tmp / "docs.jsonl", f"megatron_{w}", w)
+            results["runs"][f"megatron jsonl document w{w}"] = {"wall_s": wall, "net_s": wall - start_m,
+                                                               "tokens": tokens, "mb": jsonl_bytes / 1e6}
+            same = all((tmp / f"megatron_{w}_text_document{e}").read_bytes() ==
+                       (tmp / f"jsonl_{w}_text_document{e}").read_bytes() for e in (".bin", ".idx"))
+            results["runs"][f"megatron jsonl document w{w}"]["identical_to_ours"] = same
+            print(f"megatron w{w}: {wall:.1f}s (output identical to ours: {same})", flush=True)
+
+    # table
+    print(f"\n{'run':40s} {'wall s':>8s} {'net s':>8s} {'MB/s':>7s} {'tokens/s':>11s}")
+    for name, r in results["runs"].items():
+        r["mb_per_s"] = r["mb"] / r["net_s"]
+        r["tokens_per_s"] = r["tokens"] / r["net_s"]
+        wall = f"{r['wall_s']:.1f}" if "wall_s" in r else "-"
+        print(f"{name:40s} {wall:>8s} {r['net_s']:8.2f} {r['mb_per_s']:7.2f} {r['tokens_per_s']:11,.0f}")
+    print("\nratios (tokens/s, net):")
+    ratios = {}
+    for w in a.workers:
+        raw = results["runs"][f"raw encode_batch x{w}"]["tokens_per_s"]
+        raw_fast = results["runs"][f"raw encode_batch_fast x{w}"]["tokens_per_s"]
+        for level in ("document", "sentence"):
+            p = results["runs"][f"ours raw files {level} w{w}"]["tokens_per_s"]
+            ratios[f"ours {level} w{w} / raw encode_batch x{w}"] = p / raw
+            ratios[f"ours {level} w{w} / raw encode_batch_fast x{w}"] = p / raw_fast
+        if f"megatron jsonl document w{w}" in results["runs"]:
+            m = results["runs"][f"megatron jsonl document w{w}"]
+            o = results["runs"][f"ours jsonl document w{w}"]
+            ratios[f"ours / megatron jsonl document w{w} (net)"] = o["tokens_per_s"] / m["tokens_per_s"]
+            ratios[f"ours / megatron jsonl document w{w} (wall)"] = m["wall_s"] / o["wall_s"]
+    for k, v in ratios.items():
+        print(f"  {k:58s} {v:6.2f}")
+    results["ratios"] = ratios
+    Path(a.output_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.output_json).write_text(json.dumps(results, indent=1))
+    print(f"\nwritten {a.output_json}")
+    if not a.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
