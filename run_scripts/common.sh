@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Shared settings for the paper set-ups. Source it, set MODEL_ARGS/DATA_ARGS/..., then call `launch ARGS...`.
+#
+# Environment knobs (all optional):
+#   LAUNCHER   deepspeed (default, one node) | hostfile (deepspeed --hostfile $HOSTFILE, pdsh) |
+#              hostfile-openmpi (deepspeed --hostfile --launcher openmpi) | mpirun | torchrun
+#   NPROC      ranks per node (default: GPUs found, else 2 CPU ranks)      HOSTFILE  (default run_scripts/hostfile)
+#   SCALE      multiplies the paper's step counts (warmup and total); e.g. SCALE=0.001 for a smoke run
+#   BATCH_SCALE multiplies the paper's global batch (tokens per batch B*N = 131,072 at BATCH_SCALE=1)
+#   MICRO_BATCH per-rank micro batch (default 8: the paper's 32 V100s at N=512); accumulation is derived
+#   DATA_PATH  Megatron-style prefixes (default data/bert_books_wiki_text_sentence)
+#   VOCAB      WordPiece vocab (default data/bert-base-uncased-vocab.txt)
+#   OUT        output root (default runs/$RUN_NAME); checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb
+#   DS_CONFIG  overrides the set-up's ds_config
+#   LOAD       directory to --load from (default: the run's own checkpoints, so re-running resumes)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PY:-$ROOT/.venv/bin/python}"
+BIN="$(dirname "$PY")"
+
+LAUNCHER="${LAUNCHER:-deepspeed}"
+if [ -z "${NPROC:-}" ]; then
+  NPROC="$("$PY" -c 'import torch; print(torch.cuda.device_count() or 2)')"
+fi
+HOSTFILE="${HOSTFILE:-$ROOT/run_scripts/hostfile}"
+SCALE="${SCALE:-1}"
+BATCH_SCALE="${BATCH_SCALE:-1}"
+MICRO_BATCH="${MICRO_BATCH:-8}"
+DATA_PATH="${DATA_PATH:-data/bert_books_wiki_text_sentence}"
+VOCAB="${VOCAB:-data/bert-base-uncased-vocab.txt}"
+
+# scaled integer: scaled N FACTOR -> max(1, round(N * FACTOR))
+scaled() { "$PY" -c "import sys; print(max(1, round(float(sys.argv[1]) * float(sys.argv[2]))))" "$1" "$2"; }
+
+# Table 7 of the blockwise-attention paper (BERT-base, RoBERTa-1seq setting).
+paper_hparams() {  # $1 = sequence length N
+  local n="$1"
+  local tokens=131072
+  GLOBAL_BATCH="$(scaled $((tokens / n)) "$BATCH_SCALE")"
+  TRAIN_ITERS="$(scaled 2400000 "$SCALE")"    # "Max steps 2.4M"
+  WARMUP_ITERS="$(scaled 10000 "$SCALE")"     # "Warmup steps 10K"
+  PAPER_ARGS=(--seq-length "$n" --max-position-embeddings "$n" --global-batch-size "$GLOBAL_BATCH"
+    --micro-batch-size "$MICRO_BATCH" --train-iters "$TRAIN_ITERS" --lr 2.5e-4 --min-lr 0
+    --lr-warmup-iters "$WARMUP_ITERS" --lr-decay-style linear --weight-decay 0.01 --adam-beta1 0.9
+    --adam-beta2 0.999 --adam-eps 1e-8 --clip-grad 1.0 --hidden-dropout 0.1 --attention-dropout 0.1
+    --sample-mode doc-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file "$VOCAB"
+    --data-path $DATA_PATH --split 949,50,1 --log-interval 100 --eval-interval 10000 --eval-iters 50
+    --save-interval 10000 --keep-last 3)
+}
+
+launch() {  # launch TRAIN_ARGS...
+  local out="${OUT:-runs/${RUN_NAME:-run}}"
+  mkdir -p "$out"
+  # resume from our own checkpoints unless LOAD names another directory (phase 2 of a two-phase run)
+  local common=(--save "$out/ckpt" --load "${LOAD:-$out/ckpt}" --tensorboard-dir "$out/tb" --log-json "$out/log.jsonl")
+  case "$LAUNCHER" in
+    deepspeed)
+      "$BIN/deepspeed" --num_gpus "$NPROC" pretrain/train.py "$@" "${common[@]}" ;;
+    hostfile)
+      "$BIN/deepspeed" --hostfile "$HOSTFILE" pretrain/train.py "$@" "${common[@]}" ;;
+    hostfile-openmpi)
+      "$BIN/deepspeed" --hostfile "$HOSTFILE" --launcher openmpi \
+        --launcher_args "${MPI_ARGS:---allow-run-as-root}" pretrain/train.py "$@" "${common[@]}" ;;
+    mpirun)
+      mpirun ${MPI_ARGS:---allow-run-as-root --oversubscribe} -np "$NPROC" -x PYTHONPATH="$ROOT" \
+        "$PY" -m pretrain.train "$@" "${common[@]}" ;;
+    torchrun)
+      "$BIN/torchrun" --nproc_per_node "$NPROC" ${TORCHRUN_ARGS:-} pretrain/train.py "$@" "${common[@]}" ;;
+    *) echo "LAUNCHER=$LAUNCHER: use deepspeed, hostfile, hostfile-openmpi, mpirun or torchrun" >&2; exit 2 ;;
+  esac
+}

@@ -1,0 +1,82 @@
+"""Faults on two CPU ranks: fp16 overflow skipped together without advancing the LR, a non-finite bf16 loss
+stopping every rank with the step named, a kill during a save resuming from the previous complete checkpoint,
+and a dead rank ending the job non-zero within a bounded time. Faults are injected through the test-only
+SPARSEBERT_FAULT_* variables (pretrain/faults.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from pretrain.schedule import lr_at
+from tests import train_utils as tu
+
+pytestmark = [pytest.mark.slow, pytest.mark.multirank, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tu.prepare(tmp_path_factory.mktemp("faults"))
+
+
+def test_fp16_overflow_skipped_on_all_ranks_and_lr_not_advanced(data, tmp_path):
+    cfg = json.loads((tu.REPO / "ds_configs" / "zero2_fp16.json").read_text())
+    cfg["fp16"]["initial_scale_power"] = 8  # small enough that the tiny model never overflows by itself
+    (tmp_path / "fp16.json").write_text(json.dumps(cfg))
+    args = tu.train_args(data, "zero2_fp16.json", 6, "--log-json", str(tmp_path / "log.jsonl"),
+                         "--lr-warmup-fraction", "0.5", global_batch=4)
+    args[args.index("--deepspeed_config") + 1] = str(tmp_path / "fp16.json")
+    p = tu.launch("deepspeed", args, SPARSEBERT_FAULT_NONFINITE_LOSS="2,4")
+    assert p.returncode == 0, p.stdout[-4000:]
+    recs = tu.train_records(tmp_path / "log.jsonl")
+    assert [r["skipped_steps"] for r in recs] == [0, 1, 1, 2, 2, 2]  # ranks agree (the trainer checks min == max)
+    lrs = [r["lr"] for r in recs]
+    assert lrs[2] == lrs[1] and lrs[4] == lrs[3]  # the step after a skip uses the same LR
+    applied = [0, 1, 1, 2, 3, 4]  # optimizer steps applied before each iteration
+    assert lrs == pytest.approx([lr_at(a, 1e-3, 0.0, 3, 6) for a in applied])
+    scales = [r["loss_scale"] for r in recs]
+    assert scales[0] == 256.0 and scales[-1] < scales[0]  # the dynamic scaler backed off
+    for r in recs:
+        assert (r["loss"] == float("inf")) == (r["iteration"] in (2, 4))
+
+
+def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path):
+    args = tu.train_args(data, "zero2_bf16.json", 6, "--save", str(tmp_path / "ck"), "--save-interval", "2",
+                         global_batch=4)
+    start = time.monotonic()
+    p = tu.launch("deepspeed", args, timeout=180, SPARSEBERT_FAULT_NONFINITE_LOSS="3")
+    assert p.returncode == 3, p.stdout[-4000:]
+    assert p.stdout.count("non-finite loss at iteration 3 (bf16)") == 2  # both ranks stopped on their own
+    assert "Last complete checkpoint" in p.stdout and "iter_0000002" in p.stdout
+    assert (tmp_path / "ck" / "latest").read_text() == "iter_0000002"
+    assert not (tmp_path / "ck" / "iter_0000003").exists()
+    assert time.monotonic() - start < 180
+
+
+def test_kill_during_save_resumes_from_previous_complete_checkpoint(data, tmp_path):
+    ck = tmp_path / "ck"
+    args = tu.train_args(data, "zero2_fp32.json", 6, "--save", str(ck), "--save-interval", "2",
+                         "--log-json", str(tmp_path / "log.jsonl"), global_batch=4)
+    p = tu.launch("deepspeed", args, timeout=180, SPARSEBERT_FAULT_KILL_IN_SAVE="4")
+    assert p.returncode != 0
+    assert (ck / "latest").read_text() == "iter_0000002"
+    assert (ck / "iter_0000004").is_dir() and not (ck / "iter_0000004" / "commit.json").exists()
+    p = tu.launch("deepspeed", args + ["--load", str(ck)], timeout=180)
+    assert p.returncode == 0, p.stdout[-4000:]
+    assert "resumed from" in p.stdout and "iter_0000002: iteration 2" in p.stdout
+    its = [r["iteration"] for r in tu.train_records(tmp_path / "log.jsonl")]
+    assert its == [1, 2, 3, 4, 3, 4, 5, 6]  # iterations 3-4 ran again after the crash
+    assert (ck / "latest").read_text() == "iter_0000006"
+    assert (ck / "iter_0000004" / "commit.json").exists()  # the re-run completed the interrupted tag
+
+
+def test_dead_rank_ends_the_job_nonzero_in_bounded_time(data, tmp_path):
+    args = tu.train_args(data, "zero2_fp32.json", 50, "--distributed-timeout-minutes", "0.5", global_batch=4)
+    start = time.monotonic()
+    p = tu.launch("deepspeed", args, timeout=240, SPARSEBERT_FAULT_KILL_RANK="1:3")
+    assert p.returncode != 0
+    assert "rank 1: dying at iteration 3" in p.stdout
+    assert "iteration 50/50" not in p.stdout
+    assert time.monotonic() - start < 240

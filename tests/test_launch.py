@@ -1,0 +1,45 @@
+"""The launch paths other than `deepspeed --num_gpus` (covered by the resume and fault tests): torchrun, mpirun
+(mpi4py discovery) and `deepspeed --hostfile` with the OpenMPI launcher, each training 2 CPU ranks for 2 steps."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests import train_utils as tu
+
+pytestmark = [pytest.mark.slow, pytest.mark.multirank, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tu.prepare(tmp_path_factory.mktemp("launch"))
+
+
+def check(p: subprocess.CompletedProcess) -> None:
+    assert p.returncode == 0, p.stdout[-4000:]
+    assert "[pretrain] 2 rank(s), backend gloo" in p.stdout
+    assert "iteration 2/2" in p.stdout
+
+
+def test_torchrun(data):
+    check(tu.launch("torchrun", tu.train_args(data, "zero1_fp32.json", 2)))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed (run_scripts/setup_env.sh)")
+def test_mpirun(data):
+    check(tu.launch("mpirun", tu.train_args(data, "zero3_fp32.json", 2)))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed (run_scripts/setup_env.sh)")
+def test_deepspeed_hostfile_openmpi(data, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(hostfile), "--force_multi", "--no_ssh_check",
+           "--master_addr", "127.0.0.1", "--master_port", str(tu.free_port()), "--launcher", "openmpi",
+           "--launcher_args", "--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo",
+           str(tu.REPO / "pretrain" / "train.py")] + tu.train_args(data, "zero2_fp32.json", 2)
+    check(subprocess.run(cmd, cwd=tu.REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=300))
