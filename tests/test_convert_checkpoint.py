@@ -72,7 +72,7 @@ def test_zero3_two_ranks_to_hf(zero3_ckpt, tmp_path):
     from data_pipeline.tokenization import build_tokenizer
 
     ours = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(zero3_ckpt / "vocab.txt"))
-    hf_tok = AutoTokenizer.from_pretrained(out)
+    hf_tok = AutoTokenizer.from_pretrained(out, trust_remote_code=True)  # transformers 5 reads config.json too
     text = "w1 w17 w3 W99 unknownword"
     assert hf_tok(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
     assert hf_tok.mask_token_id == ours.mask_id and hf_tok.pad_token_id == ours.pad_id

@@ -272,3 +272,36 @@ def test_custom_code_round_trip_keeps_every_tensor(custom_exports, name):
     for layer, lay in m.layout_state().items():
         if lay is not None:
             assert torch.equal(layouts[layer], lay)
+
+
+def test_sentencepiece_unigram_tokenizer_exports_with_identical_ids(tmp_path):
+    """The trainer's SentencePiece tokenizer and the exported HF fast tokenizer give the same ids."""
+    import argparse
+
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    from data_pipeline.tokenization import build_tokenizer
+    from tools.convert_checkpoint import _save_tokenizer
+
+    data = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
+    texts = [v for f in sorted(data.glob("*.jsonl")) for line in f.read_text().splitlines()
+             for v in json.loads(line).values() if isinstance(v, str)]
+    spm.SentencePieceTrainer.train(  # the settings of data_pipeline/train_tokenizer.py
+        sentence_iterator=iter(texts), model_prefix=str(tmp_path / "spm"), model_type="unigram", vocab_size=300,
+        pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
+        control_symbols=["[CLS]", "[SEP]", "[MASK]"], hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    args = {"data": {"tokenizer_type": "SentencePieceTokenizer", "tokenizer_model": str(tmp_path / "spm.model")}}
+    out = tmp_path / "hf"
+    out.mkdir()
+    files = _save_tokenizer(out, args, argparse.Namespace(), 64)
+    assert "tokenizer.json" in files and "spm.model" in files
+    ours = build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "spm.model"))
+    hf = AutoTokenizer.from_pretrained(out)
+    probe = texts + ["Café naïve — “quoted” 123,456.78  double  space", "UNSEEN Zebras ½"]
+    assert hf(probe, add_special_tokens=False)["input_ids"] == ours.encode_batch(probe)
+    pair = hf("a b", "c d")
+    a, b = ours.encode("a b"), ours.encode("c d")
+    assert pair["input_ids"] == [ours.cls_id, *a, ours.sep_id, *b, ours.sep_id]
+    assert pair["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    assert (hf.mask_token_id, hf.pad_token_id) == (ours.mask_id, ours.pad_id)

@@ -224,6 +224,15 @@ def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespa
     specials = {"cls_token": tok.id_to_token(tok.cls_id), "sep_token": tok.id_to_token(tok.sep_id),
                 "pad_token": tok.id_to_token(tok.pad_id), "mask_token": tok.id_to_token(tok.mask_id),
                 "unk_token": tok.id_to_token(tok.unk_id)}
+    if ttype == "SentencePieceTokenizer":
+        from tools.hf_export.spm_tokenizer import save_spm_as_hf, spm_model_type
+
+        kind = spm_model_type(data["tokenizer_model"])
+        if kind == "unigram":
+            files += save_spm_as_hf(data["tokenizer_model"], out, specials, max_len)
+        else:
+            print(f"[convert] warning: SentencePiece {kind} model exported as spm.model only; Hugging Face's "
+                  "converter handles unigram models (see docs/conversion.md)", file=sys.stderr)
     (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
     return [Path(f).name for f in files] + ["special_tokens_map.json"]
 

@@ -345,7 +345,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     if remote and not cfg.trust_remote_code:
         raise DataError(f"--model {cfg.model} ships custom modeling code (auto_map in config.json); "
                         "drop --no-trust-remote-code to load it")
-    tok = AutoTokenizer.from_pretrained(cfg.model)
+    tok = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=remote)  # v5 reads the config too
     if not getattr(tok, "is_fast", False):
         raise DataError(f"--model {cfg.model}: a fast tokenizer (tokenizer.json) is needed for character offsets")
     hf_cfg = AutoConfig.from_pretrained(cfg.model, trust_remote_code=remote)

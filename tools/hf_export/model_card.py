@@ -45,7 +45,7 @@ def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str
         "",
         "```python",
         "from transformers import AutoModelForMaskedLM, AutoTokenizer",
-        "tok = AutoTokenizer.from_pretrained(path)",
+        "tok = AutoTokenizer.from_pretrained(path" + (", trust_remote_code=True)" if remote_code else ")"),
         f"model = {load}",
         "```",
         "",

@@ -48,6 +48,6 @@ class SparseBertConfig(PretrainedConfig):
         super().__post_init__(**kwargs)
 
     def model_config(self) -> ModelConfig:
-        """Our training-time ModelConfig (dropouts follow the HF fields, which fine-tuning may change)."""
+        """Our training-time ModelConfig (the single source of every architectural setting, dropouts included)."""
         d = dict(self.sparse_bert) if self.sparse_bert else ModelConfig().to_dict()
         return ModelConfig.from_dict(d)
