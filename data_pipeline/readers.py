@@ -104,9 +104,11 @@ def expand_inputs(specs: Sequence[str], log: BadInputLog) -> list[str]:
         if os.path.isdir(spec):
             found = []
             for root, dirs, files in os.walk(spec):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                # skip hidden entries and our own outputs (shards, reports, a run's .parts/ bookkeeping)
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not d.endswith(".parts"))
                 for f in files:
-                    if not f.startswith(".") and not f.endswith((".bin", ".idx", ".progress.json", ".report.json")):
+                    if not f.startswith(".") and not f.endswith((".bin", ".idx", ".progress.json", ".report.json",
+                                                                  ".done.json", ".tmp")):
                         found.append(os.path.join(root, f))
             if not found:
                 log.add("missing_input", spec, "directory", "directory holds no input files")
