@@ -62,6 +62,16 @@ def test_zero3_two_ranks_to_hf(zero3_ckpt, tmp_path):
     for k in ref:
         assert torch.equal(ref[k].float(), sd[k]), k
 
+    # and back: HF -> warm-start checkpoint keeps every tensor and the trained layouts (ours -> HF -> ours)
+    info = cc.hf_to_ds(str(out), str(tmp_path / "back"))
+    back = torch.load(tmp_path / "back" / info["tag"] / "mp_rank_00_model_states.pt", weights_only=False)
+    assert set(back["module"]) == set(ref)
+    assert all(torch.equal(back["module"][k], ref[k].float()) for k in ref)
+    client = cc.read_client_state(str(zero3_ckpt / "ckpt"), "iter_0000002")
+    assert back["model_config"] == client["model_config"]
+    for layer, lay in client["layout_state"].items():
+        assert (lay is None and back["layout_state"][layer] is None) or torch.equal(back["layout_state"][layer], lay)
+
     card = (out / "README.md").read_text()
     for expected in ("ZeRO stage 3", "iterations: 2", "blockbert", "layers 2, hidden 64", "doc-sentences"):
         assert expected in card, expected
