@@ -28,7 +28,7 @@ import torch
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import from_hf, to_hf
-from pretrain.checkpoint import COMMIT_MARKER, LATEST, committed_tags, extend_position_embeddings
+from pretrain.checkpoint import COMMIT_MARKER, LATEST, CheckpointError, committed_tags, extend_position_embeddings
 from tools.hf_export import remote_code
 from tools.hf_export.model_card import model_card
 
@@ -407,7 +407,10 @@ def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = No
     except (ValueError, TypeError) as e:
         raise ConversionError(f"target model config is invalid: {e}") from e
     model = BertForPreTraining(target)
-    extended = extend_position_embeddings(sd, model)
+    try:
+        extended = extend_position_embeddings(sd, model)
+    except CheckpointError as e:
+        raise ConversionError(f"--max-position-embeddings {max_position_embeddings}: {e}") from e
     try:
         model.load_state_dict(sd, strict=True)
     except RuntimeError as e:
