@@ -110,6 +110,17 @@ def test_windows_map_gold_spans_back_to_the_exact_answer(tok, max_length, stride
         assert all(b - a == min(stride, capacity) for a, b in zip(starts, starts[1:]))  # BERT run_squad stride
         last = fs[-1]
         assert starts[-1] + sum(o is not None for o in last.offsets) == n_ctx  # the whole context is covered
+        # every context token is "max context" in exactly one window: the most centred one (BERT's rule)
+        seen: dict[tuple[int, int], list[tuple[float, bool]]] = {}
+        for f, st in zip(fs, starts):
+            ctx_pos = [p for p, o in enumerate(f.offsets) if o is not None]
+            n = len(ctx_pos)
+            for j, p in enumerate(ctx_pos):
+                seen.setdefault(f.offsets[p], []).append((min(j, n - 1 - j) + 0.01 * n, f.max_context[p]))
+        for views in seen.values():
+            assert sum(flag for _, flag in views) == 1
+            best = max(range(len(views)), key=lambda v: views[v][0])
+            assert views[best][1]
     if max_length == 40:
         assert len(feats) > len(examples)  # the long paragraph really needed several windows
 

@@ -6,7 +6,8 @@
 Protocol (BlockBERT paper, appendix A.4, following BERT's SQuAD setup): inputs are ``[CLS] question [SEP] context
 [SEP]`` up to ``max_length = N`` (default: the model's max positions); longer contexts are cut into windows whose
 starts are ``doc_stride = 128`` context tokens apart; a linear layer gives start/end logits per token; the answer is
-the best-scoring valid span over all windows of an example. Metrics: accuracy, or SQuAD v1.1 EM/F1 (percent).
+the best-scoring valid span over all windows of an example, a span starting only in the window that gives its first
+token the most centred context (BERT's ``token_is_max_context``). Metrics: accuracy, or SQuAD v1.1 EM/F1 (percent).
 
 Data, one JSON object per line:
   classification: {"sentence1": str, "sentence2": str (optional), "label": int | str}  ("sentence" / "text" also
@@ -223,6 +224,9 @@ class QAFeature:
     start: int
     """Gold start token (0 = [CLS] when the answer is not inside this window)."""
     end: int
+    max_context: list[bool] | None = None
+    """Per position: this window gives the context token its most centred view among all windows (BERT's
+    ``token_is_max_context``); predictions may start only there, so overlapping windows do not compete."""
 
 
 def qa_features(tokenizer, examples: Sequence[QAExample], max_length: int, doc_stride: int,
@@ -244,20 +248,38 @@ def qa_features(tokenizer, examples: Sequence[QAExample], max_length: int, doc_s
         a_end = a_start + len(ex.answers[0])  # exclusive; training uses the first gold answer (SQuAD train has one)
         tok_s = next((i for i, (s, e) in enumerate(c_off) if e > a_start), None)
         tok_e = next((i for i in range(len(c_off) - 1, -1, -1) if c_off[i][0] < a_end), None)
+        spans = []  # (first context token, number of tokens) of each window
         w = 0
         while True:
             n = min(capacity, len(c_ids) - w)
-            ids = [cls_id] + q_ids + [sep_id] + c_ids[w:w + n] + [sep_id]
-            tt = [0] * (len(q_ids) + 2) + [1] * (n + 1)
-            offs: list[tuple[int, int] | None] = [None] * (len(q_ids) + 2) + list(c_off[w:w + n]) + [None]
-            start = end = 0
-            if tok_s is not None and tok_e is not None and w <= tok_s and tok_e < w + n:
-                start, end = tok_s - w + len(q_ids) + 2, tok_e - w + len(q_ids) + 2
-            feats.append(QAFeature(ei, ids, tt, offs, start, end))
+            spans.append((w, n))
             if w + n >= len(c_ids):
                 break
             w += min(n, doc_stride)
+        owner = [-1] * len(c_ids)  # index of the window that gives each context token its most centred view
+        score = [-1.0] * len(c_ids)
+        for k, (w, n) in enumerate(spans):
+            for t in range(w, w + n):
+                c = _centredness((w, n), t)
+                if c > score[t]:  # strict: the first window wins ties, as in BERT
+                    score[t], owner[t] = c, k
+        q0 = len(q_ids) + 2  # position of the first context token in a window
+        for k, (w, n) in enumerate(spans):
+            ids = [cls_id] + q_ids + [sep_id] + c_ids[w:w + n] + [sep_id]
+            tt = [0] * q0 + [1] * (n + 1)
+            offs: list[tuple[int, int] | None] = [None] * q0 + list(c_off[w:w + n]) + [None]
+            start = end = 0
+            if tok_s is not None and tok_e is not None and w <= tok_s and tok_e < w + n:
+                start, end = tok_s - w + q0, tok_e - w + q0
+            best = [owner[t] == k for t in range(w, w + n)]
+            feats.append(QAFeature(ei, ids, tt, offs, start, end, [False] * q0 + best + [False]))
     return feats
+
+
+def _centredness(span: tuple[int, int], t: int) -> float:
+    """BERT run_squad's score of how much context a window gives token t: min(left, right) + 0.01 * length."""
+    w, n = span
+    return min(t - w, w + n - 1 - t) + 0.01 * n
 
 
 def decode_qa(features: Sequence[QAFeature], start_logits: Sequence[Sequence[float]],
@@ -274,6 +296,8 @@ def decode_qa(features: Sequence[QAFeature], start_logits: Sequence[Sequence[flo
         for s in starts:
             for e in ends:
                 if f.offsets[s] is None or f.offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                    continue
+                if f.max_context is not None and not f.max_context[s]:
                     continue
                 score = sl[s] + el[e]
                 if f.example not in best or score > best[f.example][0]:
