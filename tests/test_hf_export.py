@@ -32,6 +32,7 @@ CUSTOM = {
     "bigbird_random": dict(_SMALL, attention={"kernel": "dense", "sparsity": {
         "mode": "bigbird", "block": 16, "num_random_blocks": 1, "num_sliding_window_blocks": 1,
         "num_global_blocks": 1, "seed": 3}}),
+    "no_segments_relu": dict(_SMALL, type_vocab_size=0, hidden_act="relu"),
     "free_head_preln_mixed": dict(_SMALL, head_size=12, pre_layer_norm=True, attention={
         "kernel": "dense", "per_layer": [
             {"sparsity": None},
@@ -113,7 +114,7 @@ def test_exported_code_imports_only_torch_transformers_stdlib(tmp_path):
 
 def test_stock_bert_decision():
     assert stock_bert_reason(_config(_SMALL), _model(_config(_SMALL)).state_dict()) is None
-    for name in ("fixed", "blockbert", "free_head_preln_mixed"):
+    for name in ("fixed", "blockbert", "free_head_preln_mixed", "no_segments_relu"):
         cfg = _config(CUSTOM[name])
         assert stock_bert_reason(cfg, _model(cfg).state_dict()) is not None, name
 

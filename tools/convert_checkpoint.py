@@ -187,6 +187,8 @@ def stock_bert_reason(config: ModelConfig, state_dict: dict[str, torch.Tensor]) 
     extra = sorted(k for k in d if k not in _STOCK_FIELDS and d[k] != default[k])
     if extra:
         return f"settings stock BERT lacks: {extra}"
+    if config.type_vocab_size == 0:
+        return "no segment embeddings (type_vocab_size 0; HF BERT would index an empty table)"
     if config.attention_head_size * config.num_attention_heads != config.hidden_size:
         return f"free head size {config.attention_head_size}"
     for i in range(config.num_layers):
