@@ -477,14 +477,19 @@ def main(argv: list[str] | None = None) -> int:
                 p.error("--from-hf needs --to-ds OUT_DIR")
             sparsity: Any = "keep"
             if a.sparsity:
-                sparsity = None if a.sparsity == "dense" else json.loads(a.sparsity)
+                try:
+                    sparsity = None if a.sparsity == "dense" else json.loads(a.sparsity)
+                except json.JSONDecodeError as e:
+                    raise ConversionError(f"--sparsity {a.sparsity!r}: not valid JSON ({e.msg}); give a "
+                                          "sparse_attention block like '{\"mode\": \"fixed\", \"block\": 16}' "
+                                          "or 'dense'") from e
             info = hf_to_ds(a.from_hf, a.to_ds, a.max_position_embeddings, sparsity, a.attention_kernel,
                             a.drop_nsp_head, a.overwrite)
             for line in info["extended"]:
                 print(f"[convert] extended {line}")
             print(f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
                   f"pretrain/train.py --load {info['out']} --finetune --model-config {info['out']}/model_config.json ...")
-    except (ConversionError, json.JSONDecodeError) as e:
+    except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
