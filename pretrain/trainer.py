@@ -9,10 +9,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import random
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -246,7 +244,6 @@ class Trainer:
         loop, ckpt = run.loop, run.checkpoint
         self.engine.train()
         window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
-        last_saved = self.iteration if ckpt.load else None
         while self.iteration < self.train_iters:
             faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
             step = self.train_step()
@@ -262,12 +259,10 @@ class Trainer:
             stop = bool(loop.exit_interval and self.iteration % loop.exit_interval == 0)
             if ckpt.save and (done or stop or (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)):
                 self.save()
-                last_saved = self.iteration
             if stop and not done:
                 self._print(f"--exit-interval {loop.exit_interval}: stopping at iteration {self.iteration}")
                 break
         self._export_dam_masks()
-        del last_saved
 
     def _export_dam_masks(self) -> None:
         """DAM search runs end by writing the binarized learned masks (for fixed-mask training)."""
