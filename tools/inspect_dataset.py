@@ -36,8 +36,8 @@ def describe(prefix: str, tokenizer=None, num_docs: int = 2, max_chars: int = 40
     ds = IndexedDataset(prefix)
     seq = np.asarray(ds.sequence_lengths)
     docs = np.asarray(ds.document_indices)
-    doc_tokens = np.add.reduceat(seq.astype(np.int64), docs[:-1]) if len(seq) and ds.num_documents else np.zeros(0)
-    doc_tokens = np.where(np.diff(docs) > 0, doc_tokens, 0) if len(doc_tokens) else doc_tokens
+    cum = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])
+    doc_tokens = cum[docs[1:]] - cum[docs[:-1]]  # empty documents count 0
     out = [f"{prefix}: dtype {ds.dtype}, {ds.num_documents:,} documents, {len(ds):,} sequences, "
            f"{ds.num_tokens:,} tokens{' (multimodal)' if ds.multimodal else ''}"]
     if len(seq):
