@@ -9,8 +9,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.attention.module import BlockSparseAttention
+from model.attention.sparsebert import DAMConfig, DAMMask, build_token_mask, gated_attention, sparsity
 from model.config import ModelConfig
-from model.positions import AbsolutePositionEmbedding
+from model.positions import AbsolutePositionEmbedding, PositionalAttention
 
 _ACT = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
@@ -34,14 +35,18 @@ class BertEmbeddings(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        self.position_embeddings = AbsolutePositionEmbedding(c.max_position_embeddings, c.hidden_size)
-        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size) if c.type_vocab_size else None
+        # DIET: positions (and per-head segments) enter the attention logits only, not the input
+        self.position_embeddings = (AbsolutePositionEmbedding(c.max_position_embeddings, c.hidden_size)
+                                    if c.position.type == "absolute" else None)
+        self.token_type_embeddings = (nn.Embedding(c.type_vocab_size, c.hidden_size)
+                                      if c.type_vocab_size and c.segment == "input" else None)
         self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.hidden_dropout)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        x = self.word_embeddings(input_ids) + self.position_embeddings.forward_positions(input_ids.shape[1],
-                                                                                        input_ids.device)
+        x = self.word_embeddings(input_ids)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings.forward_positions(input_ids.shape[1], input_ids.device)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 x = x + self.token_type_embeddings.weight[0]
@@ -53,20 +58,32 @@ class BertEmbeddings(nn.Module):
 class BertSelfAttention(nn.Module):
     """Fused Q/K/V projection to heads x head_size, the shared attention module, output projection back."""
 
-    def __init__(self, c: ModelConfig, kernel: str, sparsity):
+    def __init__(self, c: ModelConfig, kernel: str, sparsity, index: int = 0):
         super().__init__()
         self.num_heads = c.num_attention_heads
         self.head_size = c.attention_head_size
         inner = self.num_heads * self.head_size
         self.qkv = nn.Linear(c.hidden_size, 3 * inner)
-        self.core = BlockSparseAttention(sparsity, kernel, c.max_position_embeddings, c.attention_dropout)
+        tm_cfg = c.attention.token_mask_for_layer(index)
+        n_mask = c.max_position_embeddings if tm_cfg is None or tm_cfg.seq_len is None else tm_cfg.seq_len
+        if n_mask > c.max_position_embeddings:
+            raise ValueError(f"attention.token_mask.seq_len {n_mask} exceeds max_position_embeddings "
+                             f"{c.max_position_embeddings}")
+        token_mask = build_token_mask(tm_cfg, self.num_heads, n_mask, index)
+        self.core = BlockSparseAttention(sparsity, kernel, c.max_position_embeddings, c.attention_dropout,
+                                         fixed_token_mask=token_mask, mask_block=16 if tm_cfg is None else tm_cfg.block)
         self.out_proj = nn.Linear(inner, c.hidden_size)
 
     def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None,
-                score_bias=None) -> torch.Tensor:
+                score_bias=None, gate_HNN: torch.Tensor | None = None) -> torch.Tensor:
         B, N, _ = x_BND.shape
         qkv = self.qkv(x_BND).view(B, N, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
-        ctx_BHND = self.core(qkv[0], qkv[1], qkv[2], key_padding_mask_BN=key_padding_mask_BN, score_bias=score_bias)
+        if gate_HNN is not None:  # DAM search: probabilities gated by the soft mask (dense by nature)
+            drop = self.core.dropout_p if self.training else 0.0
+            ctx_BHND = gated_attention(qkv[0], qkv[1], qkv[2], gate_HNN, key_padding_mask_BN, drop, None, score_bias)
+        else:
+            ctx_BHND = self.core(qkv[0], qkv[1], qkv[2], key_padding_mask_BN=key_padding_mask_BN,
+                                 score_bias=score_bias)
         return self.out_proj(ctx_BHND.transpose(1, 2).reshape(B, N, -1))
 
 
@@ -77,7 +94,7 @@ class BertLayer(nn.Module):
         super().__init__()
         kernel, sparsity = c.attention.for_layer(index, c.num_attention_heads)
         self.pre_ln = c.pre_layer_norm
-        self.attention = BertSelfAttention(c, kernel, sparsity)
+        self.attention = BertSelfAttention(c, kernel, sparsity, index)
         self.attn_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.ffn_in = nn.Linear(c.hidden_size, c.intermediate_size)
         self.ffn_out = nn.Linear(c.intermediate_size, c.hidden_size)
@@ -85,11 +102,14 @@ class BertLayer(nn.Module):
         self.dropout = nn.Dropout(c.hidden_dropout)
         self.act = _ACT[c.hidden_act]
 
-    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None = None, score_bias=None,
+                gate_HNN: torch.Tensor | None = None) -> torch.Tensor:
         if self.pre_ln:
-            x_BND = x_BND + self.dropout(self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN))
+            x_BND = x_BND + self.dropout(self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN, score_bias,
+                                                        gate_HNN))
             return x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(self.ffn_layer_norm(x_BND)))))
-        x_BND = self.attn_layer_norm(x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN)))
+        x_BND = self.attn_layer_norm(x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN, score_bias,
+                                                                         gate_HNN)))
         return self.ffn_layer_norm(x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(x_BND)))))
 
 
@@ -99,9 +119,11 @@ class BertEncoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(c, i) for i in range(c.num_layers))
         self.final_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.pre_layer_norm else None
 
-    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None) -> torch.Tensor:
-        for layer in self.layers:
-            x_BND = layer(x_BND, key_padding_mask_BN)
+    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None, biases=None,
+                gates_LHNN: torch.Tensor | None = None) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            gate = None if gates_LHNN is None else gates_LHNN[0 if gates_LHNN.shape[0] == 1 else i]
+            x_BND = layer(x_BND, key_padding_mask_BN, None if biases is None else biases[i], gate)
         return x_BND if self.final_layer_norm is None else self.final_layer_norm(x_BND)
 
 
@@ -110,6 +132,17 @@ class BertModel(nn.Module):
         super().__init__()
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
+        self.positional_attention = None
+        if c.position.type != "absolute" or c.segment == "per_head":
+            self.positional_attention = PositionalAttention(c.position, c.segment, c.num_layers,
+                                                            c.num_attention_heads, c.max_position_embeddings,
+                                                            c.type_vocab_size, c.initializer_range)
+        self.dam = None
+        dam = c.attention.dam()
+        if dam is not None:
+            n = dam.seq_len or c.max_position_embeddings
+            dcfg = DAMConfig.from_dict(dam.dam)
+            self.dam = DAMMask(dcfg, 1 if dcfg.share_layers else c.num_layers, c.num_attention_heads, n)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
         kpm = None
@@ -117,7 +150,15 @@ class BertModel(nn.Module):
             kpm = attention_mask.to(torch.bool)
             if bool(kpm.all()):
                 kpm = None  # no padding: unmasked fused attention
-        return self.encoder(self.embeddings(input_ids, token_type_ids), kpm)
+        B, N = input_ids.shape
+        biases = None if self.positional_attention is None else self.positional_attention(N, token_type_ids, B)
+        gates = None
+        if self.dam is not None:
+            if N > self.dam.n:
+                raise ValueError(f"sequence length {N} exceeds the DAM mask length {self.dam.n}; raise "
+                                 "attention.token_mask.seq_len")
+            gates = self.dam()
+        return self.encoder(self.embeddings(input_ids, token_type_ids), kpm, biases, gates)
 
 
 class MLMTransform(nn.Module):
@@ -213,3 +254,28 @@ class BertForPreTraining(nn.Module):
             raise ValueError(f"layout state has keys {sorted(state)}, expected {sorted(want)}")
         for i, layer in enumerate(self.bert.encoder.layers):
             layer.attention.core.load_layout_state(state[f"layer{i}"])
+
+    # -- SparseBERT masks: what the trainer logs and exports ------------------------------------------------------
+    def mask_stats(self) -> dict[str, float]:
+        """Scalars to log: DAM's current binarised sparsity (overall and per head) and mean mask value; for fixed
+        token masks each layer's sparsity and block-layout density. Empty when the model has no token mask."""
+        out: dict[str, float] = {}
+        if self.bert.dam is not None:
+            out.update(self.bert.dam.stats())
+        for i, layer in enumerate(self.bert.encoder.layers):
+            core = layer.attention.core
+            if core.fixed_token_mask is not None:
+                n = core.max_seq_length
+                out[f"token_mask/layer{i}_sparsity"] = sparsity(core.fixed_token_mask[:, :n, :n])
+                out[f"token_mask/layer{i}_block_density"] = float(core.master_layout.float().mean())
+        return out
+
+    def export_learned_masks(self) -> dict[str, torch.Tensor]:
+        """DAM's binarised mask, ``{"layer{i}": bool [H, n, n]}`` (alpha > 0, or dam.prune_fraction pruned); save it
+        with :func:`model.attention.sparsebert.save_masks` and train stage 2 with ``attention.token_mask =
+        {"pattern": "file", "path": ..., "seq_len": n}`` on any kernel."""
+        if self.bert.dam is None:
+            raise ValueError("this model has no learned mask (attention.token_mask.pattern is not 'dam')")
+        keep = self.bert.dam.binarize()
+        L = len(self.bert.encoder.layers)
+        return {f"layer{i}": keep[0 if keep.shape[0] == 1 else i].clone() for i in range(L)}

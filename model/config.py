@@ -9,8 +9,10 @@ from typing import Any
 
 from model.attention.kernels import KERNELS
 from model.attention.layouts import SparsityConfig, from_ds_config
+from model.attention.sparsebert import TokenMaskConfig
+from model.positions import SEGMENT_TYPES, PositionConfig
 
-_LAYER_KEYS = {"kernel", "sparsity"}
+_LAYER_KEYS = {"kernel", "sparsity", "token_mask"}
 
 
 def _reject_unknown(d: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -34,14 +36,22 @@ class AttentionConfig:
     """None = full attention. Else an old ds_config ``sparse_attention`` block, e.g. ``{"mode": "fixed", "block": 16,
     "num_local_blocks": 4}``, or BlockBERT ``{"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2",
     "block": 64}``. Random modes take an extra ``seed`` (default 0): the same layout on every rank."""
+    token_mask: dict | None = None
+    """None = no token-level mask. Else a SparseBERT mask (:class:`model.attention.sparsebert.TokenMaskConfig`),
+    e.g. ``{"pattern": "no_diagonal"}``, ``{"pattern": "bigbird", "seq_len": 128}``, ``{"pattern": "dam", "dam":
+    {"lam": 1e-3, "structured": true}}`` or ``{"pattern": "file", "path": "masks.pt"}``; ANDed with ``sparsity``."""
     per_layer: list[dict] | None = None
-    """Optional list, one dict per layer with ``kernel`` and/or ``sparsity`` overriding the two fields above
-    (``"sparsity": null`` makes that layer dense)."""
+    """Optional list, one dict per layer with ``kernel``, ``sparsity`` and/or ``token_mask`` overriding the fields
+    above (``"sparsity": null`` makes that layer dense)."""
 
     def __post_init__(self) -> None:
         _check_kernel(self.kernel, "attention.kernel")
         if self.sparsity is not None and not isinstance(self.sparsity, dict):
             raise ValueError(f"attention.sparsity must be a dict or null, got {type(self.sparsity).__name__}")
+        tm = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
+        if tm is not None and tm.pattern == "dam" and (self.sparsity is not None or self.per_layer is not None):
+            raise ValueError("attention.token_mask pattern 'dam' searches all n x n positions: it cannot be combined "
+                             "with attention.sparsity or attention.per_layer (export the mask, then use 'file')")
         if self.per_layer is not None:
             if not isinstance(self.per_layer, list):
                 raise ValueError("attention.per_layer must be a list of dicts (one per layer)")
@@ -51,6 +61,21 @@ class AttentionConfig:
                 _reject_unknown(d, _LAYER_KEYS, f"attention.per_layer[{i}]")
                 if "kernel" in d:
                     _check_kernel(d["kernel"], f"attention.per_layer[{i}].kernel")
+                if d.get("token_mask") is not None:
+                    t = TokenMaskConfig.from_dict(d["token_mask"], f"attention.per_layer[{i}].token_mask")
+                    if t.pattern == "dam":
+                        raise ValueError(f"attention.per_layer[{i}].token_mask: 'dam' is only valid for all layers")
+
+    def token_mask_for_layer(self, index: int) -> TokenMaskConfig | None:
+        """The token-mask settings of layer ``index`` (None = no token mask)."""
+        d = {} if self.per_layer is None else self.per_layer[index]
+        tm = d["token_mask"] if "token_mask" in d else self.token_mask
+        return None if tm is None else TokenMaskConfig.from_dict(tm)
+
+    def dam(self) -> TokenMaskConfig | None:
+        """The DAM search settings, if this model searches its mask."""
+        tm = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
+        return tm if tm is not None and tm.pattern == "dam" else None
 
     def for_layer(self, index: int, num_heads: int) -> tuple[str, SparsityConfig | None]:
         """(kernel name, layout object or None) for layer ``index``."""
@@ -103,11 +128,22 @@ class ModelConfig:
     pad_token_id: int = 0
     """Padding id (kept for the Hugging Face config)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    """Layout + kernel, for all layers or per layer."""
+    """Layout + kernel (+ SparseBERT token mask), for all layers or per layer."""
+    position: PositionConfig = field(default_factory=PositionConfig)
+    """absolute (BERT input embeddings) | diet_abs | diet_rel (DIET decoupled positional attention); see
+    :class:`model.positions.PositionConfig`."""
+    segment: str = "input"
+    """input: token-type embeddings added at the input (BERT). per_head: DIET's logits += s_h[seg_i, seg_j]."""
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig(**_strict(self.attention, AttentionConfig, "attention"))
+        if isinstance(self.position, dict):
+            self.position = PositionConfig.from_dict(self.position)
+        if self.segment not in SEGMENT_TYPES:
+            raise ValueError(f"segment must be one of {list(SEGMENT_TYPES)}, got {self.segment!r}")
+        if self.segment == "per_head" and self.type_vocab_size < 1:
+            raise ValueError("segment 'per_head' needs type_vocab_size >= 1")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings"):
             if int(getattr(self, name)) < 1:
@@ -145,6 +181,8 @@ class ModelConfig:
         d = _strict(d, cls, "model config")
         if "attention" in d and isinstance(d["attention"], dict):
             d["attention"] = AttentionConfig(**_strict(d["attention"], AttentionConfig, "model config 'attention'"))
+        if "position" in d and isinstance(d["position"], dict):
+            d["position"] = PositionConfig.from_dict(d["position"])
         return cls(**d)
 
     @classmethod

@@ -62,6 +62,12 @@ def _check_representable(config: ModelConfig) -> None:
         raise ValueError(
             f"Hugging Face BERT needs head_size = hidden_size / heads; this model has head_size {config.head_size}"
         )
+    if config.position.type != "absolute" or config.segment != "input":
+        raise ValueError(f"Hugging Face BERT has input position/segment embeddings only; this model uses position "
+                         f"{config.position.type!r} and segment {config.segment!r} (export it as remote code)")
+    if config.attention.dam() is not None:
+        raise ValueError("a DAM-search model has learned mask parameters Hugging Face BERT cannot hold; export the "
+                         "mask (export_learned_masks) and convert the stage-2 model instead")
     if config.hidden_act not in ("gelu", "relu", "gelu_tanh"):
         raise ValueError(f"hidden_act {config.hidden_act!r} has no Hugging Face equivalent")
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from model.attention.bias import DenseScoreBias, ScoreBias, combine_biases
 from model.attention.kernels import get_kernel
-from model.attention.layouts import SparsityConfig
+from model.attention.layouts import DenseSparsityConfig, SparsityConfig
+from model.attention.sparsebert import block_layout_from_mask
 
 
 class BlockSparseAttention(nn.Module):
@@ -22,6 +23,11 @@ class BlockSparseAttention(nn.Module):
     ``master_layout`` buffer (not in ``state_dict``: save it with :meth:`layout_state`). A sequence whose length
     the layout family cannot serve is padded at the end; padded keys are masked and padded rows are cut off.
     Kernel plans are cached per (layout, padded N, device).
+
+    ``fixed_token_mask`` (bool ``[H, n, n]``, e.g. a SparseBERT pattern) is ANDed with every call's attention and
+    folded into the block layout (a block stays on iff one of its elements is allowed), so the sparse kernels skip
+    the blocks it masks entirely; without a ``sparsity_config`` the layout is derived from it at ``mask_block``.
+    Sequences longer than its n are rejected.
     """
 
     def __init__(
@@ -30,17 +36,34 @@ class BlockSparseAttention(nn.Module):
         kernel: str = "auto",
         max_seq_length: int = 2048,
         dropout_p: float = 0.0,
+        fixed_token_mask: torch.Tensor | None = None,
+        mask_block: int = 16,
     ):
         super().__init__()
+        if fixed_token_mask is not None:
+            if fixed_token_mask.dim() != 3 or fixed_token_mask.shape[1] != fixed_token_mask.shape[2]:
+                raise ValueError(f"fixed_token_mask must be bool [H, n, n], got {tuple(fixed_token_mask.shape)}")
+            if sparsity_config is None:
+                sparsity_config = DenseSparsityConfig(fixed_token_mask.shape[0], block=mask_block)
+            elif fixed_token_mask.shape[0] != sparsity_config.num_heads:
+                raise ValueError(f"fixed_token_mask has {fixed_token_mask.shape[0]} heads, the layout "
+                                 f"{sparsity_config.num_heads}")
+            max_seq_length = fixed_token_mask.shape[-1]
         self.sparsity_config = sparsity_config
         self.kernel_name = kernel
         self.kernel = get_kernel(kernel)
         self.dropout_p = dropout_p
         self.max_seq_length = max_seq_length
-        master = None
+        master = tm = None
         if sparsity_config is not None:
             master = sparsity_config.make_layout(sparsity_config.padded_length(max_seq_length))
+        if fixed_token_mask is not None:
+            n_pad = sparsity_config.padded_length(max_seq_length)
+            p = n_pad - fixed_token_mask.shape[-1]
+            tm = F.pad(fixed_token_mask.bool(), (0, p, 0, p), value=False)
+            master = master * block_layout_from_mask(tm, sparsity_config.block)
         self.register_buffer("master_layout", master, persistent=False)
+        self.register_buffer("fixed_token_mask", tm, persistent=False)
         self._plans: dict = {}
         self._layout_version = 0
 
@@ -92,6 +115,12 @@ class BlockSparseAttention(nn.Module):
         if self.sparsity_config is not None and H != self.sparsity_config.num_heads:
             raise ValueError(f"q has {H} heads but the sparsity config was built for {self.sparsity_config.num_heads}")
         n_pad = N if self.sparsity_config is None else self.sparsity_config.padded_length(N)
+        if self.fixed_token_mask is not None:
+            if N > self.max_seq_length:
+                raise ValueError(f"sequence length {N} exceeds the token mask's length {self.max_seq_length}; "
+                                 "raise attention.token_mask.seq_len in the model config")
+            fixed = self.fixed_token_mask[:, :N, :N].to(q_BHND.device)
+            token_mask = fixed if token_mask is None else fixed & token_mask
         if n_pad != N:
             p = n_pad - N
             q_BHND, k_BHND, v_BHND = (F.pad(t, (0, 0, 0, p)) for t in (q_BHND, k_BHND, v_BHND))
