@@ -265,16 +265,19 @@ class Trainer:
         self._export_dam_masks()
 
     def _export_dam_masks(self) -> None:
-        """DAM search runs end by writing the binarized learned masks (for fixed-mask training)."""
+        """A DAM search run ends by writing the binarized learned masks (input of the fixed-mask stage)."""
         module = self.engine.module
-        export = getattr(module, "export_learned_masks", None)
-        if export is None or not self.run.checkpoint.save:
+        token_mask = getattr(module.config.attention, "token_mask", None) or {}
+        if token_mask.get("pattern") != "dam" or not self.run.checkpoint.save:
             return
-        masks = export()
-        if masks is not None and self.rank0:
+        masks = module.export_learned_masks()
+        if self.rank0:
+            from model.attention.sparsebert import save_masks
+
             path = Path(self.run.checkpoint.save, "learned_masks.pt")
-            torch.save(masks, path)
-            self._print(f"exported the learned DAM masks to {path}")
+            save_masks(str(path), masks)
+            self._print(f"exported the learned DAM masks to {path} (train stage 2 with attention.token_mask = "
+                        f"{{\"pattern\": \"file\", \"path\": \"{path}\"}})")
 
     def _log(self, step: dict[str, Any], elapsed: float, window_tokens: int, window_iters: int) -> None:
         engine = self.engine
@@ -294,9 +297,9 @@ class Trainer:
                "memory_mb": peak_memory_mb(self.dist.device)}
         if step["aux_loss"] is not None:
             rec["aux_loss"] = step["aux_loss"]
-        sparsity = getattr(engine.module, "mask_sparsity", None)
-        if sparsity is not None:
-            rec["mask_sparsity"] = float(sparsity())
+        mask_stats = getattr(engine.module, "mask_stats", None)
+        if mask_stats is not None:
+            rec.update({k: float(v) for k, v in mask_stats().items()})  # DAM / token-mask sparsity
         if not self.rank0:
             return
         print(f"[pretrain] iteration {self.iteration}/{self.train_iters} | loss {loss:.6f} | lr {lr:.3e} | "
