@@ -183,11 +183,21 @@ def load(engine, load_dir: str, tag: str, model_config: dict[str, Any], restore_
     return loaded
 
 
+# DeepSpeed names rank 0's module file differently under ZeRO-3.
+_MODEL_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+
+
+def model_state_file(load_dir: str, tag: str) -> Path:
+    for name in _MODEL_STATE_FILES:
+        f = Path(load_dir, tag, name)
+        if f.is_file():
+            return f
+    raise CheckpointError(f"{Path(load_dir, tag)} has none of {list(_MODEL_STATE_FILES)}: not a DeepSpeed checkpoint")
+
+
 def read_client_state(load_dir: str, tag: str) -> dict[str, Any]:
-    """The client state DeepSpeed stored in mp_rank_00_model_states.pt (read without building an engine)."""
-    f = Path(load_dir, tag, "mp_rank_00_model_states.pt")
-    if not f.is_file():
-        raise CheckpointError(f"{f} is missing: {load_dir}/{tag} is not a DeepSpeed checkpoint")
+    """The client state DeepSpeed stored with rank 0's module states (read without building an engine)."""
+    f = model_state_file(load_dir, tag)
     state = torch.load(f, map_location="cpu", weights_only=False)
     return {k: v for k, v in state.items() if k in ("iteration", "consumed_train_samples", "model_config", "args",
                                                    "layout_state", "world_size", "dam_masks")}
@@ -196,11 +206,11 @@ def read_client_state(load_dir: str, tag: str) -> dict[str, Any]:
 def load_fp32_weights(load_dir: str, tag: str) -> dict[str, torch.Tensor]:
     """Full fp32 module weights of any ZeRO stage (DeepSpeed's zero_to_fp32 for stages 1-3)."""
     root = Path(load_dir, tag)
-    if any(root.glob("*optim_states.pt")) and any(root.glob("zero_pp_rank_*") ):
+    if any(root.glob("zero_pp_rank_*optim_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         return get_fp32_state_dict_from_zero_checkpoint(load_dir, tag=tag)
-    state = torch.load(root / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    state = torch.load(model_state_file(load_dir, tag), map_location="cpu", weights_only=False)
     return {k: v.float() for k, v in state["module"].items()}
 
 

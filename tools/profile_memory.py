@@ -44,6 +44,9 @@ class MemoryProfile:
     optimizer_mb: float
     activation_mb: float
     step_s: float
+    """Best wall time of a training step over the timed steps."""
+    cpu_s: float = 0.0
+    """Process CPU time of that step (less sensitive to other load on a shared machine)."""
 
     @property
     def total_mb(self) -> float:
@@ -126,17 +129,22 @@ def profile(variant: str, batch: int, seq_len: int, hidden: int = 192, layers: i
         out.loss.backward()
         opt.zero_grad(set_to_none=True)
         act_bytes = saved.bytes
-    times = []
+    wall, cpu = timed_steps(lambda: train_step(model, opt, data), steps, dev)
+    return MemoryProfile(variant, batch, seq_len, model_bytes / MB, opt_bytes / MB, act_bytes / MB, wall, cpu)
+
+
+def timed_steps(step, steps: int, dev: torch.device) -> tuple[float, float]:
+    """(best wall seconds, CPU seconds of that step) over `steps` runs of `step`."""
+    best = (float("inf"), 0.0)
     for _ in range(steps):
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        train_step(model, opt, data)
+        t0, c0 = time.perf_counter(), time.process_time()
+        step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return MemoryProfile(variant, batch, seq_len, model_bytes / MB, opt_bytes / MB, act_bytes / MB,
-                         float(np.median(times)))
+        best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
+    return best
 
 
 def fit_linear(ns: list[int], acts: list[float]) -> tuple[float, float]:
