@@ -184,7 +184,30 @@ def test_docs_configs_parse():
     doc = Path(__file__).resolve().parents[1] / "docs" / "sparsebert_diet.md"
     blocks = re.findall(r"```json\n(.*?)```", doc.read_text(), re.S)
     assert len(blocks) >= 6
+    from model.bert import BertForPreTraining
+
     for text in blocks:
         d = json.loads(text)
-        if "preset" in d:
-            ModelConfig.preset(d.pop("preset"), **d)
+        cfg = ModelConfig.preset(d.pop("preset"), **d)
+        if (cfg.attention.token_mask or {}).get("pattern") != "file":
+            with torch.device("meta"):  # builds every layer (layouts, masks, DIET parameters) without memory
+                BertForPreTraining(cfg)
+
+
+def test_tools_stats(capsys):
+    from tools import model_stats, plot_layouts
+
+    base = model_stats.count(ModelConfig.preset("tiny", max_position_embeddings=64))
+    d = model_stats.count(ModelConfig.preset("tiny", max_position_embeddings=64, segment="per_head",
+                                             position={"type": "diet_abs", "rank": 8}))
+    # L x (positions n x d_p + U_Q, U_K per head) + per-head segment tables - input positions - token types
+    assert d["total"] - base["total"] == 2 * (64 * 8 + 2 * 4 * 8 * 8) + 2 * 4 * 2 * 2 - 64 * 64 - 2 * 64
+    r = model_stats.count(ModelConfig.preset("tiny", position={"type": "diet_rel", "max_distance": 7,
+                                                               "sharing": "layer"}))
+    assert r["positional_attention"] == 4 * 15
+    plot_layouts.main(["--token-mask", '{"pattern": "star", "block": 8, "relay": 5}', "--num-heads", "2", "--seq-len", "64",
+                       "--stats"])
+    st = json.loads(capsys.readouterr().out)
+    want = _mask("star")[:2]
+    assert st["sparsity"] == pytest.approx(S.sparsity(want), abs=1e-4) and len(st["sparsity_per_head"]) == 2
+    assert st["block_density"] == pytest.approx(float(S.block_layout_from_mask(want, 8).float().mean()), abs=1e-4)

@@ -5,7 +5,14 @@
     .venv/bin/python -m tools.plot_layouts --preset blockbert-base-n3 --seq-len 512 --out out/blockbert_n3.png
     .venv/bin/python -m tools.plot_layouts --model-config my_model.json --layer 0 --seq-len 1024 --out out/l0.png
 
+SparseBERT token masks (drawn per token; a model config's mask is ANDed with its block layout):
+
+    .venv/bin/python -m tools.plot_layouts --token-mask '{"pattern": "star"}' --num-heads 2 --seq-len 128 \
+        --out out/star.png --stats
+    .venv/bin/python -m tools.plot_layouts --table3 --seq-len 128        # sparsity of every pattern vs the paper
+
 Dark cells are (query block, key block) pairs that are computed; the title gives each head's density.
+``--stats`` prints the sparsity (1 - allowed / n^2) per head and the block-layout density as JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from model.attention import sparsebert as S
 from model.attention.layouts import SparsityConfig, from_ds_config, layout_density
 from model.config import ModelConfig
 
@@ -55,6 +63,51 @@ def plot_layout(layout_HMM: torch.Tensor, out: Path, title: str = "", heads: lis
     return out
 
 
+def _resolve_mask(args: argparse.Namespace) -> tuple[SparsityConfig | None, S.TokenMaskConfig | None, str]:
+    """(block layout or None, token mask settings or None, title)."""
+    if args.token_mask:
+        try:
+            tm = S.TokenMaskConfig.from_dict(json.loads(args.token_mask), "--token-mask")
+        except (json.JSONDecodeError, ValueError) as e:
+            raise SystemExit(f"--token-mask: {e}")
+        if args.num_heads is None:
+            raise SystemExit("--token-mask needs --num-heads")
+        return None, tm, args.token_mask
+    if args.preset or args.model_config:
+        cfg = _model_config(args)
+        _, sp = cfg.attention.for_layer(args.layer, cfg.num_attention_heads)
+        tm = cfg.attention.token_mask_for_layer(args.layer)
+        args.num_heads = cfg.num_attention_heads
+        if tm is not None:
+            return sp, tm, f"{args.preset or args.model_config} layer {args.layer}"
+    sp, title = _resolve(args)
+    return sp, None, title
+
+
+def _model_config(args: argparse.Namespace) -> ModelConfig:
+    if args.model_config:
+        try:
+            cfg = ModelConfig.from_dict(json.loads(Path(args.model_config).read_text()))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"cannot read model config {args.model_config}: {e}")
+    else:
+        cfg = ModelConfig.preset(args.preset)
+    if not 0 <= args.layer < cfg.num_layers:
+        raise SystemExit(f"--layer {args.layer} out of range: the model has {cfg.num_layers} layers")
+    return cfg
+
+
+def mask_stats(allowed_HNN: torch.Tensor, block: int | None) -> dict:
+    """Sparsity per head and overall, plus the density of the block layout the sparse kernels would run."""
+    out = {"seq_len": allowed_HNN.shape[-1], "sparsity": round(S.sparsity(allowed_HNN), 4),
+           "sparsity_per_head": [round(S.sparsity(m), 4) for m in allowed_HNN]}
+    if block:
+        lay = S.block_layout_from_mask(allowed_HNN, block)
+        out.update(block=block, block_density=round(layout_density(lay), 4),
+                   block_density_per_head=[round(layout_density(x), 4) for x in lay])
+    return out
+
+
 def _resolve(args: argparse.Namespace) -> tuple[SparsityConfig, str]:
     if args.sparsity:
         try:
@@ -87,15 +140,47 @@ def main(argv: list[str] | None = None) -> None:
     src.add_argument("--sparsity", help="ds_config-style sparse_attention block as JSON")
     src.add_argument("--preset", help="a ModelConfig preset name, e.g. blockbert-base-n2")
     src.add_argument("--model-config", help="a ModelConfig JSON file")
-    p.add_argument("--num-heads", type=int, help="heads (with --sparsity)")
+    src.add_argument("--token-mask", help="a SparseBERT attention.token_mask block as JSON")
+    src.add_argument("--table3", action="store_true", help="print every pattern's sparsity vs SparseBERT Table 3")
+    p.add_argument("--num-heads", type=int, help="heads (with --sparsity / --token-mask)")
     p.add_argument("--layer", type=int, default=0)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--heads", type=int, nargs="+", help="only these heads")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="PNG to write (optional with --stats)")
+    p.add_argument("--stats", action="store_true", help="print sparsity per head (and pattern) as JSON")
     args = p.parse_args(argv)
+    if args.table3:
+        print(json.dumps(S.sparsity_table(args.seq_len, args.num_heads or 12), indent=1))
+        return
+    if args.out is None and not args.stats:
+        raise SystemExit("give --out PNG and/or --stats")
+    if args.token_mask or args.preset or args.model_config:
+        sp, tm, title = _resolve_mask(args)
+        if tm is not None:
+            if tm.pattern == "dam":
+                raise SystemExit("a DAM mask is learned: export it (export_learned_masks + save_masks) and draw the "
+                                 "file with --token-mask '{\"pattern\": \"file\", \"path\": ...}'")
+            n = tm.seq_len or args.seq_len
+            allowed = S.build_token_mask(tm, args.num_heads, n, args.layer)
+            if sp is not None:
+                n_pad = sp.padded_length(n)
+                lay = sp.make_layout(n_pad).bool().repeat_interleave(sp.block, 1).repeat_interleave(sp.block, 2)
+                allowed = allowed & lay[:, :n, :n]
+            block = sp.block if sp is not None else tm.block
+            if args.stats:
+                print(json.dumps({"source": title, "pattern": tm.pattern, **mask_stats(allowed, block)}))
+            if args.out:
+                path = plot_layout(allowed.long(), args.out, f"token mask n={n}: {title}", args.heads)
+                print(f"wrote {path} ({allowed.shape[0]} heads, sparsity {S.sparsity(allowed):.3f})")
+            return
     cfg, title = _resolve(args)
     n = cfg.padded_length(args.seq_len)
     layout = cfg.make_layout(n)
+    if args.stats:
+        print(json.dumps({"source": title, "seq_len": n, "block": cfg.block, "block_density": layout_density(layout),
+                          "block_density_per_head": [round(layout_density(x), 4) for x in layout]}))
+    if args.out is None:
+        return
     path = plot_layout(layout, args.out, f"{type(cfg).__name__} N={n}: {title}", args.heads, cfg.block)
     print(f"wrote {path} ({layout.shape[0]} heads, {layout.shape[1]}x{layout.shape[2]} blocks, "
           f"density {layout_density(layout):.3f})")
