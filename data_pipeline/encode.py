@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one worker = one cor
 import numpy as np
 
 from data_pipeline.readers import KIND_WIKITEXT, BadInputLog
-from data_pipeline.text import sentence_starts, split_lines, split_paragraphs_into_sentences
+from data_pipeline.text import sentence_starts, split_lines
 from data_pipeline.tokenization import Tokenizer, build_tokenizer
 from data_pipeline.wikitext import wikitext_to_text
 
@@ -87,56 +87,44 @@ def _doc_text(text: str, kind: str) -> str:
     return "\n".join(split_lines(text))
 
 
+def _sentences(doc: str, keep_newlines: bool) -> list[str]:
+    """Sentences of a cleaned document: cut at blingfire's sentence starts and at paragraph starts, but
+    only where whitespace precedes the cut, so the sentences' tokens concatenated are the document's
+    tokens for any tokenizer that splits words at whitespace (WordPiece, SentencePiece)."""
+    cuts = [c for c in sentence_starts(doc).tolist() if doc[c - 1].isspace()]
+    bounds = [0, *cuts, len(doc)]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        s = doc[a:b]
+        t = s.strip()
+        if t:
+            out.append(t + "\n" if keep_newlines and s.endswith("\n") else t)
+    return out
+
+
 def _encode_key(tok: Tokenizer, docs: list[str], split: bool, keep_newlines: bool,
                 dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, unit lengths, units per doc) for one key of a chunk.
-
-    Sentence mode tokenises each document ONCE and cuts the ids at sentence starts (token start offset
-    >= sentence start), so a document's sentence tokens concatenated are its tokens by construction, at
-    the cost of one tokenizer pass. Tokenizers without offsets tokenise sentence strings instead.
-    """
-    if not split:
-        ids = tok.encode_batch(docs) if docs else []
-        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
-        upp = (lengths > 0).astype(np.int32)
-        return tokens, lengths[lengths > 0], upp
-    with_starts = tok.encode_batch_with_starts(docs) if docs else []
-    if with_starts is None:  # e.g. SentencePiece: sentences as strings
-        sents, upp = [], []
+    """(tokens, unit lengths, units per doc) for one key of a chunk: one ``encode_batch`` call over all
+    documents (or all sentences) of the chunk."""
+    if split:
+        units, upp_list = [], []
         for d in docs:
-            ss, ends = split_paragraphs_into_sentences(d.split("\n") if d else [])
-            if keep_newlines:
-                ss = [x + "\n" if e else x for x, e in zip(ss, ends)]
-            sents.extend(ss)
-            upp.append(len(ss))
-        ids = tok.encode_batch(sents) if sents else []
-        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
-        upp_a = np.asarray(upp, dtype=np.int32)
-        if len(lengths) and (lengths == 0).any():  # Megatron drops empty sentences too
-            keep = lengths > 0
-            owner = np.repeat(np.arange(len(upp_a)), upp_a)
-            upp_a = np.bincount(owner[keep], minlength=len(upp_a)).astype(np.int32)
-            lengths = lengths[keep]
-        return tokens, lengths, upp_a
-    all_lengths, upp = [], []
-    total = 0
-    for d, (ids, starts) in zip(docs, with_starts):
-        n = len(ids)
-        if n == 0:
-            upp.append(0)
-            continue
-        cuts = np.searchsorted(starts, sentence_starts(d), side="left")
-        bounds = np.concatenate(([0], cuts, [n]))
-        lens = np.diff(bounds)
-        lens = lens[lens > 0]
-        all_lengths.append(lens)
-        upp.append(len(lens))
-        total += n
-    tokens = np.fromiter(chain.from_iterable(ids for ids, _ in with_starts), dtype=dtype, count=total)
-    lengths = np.concatenate(all_lengths).astype(np.int32) if all_lengths else np.zeros(0, np.int32)
-    return tokens, lengths, np.asarray(upp, dtype=np.int32)
+            ss = _sentences(d, keep_newlines) if d else []
+            units.extend(ss)
+            upp_list.append(len(ss))
+        upp = np.asarray(upp_list, dtype=np.int32)
+    else:
+        units = docs
+        upp = np.ones(len(docs), dtype=np.int32)
+    ids = tok.encode_batch(units) if units else []
+    lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+    if len(lengths) and (lengths == 0).any():  # empty documents / sentences: Megatron drops them too
+        keep = lengths > 0
+        owner = np.repeat(np.arange(len(upp)), upp)
+        upp = np.bincount(owner[keep], minlength=len(upp)).astype(np.int32)
+        lengths = lengths[keep]
+    return tokens, lengths, upp
 
 
 def encode_chunk(chunk: Chunk) -> ChunkResult:
