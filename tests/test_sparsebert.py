@@ -205,8 +205,8 @@ def test_tools_stats(capsys):
     r = model_stats.count(ModelConfig.preset("tiny", position={"type": "diet_rel", "max_distance": 7,
                                                                "sharing": "layer"}))
     assert r["positional_attention"] == 4 * 15
-    plot_layouts.main(["--token-mask", '{"pattern": "star", "block": 8, "relay": 5}', "--num-heads", "2", "--seq-len", "64",
-                       "--stats"])
+    plot_layouts.main(["--token-mask", '{"pattern": "star", "block": 8, "relay": 5}', "--num-heads", "2",
+                       "--seq-len", "64", "--stats"])
     st = json.loads(capsys.readouterr().out)
     want = _mask("star")[:2]
     assert st["sparsity"] == pytest.approx(S.sparsity(want), abs=1e-4) and len(st["sparsity_per_head"]) == 2

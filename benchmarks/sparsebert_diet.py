@@ -1,0 +1,103 @@
+"""Forward+backward time of SparseBERT token masks, DIET biases and the DAM search step, relative to unmasked dense
+SDPA at the same shape (ratios, measured side by side in one run; a shared box loads both alike).
+
+    .venv/bin/python -m benchmarks.sparsebert_diet --seq-len 512 --batch 2 --repeats 3 --out out/sparsebert_diet.json
+
+Rows: each mask on ``dense`` (SDPA with the element mask) and ``block_gather`` (skips blocks the mask leaves empty,
+element mask inside partial blocks); DIET-ABS/REL and per-head segment biases on both kernels; DAM's gated O(n^2)
+attention (the search step) vs dense.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from model.attention import BlockSparseAttention
+from model.attention import sparsebert as S
+from model.positions import PositionalAttention, PositionConfig
+
+HEADS, HEAD_DIM = 12, 64
+
+
+def _time(fn: Callable[[], torch.Tensor], repeats: int) -> float:
+    fn()  # warm-up (plans, caches)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    n, B = a.seq_len, a.batch
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, HEADS, n, HEAD_DIM, generator=g).requires_grad_() for _ in range(3))
+    go = torch.randn(B, HEADS, n, HEAD_DIM, generator=g)
+
+    def step(f: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        def run():
+            out = f()
+            torch.autograd.grad(out, (q, k, v), go)
+            return out
+        return run
+
+    base = _time(step(lambda: F.scaled_dot_product_attention(q, k, v)), a.repeats)
+    rows = []
+
+    def add(name: str, kernel: str, f: Callable[[], torch.Tensor], sparsity: float | None = None,
+            block_density: float | None = None) -> None:
+        t = _time(step(f), a.repeats)
+        rows.append({"case": name, "kernel": kernel, "time_s": round(t, 4), "ratio_vs_dense_sdpa": round(t / base, 3),
+                     "mask_sparsity": sparsity, "block_density": block_density})
+        print(f"{name:28s} {kernel:13s} {t * 1e3:8.1f} ms  x{t / base:5.2f}", flush=True)
+
+    for pattern in ("no_diagonal", "longformer", "bigbird", "star", "fixed"):
+        m = S.make_pattern(S.TokenMaskConfig(pattern=pattern), HEADS, n)
+        bd = float(S.block_layout_from_mask(m, 16).float().mean())
+        for kernel in ("dense", "block_gather"):
+            mod = BlockSparseAttention(None, kernel, n, fixed_token_mask=m, mask_block=16)
+            add(f"mask:{pattern}", kernel, lambda mod=mod: mod(q, k, v), round(S.sparsity(m), 4), round(bd, 4))
+    seg = torch.zeros(B, n, dtype=torch.long)
+    seg[:, n // 2:] = 1
+    star = S.make_pattern(S.TokenMaskConfig(pattern="star"), HEADS, n)
+    for label, pos, segment in (("diet_abs(128)", PositionConfig(type="diet_abs", rank=128), "input"),
+                                ("diet_rel(128)", PositionConfig(type="diet_rel"), "input"),
+                                ("segment_per_head", PositionConfig(), "per_head")):
+        pa = PositionalAttention(pos, segment, 1, HEADS, n, 2)
+        for kernel, mask in (("dense", None), ("block_gather", star)):
+            mod = BlockSparseAttention(None, kernel, n, fixed_token_mask=mask, mask_block=16)
+            name = f"bias:{label}" + ("+star" if mask is not None else "")
+            add(name, kernel, lambda mod=mod, pa=pa: mod(q, k, v, score_bias=pa(n, seg, B)[0]))
+    dam = S.DAMMask(S.DAMConfig(), 1, HEADS, n).train()
+    add("dam_search(gated)", "gated", lambda: S.gated_attention(q, k, v, dam()[0], None, 0.0, None))
+    result = {"machine": "2-core CPU dev box, shared, no GPU" if not torch.cuda.is_available() else "cuda",
+              "platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "seq_len": n, "batch": B, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32",
+              "dense_sdpa_s": round(base, 4), "rows": rows}
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
