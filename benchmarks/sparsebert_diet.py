@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--patterns", nargs="+", default=["no_diagonal", "longformer", "bigbird", "star", "fixed"])
+    p.add_argument("--masks-only", action="store_true", help="skip the DIET-bias and DAM rows")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     if a.threads:
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                      "mask_sparsity": sparsity, "block_density": block_density})
         print(f"{name:28s} {kernel:13s} {t * 1e3:8.1f} ms  x{t / base:5.2f}", flush=True)
 
-    for pattern in ("no_diagonal", "longformer", "bigbird", "star", "fixed"):
+    for pattern in a.patterns:
         m = S.make_pattern(S.TokenMaskConfig(pattern=pattern), HEADS, n)
         bd = float(S.block_layout_from_mask(m, 16).float().mean())
         for kernel in ("dense", "block_gather"):
@@ -79,16 +81,18 @@ def main(argv: list[str] | None = None) -> None:
     seg = torch.zeros(B, n, dtype=torch.long)
     seg[:, n // 2:] = 1
     star = S.make_pattern(S.TokenMaskConfig(pattern="star"), HEADS, n)
-    for label, pos, segment in (("diet_abs(128)", PositionConfig(type="diet_abs", rank=128), "input"),
-                                ("diet_rel(128)", PositionConfig(type="diet_rel"), "input"),
-                                ("segment_per_head", PositionConfig(), "per_head")):
+    biases = [("diet_abs(128)", PositionConfig(type="diet_abs", rank=128), "input"),
+              ("diet_rel(128)", PositionConfig(type="diet_rel"), "input"),
+              ("segment_per_head", PositionConfig(), "per_head")]
+    for label, pos, segment in [] if a.masks_only else biases:
         pa = PositionalAttention(pos, segment, 1, HEADS, n, 2)
         for kernel, mask in (("dense", None), ("block_gather", star)):
             mod = BlockSparseAttention(None, kernel, n, fixed_token_mask=mask, mask_block=16)
             name = f"bias:{label}" + ("+star" if mask is not None else "")
             add(name, kernel, lambda mod=mod, pa=pa: mod(q, k, v, score_bias=pa(n, seg, B)[0]))
-    dam = S.DAMMask(S.DAMConfig(), 1, HEADS, n).train()
-    add("dam_search(gated)", "gated", lambda: S.gated_attention(q, k, v, dam()[0], None, 0.0, None))
+    if not a.masks_only:
+        dam = S.DAMMask(S.DAMConfig(), 1, HEADS, n).train()
+        add("dam_search(gated)", "gated", lambda: S.gated_attention(q, k, v, dam()[0], None, 0.0, None))
     result = {"machine": "2-core CPU dev box, shared, no GPU" if not torch.cuda.is_available() else "cuda",
               "platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "seq_len": n, "batch": B, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32",
