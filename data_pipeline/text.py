@@ -130,50 +130,6 @@ def sentence_starts(doc: str) -> np.ndarray:
 _BF_SENT_OFFSETS = blingfire.blingfire.TextToSentencesWithOffsets
 
 
-def split_paragraphs_into_sentences(paragraphs: list[str]) -> tuple[list[str], list[bool]]:
-    """Sentences of a whole document (a list of paragraphs) and, per sentence, whether it ends a paragraph.
-
-    Fast path: one blingfire call for the document (its per-call cost dominates on short paragraphs),
-    then sentence and paragraph boundaries are merged by *word index*: sentences are rebuilt from the
-    document's whitespace-separated words. That is only done when it is provably token-safe: blingfire
-    kept every non-space character and cut only between words (the word counts add up). Otherwise the
-    paragraphs go through ``split_sentences`` one by one.
-    """
-    if not paragraphs:
-        return [], []
-    doc = "\n".join(paragraphs)
-    out = blingfire.text_to_sentences(doc)
-    bf_sents = out.split("\n")
-    words = doc.split()
-    bf_counts = [len(x.split()) for x in bf_sents]
-    if sum(bf_counts) != len(words) or "".join(words) != "".join(out.split()):
-        sents, ends = [], []
-        for p in paragraphs:
-            ss = split_sentences(p)
-            sents.extend(ss)
-            ends.extend([False] * (len(ss) - 1) + [True] if ss else [])
-        return sents, ends
-    cuts: set[int] = set()
-    pos = 0
-    for c in bf_counts:
-        pos += c
-        cuts.add(pos)
-    para_ends: set[int] = set()
-    pos = 0
-    for p in paragraphs:
-        pos += len(p.split())
-        para_ends.add(pos)
-    cuts |= para_ends
-    sents, ends = [], []
-    start = 0
-    for c in sorted(cuts):
-        if c > start:
-            sents.append(" ".join(words[start:c]))
-            ends.append(c in para_ends)
-            start = c
-    return sents, ends
-
-
 def chunk_text(text: str, max_chars: int) -> list[str]:
     """Cut ``text`` into pieces of at most ~``max_chars`` at paragraph breaks, else at whitespace.
 

@@ -69,7 +69,7 @@ class Tokenizer:
 
     def encode_batch_with_starts(self, texts: Sequence[str]) -> list[tuple[list[int], np.ndarray]] | None:
         """Ids and each token's start character offset, or None if this tokenizer cannot give offsets.
-        Lets the pipeline tokenise a document once and cut the ids at sentence starts."""
+        Lets a caller tokenise a document once and map character positions (e.g. sentence starts) to tokens."""
         return None
 
     # -- shared --------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
 
 @pytest.fixture(scope="module")
 def many_inputs(tmp_path_factory) -> Path:
-    """24 input files (copies of the sample books and articles, each slightly different)."""
+    """40 input files (copies of the sample books and articles, each slightly different)."""
     d = tmp_path_factory.mktemp("inputs")
     srcs = sorted((SAMPLE / "books").glob("*.txt")) + [SAMPLE / "jsonl" / "articles.jsonl"]
-    for i in range(24):
+    for i in range(40):
         src = srcs[i % len(srcs)]
         text = src.read_text(encoding="utf-8")
         if src.suffix == ".jsonl":
@@ -63,7 +63,7 @@ def test_sigkill_then_resume_is_byte_identical(many_inputs, bert_uncased_vocab, 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     done = len(list(parts.glob("*.done.json")))
-    assert 3 <= done < 24
+    assert 3 <= done < 40
     assert not Path(f"{out}_text_sentence.bin").exists()  # nothing final after a kill
 
     # without --resume the leftover progress file is an error that says what to do
@@ -80,7 +80,7 @@ def test_sigkill_then_resume_is_byte_identical(many_inputs, bert_uncased_vocab, 
     finally:
         os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert r.returncode == 0, r.stderr
-    assert f"{done - 1} of 24 input file(s) already done, skipped" in r.stderr
+    assert f"{done - 1} of 40 input file(s) already done, skipped" in r.stderr
     assert _same(out, ref)
     assert not parts.exists() and not Path(f"{out}.progress.json").exists()
 

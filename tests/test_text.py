@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data_pipeline.text import (chunk_text, sentence_starts, split_lines, split_paragraphs_into_sentences,
-                                split_sentences, trim_gutenberg, unwrap_paragraphs)
+from data_pipeline.encode import _sentences
+from data_pipeline.text import (chunk_text, sentence_starts, split_lines, split_sentences, trim_gutenberg,
+                                unwrap_paragraphs)
 from data_pipeline.wikitext import wikitext_to_text
 
 ABBREV = ("Dr. Smith went to Washington D.C. on Jan. 5. He arrived at 5 p.m. and met Mr. Jones, e.g. the mayor. "
@@ -39,8 +40,9 @@ def test_sentence_splitting_keeps_document_tokens(bert_uncased_vocab):
              "Quotes: \u201cWhere?\u201d asked Ada. \u201cHere.\u201d", "x" * 120 + ". Short."]
     doc = "\n".join(paras)
     whole = tok(doc, add_special_tokens=False).input_ids
-    sents, ends = split_paragraphs_into_sentences(paras)
-    assert sum(ends) == len(paras)
+    sents = _sentences(doc, keep_newlines=True)  # the pipeline's path
+    assert sum(s.endswith("\n") for s in sents) == len(paras) - 1  # paragraph ends (the last has no newline)
+    assert "Then he left!Next day it rained." in [s.strip() for s in sents]  # no cut without whitespace
     assert [i for s in sents for i in tok(s, add_special_tokens=False).input_ids] == whole
     per_para = [s for p in paras for s in split_sentences(p)]
     assert [i for s in per_para for i in tok(s, add_special_tokens=False).input_ids] == whole
