@@ -211,3 +211,21 @@ def test_tools_stats(capsys):
     want = _mask("star")[:2]
     assert st["sparsity"] == pytest.approx(S.sparsity(want), abs=1e-4) and len(st["sparsity_per_head"]) == 2
     assert st["block_density"] == pytest.approx(float(S.block_layout_from_mask(want, 8).float().mean()), abs=1e-4)
+
+
+def test_fixed_mask_in_plan_and_call_time_mask_combine():
+    """The fixed mask lives in each kernel's plan; a per-call token_mask is ANDed with it."""
+    mask = _mask("longformer")
+    n = 56
+    q, k, v = _inputs(n, seed=4)
+    extra = torch.rand(1, n, n, generator=torch.Generator().manual_seed(2)) > 0.3
+    want = _naive(q, k, v, (mask[:, :n, :n] & extra).unsqueeze(0))
+    for kernel in ("dense", "block_gather", "flex", "auto"):
+        mod = A.BlockSparseAttention(None, kernel, N, fixed_token_mask=mask, mask_block=8)
+        with torch.no_grad():
+            torch.testing.assert_close(mod(q, k, v, token_mask=extra), want, atol=1e-5, rtol=1e-5, msg=kernel)
+    plan = A.BlockSparseAttention(None, "block_gather", N, fixed_token_mask=mask, mask_block=8)._plan(
+        N, torch.device("cpu"))
+    assert all(g.token_mask_GQK is not None for g in plan.groups)
+    plan = A.BlockSparseAttention(None, "flex", N, fixed_token_mask=mask, mask_block=8)._plan(N, torch.device("cpu"))
+    assert plan.token_mask is not None

@@ -2,8 +2,10 @@
 
 ``kernel(q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN, token_mask, score_bias, dropout_p, scale, training)``
 
-- ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device)`` and is cached by the caller per
-  (layout, N, device); ``layout_HMM`` None means full attention.
+- ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device, token_mask=None)`` and is cached by
+  the caller per (layout, N, device); ``layout_HMM`` None means full attention. A fixed ``token_mask`` (bool
+  ``[H|1, N, N]``, e.g. a SparseBERT pattern) given here is folded into the plan once (dense: the expanded mask;
+  block_gather: each tile's element mask; flex: the BlockMask) instead of being re-applied every call.
 - ``key_padding_mask_BN``: bool, True = key may be attended. ``token_mask``: bool broadcastable to ``[H, N, N]``,
   True = allowed, combined (AND) with the block layout. ``score_bias``: a :class:`~model.attention.bias.ScoreBias`.
 - Rows with nothing to attend to return zeros (and zero gradients), never NaN.
@@ -43,7 +45,8 @@ def get_kernel(name: str) -> "Kernel":
 class Kernel:
     name = "base"
 
-    def make_plan(self, layout_HMM: torch.Tensor | None, block: int, seq_len: int, device: torch.device) -> Any:
+    def make_plan(self, layout_HMM: torch.Tensor | None, block: int, seq_len: int, device: torch.device,
+                  token_mask: torch.Tensor | None = None) -> Any:
         raise NotImplementedError
 
     def __call__(
@@ -85,10 +88,12 @@ def _sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale):
 class DenseKernel(Kernel):
     """SDPA over all N x N scores with the layout expanded to a token mask: the reference; O(N^2)."""
 
-    def make_plan(self, layout_HMM, block, seq_len, device):
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
+        tm = None if token_mask is None else token_mask.to(device=device, dtype=torch.bool)
         if layout_HMM is None:
-            return None
-        return layout_HMM.to(device=device, dtype=torch.bool).repeat_interleave(block, 1).repeat_interleave(block, 2)
+            return tm
+        lay = layout_HMM.to(device=device, dtype=torch.bool).repeat_interleave(block, 1).repeat_interleave(block, 2)
+        return lay if tm is None else lay & tm
 
     def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN=None, token_mask=None, score_bias=None,
                  dropout_p=0.0, scale=None, training=False):
@@ -127,6 +132,7 @@ class GatherGroup:
     q_index_GQ: torch.Tensor  # [G, Q] query token ids
     k_index_GK: torch.Tensor  # [G, K] key token ids gathered for each tile (K may be 0)
     k_offset: int  # where this group's G*K gathered keys start in the one gathered K/V tensor
+    token_mask_GQK: torch.Tensor | None = None  # the plan's fixed element mask inside these tiles (None = all on)
 
 
 @dataclass
@@ -153,9 +159,12 @@ class BlockGatherKernel(Kernel):
     index_add).
     """
 
-    def make_plan(self, layout_HMM, block, seq_len, device):
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
         if layout_HMM is None:
-            return None
+            if token_mask is None:
+                return None
+            layout_HMM = torch.ones(token_mask.shape[0], 1, 1, dtype=torch.bool)
+            block = seq_len
         lay = layout_HMM.cpu().bool()
         H, M, _ = lay.shape
         r = query_tile_factor(lay)
@@ -172,7 +181,11 @@ class BlockGatherKernel(Kernel):
             kblocks = lay_q[rows].nonzero()[:, 1].view(len(rows), c)  # increasing key order
             k_index = (kblocks[..., None] * block + ar).reshape(len(rows), c * block)
             q_index = (rows % Mq)[:, None] * tile + torch.arange(tile)
-            groups.append(GatherGroup(start, head.to(device), q_index.to(device), k_index.to(device), offset))
+            tm = None
+            if token_mask is not None:
+                tm = token_mask.cpu().bool().expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None],
+                                                                          k_index[:, None, :]].to(device)
+            groups.append(GatherGroup(start, head.to(device), q_index.to(device), k_index.to(device), offset, tm))
             flats.append((head[:, None] * seq_len + k_index).reshape(-1))
             order.append(rows)
             start += len(rows)
@@ -223,6 +236,9 @@ class BlockGatherKernel(Kernel):
                 tm = token_mask.expand(H, N, N)[g.head_G[:, None, None], g.q_index_GQ[:, :, None],
                                                 g.k_index_GK[:, None, :]].unsqueeze(0)
                 allow = tm if allow is None else allow & tm
+            if g.token_mask_GQK is not None:
+                tm = g.token_mask_GQK.unsqueeze(0)
+                allow = tm if allow is None else allow & tm
             bias = None if score_bias is None else score_bias.gather(g.head_G, g.q_index_GQ, g.k_index_GK)
             outs.append(_sdpa_with_allow(q, k, v, allow, bias, drop, scale))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
@@ -249,7 +265,8 @@ class FlexPlan:
     layout_HMM: torch.Tensor  # on device, bool
     block: int
     seq_len: int
-    block_mask: Any  # layout-only BlockMask (B=None), reused when no per-batch mask is given
+    block_mask: Any  # layout (+ fixed token mask) BlockMask (B=None), reused when no per-batch mask is given
+    token_mask: torch.Tensor | None = None  # the plan's fixed element mask, [H|1, N, N] on device
 
 
 @register_kernel("flex")
@@ -268,16 +285,19 @@ class FlexKernel(Kernel):
 
         return mask_mod
 
-    def make_plan(self, layout_HMM, block, seq_len, device):
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
         from torch.nn.attention.flex_attention import create_block_mask
 
         if layout_HMM is None:
             layout_HMM = torch.ones(1, 1, 1, dtype=torch.bool)
             block = seq_len
         lay = layout_HMM.to(device=device, dtype=torch.bool)
-        H = lay.shape[0]
-        bm = create_block_mask(self._mask_mod(lay, block), None, H, seq_len, seq_len, device=device)
-        return FlexPlan(layout_HMM=lay, block=block, seq_len=seq_len, block_mask=bm)
+        tm = None if token_mask is None else token_mask.to(device=device, dtype=torch.bool)
+        H = max(lay.shape[0], 1 if tm is None else tm.shape[0])
+        if lay.shape[0] == 1 and H > 1:
+            lay = lay.expand(H, -1, -1)
+        bm = create_block_mask(self._mask_mod(lay, block, token_mask=tm), None, H, seq_len, seq_len, device=device)
+        return FlexPlan(layout_HMM=lay, block=block, seq_len=seq_len, block_mask=bm, token_mask=tm)
 
     def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN=None, token_mask=None, score_bias=None,
                  dropout_p=0.0, scale=None, training=False):
@@ -304,6 +324,8 @@ class FlexKernel(Kernel):
             lay = lay.expand(H, -1, -1)
         if key_padding_mask_BN is not None or token_mask is not None:
             tm = None if token_mask is None else token_mask.to(dev)
+            if plan.token_mask is not None:
+                tm = plan.token_mask if tm is None else plan.token_mask & tm
             bm = create_block_mask(self._mask_mod(lay, plan.block, key_padding_mask_BN, tm), B, H, N, N, device=dev)
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
@@ -321,22 +343,24 @@ class AutoPlan:
     device: torch.device
     density: float
     plans: dict
+    token_mask: torch.Tensor | None = None
 
 
 @register_kernel("auto")
 class AutoKernel(Kernel):
     """Picks a kernel per call (device, dtype, grad, N, density); see :func:`choose_kernel`."""
 
-    def make_plan(self, layout_HMM, block, seq_len, device):
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
         density = 1.0 if layout_HMM is None else float(layout_HMM.float().mean())
-        return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, {})
+        return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, {}, token_mask)
 
     def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, **kw):
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_BHND, k_BHND, v_BHND))
         dropout = kw.get("training", False) and kw.get("dropout_p", 0.0) > 0
         name = choose_kernel(q_BHND.device.type, q_BHND.dtype, plan.seq_len, plan.density, needs_grad, dropout)
         if name not in plan.plans:
-            plan.plans[name] = KERNELS[name].make_plan(plan.layout_HMM, plan.block, plan.seq_len, plan.device)
+            plan.plans[name] = KERNELS[name].make_plan(plan.layout_HMM, plan.block, plan.seq_len, plan.device,
+                                                       token_mask=plan.token_mask)
         return KERNELS[name](q_BHND, k_BHND, v_BHND, plan=plan.plans[name], **kw)
 
 

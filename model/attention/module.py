@@ -97,7 +97,8 @@ class BlockSparseAttention(nn.Module):
         if plan is None:
             layout = self.layout_for(n_pad)
             block = None if self.sparsity_config is None else self.sparsity_config.block
-            plan = self.kernel.make_plan(layout, block, n_pad, device)
+            fixed = None if self.fixed_token_mask is None else self.fixed_token_mask[:, :n_pad, :n_pad]
+            plan = self.kernel.make_plan(layout, block, n_pad, device, token_mask=fixed)
             self._plans[key] = plan
         return plan
 
@@ -115,12 +116,9 @@ class BlockSparseAttention(nn.Module):
         if self.sparsity_config is not None and H != self.sparsity_config.num_heads:
             raise ValueError(f"q has {H} heads but the sparsity config was built for {self.sparsity_config.num_heads}")
         n_pad = N if self.sparsity_config is None else self.sparsity_config.padded_length(N)
-        if self.fixed_token_mask is not None:
-            if N > self.max_seq_length:
-                raise ValueError(f"sequence length {N} exceeds the token mask's length {self.max_seq_length}; "
-                                 "raise attention.token_mask.seq_len in the model config")
-            fixed = self.fixed_token_mask[:, :N, :N].to(q_BHND.device)
-            token_mask = fixed if token_mask is None else fixed & token_mask
+        if self.fixed_token_mask is not None and N > self.max_seq_length:  # (the mask itself is in the plan)
+            raise ValueError(f"sequence length {N} exceeds the token mask's length {self.max_seq_length}; "
+                             "raise attention.token_mask.seq_len in the model config")
         if n_pad != N:
             p = n_pad - N
             q_BHND, k_BHND, v_BHND = (F.pad(t, (0, 0, 0, p)) for t in (q_BHND, k_BHND, v_BHND))
