@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one worker = one cor
 
 import numpy as np
 
-from data_pipeline.readers import KIND_WIKITEXT, BadInputLog
+from data_pipeline.readers import KIND_WIKITEXT
 from data_pipeline.text import sentence_starts, split_lines
 from data_pipeline.tokenization import Tokenizer, build_tokenizer
 from data_pipeline.wikitext import wikitext_to_text

@@ -13,7 +13,6 @@ therefore do not depend on ``--workers``, the chunk size, or the number of MPI r
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import sys

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 MANIFEST_VERSION = 1
 
@@ -144,4 +144,4 @@ def finish(layout: RunLayout) -> None:
 
 
 __all__ = ["RunLayout", "ResumeError", "prepare", "completed_marker", "finish", "file_digest", "settings_hash",
-           "input_stamp", "write_json_atomic", "asdict"]
+           "input_stamp", "write_json_atomic"]
