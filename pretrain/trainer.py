@@ -200,6 +200,9 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Validation MLM loss, perplexity, masked-token accuracy (and NSP accuracy); leaves training RNG untouched."""
+        if self.valid_ds is None:
+            self._print(f"no validation data (split {self.run.data.split}); evaluation skipped")
+            return {}
         state = checkpoint.rng_state()
         self.engine.eval()
         sums = [0.0] * 5  # mlm loss x count, mlm correct, mlm count, nsp correct, nsp count
@@ -328,7 +331,7 @@ class Trainer:
                 float(max_part[1]))
 
     def _log_eval(self, metrics: dict[str, float]) -> None:
-        if not self.rank0:
+        if not self.rank0 or not metrics:
             return
         print(f"[pretrain] validation at iteration {self.iteration}: " +
               " | ".join(f"{k} {v:.6f}" for k, v in metrics.items()), flush=True)

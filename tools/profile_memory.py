@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants:
         rs = [r for r in rows if r.variant == variant]
         ns = np.array([r.seq_len for r in rs])
-        ax.plot(ns, [r.activation_mb for r in rs], "o", label=variant)
+        (points,) = ax.plot(ns, [r.activation_mb for r in rs], "o", label=variant)
         s, c = fits[variant]
-        ax.plot(ns, s * ns + c, "-", alpha=0.6)
+        ax.plot(ns, s * ns + c, "-", alpha=0.6, color=points.get_color())
     ax.set_xlabel("sequence length N (b x N fixed)")
     ax.set_ylabel("activation memory (MB)")
     ax.legend()
