@@ -78,6 +78,7 @@ def _resolve_mask(args: argparse.Namespace) -> tuple[SparsityConfig | None, S.To
         _, sp = cfg.attention.for_layer(args.layer, cfg.num_attention_heads)
         tm = cfg.attention.token_mask_for_layer(args.layer)
         args.num_heads = cfg.num_attention_heads
+        args.seq_len = min(args.seq_len, cfg.max_position_embeddings)  # the model builds its masks at most this long
         if tm is not None:
             return sp, tm, f"{args.preset or args.model_config} layer {args.layer}"
     sp, title = _resolve(args)
