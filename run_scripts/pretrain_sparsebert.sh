@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# SparseBERT (importance-analysis paper) masks in the RoBERTa-1seq setting with Table 7's hyper-parameters.
+#   bash run_scripts/pretrain_sparsebert.sh N no-diag          no-diagonal attention (M_ii = 0)
+#   bash run_scripts/pretrain_sparsebert.sh N fixed PATTERN    a fixed mask: strided|fixed|longformer|logsparse|bigbird|star
+#   bash run_scripts/pretrain_sparsebert.sh N dam              DAM search (lambda*L1 added to the loss), then
+#                                                              fixed-mask training on the exported learned mask
+# Masks are built for seq_len N (Table 3 of the paper used n = 128). Knobs: see run_scripts/common.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+N="${1:?usage: pretrain_sparsebert.sh N no-diag|fixed PATTERN|dam}"
+KIND="${2:?usage: pretrain_sparsebert.sh N no-diag|fixed PATTERN|dam}"
+BASE="${OUT:-runs/sparsebert_${KIND}${3:+_$3}_N${N}}"
+DS="${DS_CONFIG:-ds_configs/zero1_fp16.json}"
+paper_hparams "$N"
+train() {  # train OUTDIR TOKEN_MASK_JSON EXTRA...
+  local out="$1" mask="$2"; shift 2
+  write_model_config "$out/model.json" "$N" "{\"kernel\": \"auto\", \"token_mask\": $mask}" '{}'
+  OUT="$out" launch --deepspeed_config "$DS" --model-config "$out/model.json" "${PAPER_ARGS[@]}" "$@"
+}
+case "$KIND" in
+  no-diag) train "$BASE" "{\"pattern\": \"no_diagonal\", \"seq_len\": $N}" "${@:3}" ;;
+  fixed)   train "$BASE" "{\"pattern\": \"${3:?give the pattern}\", \"seq_len\": $N}" "${@:4}" ;;
+  dam)
+    # stage 1: search (DAM gates the full n x n attention; dense compute, as in the paper)
+    train "$BASE/search" "{\"pattern\": \"dam\", \"seq_len\": $N}" --attention-kernel dense "${@:3}"
+    # stage 2: train with the binarized learned mask as a fixed mask
+    train "$BASE/fixed" "{\"pattern\": \"file\", \"path\": \"$BASE/search/ckpt/learned_masks.pt\", \"seq_len\": $N}" "${@:3}" ;;
+  *) echo "KIND must be no-diag, fixed or dam" >&2; exit 2 ;;
+esac
