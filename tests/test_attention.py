@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from model import attention as A
-from model.attention.kernels import query_tile_factor
+from model.attention.kernels import GatherPlan, query_tile_factor
+from model.attention.tile_permutation import PermutationPlan
 
 H, D, B = 4, 16, 2
 
@@ -231,8 +232,15 @@ def test_query_tiles_and_groups():
     cfg = A.BlockBERTSparsityConfig(12, num_blocks=2, head_assignment="10:2", block=64)
     assert query_tile_factor(cfg.make_layout(4096)) == 32  # 2 tiles of 2048 query rows per head
     assert query_tile_factor(A.FixedSparsityConfig(12, block=16).make_layout(1024)) == 4  # one tile per window
-    plan = A.get_kernel("block_gather").make_plan(cfg.make_layout(512), 64, 512, "cpu")
+    plan = A.get_kernel("block_gather").make_gather_plan(cfg.make_layout(512), 64, 512, "cpu")
     assert len(plan.groups) == 1 and plan.inverse is None and plan.groups[0].k_index_GK.shape == (24, 256)
+    fast = A.get_kernel("block_gather").make_plan(cfg.make_layout(512), 64, 512, "cpu")
+    assert isinstance(fast, PermutationPlan) and fast.tile == 256 and fast.chunks == 2
+    assert [(r.head0, r.heads, r.chunk_map) for r in fast.runs][0] == (0, 10, None)  # shift 0: views, no copy
+    assert fast.runs[1].chunk_map.tolist() == [1, 0]
+    # layouts where a query tile sees more than one key tile keep the general plan
+    assert isinstance(A.get_kernel("block_gather").make_plan(A.FixedSparsityConfig(12, block=16).make_layout(256),
+                                                             16, 256, "cpu"), GatherPlan)
     mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=512)
     q, k, v = _inputs(128)
     with pytest.raises(ValueError, match="heads"):
@@ -279,3 +287,71 @@ def test_empty_layout_rows_give_zeros(kernel):
     if g is not None:
         for a, b in zip(g, ref_g):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+class _ShuffledChunks(A.SparsityConfig):
+    """A permutation layout that is not a cyclic shift and whose head runs are interleaved (heads 0 and 2 alike)."""
+
+    def make_layout(self, seq_len):
+        m = seq_len // self.block
+        c = m // 4  # 4 chunks
+        maps = [[2, 0, 3, 1], [0, 1, 2, 3], [2, 0, 3, 1], [3, 3, 0, 0]]  # the last one is not even a permutation
+        lay = torch.zeros(self.num_heads, m, m, dtype=torch.int64)
+        for h in range(self.num_heads):
+            for i, j in enumerate(maps[h % 4]):
+                lay[h, i * c:(i + 1) * c, j * c:(j + 1) * c] = 1
+        return lay
+
+
+@pytest.mark.parametrize("pad", ["none", "tail", "all"])
+@pytest.mark.parametrize("name", ["blockbert_n2", "blockbert_n3", "shuffled"])
+def test_permutation_fast_path_matches_dense_and_general_path(name, pad):
+    """The one-key-tile-per-query-tile fast path vs dense and vs the general gather plan, with key padding, a
+    per-call token mask (with an emptied row), a plan token mask and a learnable score bias (its grad too)."""
+    cfg = _ShuffledChunks(H, block=16) if name == "shuffled" else LAYOUTS[name]()
+    n = 100 if name == "blockbert_n3" else 128
+    q, k, v = _inputs(n)
+    kpm = _padding(n, pad)
+    mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=n)
+    n_pad = cfg.padded_length(n)
+    assert isinstance(mod._plan(n_pad, torch.device("cpu")), PermutationPlan)
+    g = torch.Generator().manual_seed(7)
+    token_mask = torch.rand(H, n, n, generator=g) > 0.2
+    token_mask[1, 3] = False
+    rpe = torch.randn(1, H, n, n, generator=g).requires_grad_()
+    for tm, bias in ((None, None), (token_mask, rpe)):
+        kw = dict(key_padding_mask_BN=kpm, token_mask=tm, score_bias=None if bias is None else A.DenseScoreBias(bias))
+        inputs = (q, k, v) if bias is None else (q, k, v, rpe)
+        outs = []
+        for kern in ("dense", "block_gather", "general"):
+            m = A.BlockSparseAttention(cfg, kernel="dense" if kern == "dense" else "block_gather", max_seq_length=n)
+            if kern == "general":  # force the general gather plan into the cache
+                m._plans[(n_pad, "cpu", 0)] = A.get_kernel("block_gather").make_gather_plan(
+                    m.layout_for(n_pad), cfg.block, n_pad, "cpu")
+            out = m(q, k, v, **kw)
+            go = torch.randn_like(out, generator=torch.Generator().manual_seed(9))
+            outs.append((out, torch.autograd.grad(out, inputs, go)))
+        (ref, ref_g), (fast, fast_g), (gen, gen_g) = outs
+        torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(fast, gen, atol=1e-5, rtol=1e-4)
+        for a, b, c in zip(fast_g, ref_g, gen_g):
+            assert not torch.isnan(a).any()
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-4)
+        if pad == "all":
+            assert fast[1].abs().max() == 0 and fast_g[0][1].abs().max() == 0
+
+
+def test_permutation_fast_path_with_fixed_token_mask_and_dropout():
+    cfg = LAYOUTS["blockbert_n2"]()
+    n = 64
+    g = torch.Generator().manual_seed(11)
+    fixed = torch.rand(H, n, n, generator=g) > 0.3
+    q, k, v = _inputs(n)
+    ref = A.BlockSparseAttention(cfg, kernel="dense", fixed_token_mask=fixed)(q, k, v)
+    mod = A.BlockSparseAttention(cfg, kernel="block_gather", fixed_token_mask=fixed, dropout_p=0.5)
+    assert isinstance(mod._plan(n, torch.device("cpu")), PermutationPlan)
+    mod.eval()
+    torch.testing.assert_close(mod(q, k, v), ref, atol=1e-5, rtol=1e-4)
+    mod.train()
+    assert not torch.allclose(mod(q, k, v), ref)  # dropout reaches the fast path in training

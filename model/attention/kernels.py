@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from model.attention.bias import ScoreBias
+from model.attention.tile_permutation import PermutationPlan, make_permutation_plan, permutation_attention
 
 KERNELS: dict[str, "Kernel"] = {}
 
@@ -166,6 +167,14 @@ class BlockGatherKernel(Kernel):
             layout_HMM = torch.ones(token_mask.shape[0], 1, 1, dtype=torch.bool)
             block = seq_len
         lay = layout_HMM.cpu().bool()
+        fast = make_permutation_plan(lay, query_tile_factor(lay), block, seq_len, device, token_mask)
+        if fast is not None:  # one key tile per query tile (BlockBERT): views instead of gathers
+            return fast
+        return self.make_gather_plan(lay, block, seq_len, device, token_mask)
+
+    def make_gather_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> GatherPlan:
+        """The general plan (any layout): gathered key tiles grouped by key count."""
+        lay = layout_HMM.cpu().bool()
         H, M, _ = lay.shape
         r = query_tile_factor(lay)
         tile = r * block
@@ -208,6 +217,10 @@ class BlockGatherKernel(Kernel):
             return KERNELS["dense"](q_BHND, k_BHND, v_BHND, plan=None, key_padding_mask_BN=key_padding_mask_BN,
                                     token_mask=token_mask, score_bias=score_bias, dropout_p=dropout_p, scale=scale,
                                     training=training)
+        drop = dropout_p if training else 0.0
+        if isinstance(plan, PermutationPlan):
+            return permutation_attention(q_BHND, k_BHND, v_BHND, plan, key_padding_mask_BN, token_mask, score_bias,
+                                         drop, scale, _sdpa_with_allow)
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
         T = plan.tile
@@ -216,7 +229,6 @@ class BlockGatherKernel(Kernel):
             q_tiles = q_tiles.index_select(1, plan.perm)
         k_all = k_BHND.reshape(B, H * N, D).index_select(1, plan.flat_index)
         v_all = v_BHND.reshape(B, H * N, Dv).index_select(1, plan.flat_index)
-        drop = dropout_p if training else 0.0
         # split (not narrow): its backward is one cat, not a zero-filled full-size tensor per group
         q_parts = q_tiles.split([g.k_index_GK.shape[0] for g in plan.groups], 1)
         k_parts = k_all.split([g.k_index_GK.numel() for g in plan.groups], 1)
