@@ -297,7 +297,7 @@ class Trainer:
                "skipped_steps": int(skipped_max), "consumed_samples": self.consumed_samples,
                "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
                "samples_per_s": window_iters * self.global_batch / elapsed if elapsed > 0 else None,
-               "memory_mb": peak_memory_mb(self.dist.device)}
+               "memory": peak_memory_mb(self.dist.device)}  # MB
         if step["aux_loss"] is not None:
             rec["aux_loss"] = step["aux_loss"]
         mask_stats = getattr(engine.module, "mask_stats", None)
@@ -307,7 +307,7 @@ class Trainer:
             return
         print(f"[pretrain] iteration {self.iteration}/{self.train_iters} | loss {loss:.6f} | lr {lr:.3e} | "
               f"grad norm {grad_norm} | loss scale {rec['loss_scale']} | skipped {rec['skipped_steps']} | "
-              f"tokens/s {rec['tokens_per_s'] or 0:.0f} | mem {rec['memory_mb']:.0f} MB", flush=True)
+              f"tokens/s {rec['tokens_per_s'] or 0:.0f} | mem {rec['memory']:.0f} MB", flush=True)
         if self.log_file:
             self.log_file.write(json.dumps(rec) + "\n")
             self.log_file.flush()

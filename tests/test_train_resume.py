@@ -67,7 +67,7 @@ def test_tensorboard_event_file_reads_back(runs):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     for t in ("train/loss", "train/perplexity", "train/lr", "train/grad_norm", "train/skipped_steps",
-              "train/tokens_per_s", "train/samples_per_s", "train/memory_mb", "valid/loss", "valid/perplexity",
+              "train/tokens_per_s", "train/samples_per_s", "train/memory", "valid/loss", "valid/perplexity",
               "valid/mlm_accuracy"):
         assert t in tags, (t, tags)
     logged = tu.train_records(tmp / "a.jsonl")
