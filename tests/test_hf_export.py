@@ -15,7 +15,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from tools.convert_checkpoint import ConversionError, read_hf, stock_bert_reason, write_hf
+from tools.convert_checkpoint import ConversionError, read_hf, read_hf_token_masks, stock_bert_reason, write_hf
 from tools.hf_export import remote_code
 
 TOL = 1e-4
@@ -37,7 +37,32 @@ CUSTOM = {
         "kernel": "dense", "per_layer": [
             {"sparsity": None},
             {"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16}}]}),
+    # issue 5: DIET positional attention (every sharing mode), per-head segments, SparseBERT token masks, DAM
+    **{f"diet_abs_{sh}": dict(_SMALL, position={"type": "diet_abs", "rank": 8, "sharing": sh})
+       for sh in ("none", "layer", "head")},
+    "diet_rel": dict(_SMALL, position={"type": "diet_rel", "max_distance": 8}),
+    "segment_per_head": dict(_SMALL, segment="per_head"),
+    "diet_rel_seg_blockbert": dict(_SMALL, segment="per_head", position={
+        "type": "diet_rel", "max_distance": 6, "sharing": "layer"}, attention={"kernel": "block_gather", "sparsity": {
+            "mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}}),
+    **{f"mask_{p}": dict(_SMALL, attention={"kernel": "dense", "token_mask": {"pattern": p}})
+       for p in ("no_diagonal", "strided", "fixed", "longformer", "logsparse", "bigbird", "star")},
+    "mask_bigbird_redrawn": dict(_SMALL, attention={"kernel": "dense", "token_mask": {"pattern": "bigbird",
+                                                                                      "seq_len": 48}}),
+    "mask_longformer_blockbert": dict(_SMALL, attention={"kernel": "block_gather", "sparsity": {
+        "mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16},
+        "token_mask": {"pattern": "longformer", "seed": 4}}),
+    "mask_file": dict(_SMALL, attention={"kernel": "block_gather", "token_mask": {
+        "pattern": "file", "path": "<set by the fixture>", "seq_len": 48, "block": 8}}),
+    "mask_file_per_layer": dict(_SMALL, attention={"kernel": "dense", "per_layer": [
+        {"token_mask": {"pattern": "file", "path": "<set by the fixture>", "drop_diagonal": True}},
+        {"token_mask": {"pattern": "star"}}]}),
+    "dam": dict(_SMALL, attention={"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 48, "dam": {
+        "structured": False}}}),
+    "dam_structured_per_layer": dict(_SMALL, attention={"kernel": "dense", "token_mask": {
+        "pattern": "dam", "dam": {"structured": True, "share_layers": False}}}),
 }
+ISSUE5 = [k for k in CUSTOM if k.startswith(("diet", "segment", "mask", "dam"))]
 
 
 def _preset(name: str) -> ModelConfig:
@@ -85,7 +110,45 @@ def _batch(vocab: int, B: int = 3, N: int = 40):
 def _export(model: BertForPreTraining, out: Path, remote: str) -> dict:
     out.mkdir(parents=True)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
-    return write_hf(sd, model.config, model.layout_state(), out, remote)
+    return write_hf(sd, model.config, model.layout_state(), out, remote, remote_code.token_mask_state(model))
+
+
+def _with_mask_file(kw: dict, path: Path, seed: int) -> dict:
+    """Write a random mask file (as DAM's export would) and point every ``pattern: file`` of ``kw`` at it."""
+    from model.attention.sparsebert import save_masks
+
+    kw = json.loads(json.dumps(kw))
+    g = torch.Generator().manual_seed(seed)
+    heads, n = kw["num_attention_heads"], (kw["attention"].get("token_mask") or {}).get("seq_len") or 64
+    save_masks(str(path), {f"layer{i}": torch.rand(heads, n, n, generator=g) < 0.4 for i in range(kw["num_layers"])})
+    for e in [kw["attention"], *(kw["attention"].get("per_layer") or [])]:
+        if (e.get("token_mask") or {}).get("pattern") == "file":
+            e["token_mask"]["path"] = str(path)
+    return kw
+
+
+def _redraw_token_masks(model: BertForPreTraining, seed: int) -> None:
+    """Give every masked layer a token mask the config would not draw (as if torch's RNG had changed), so the
+    export is only right if it carries the stored mask."""
+    import torch.nn.functional as F
+
+    from model.attention.sparsebert import block_layout_from_mask
+
+    g = torch.Generator().manual_seed(seed)
+    for layer in model.bert.encoder.layers:
+        core = layer.attention.core
+        n, tm = core.max_seq_length, core.fixed_token_mask
+        new = (torch.rand(tm.shape[0], n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool)
+        p = tm.shape[-1] - n
+        core.fixed_token_mask = F.pad(new, (0, p, 0, p), value=False)
+        core.load_layout_state(block_layout_from_mask(core.fixed_token_mask, core.sparsity_config.block))
+
+
+def _dam_alpha(model: BertForPreTraining, seed: int) -> None:
+    """A 'learned' DAM alpha of both signs (the init is a constant 3.0, where every gate is ~1)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.bert.dam.alpha.copy_(torch.randn(model.bert.dam.alpha.shape, generator=g) * 3)
 
 
 # ------------------------------------------------------------------------------------------------ flattening
@@ -186,6 +249,7 @@ _LOADER = textwrap.dedent("""
             qa = AutoModelForQuestionAnswering.from_pretrained(d, trust_remote_code=True).eval()
             out["qa_shape"] = list(qa(**inp).start_logits.shape)
         out["layouts"] = {k: v for k, v in m.state_dict().items() if "sparse_layouts" in k}
+        out["token_masks"] = {k: v for k, v in m.state_dict().items() if "token_masks" in k}
         out["module_file"] = sys.modules[type(m).__module__].__file__
         torch.save(out, f"{root}/{name}_got.pt")
 """)
@@ -195,9 +259,17 @@ _LOADER = textwrap.dedent("""
 def custom_exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("exports")
     models = {}
+    masks_dir = root / "training_machine"  # removed after export: the export must not need it
+    masks_dir.mkdir()
     for name, kw in CUSTOM.items():
+        if name.startswith("mask_file"):
+            kw = _with_mask_file(kw, masks_dir / f"{name}.pt", seed=len(models))
         cfg = _config(kw)
         m = _model(cfg, seed=len(models))
+        if name == "mask_bigbird_redrawn":
+            _redraw_token_masks(m, seed=7)
+        if name.startswith("dam"):
+            _dam_alpha(m, seed=len(models))
         if name == "bigbird_random":  # the trained layout differs from what the config would draw: must be stored
             other = BertForPreTraining(_config({**kw, "attention": {**kw["attention"], "sparsity": {
                 **kw["attention"]["sparsity"], "seed": 11}}}))
@@ -209,6 +281,9 @@ def custom_exports(tmp_path_factory):
         ids, mask, tt = _batch(cfg.vocab_size)
         torch.save({"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}, root / f"{name}_inputs.pt")
         models[name] = m
+    import shutil
+
+    shutil.rmtree(masks_dir)
     for preset in _all_presets():  # every named preset (issue 5's DIET / SparseBERT presets join automatically)
         name = f"preset_{preset}"
         cfg = _preset(preset)
@@ -244,6 +319,42 @@ def test_custom_code_logits_match_ours(custom_exports, name):
             assert key not in got["layouts"]
         else:
             assert torch.equal(got["layouts"][key], lay), layer
+    masks = remote_code.token_mask_state(m)
+    assert set(got["token_masks"]) == {f"sparsebert.{remote_code.TOKEN_MASK_PREFIX}{k}" for k in masks}
+    for layer, tm in masks.items():
+        assert torch.equal(got["token_masks"][f"sparsebert.{remote_code.TOKEN_MASK_PREFIX}{layer}"], tm), layer
+
+
+def test_issue5_families_need_custom_code_and_masks_change_the_logits(custom_exports):
+    """Each family goes through custom code, and each mask really acts (the same weights without the mask give
+    other logits), so the parity above cannot pass with a mask the export dropped."""
+    root, models = custom_exports
+    for name in ISSUE5:
+        m = models[name]
+        assert stock_bert_reason(m.config, m.state_dict()) is not None, name
+        if not name.startswith(("mask", "dam")):
+            continue
+        d = m.config.to_dict()
+        d["attention"] = {"kernel": "dense"}
+        plain = BertForPreTraining(ModelConfig.from_dict(d)).eval()
+        plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("bert.dam.")})
+        inp = torch.load(root / f"{name}_inputs.pt")
+        with torch.no_grad():
+            a = m(inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]).logits
+            b = plain(inp["input_ids"], attention_mask=inp["attention_mask"],
+                      token_type_ids=inp["token_type_ids"]).logits
+        assert (a - b).abs().max().item() > 1e-3, name
+
+
+def test_file_masks_travel_inside_the_export(custom_exports):
+    root, models = custom_exports
+    for name in ("mask_file", "mask_file_per_layer"):
+        text = (root / name / "config.json").read_text()
+        assert "training_machine" not in text and str(root) not in text  # no path of the training machine
+        cfg = json.loads(text)["sparse_bert"]["attention"]
+        paths = [e["token_mask"]["path"] for e in [cfg, *(cfg.get("per_layer") or [])]
+                 if (e.get("token_mask") or {}).get("pattern") == "file"]
+        assert paths and all(not Path(p).is_absolute() and (root / name / p).is_file() for p in paths)
 
 
 @pytest.mark.parametrize("preset", _all_presets())
@@ -260,12 +371,22 @@ def test_every_preset_exports_with_logit_parity(custom_exports, preset):
     assert stock == (stock_bert_reason(m.config, m.state_dict()) is None)
 
 
-@pytest.mark.parametrize("name", ["blockbert", "bigbird_random", "free_head_preln_mixed"])
+def _without_mask_paths(d: dict) -> dict:
+    d = json.loads(json.dumps(d))
+    for e in [d["attention"], *(d["attention"].get("per_layer") or [])]:
+        if (e.get("token_mask") or {}).get("pattern") == "file":
+            e["token_mask"].pop("path")
+    return d
+
+
+@pytest.mark.parametrize("name", ["blockbert", "bigbird_random", "free_head_preln_mixed",
+                                  *[n for n in ISSUE5 if n != "mask_bigbird_redrawn"]])
 def test_custom_code_round_trip_keeps_every_tensor(custom_exports, name):
+    """ours -> HF -> ours: every weight, layout and token mask equal; the rebuilt model gives the same logits."""
     root, models = custom_exports
     m = models[name]
     sd, cfg, layouts = read_hf(root / name)
-    assert cfg.to_dict() == m.config.to_dict()
+    assert _without_mask_paths(cfg.to_dict()) == _without_mask_paths(m.config.to_dict())
     ref = m.state_dict()
     assert set(sd) == set(ref)
     for k in ref:
@@ -273,6 +394,18 @@ def test_custom_code_round_trip_keeps_every_tensor(custom_exports, name):
     for layer, lay in m.layout_state().items():
         if lay is not None:
             assert torch.equal(layouts[layer], lay)
+    back = BertForPreTraining(cfg).eval()  # file masks now come from the export's own mask file
+    back.load_state_dict(sd, strict=True)
+    if layouts:
+        back.load_layout_state({k: layouts.get(k) for k in m.layout_state()})
+    want, got = remote_code.token_mask_state(m), remote_code.token_mask_state(back)
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+    assert {k: v for k, v in read_hf_token_masks(root / name).items()}.keys() == want.keys()
+    inp = torch.load(root / f"{name}_inputs.pt")
+    with torch.no_grad():
+        a = m(inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]).logits
+        b = back(inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]).logits
+    assert torch.equal(a, b)
 
 
 def test_sentencepiece_unigram_tokenizer_exports_with_identical_ids(tmp_path):

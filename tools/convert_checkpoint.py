@@ -194,6 +194,9 @@ def stock_bert_reason(config: ModelConfig, state_dict: dict[str, torch.Tensor]) 
     for i in range(config.num_layers):
         if config.attention.for_layer(i, config.num_attention_heads)[1] is not None:
             return f"sparse attention (layer {i})"
+        tm = config.attention.token_mask_for_layer(i)
+        if tm is not None:
+            return f"SparseBERT token mask {tm.pattern!r} (layer {i})"
     try:
         to_hf(state_dict, config)
     except ValueError as e:
@@ -254,8 +257,10 @@ def _publish(tmp: Path, out: Path) -> None:
 
 
 def write_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout_state: dict | None, out_dir: Path,
-             remote: str = "auto") -> dict[str, Any]:
-    """Write config.json + model.safetensors (+ code) into ``out_dir``; returns {"remote_code", "reason"}."""
+             remote: str = "auto", token_masks: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """Write config.json + model.safetensors (+ code, + mask files) into ``out_dir``; returns {"remote_code",
+    "reason"}. ``token_masks`` are the masks the model applies (:func:`remote_code.token_mask_state`); None = build
+    them from ``config`` (a ``pattern: file`` mask is then read from its path)."""
     from safetensors.torch import save_file
 
     reason = stock_bert_reason(config, state_dict)
@@ -263,10 +268,15 @@ def write_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout_st
     if remote == "never" and reason is not None:
         raise ConversionError(f"--remote-code never: stock BERT cannot express this model ({reason})")
     if use_remote:
+        if token_masks is None:
+            needs = any(config.attention.token_mask_for_layer(i) is not None for i in range(config.num_layers))
+            token_masks = remote_code.token_mask_state(BertForPreTraining(config)) if needs else {}
         remote_code.copy_model_code(out_dir)
-        tensors = remote_code.to_remote_state_dict(state_dict, layout_state)
+        tensors = remote_code.to_remote_state_dict(state_dict, layout_state, token_masks)
         hf_config = {"model_type": remote_code.MODEL_TYPE, "architectures": ["SparseBertForMaskedLM"],
-                     "auto_map": dict(remote_code.AUTO_MAP), "sparse_bert": config.to_dict()}
+                     "auto_map": dict(remote_code.AUTO_MAP),
+                     "sparse_bert": remote_code.export_model_config(config, token_masks, out_dir),
+                     "token_mask_lengths": {k: int(v.shape[-1]) for k, v in sorted(token_masks.items())}}
     else:
         tensors, hf_config = to_hf(state_dict, config)
         tensors = dict(tensors)
@@ -300,7 +310,7 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
               "config already holds them as fixed masks", file=sys.stderr)
     out, tmp = _fresh_dir(out_dir, overwrite)
     try:
-        info = write_hf(state_dict, config, model.layout_state(), tmp, remote)
+        info = write_hf(state_dict, config, model.layout_state(), tmp, remote, remote_code.token_mask_state(model))
         files = []
         if tokenizer:
             files = _save_tokenizer(tmp, client.get("args") or {}, tokenizer_overrides or argparse.Namespace(),
@@ -340,7 +350,10 @@ def _legacy_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def read_hf(hf_dir: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig, dict | None]:
-    """A Hugging Face BERT (or one of our custom-code exports) -> (our state dict, ModelConfig, layout state)."""
+    """A Hugging Face BERT (or one of our custom-code exports) -> (our state dict, ModelConfig, layout state).
+
+    A ``pattern: file`` token mask of an export comes back pointing (absolutely) at the mask file inside
+    ``hf_dir``; the stored masks themselves are returned by :func:`read_hf_token_masks`."""
     hf_dir = Path(hf_dir)
     cfg_file = hf_dir / "config.json"
     if not cfg_file.is_file():
@@ -349,8 +362,12 @@ def read_hf(hf_dir: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig, d
     mtype = cfg.get("model_type")
     sd = _read_hf_weights(hf_dir)
     if mtype == remote_code.MODEL_TYPE:
-        ours, layouts = remote_code.from_remote_state_dict(sd)
-        return ours, ModelConfig.from_dict(cfg["sparse_bert"]), layouts or None
+        try:
+            ours, layouts, _ = remote_code.from_remote_state_dict(sd)
+            config = ModelConfig.from_dict(remote_code.resolve_mask_paths(cfg["sparse_bert"], hf_dir))
+        except (remote_code.ExportError, KeyError, ValueError, TypeError) as e:
+            raise ConversionError(f"--from-hf {hf_dir}: {e}") from e
+        return ours, config, layouts or None
     if mtype != "bert":
         raise ConversionError(f"--from-hf {hf_dir}: config.json has model_type {mtype!r}; only 'bert' (and our "
                               f"'{remote_code.MODEL_TYPE}' exports) can be converted")
@@ -367,6 +384,28 @@ def read_hf(hf_dir: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig, d
     except (KeyError, ValueError) as e:
         raise ConversionError(f"--from-hf {hf_dir}: {e}") from e
     return ours, config, None
+
+
+def read_hf_token_masks(hf_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The SparseBERT token masks stored in a custom-code export (``{"layer{i}": bool [H, n, n]}``; empty for
+    stock BERT)."""
+    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    if cfg.get("model_type") != remote_code.MODEL_TYPE:
+        return {}
+    return remote_code.from_remote_state_dict(_read_hf_weights(Path(hf_dir)))[2]
+
+
+def _check_token_masks(model: BertForPreTraining, stored: dict[str, torch.Tensor], hf_dir: str) -> None:
+    """The masks our code builds from the config must be the ones the export stored (a random pattern drawn
+    differently, e.g. by another torch version, would silently change the model)."""
+    built = remote_code.token_mask_state(model)
+    for layer, m in stored.items():
+        b = built.get(layer)
+        if b is not None and b.shape == m.shape and not torch.equal(b, m):
+            raise ConversionError(f"--from-hf {hf_dir}: {layer}'s token mask built from the config differs from "
+                                  "the one stored in the export; save the stored masks with "
+                                  "model.attention.sparsebert.save_masks and use attention.token_mask "
+                                  "{'pattern': 'file', 'path': ...}")
 
 
 def _ds_checkpoint(out: Path, state_dict: dict[str, torch.Tensor], config: ModelConfig, layouts: dict,
@@ -410,7 +449,7 @@ def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = No
         raise ConversionError(f"target model config is invalid: {e}") from e
     model = BertForPreTraining(target)
     try:
-        extended = extend_position_embeddings(sd, model)
+        extended = extend_position_embeddings(sd, model) + _extend_diet_positions(sd, model)
     except CheckpointError as e:
         raise ConversionError(f"--max-position-embeddings {max_position_embeddings}: {e}") from e
     try:
@@ -420,9 +459,11 @@ def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = No
     if layouts:
         full = {f"layer{i}": layouts.get(f"layer{i}") for i in range(target.num_layers)}
         model.load_layout_state(full)
+    _check_token_masks(model, read_hf_token_masks(hf_dir), str(hf_dir))
     out, tmp = _fresh_dir(out_dir, overwrite)
     try:
-        tag = _ds_checkpoint(tmp, {k: v.clone() for k, v in model.state_dict().items()}, target,
+        saved = _copy_mask_files(target, tmp, out)
+        tag = _ds_checkpoint(tmp, {k: v.clone() for k, v in model.state_dict().items()}, saved,
                              model.layout_state(), str(hf_dir))
         for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spm.model"):
             if (Path(hf_dir) / name).is_file():
@@ -433,6 +474,36 @@ def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"tag": tag, "extended": extended, "out": str(out), "config": target}
+
+
+def _extend_diet_positions(sd: dict[str, torch.Tensor], model: BertForPreTraining) -> list[str]:
+    """DIET-ABS keeps its learned positions in ``bert.positional_attention.abs_pos`` ``[S, N, d_p]``: grow N by
+    repeating the trained rows, as for BERT's position embeddings (DIET-REL's clipped table needs nothing)."""
+    name = "bert.positional_attention.abs_pos"
+    target = model.state_dict().get(name)
+    if name not in sd or target is None or sd[name].shape[1] == target.shape[1]:
+        return []
+    have, want = sd[name].shape[1], target.shape[1]
+    if want < have:
+        raise CheckpointError(f"{name}: checkpoint has {have} positions, the new model only {want}; shrinking "
+                              "position embeddings is not supported")
+    sd[name] = sd[name].repeat(1, -(-want // have), 1)[:, :want].clone()
+    return [f"{name}: {have} -> {want}"]
+
+
+def _copy_mask_files(config: ModelConfig, tmp: Path, out: Path) -> ModelConfig:
+    """Copy every ``pattern: file`` mask into the new checkpoint dir and point the config at its final path, so the
+    warm start does not depend on the Hugging Face directory staying where it is."""
+    d = config.to_dict()
+    att = d["attention"]
+    entries = [att] + list(att.get("per_layer") or [])
+    for k, e in enumerate(entries):
+        tm = e.get("token_mask")
+        if tm is not None and tm.get("pattern") == "file":
+            name = remote_code.MASK_FILE if k == 0 else f"token_masks_layer{k - 1}.pt"
+            shutil.copyfile(tm["path"], tmp / name)
+            e["token_mask"] = {**tm, "path": str(out.resolve() / name)}
+    return ModelConfig.from_dict(d)
 
 
 # ----------------------------------------------------------------------------------------------- CLI

@@ -11,12 +11,15 @@ Only the modules reachable from ``model/bert.py`` are copied (the transitive clo
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import sys
 from pathlib import Path
 
 import torch
+
+from model.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "model"
@@ -28,6 +31,12 @@ BASE_PREFIX = "sparsebert"
 """``base_model_prefix`` of the exported classes: head models hold the encoder as ``self.sparsebert``."""
 LAYOUT_PREFIX = "sparse_layouts."
 """Persistent buffers holding each sparse layer's master layout (random layouts must not be re-drawn)."""
+TOKEN_MASK_PREFIX = "token_masks."
+"""Persistent buffers holding each layer's SparseBERT token mask, bool ``[H, n, n]`` (random patterns and masks
+from files travel inside the export; the exported code never re-draws or reads them)."""
+MASK_FILE = "token_masks.pt"
+"""A ``pattern: file`` mask is also written into the export under this name (``token_masks_layer{i}.pt`` for a
+per-layer one) and the exported config points at it relatively, never at the training machine's path."""
 AUTO_MAP = {
     "AutoConfig": "configuration_sparsebert.SparseBertConfig",
     "AutoModel": "modeling_sparsebert.SparseBertModel",
@@ -133,12 +142,70 @@ def copy_model_code(out_dir: str | Path) -> list[str]:
     return written
 
 
+# ----------------------------------------------------------------------------------------------- token masks
+def token_mask_state(model) -> dict[str, torch.Tensor]:
+    """``{"layer{i}": bool [H, n, n]}`` of every layer with a fixed SparseBERT token mask (the mask the attention
+    really applies, cropped to its length n; layers without one and DAM's learned mask are left out)."""
+    out = {}
+    for i, layer in enumerate(model.bert.encoder.layers):
+        core = layer.attention.core
+        if core.fixed_token_mask is not None:
+            n = core.max_seq_length
+            out[f"layer{i}"] = core.fixed_token_mask[:, :n, :n].detach().cpu().bool().clone()
+    return out
+
+
+def _uses_top_level_mask(config: ModelConfig, i: int) -> bool:
+    per = config.attention.per_layer
+    return per is None or "token_mask" not in per[i]
+
+
+def export_model_config(config: ModelConfig, token_masks: dict[str, torch.Tensor],
+                        out_dir: str | Path) -> dict:
+    """Our config dict for the export: every ``pattern: file`` token mask is written into ``out_dir`` (our
+    ``save_masks`` format) and its path made relative to the export directory."""
+    from model.attention.sparsebert import save_masks
+
+    d = config.to_dict()
+    att = d["attention"]
+    top = att.get("token_mask")
+    if top is not None and top.get("pattern") == "file":
+        masks = {k: v for k, v in token_masks.items() if _uses_top_level_mask(config, int(k[len("layer"):]))}
+        if masks:
+            save_masks(str(Path(out_dir) / MASK_FILE), masks)
+        att["token_mask"] = {**top, "path": MASK_FILE}
+    for i, entry in enumerate(att.get("per_layer") or []):
+        tm = entry.get("token_mask")
+        if tm is not None and tm.get("pattern") == "file":
+            name = f"token_masks_layer{i}.pt"
+            save_masks(str(Path(out_dir) / name), {f"layer{i}": token_masks[f"layer{i}"]})
+            entry["token_mask"] = {**tm, "path": name}
+    return d
+
+
+def resolve_mask_paths(config_dict: dict, base: str | Path) -> dict:
+    """Relative ``pattern: file`` paths of an exported config -> absolute paths under ``base`` (the export dir)."""
+    d = json.loads(json.dumps(config_dict))
+    att = d.get("attention") or {}
+    tms = [att.get("token_mask")] + [e.get("token_mask") for e in att.get("per_layer") or []]
+    for tm in tms:
+        if tm is not None and tm.get("pattern") == "file" and tm.get("path") and not Path(tm["path"]).is_absolute():
+            p = Path(base, tm["path"]).resolve()
+            if not p.is_file():
+                raise ExportError(f"the export's config names token-mask file {tm['path']!r} but {p} is missing")
+            tm["path"] = str(p)
+    return d
+
+
 # ----------------------------------------------------------------------------------------------- weights
-def to_remote_state_dict(state_dict: dict[str, torch.Tensor], layout_state: dict | None) -> dict[str, torch.Tensor]:
+def to_remote_state_dict(state_dict: dict[str, torch.Tensor], layout_state: dict | None,
+                         token_masks: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Our ``BertForPreTraining`` state dict -> the keys of the exported ``SparseBertForMaskedLM``.
 
     The exported classes hold our ``BertModel`` as ``sparsebert.bert`` and our ``PreTrainingHeads`` as ``cls``;
-    master layouts become persistent buffers ``sparsebert.sparse_layouts.layer{i}``.
+    master layouts become persistent buffers ``sparsebert.sparse_layouts.layer{i}``, token masks
+    ``sparsebert.token_masks.layer{i}`` (DAM's ``bert.dam.alpha`` and DIET's ``bert.positional_attention.*`` are
+    ordinary parameters and keep their names).
     """
     out = {}
     for k, v in state_dict.items():
@@ -151,16 +218,21 @@ def to_remote_state_dict(state_dict: dict[str, torch.Tensor], layout_state: dict
     for layer, lay in (layout_state or {}).items():
         if lay is not None:
             out[f"{BASE_PREFIX}.{LAYOUT_PREFIX}{layer}"] = lay.to(torch.int64).contiguous()
+    for layer, m in (token_masks or {}).items():
+        out[f"{BASE_PREFIX}.{TOKEN_MASK_PREFIX}{layer}"] = m.to(torch.bool).contiguous()
     return out
 
 
-def from_remote_state_dict(remote: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
-    """Inverse of :func:`to_remote_state_dict`: (our state dict, layout state of the sparse layers)."""
-    sd, layouts = {}, {}
+def from_remote_state_dict(remote: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """Inverse of :func:`to_remote_state_dict`: (our state dict, layout state of the sparse layers, token masks)."""
+    sd, layouts, masks = {}, {}, {}
     lay_prefix = f"{BASE_PREFIX}.{LAYOUT_PREFIX}"
+    mask_prefix = f"{BASE_PREFIX}.{TOKEN_MASK_PREFIX}"
     for k, v in remote.items():
         if k.startswith(lay_prefix):
             layouts[k[len(lay_prefix):]] = v
+        elif k.startswith(mask_prefix):
+            masks[k[len(mask_prefix):]] = v.bool()
         elif k.startswith(f"{BASE_PREFIX}."):
             sd[k[len(BASE_PREFIX) + 1:]] = v
         elif k.startswith("cls."):
@@ -168,4 +240,4 @@ def from_remote_state_dict(remote: dict[str, torch.Tensor]) -> tuple[dict[str, t
         else:
             raise ExportError(f"unexpected weight {k!r} in a {MODEL_TYPE} export (task heads cannot go back to "
                               "our pre-training model)")
-    return sd, layouts
+    return sd, layouts, masks

@@ -16,6 +16,8 @@ class SparseBertConfig(PretrainedConfig):
     model_type = "sparsebert"
 
     sparse_bert: dict | None = None
+    token_mask_lengths: dict | None = None
+    """``{"layer{i}": n}`` of every layer with a stored SparseBERT token mask (the ``token_masks`` buffers' size)."""
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -50,4 +52,27 @@ class SparseBertConfig(PretrainedConfig):
     def model_config(self) -> ModelConfig:
         """Our training-time ModelConfig (the single source of every architectural setting, dropouts included)."""
         d = dict(self.sparse_bert) if self.sparse_bert else ModelConfig().to_dict()
+        return ModelConfig.from_dict(d)
+
+    def build_config(self) -> ModelConfig:
+        """The config the modules are built from: every fixed token mask replaced by a stand-in of the same size
+        (``no_diagonal``), so building never draws a random pattern nor reads a mask file; the real masks are the
+        ``token_masks`` buffers loaded with the weights."""
+        d = self.model_config().to_dict()
+        lengths = dict(self.token_mask_lengths or {})
+        att = d["attention"]
+        per = att.get("per_layer")
+
+        def stand_in(tm: dict, n: int) -> dict:
+            return {"pattern": "no_diagonal", "seq_len": int(n), "block": tm.get("block", 16)}
+
+        top = att.get("token_mask")
+        if top is not None and top.get("pattern") != "dam":
+            users = [i for i in range(d["num_layers"]) if per is None or "token_mask" not in per[i]]
+            n = next((lengths[f"layer{i}"] for i in users if f"layer{i}" in lengths), d["max_position_embeddings"])
+            att["token_mask"] = stand_in(top, n)
+        for i, entry in enumerate(per or []):
+            tm = entry.get("token_mask")
+            if tm is not None:
+                entry["token_mask"] = stand_in(tm, lengths.get(f"layer{i}", d["max_position_embeddings"]))
         return ModelConfig.from_dict(d)

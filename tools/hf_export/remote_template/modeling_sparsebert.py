@@ -41,21 +41,31 @@ class SparseBertPreTrainedModel(PreTrainedModel):
         elif isinstance(module, PreTrainingHeads):
             module.bias.zero_()
         elif isinstance(module, BlockSparseAttention) and module.sparsity_config is not None:
-            # non-persistent buffer: rebuild it; the trained layout is restored from sparse_layouts at forward
+            # non-persistent buffers: rebuild them; the trained layout and token mask are restored from
+            # sparse_layouts / token_masks at forward
             sc = module.sparsity_config
             module.master_layout = sc.make_layout(sc.padded_length(module.max_seq_length)).to(
                 module.master_layout.device if not module.master_layout.is_meta else "cpu")
+            if module.fixed_token_mask is not None and module.fixed_token_mask.is_meta:
+                module.fixed_token_mask = torch.zeros(module.fixed_token_mask.shape, dtype=torch.bool,
+                                                      device=module.master_layout.device)
             module._plans.clear()
 
 
 class SparseBertModel(SparseBertPreTrainedModel):
-    """Our encoder; ``sparse_layouts.layer{i}`` keeps each sparse layer's trained master layout."""
+    """Our encoder; ``sparse_layouts.layer{i}`` keeps each sparse layer's trained master layout and
+    ``token_masks.layer{i}`` its SparseBERT token mask (bool [H, n, n])."""
 
     _keys_to_ignore_on_load_unexpected = [r"^cls\."]  # the MLM head, when loading the encoder alone
 
     def __init__(self, config: SparseBertConfig):
         super().__init__(config)
-        self.bert = BertModel(config.model_config())
+        built = config.build_config()
+        self.bert = BertModel(built)
+        self.token_masks = nn.Module()
+        for name, n in sorted((config.token_mask_lengths or {}).items()):
+            self.token_masks.register_buffer(name, torch.zeros(built.num_attention_heads, int(n), int(n),
+                                                               dtype=torch.bool))
         self.sparse_layouts = nn.Module()
         for i, layer in enumerate(self.bert.encoder.layers):
             lay = layer.attention.core.master_layout  # may live on the meta device while HF builds the model
@@ -70,6 +80,17 @@ class SparseBertModel(SparseBertPreTrainedModel):
         self.bert.embeddings.word_embeddings = value
 
     def _sync_layouts(self) -> None:
+        for name, saved in self.token_masks.named_buffers():
+            core = self.bert.encoder.layers[int(name[len("layer"):])].attention.core
+            n = saved.shape[-1]
+            p = core.sparsity_config.padded_length(n) - n
+            want = F.pad(saved.detach().bool(), (0, p, 0, p), value=False)
+            cur = core.fixed_token_mask
+            if cur is None or cur.is_meta or cur.shape != want.shape or not torch.equal(cur, want.to(cur.device)):
+                core.fixed_token_mask = want.to(saved.device)
+                core.max_seq_length = n
+                core._plans.clear()
+                core._layout_version += 1
         for name, saved in self.sparse_layouts.named_buffers():
             core = self.bert.encoder.layers[int(name[len("layer"):])].attention.core
             if core.master_layout is None or core.master_layout.is_meta or core.master_layout.shape != saved.shape:
