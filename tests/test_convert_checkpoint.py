@@ -176,3 +176,96 @@ def test_half_precision_runs_export_fp32_masters(tmp_path, ds_config):
     assert half in (torch.float16, torch.bfloat16)
     assert all(sd[k].dtype == torch.float32 and torch.equal(sd[k].to(half), module[k]) for k in module)
     assert sum(not torch.equal(sd[k], module[k].float()) for k in module) > len(module) // 2
+
+
+def _module_states(ck: Path) -> dict:
+    tag = (ck / "latest").read_text().strip()
+    return torch.load(ck / tag / "mp_rank_00_model_states.pt", weights_only=False)
+
+
+def test_issue5_models_from_the_trainer_convert_both_ways(tmp_path):
+    """A DAM search with DIET-REL and per-head segments, then stage 2 on its exported mask ('file') with DIET-ABS,
+    both trained by the real trainer: --to-hf carries the learned alpha / the mask file (relative path, not the
+    training machine's), the card names the settings, and --from-hf --to-ds gives every tensor back bit-exact."""
+    tu.prepare(tmp_path, max_position_embeddings=64)
+    base = json.loads((tmp_path / "model.json").read_text())
+    stage1 = {**base, "segment": "per_head", "position": {"type": "diet_rel", "max_distance": 8, "sharing": "layer"},
+              "attention": {"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 64}}}
+    (tmp_path / "model.json").write_text(json.dumps(stage1))
+    r = tu.launch("python", tu.train_args(tmp_path, "zero2_fp32.json", 2, "--save", str(tmp_path / "ck1")))
+    assert r.returncode == 0, r.stdout[-3000:]
+    learned = tmp_path / "ck1" / "learned_masks.pt"
+    assert learned.is_file()
+
+    hf1 = tmp_path / "hf1"
+    assert cc.main(["--load", str(tmp_path / "ck1"), "--to-hf", str(hf1)]) == 0
+    from safetensors.torch import load_file
+
+    exported = load_file(str(hf1 / "model.safetensors"))
+    module = _module_states(tmp_path / "ck1")["module"]
+    assert torch.equal(exported["sparsebert.bert.dam.alpha"], module["bert.dam.alpha"])  # the learned alpha
+    assert not torch.equal(module["bert.dam.alpha"], torch.full_like(module["bert.dam.alpha"], 3.0))  # trained
+    assert torch.equal(exported["sparsebert.bert.positional_attention.rel"], module["bert.positional_attention.rel"])
+    card = (hf1 / "README.md").read_text()
+    for expected in ("DIET-REL", "per-head segment", "DAM mask search"):
+        assert expected in card, expected
+
+    # stage 2: the exported DAM mask as a fixed 'file' mask, DIET-ABS, block_gather kernel
+    stage2 = {**base, "position": {"type": "diet_abs", "rank": 16, "sharing": "head"}, "attention": {
+        "kernel": "block_gather", "token_mask": {"pattern": "file", "path": str(learned), "seq_len": 64}}}
+    (tmp_path / "model.json").write_text(json.dumps(stage2))
+    r = tu.launch("python", tu.train_args(tmp_path, "zero1_fp32.json", 1, "--save", str(tmp_path / "ck2")))
+    assert r.returncode == 0, r.stdout[-3000:]
+    hf2 = tmp_path / "hf2"
+    assert cc.main(["--load", str(tmp_path / "ck2"), "--to-hf", str(hf2)]) == 0
+    cfg2 = json.loads((hf2 / "config.json").read_text())
+    assert cfg2["sparse_bert"]["attention"]["token_mask"]["path"] == "token_masks.pt"
+    assert str(learned) not in (hf2 / "config.json").read_text() + (hf2 / "README.md").read_text()
+    assert "SparseBERT token mask" in (hf2 / "README.md").read_text() and "DIET-ABS" in (hf2 / "README.md").read_text()
+    from model.attention.sparsebert import load_mask
+
+    for i in range(2):
+        assert torch.equal(load_mask(str(hf2 / "token_masks.pt"), i, 4), load_mask(str(learned), i, 4))
+    learned.rename(tmp_path / "moved.pt")  # the training machine's file is gone: the export must not need it
+
+    for ck, hf in ((tmp_path / "ck1", hf1), (tmp_path / "ck2", hf2)):
+        out = tmp_path / f"back_{hf.name}"
+        assert cc.main(["--from-hf", str(hf), "--to-ds", str(out)]) == 0
+        src, back = _module_states(ck), _module_states(out)
+        assert set(back["module"]) == set(src["module"])
+        assert all(torch.equal(back["module"][k], src["module"][k].float()) for k in src["module"]), ck
+        assert back["layout_state"].keys() == src["layout_state"].keys()
+        for k, lay in src["layout_state"].items():
+            assert (lay is None and back["layout_state"][k] is None) or torch.equal(back["layout_state"][k], lay)
+        tm = back["model_config"]["attention"]["token_mask"]
+        if tm["pattern"] == "file":  # the mask was copied next to the new checkpoint
+            assert Path(tm["path"]) == (out / "token_masks.pt").resolve() and Path(tm["path"]).is_file()
+            model = BertForPreTraining(ModelConfig.from_dict(back["model_config"]))
+            model.load_state_dict(back["module"])
+            assert model.bert.encoder.layers[0].attention.core.fixed_token_mask is not None
+
+    # warm start with a longer N: DIET-ABS positions grow cyclically like BERT's position table
+    out = tmp_path / "long"
+    assert cc.main(["--from-hf", str(hf2), "--to-ds", str(out), "--max-position-embeddings", "128"]) == 0
+    pos_old = _module_states(tmp_path / "ck2")["module"]["bert.positional_attention.abs_pos"]
+    pos_new = _module_states(out)["module"]["bert.positional_attention.abs_pos"]
+    assert pos_new.shape[1] == 128 and torch.equal(pos_new[:, :64], pos_old) and torch.equal(pos_new[:, 64:], pos_old)
+
+
+def test_from_hf_refuses_a_stored_mask_our_code_would_draw_differently(tmp_path):
+    """A random token mask in the export that the config no longer reproduces is not silently replaced."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = ModelConfig.preset("tiny", vocab_size=64, max_position_embeddings=32, attention={
+        "kernel": "dense", "token_mask": {"pattern": "bigbird"}})
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    model = BertForPreTraining(cfg)
+    cc.write_hf(model.state_dict(), cfg, model.layout_state(), hf)
+    sd = load_file(str(hf / "model.safetensors"))
+    key = "sparsebert.token_masks.layer1"
+    sd[key] = sd[key].flip(-1).contiguous()
+    save_file(sd, str(hf / "model.safetensors"))
+    with pytest.raises(cc.ConversionError, match="layer1's token mask built from the config differs"):
+        cc.hf_to_ds(str(hf), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

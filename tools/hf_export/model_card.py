@@ -6,6 +6,16 @@ import json
 from typing import Any
 
 
+def _mask_text(tm: dict[str, Any] | None) -> str:
+    """A SparseBERT token mask in words (file masks by the exported file name, never the training path)."""
+    if tm is None:
+        return ""
+    if tm.get("pattern") == "dam":
+        return f"; SparseBERT DAM mask search (learned alpha exported) `{json.dumps(tm.get('dam') or {}, sort_keys=True)}`"
+    shown = {k: v for k, v in tm.items() if v not in (None, False, {}) and k != "path"}
+    return f"; SparseBERT token mask `{json.dumps(shown, sort_keys=True)}` (stored in the export)"
+
+
 def _attention_lines(model_config: dict[str, Any]) -> list[str]:
     att = model_config.get("attention") or {}
     per_layer = att.get("per_layer")
@@ -13,12 +23,35 @@ def _attention_lines(model_config: dict[str, Any]) -> list[str]:
         lines = []
         for i, d in enumerate(per_layer):
             sp = d.get("sparsity", att.get("sparsity"))
-            lines.append(f"- layer {i}: {'dense (full)' if sp is None else json.dumps(sp, sort_keys=True)}, "
-                         f"kernel `{d.get('kernel', att.get('kernel'))}`")
+            tm = d["token_mask"] if "token_mask" in d else att.get("token_mask")
+            lines.append(f"- layer {i}: {'dense (full)' if sp is None else json.dumps(sp, sort_keys=True)}"
+                         f"{_mask_text(tm)}, kernel `{d.get('kernel', att.get('kernel'))}`")
         return lines
     sp = att.get("sparsity")
     what = "dense (full attention)" if sp is None else f"block-sparse `{json.dumps(sp, sort_keys=True)}`"
-    return [f"- all layers: {what}, trained with kernel `{att.get('kernel', 'auto')}`"]
+    return [f"- all layers: {what}{_mask_text(att.get('token_mask'))}, trained with kernel "
+            f"`{att.get('kernel', 'auto')}`"]
+
+
+def _position_lines(model_config: dict[str, Any]) -> list[str]:
+    pos = model_config.get("position") or {"type": "absolute"}
+    kind = pos.get("type", "absolute")
+    if kind == "absolute":
+        p = "learned absolute position embeddings at the input (BERT)"
+    elif kind == "diet_abs":
+        p = (f"DIET-ABS positional attention (rank {pos.get('rank')}, sharing {pos.get('sharing')}); no input "
+             "position embeddings")
+    else:
+        p = (f"DIET-REL relative positional attention (max distance {pos.get('max_distance')}, sharing "
+             f"{pos.get('sharing')}); no input position embeddings")
+    seg = model_config.get("segment", "input")
+    if not model_config.get("type_vocab_size"):
+        s = "none (type_vocab_size 0)"
+    elif seg == "per_head":
+        s = f"per-head segment attention biases ({model_config['type_vocab_size']} types; DIET)"
+    else:
+        s = f"token-type embeddings at the input ({model_config['type_vocab_size']} types, BERT)"
+    return [f"- positions: {p}", f"- segments: {s}"]
 
 
 def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str, remote_code: bool,
@@ -55,7 +88,7 @@ def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str
                   "torch and transformers), so `trust_remote_code=True` is required. `AutoModel`,",
                   "`AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering` load from it too.", ""]
     lines += [
-        "## Attention", "", *_attention_lines(c), "",
+        "## Attention", "", *_attention_lines(c), *_position_lines(c), "",
         "## Sizes", "",
         f"- layers {c['num_layers']}, hidden {c['hidden_size']}, heads {c['num_attention_heads']} x head size {head}, "
         f"feed-forward {c['intermediate_size']}",
