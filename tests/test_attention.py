@@ -236,8 +236,10 @@ def test_query_tiles_and_groups():
     assert len(plan.groups) == 1 and plan.inverse is None and plan.groups[0].k_index_GK.shape == (24, 256)
     fast = A.get_kernel("block_gather").make_plan(cfg.make_layout(512), 64, 512, "cpu")
     assert isinstance(fast, PermutationPlan) and fast.tile == 256 and fast.chunks == 2
-    assert [(r.head0, r.heads, r.chunk_map) for r in fast.runs][0] == (0, 10, None)  # shift 0: views, no copy
-    assert fast.runs[1].chunk_map.tolist() == [1, 0]
+    assert fast.tile_map.tolist() == list(range(20)) + [21, 20, 23, 22]  # heads 10, 11: shift 1
+    assert A.get_kernel("block_gather").make_plan(
+        A.BlockBERTSparsityConfig(12, num_blocks=2, head_assignment="12", block=64).make_layout(512), 64, 512,
+        "cpu").tile_map is None  # no shifted head: k/v tiles are views
     # layouts where a query tile sees more than one key tile keep the general plan
     assert isinstance(A.get_kernel("block_gather").make_plan(A.FixedSparsityConfig(12, block=16).make_layout(256),
                                                              16, 256, "cpu"), GatherPlan)
@@ -290,7 +292,7 @@ def test_empty_layout_rows_give_zeros(kernel):
 
 
 class _ShuffledChunks(A.SparsityConfig):
-    """A permutation layout that is not a cyclic shift and whose head runs are interleaved (heads 0 and 2 alike)."""
+    """A permutation layout that is not a cyclic shift and where two heads share one map."""
 
     def make_layout(self, seq_len):
         m = seq_len // self.block

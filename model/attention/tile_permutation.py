@@ -1,15 +1,18 @@
 """block_gather's fast path for layouts where every query tile attends exactly one aligned key tile.
 
 BlockBERT is the case that matters: with n chunks per head, query chunk i attends key chunk (i + k) mod n. Then no
-token gather is needed at all. Heads are taken in runs of consecutive heads with the same chunk map; for each run,
-q is a *view* ``[B, Hr*n, N/n, D]`` and so are k/v when the map is the identity (k = 0, the common case: 10 of 12
-heads in "10:2"); a shifted run takes its key chunks with one ``index_select`` over the chunk axis (a copy of that
-run's K/V only). One fused SDPA call per run; the runs' outputs are concatenated along heads. Compared to the
-general gather path this saves the gather of all K/V, its index_add backward, and the query/output permutations.
+token gather is needed: q is a *view* ``[B, H*n, N/n, D]`` (tile g = head h, chunk i), and so are k/v when every
+head's map is the identity; otherwise k/v take their tiles with one ``index_select`` of whole tiles. One fused SDPA
+call for all heads, whose output already is ``[B, H, N, D]``. Compared to the general gather path this saves the
+per-token gather and its index_add backward when the map is the identity, and the query/output permutations.
+
+Measured and dropped (shared 2-core box, see docs/model.md): one SDPA call per run of heads with the same shift
+(views for the unshifted heads, a copy of only the shifted heads' K/V) was slower, because the runs' outputs and
+the q/k/v grads each need a concatenation; a matmul-based attention was ~2x slower than CPU flash SDPA.
 
 Key padding, per-call token masks, the plan's fixed token mask, score biases and dropout go through the same
-``_sdpa_with_allow`` as the general path (masks/biases are gathered for each run's tiles), so results match
-``dense`` in every case the general path handles.
+``_sdpa_with_allow`` as the general path (masks and biases are gathered for the tiles), so results match ``dense``
+in every case the general path handles.
 """
 
 from __future__ import annotations
@@ -22,24 +25,33 @@ from model.attention.bias import ScoreBias
 
 
 @dataclass
-class PermutationRun:
-    """Consecutive heads ``[head0, head0 + heads)`` whose query chunk i attends key chunk ``chunk_map[i]``."""
-
-    head0: int
-    heads: int
-    chunk_map: torch.Tensor | None  # [n] key chunk per query chunk; None = identity (keys are a view)
-    head_G: torch.Tensor  # [heads * n] head of each tile (for score biases / token masks)
-    q_index_GQ: torch.Tensor  # [heads * n, T] query token ids
-    k_index_GK: torch.Tensor  # [heads * n, T] key token ids
-    token_mask_GQK: torch.Tensor | None = None  # the plan's fixed element mask inside these tiles
-
-
-@dataclass
 class PermutationPlan:
+    """Tile g = h * n + i (head h, query chunk i) attends key tile ``tile_map[g]`` = h * n + map_h(i)."""
+
     tile: int  # T = N / n tokens per chunk
     chunks: int  # n
-    runs: list[PermutationRun]
+    tile_map: torch.Tensor | None  # [H * n] key tile of each query tile; None = identity (keys are a view)
+    tile_unmap: torch.Tensor | None  # inverse of tile_map when it is a permutation (BlockBERT), else None
+    head_G: torch.Tensor  # [H * n] head of each tile (for score biases / token masks)
+    q_index_GQ: torch.Tensor  # [H * n, T] query token ids
+    k_index_GK: torch.Tensor  # [H * n, T] key token ids
+    token_mask_GQK: torch.Tensor | None  # the plan's fixed element mask inside the tiles
     density: float
+
+
+class _PermuteTiles(torch.autograd.Function):
+    """``x.index_select(1, perm)`` whose backward is ``grad.index_select(1, inverse)``: one read and one write,
+    instead of index_select's zero-filled buffer plus index_add."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        return x.index_select(1, perm)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(1, inverse), None, None
 
 
 def permutation_chunk_maps(lay_HMM: torch.Tensor, r: int) -> torch.Tensor | None:
@@ -61,28 +73,23 @@ def make_permutation_plan(lay_HMM: torch.Tensor, r: int, block: int, seq_len: in
     maps = permutation_chunk_maps(lay_HMM, r)
     if maps is None:
         return None
-    H, Mq = maps.shape
+    H, n = maps.shape
     T = r * block
     ar = torch.arange(T)
-    identity = torch.arange(Mq)
-    runs = []
-    h = 0
-    while h < H:
-        e = h + 1
-        while e < H and torch.equal(maps[e], maps[h]):
-            e += 1
-        cmap = maps[h]
-        head = torch.arange(h, e).repeat_interleave(Mq)
-        q_index = (identity[:, None] * T + ar).repeat(e - h, 1)
-        k_index = (cmap[:, None] * T + ar).repeat(e - h, 1)
-        tm = None
-        if token_mask is not None:
-            tm = token_mask.cpu().bool().expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None],
-                                                                      k_index[:, None, :]].to(device)
-        runs.append(PermutationRun(h, e - h, None if torch.equal(cmap, identity) else cmap.to(device),
-                                   head.to(device), q_index.to(device), k_index.to(device), tm))
-        h = e
-    return PermutationPlan(tile=T, chunks=Mq, runs=runs, density=float(lay_HMM.float().mean()))
+    head = torch.arange(H).repeat_interleave(n)
+    tile_map = (torch.arange(H)[:, None] * n + maps).reshape(-1)
+    q_index = (torch.arange(n)[:, None] * T + ar).repeat(H, 1)
+    k_index = (maps.reshape(-1)[:, None] * T + ar)
+    tm = None
+    if token_mask is not None:
+        tm = token_mask.cpu().bool().expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None],
+                                                                  k_index[:, None, :]].to(device)
+    identity = torch.equal(tile_map, torch.arange(H * n))
+    bijective = torch.equal(tile_map.sort().values, torch.arange(H * n))
+    return PermutationPlan(tile=T, chunks=n, tile_map=None if identity else tile_map.to(device),
+                           tile_unmap=torch.argsort(tile_map).to(device) if bijective and not identity else None,
+                           head_G=head.to(device), q_index_GQ=q_index.to(device), k_index_GK=k_index.to(device),
+                           token_mask_GQK=tm, density=float(lay_HMM.float().mean()))
 
 
 def permutation_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, plan: PermutationPlan,
@@ -92,32 +99,26 @@ def permutation_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: to
     B, H, N, D = q_BHND.shape
     Dv = v_BHND.shape[-1]
     n, T = plan.chunks, plan.tile
-    sizes = [run.heads for run in plan.runs]
-    # split (not narrow): its backward is one cat instead of a zero-filled full-size tensor per run
-    qs, ks, vs = (t.split(sizes, 1) if len(sizes) > 1 else (t,) for t in (q_BHND, k_BHND, v_BHND))
-    kpm_tiles = None if key_padding_mask_BN is None else key_padding_mask_BN.view(B, 1, n, 1, T)
-    outs = []
-    for run, q, k, v in zip(plan.runs, qs, ks, vs):
-        G = run.heads * n
-        q = q.reshape(B, G, T, D)
-        if run.chunk_map is None:
-            k = k.reshape(B, G, T, D)
-            v = v.reshape(B, G, T, Dv)
-        else:
-            k = k.reshape(B, run.heads, n, T, D).index_select(2, run.chunk_map).view(B, G, T, D)
-            v = v.reshape(B, run.heads, n, T, Dv).index_select(2, run.chunk_map).view(B, G, T, Dv)
-        allow = None
-        if kpm_tiles is not None:
-            kp = kpm_tiles if run.chunk_map is None else kpm_tiles.index_select(2, run.chunk_map)
-            allow = kp.expand(B, run.heads, n, 1, T).reshape(B, G, 1, T)
-        if token_mask is not None:
-            tm = token_mask.expand(H, N, N)[run.head_G[:, None, None], run.q_index_GQ[:, :, None],
-                                            run.k_index_GK[:, None, :]].unsqueeze(0)
-            allow = tm if allow is None else allow & tm
-        if run.token_mask_GQK is not None:
-            tm = run.token_mask_GQK.unsqueeze(0)
-            allow = tm if allow is None else allow & tm
-        bias = None if score_bias is None else score_bias.gather(run.head_G, run.q_index_GQ, run.k_index_GK)
-        out = sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale)
-        outs.append(out.view(B, run.heads, N, Dv))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+    G = H * n
+    q = q_BHND.reshape(B, G, T, D)  # a view: query tiles are in place
+    k = k_BHND.reshape(B, G, T, D)
+    v = v_BHND.reshape(B, G, T, Dv)
+    if plan.tile_unmap is not None:  # a permutation of whole tiles: backward is the inverse permutation
+        k = _PermuteTiles.apply(k, plan.tile_map, plan.tile_unmap)
+        v = _PermuteTiles.apply(v, plan.tile_map, plan.tile_unmap)
+    elif plan.tile_map is not None:  # some key tile serves several query tiles: index_select (index_add backward)
+        k = k.index_select(1, plan.tile_map)
+        v = v.index_select(1, plan.tile_map)
+    allow = None
+    if key_padding_mask_BN is not None:
+        kp = key_padding_mask_BN.view(B, 1, n, T).expand(B, H, n, T).reshape(B, G, 1, T)
+        allow = kp if plan.tile_map is None else kp.index_select(1, plan.tile_map)
+    if token_mask is not None:
+        tm = token_mask.expand(H, N, N)[plan.head_G[:, None, None], plan.q_index_GQ[:, :, None],
+                                        plan.k_index_GK[:, None, :]].unsqueeze(0)
+        allow = tm if allow is None else allow & tm
+    if plan.token_mask_GQK is not None:
+        tm = plan.token_mask_GQK.unsqueeze(0)
+        allow = tm if allow is None else allow & tm
+    bias = None if score_bias is None else score_bias.gather(plan.head_G, plan.q_index_GQ, plan.k_index_GK)
+    return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale).view(B, H, N, Dv)
