@@ -357,3 +357,26 @@ def test_permutation_fast_path_with_fixed_token_mask_and_dropout():
     torch.testing.assert_close(mod(q, k, v), ref, atol=1e-5, rtol=1e-4)
     mod.train()
     assert not torch.allclose(mod(q, k, v), ref)  # dropout reaches the fast path in training
+
+
+@pytest.mark.parametrize("name", ["blockbert_n2", "bigbird"])
+def test_block_gather_batch_of_one_matches_dense(name):
+    """B == 1 takes the tiles-as-batch fold (free views); masks, biases and grads must still match dense."""
+    cfg = LAYOUTS[name]()
+    n = 128
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, H, n, D, generator=g).requires_grad_() for _ in range(3))
+    kpm = torch.ones(1, n, dtype=torch.bool)
+    kpm[0, 90:] = False
+    rpe = torch.randn(1, H, n, n, generator=g).requires_grad_()
+    token_mask = torch.rand(H, n, n, generator=g) > 0.2
+    for kw in (dict(), dict(key_padding_mask_BN=kpm, token_mask=token_mask, score_bias=A.DenseScoreBias(rpe))):
+        res = []
+        for kern in ("dense", "block_gather"):
+            out = A.BlockSparseAttention(cfg, kernel=kern, max_seq_length=n)(q, k, v, **kw)
+            res.append((out, torch.autograd.grad(out, (q, k, v, rpe), torch.ones_like(out), allow_unused=True)))
+        (ref, ref_g), (out, g_) = res
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+        for a, b in zip(g_, ref_g):
+            if b is not None:
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -85,6 +85,31 @@ def _sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale):
     return out * row_any.to(out.dtype) if fix else out
 
 
+def _fold_heads(x: torch.Tensor | None, B: int, G: int) -> torch.Tensor | None:
+    """``[B|1, G|1, ...]`` -> ``[B*G, 1, ...]`` (a view for inputs; masks/biases broadcast over B are expanded)."""
+    if x is None:
+        return None
+    if B == 1:
+        return x.transpose(0, 1)
+    return x.expand(B, G, *x.shape[2:]).reshape(B * G, 1, *x.shape[2:])
+
+
+def _sdpa_tiles(q, k, v, allow, bias, dropout_p, scale):
+    """:func:`_sdpa_with_allow` for ``[B, G, T, D]`` tiles, with the tiles moved to SDPA's batch axis.
+
+    Why: torch's CPU flash backward runs measurably faster (~10-20% on the 2-core box) on ``[B*G, 1, T, D]`` than on
+    ``[B, G, T, D]`` (same data, same FLOPs). For B == 1 the fold is a free view; for B > 1 it is used only when the
+    inputs are contiguous (so q/k/v fold as views) and no bias is shared across the batch (which would be copied
+    B times).
+    """
+    B, G = q.shape[:2]
+    if q.device.type != "cpu" or (B > 1 and not (all(t.is_contiguous() for t in (q, k, v))
+                                                 and (bias is None or bias.shape[0] == B))):
+        return _sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale)
+    out = _sdpa_with_allow(*(_fold_heads(t, B, G) for t in (q, k, v, allow, bias)), dropout_p, scale)
+    return out.transpose(0, 1) if B == 1 else out.view(B, G, *out.shape[2:])
+
+
 @register_kernel("dense")
 class DenseKernel(Kernel):
     """SDPA over all N x N scores with the layout expanded to a token mask: the reference; O(N^2)."""
@@ -220,7 +245,7 @@ class BlockGatherKernel(Kernel):
         drop = dropout_p if training else 0.0
         if isinstance(plan, PermutationPlan):
             return permutation_attention(q_BHND, k_BHND, v_BHND, plan, key_padding_mask_BN, token_mask, score_bias,
-                                         drop, scale, _sdpa_with_allow)
+                                         drop, scale, _sdpa_tiles)
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
         T = plan.tile
@@ -252,7 +277,7 @@ class BlockGatherKernel(Kernel):
                 tm = g.token_mask_GQK.unsqueeze(0)
                 allow = tm if allow is None else allow & tm
             bias = None if score_bias is None else score_bias.gather(g.head_G, g.q_index_GQ, g.k_index_GK)
-            outs.append(_sdpa_with_allow(q, k, v, allow, bias, drop, scale))
+            outs.append(_sdpa_tiles(q, k, v, allow, bias, drop, scale))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
         if plan.inverse is not None:
             out = out.index_select(1, plan.inverse)
