@@ -443,27 +443,28 @@ def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = No
     if drop_nsp_head:
         d["nsp_head"] = False
         sd = {k: v for k, v in sd.items() if not k.startswith(("cls.pooler.", "cls.seq_relationship."))}
-    try:
-        target = ModelConfig.from_dict(d)
-    except (ValueError, TypeError) as e:
-        raise ConversionError(f"target model config is invalid: {e}") from e
-    model = BertForPreTraining(target)
-    try:
-        extended = extend_position_embeddings(sd, model) + _extend_diet_positions(sd, model)
-    except CheckpointError as e:
-        raise ConversionError(f"--max-position-embeddings {max_position_embeddings}: {e}") from e
-    try:
-        model.load_state_dict(sd, strict=True)
-    except RuntimeError as e:
-        raise ConversionError(f"--from-hf {hf_dir}: weights do not fit the target model: {e}") from e
-    if layouts:
-        full = {f"layer{i}": layouts.get(f"layer{i}") for i in range(target.num_layers)}
-        model.load_layout_state(full)
-    _check_token_masks(model, read_hf_token_masks(hf_dir), str(hf_dir))
+    stored = read_hf_token_masks(hf_dir)
     out, tmp = _fresh_dir(out_dir, overwrite)
     try:
-        saved = _copy_mask_files(target, tmp, out)
-        tag = _ds_checkpoint(tmp, {k: v.clone() for k, v in model.state_dict().items()}, saved,
+        build_d, save_d = _write_mask_files(d, stored, tmp, out)
+        try:
+            target = ModelConfig.from_dict(build_d)
+        except (ValueError, TypeError) as e:
+            raise ConversionError(f"target model config is invalid: {e}") from e
+        model = BertForPreTraining(target)
+        try:
+            extended = extend_position_embeddings(sd, model) + _extend_diet_positions(sd, model)
+        except CheckpointError as e:
+            raise ConversionError(f"--max-position-embeddings {max_position_embeddings}: {e}") from e
+        try:
+            model.load_state_dict(sd, strict=True)
+        except RuntimeError as e:
+            raise ConversionError(f"--from-hf {hf_dir}: weights do not fit the target model: {e}") from e
+        if layouts:
+            full = {f"layer{i}": layouts.get(f"layer{i}") for i in range(target.num_layers)}
+            model.load_layout_state(full)
+        _check_token_masks(model, stored, str(hf_dir))
+        tag = _ds_checkpoint(tmp, {k: v.clone() for k, v in model.state_dict().items()}, ModelConfig.from_dict(save_d),
                              model.layout_state(), str(hf_dir))
         for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spm.model"):
             if (Path(hf_dir) / name).is_file():
@@ -491,19 +492,36 @@ def _extend_diet_positions(sd: dict[str, torch.Tensor], model: BertForPreTrainin
     return [f"{name}: {have} -> {want}"]
 
 
-def _copy_mask_files(config: ModelConfig, tmp: Path, out: Path) -> ModelConfig:
-    """Copy every ``pattern: file`` mask into the new checkpoint dir and point the config at its final path, so the
-    warm start does not depend on the Hugging Face directory staying where it is."""
-    d = config.to_dict()
-    att = d["attention"]
-    entries = [att] + list(att.get("per_layer") or [])
-    for k, e in enumerate(entries):
-        tm = e.get("token_mask")
-        if tm is not None and tm.get("pattern") == "file":
-            name = remote_code.MASK_FILE if k == 0 else f"token_masks_layer{k - 1}.pt"
+def _write_mask_files(d: dict[str, Any], stored: dict[str, torch.Tensor], tmp: Path, out: Path) -> tuple[dict, dict]:
+    """Write every ``pattern: file`` mask into the new checkpoint dir from the masks stored in the export (the
+    export's own mask file may be gone, e.g. after ``save_pretrained``), so the warm start does not depend on the
+    Hugging Face directory. Returns (config dict pointing at ``tmp`` to build now, config dict pointing at the
+    final ``out`` to save)."""
+    from model.attention.sparsebert import save_masks
+
+    build, save = json.loads(json.dumps(d)), json.loads(json.dumps(d))
+    per = d["attention"].get("per_layer")
+    n_layers = d["num_layers"]
+    entries = [(None, [i for i in range(n_layers) if per is None or "token_mask" not in per[i]])]
+    entries += [(i, [i]) for i in range(len(per or []))]
+    for k, users in entries:
+        src = d["attention"] if k is None else per[k]
+        tm = src.get("token_mask")
+        if tm is None or tm.get("pattern") != "file":
+            continue
+        name = remote_code.MASK_FILE if k is None else f"token_masks_layer{k}.pt"
+        masks = {f"layer{i}": stored[f"layer{i}"] for i in users if f"layer{i}" in stored}
+        if len(masks) == len(users) and masks:
+            save_masks(str(tmp / name), masks)
+        elif Path(tm["path"]).is_file():
             shutil.copyfile(tm["path"], tmp / name)
-            e["token_mask"] = {**tm, "path": str(out.resolve() / name)}
-    return ModelConfig.from_dict(d)
+        else:
+            raise ConversionError(f"token mask file {tm['path']} is missing and the export stores no mask for "
+                                  f"layers {users}")
+        for dd, path in ((build, tmp / name), (save, out.resolve() / name)):
+            target = dd["attention"] if k is None else dd["attention"]["per_layer"][k]
+            target["token_mask"] = {**tm, "path": str(path)}
+    return build, save
 
 
 # ----------------------------------------------------------------------------------------------- CLI

@@ -28,7 +28,8 @@ def _attention_lines(model_config: dict[str, Any]) -> list[str]:
                          f"{_mask_text(tm)}, kernel `{d.get('kernel', att.get('kernel'))}`")
         return lines
     sp = att.get("sparsity")
-    what = "dense (full attention)" if sp is None else f"block-sparse `{json.dumps(sp, sort_keys=True)}`"
+    what = ("dense (full attention)" if att.get("token_mask") is None else "no block layout") if sp is None \
+        else f"block-sparse `{json.dumps(sp, sort_keys=True)}`"
     return [f"- all layers: {what}{_mask_text(att.get('token_mask'))}, trained with kernel "
             f"`{att.get('kernel', 'auto')}`"]
 
