@@ -11,7 +11,8 @@ def _mask_text(tm: dict[str, Any] | None) -> str:
     if tm is None:
         return ""
     if tm.get("pattern") == "dam":
-        return f"; SparseBERT DAM mask search (learned alpha exported) `{json.dumps(tm.get('dam') or {}, sort_keys=True)}`"
+        dam = json.dumps(tm.get("dam") or {}, sort_keys=True)
+        return f"; SparseBERT DAM mask search (learned alpha exported) `{dam}`"
     shown = {k: v for k, v in tm.items() if v not in (None, False, {}) and k != "path"}
     return f"; SparseBERT token mask `{json.dumps(shown, sort_keys=True)}` (stored in the export)"
 
