@@ -1,34 +1,91 @@
 #!/usr/bin/env bash
-# The README's main job on the shipped sample corpus (run_scripts/sample_data/corpus):
-#   1. set-up (idempotent: apt openmpi, .venv, requirements)
-#   2. train a WordPiece vocab on the sample corpus          (data_pipeline.train_tokenizer)
-#   3. preprocess the corpus into Megatron-compatible shards  (data_pipeline.preprocess)
-#   4. inspect the shards                                     (tools.inspect_dataset)
-# Later issues append pretraining and export steps. Usage: bash run_scripts/quickstart.sh [OUT_DIR]
+# The README's main job: the whole path on the shipped sample corpus (run_scripts/sample_data/corpus).
+#   1. set-up (idempotent: apt openmpi/pdsh, .venv, requirements)
+#   2. train a WordPiece vocab on the sample corpus            (data_pipeline.train_tokenizer)
+#   3. preprocess it into Megatron-compatible shards            (data_pipeline.preprocess)
+#   4. inspect the shards                                       (tools.inspect_dataset)
+#   5. pretrain a tiny BlockBERT (n=2) with DeepSpeed on 2 ranks (pretrain/train.py; CPU ranks on gloo without GPU)
+#   6. check that the loss fell and print the validation metrics (from the run's --log-json file)
+#   7. convert the checkpoint to Hugging Face                   (tools.convert_checkpoint --to-hf)
+#   8. load it with transformers and fill in masked words       (tools.fill_mask)
+# Usage: bash run_scripts/quickstart.sh [OUT_DIR]          (default ./out/quickstart; re-running starts over)
+# Knobs: NPROC (ranks, default 2), ITERS (default 300), WORKERS (preprocess workers, default 2).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${1:-${QUICKSTART_OUT:-./out/quickstart}}"
 WORKERS="${WORKERS:-2}"
+NPROC="${NPROC:-2}"
+ITERS="${ITERS:-300}"
 SAMPLE=run_scripts/sample_data/corpus
+START=$SECONDS
+step() { echo; echo "[quickstart] $1  (t=$((SECONDS - START))s)"; }
 
-echo "[quickstart] 1/4 set-up"
-source run_scripts/setup_env.sh
-cd "$ROOT"
-PY=.venv/bin/python  # (set after sourcing: setup_env.sh uses $PY for the system python)
+step "1/8 set-up (.venv, requirements; minutes the first time, seconds after)"
+bash run_scripts/setup_env.sh
+PY=.venv/bin/python
 mkdir -p "$OUT"
+RUN="$OUT/run"
+rm -rf "$RUN" "$OUT/hf"
 
-echo "[quickstart] 2/4 train a WordPiece vocab on $SAMPLE -> $OUT/tokenizer/vocab.txt"
+step "2/8 train a WordPiece vocab on $SAMPLE -> $OUT/tokenizer/vocab.txt"
 $PY -m data_pipeline.train_tokenizer --input "$SAMPLE" --output-dir "$OUT/tokenizer" \
     --model-type wordpiece --vocab-size 4000
 
-echo "[quickstart] 3/4 preprocess $SAMPLE -> $OUT/data/sample_text_sentence.{bin,idx}"
-rm -f "$OUT"/data/sample_text_sentence.{bin,idx}
+step "3/8 preprocess $SAMPLE -> $OUT/data/sample_text_sentence.{bin,idx}"
+rm -f "$OUT"/data/sample_text_sentence*
 $PY -m data_pipeline.preprocess --input "$SAMPLE" --output-prefix "$OUT/data/sample" \
     --tokenizer-type BertWordPieceLowerCase --vocab-file "$OUT/tokenizer/vocab.txt" \
     --split-sentences --workers "$WORKERS" --strict
 
-echo "[quickstart] 4/4 inspect the shards"
-$PY -m tools.inspect_dataset "$OUT/data/sample_text_sentence" --vocab-file "$OUT/tokenizer/vocab.txt" --num-docs 2
+step "4/8 inspect the shards"
+$PY -m tools.inspect_dataset "$OUT/data/sample_text_sentence" --vocab-file "$OUT/tokenizer/vocab.txt" --num-docs 1
 
-echo "[quickstart] done: shards in $OUT/data, vocab in $OUT/tokenizer"
+step "5/8 pretrain a tiny BlockBERT (n=2, heads 3:1, N=128, block 16) with DeepSpeed on $NPROC ranks, $ITERS steps"
+# hidden 128, 2 layers, 4 heads; micro batch 8 x 2 ranks = global batch 16; lr 2e-3, 10% warmup, linear decay.
+# Without a GPU, `deepspeed --num_gpus K` starts K CPU ranks that talk over gloo.
+.venv/bin/deepspeed --num_gpus "$NPROC" pretrain/train.py --deepspeed_config ds_configs/zero2_fp32.json \
+    --data-path "$OUT/data/sample_text_sentence" --vocab-file "$OUT/tokenizer/vocab.txt" \
+    --model-preset tiny --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512 \
+    --sparsity-config '{"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}' \
+    --seq-length 128 --max-position-embeddings 128 --micro-batch-size 8 --global-batch-size $((8 * NPROC)) \
+    --train-iters "$ITERS" --lr 2e-3 --lr-warmup-fraction 0.1 --log-interval 10 \
+    --eval-interval $((ITERS / 3)) --eval-iters 10 --num-workers 1 \
+    --save "$RUN/ckpt" --load "$RUN/ckpt" --save-interval $((ITERS / 2)) --keep-last 2 \
+    --tensorboard-dir "$RUN/tb" --log-json "$RUN/log.jsonl"
+
+step "6/8 did it learn? (first vs last training loss, validation metrics; from $RUN/log.jsonl)"
+$PY - "$RUN/log.jsonl" <<'PYEOF'
+import json, math, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+train = [r for r in rows if "loss" in r]
+valid = [r for r in rows if "valid" in r]
+first, last = train[0], train[-1]
+print(f"training loss: {first['loss']:.3f} at iteration {first['iteration']} -> {last['loss']:.3f} at iteration "
+      f"{last['iteration']} (uniform guess over the vocabulary would be about {math.log(4000):.2f})")
+for r in valid:
+    v = r["valid"]
+    print(f"validation at iteration {r['iteration']}: " + ", ".join(f"{k} {x:.4g}" for k, x in v.items()))
+if not last["loss"] < first["loss"] - 1.0:
+    sys.exit(f"the loss did not fall clearly ({first['loss']:.3f} -> {last['loss']:.3f}): see docs/troubleshooting.md")
+print("OK: the loss fell clearly")
+PYEOF
+
+step "7/8 convert the DeepSpeed checkpoint to Hugging Face -> $OUT/hf"
+$PY -m tools.convert_checkpoint --load "$RUN/ckpt" --to-hf "$OUT/hf"
+
+step "8/8 load $OUT/hf with transformers (trust_remote_code=True: BlockBERT ships its own code) and fill masks"
+# Sentences in the style of the sample corpus (generate.py's article template); --expect names the masked word.
+# A 2-minute model gets some of them: the point is that the export loads and predicts with stock transformers.
+$PY -m tools.fill_mask --model "$OUT/hf" --top-k 5 --no-fail \
+    --expect rain "The climate is mild, with about 900 mm of [MASK] per year." \
+    --expect town "Millbrook is a small market [MASK] on the River Glent." \
+    --expect century "During the 19th [MASK] the town prospered from fishing."
+
+echo
+echo "[quickstart] done in $((SECONDS - START))s. Outputs:"
+echo "  TensorBoard logs : $RUN/tb          (.venv/bin/tensorboard --logdir $RUN/tb)"
+echo "  JSON log         : $RUN/log.jsonl"
+echo "  checkpoint       : $RUN/ckpt/$(cat "$RUN/ckpt/latest")   (resume: same command with --load $RUN/ckpt)"
+echo "  Hugging Face     : $OUT/hf          (AutoModelForMaskedLM.from_pretrained('$OUT/hf', trust_remote_code=True))"
+echo "  shards, vocab    : $OUT/data/sample_text_sentence.{bin,idx}, $OUT/tokenizer/vocab.txt"
