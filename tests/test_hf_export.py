@@ -15,7 +15,8 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from tools.convert_checkpoint import ConversionError, read_hf, read_hf_token_masks, stock_bert_reason, write_hf
+from tools.convert_checkpoint import (ConversionError, hf_to_ds, read_hf, read_hf_token_masks, stock_bert_reason,
+                                      write_hf)
 from tools.hf_export import remote_code
 
 TOL = 1e-4
@@ -248,6 +249,11 @@ _LOADER = textwrap.dedent("""
             out["cls_shape"] = list(sc(**inp).logits.shape)
             qa = AutoModelForQuestionAnswering.from_pretrained(d, trust_remote_code=True).eval()
             out["qa_shape"] = list(qa(**inp).start_logits.shape)
+        if name.startswith("mask_file"):  # re-saved by HF (as fine-tuning does): no mask file, same model
+            m.save_pretrained(f"{root}/{name}_resaved")
+            again = AutoModelForMaskedLM.from_pretrained(f"{root}/{name}_resaved", trust_remote_code=True).eval()
+            with torch.no_grad():
+                out["resaved_logits"] = again(**inp).logits
         out["layouts"] = {k: v for k, v in m.state_dict().items() if "sparse_layouts" in k}
         out["token_masks"] = {k: v for k, v in m.state_dict().items() if "token_masks" in k}
         out["module_file"] = sys.modules[type(m).__module__].__file__
@@ -346,7 +352,7 @@ def test_issue5_families_need_custom_code_and_masks_change_the_logits(custom_exp
         assert (a - b).abs().max().item() > 1e-3, name
 
 
-def test_file_masks_travel_inside_the_export(custom_exports):
+def test_file_masks_travel_inside_the_export(custom_exports, tmp_path):
     root, models = custom_exports
     for name in ("mask_file", "mask_file_per_layer"):
         text = (root / name / "config.json").read_text()
@@ -355,6 +361,14 @@ def test_file_masks_travel_inside_the_export(custom_exports):
         paths = [e["token_mask"]["path"] for e in [cfg, *(cfg.get("per_layer") or [])]
                  if (e.get("token_mask") or {}).get("pattern") == "file"]
         assert paths and all(not Path(p).is_absolute() and (root / name / p).is_file() for p in paths)
+        got = torch.load(root / f"{name}_got.pt")
+        assert torch.equal(got["resaved_logits"], got["logits"])  # HF's save_pretrained keeps the stored masks
+        assert not list((root / f"{name}_resaved").glob("token_masks*.pt"))
+        info = hf_to_ds(str(root / f"{name}_resaved"), str(tmp_path / name))  # and so does the way back
+        state = torch.load(tmp_path / name / info["tag"] / "mp_rank_00_model_states.pt", weights_only=False)
+        back = BertForPreTraining(ModelConfig.from_dict(state["model_config"]))
+        want, have = remote_code.token_mask_state(models[name]), remote_code.token_mask_state(back)
+        assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
 
 
 @pytest.mark.parametrize("preset", _all_presets())

@@ -306,8 +306,9 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
     if client.get("layout_state") is not None:
         model.load_layout_state(client["layout_state"])
     if client.get("dam_masks") is not None:
-        print("[convert] note: the checkpoint carries DAM search masks; they are exported only where the model "
-              "config already holds them as fixed masks", file=sys.stderr)
+        print("[convert] note: the checkpoint carries DAM search masks; the export holds the learned alpha (its "
+              "gates are sigmoid(alpha / tau) in eval, as ours); to deploy the binarised mask, train stage 2 with "
+              "attention.token_mask {'pattern': 'file'} and convert that", file=sys.stderr)
     out, tmp = _fresh_dir(out_dir, overwrite)
     try:
         info = write_hf(state_dict, config, model.layout_state(), tmp, remote, remote_code.token_mask_state(model))
