@@ -118,3 +118,16 @@ def test_relative_links_in_docs_resolve() -> None:
             if not (doc.parent / target).exists():
                 missing.append(f"{doc.name} -> {target}")
     assert not missing, missing
+
+
+def test_json_model_config_examples_in_docs_are_valid() -> None:
+    """Every ```json block in configuration.md is a model config that ModelConfig accepts."""
+    import json
+
+    from model.config import ModelConfig
+
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```json\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        ModelConfig.from_dict(json.loads(block))
