@@ -42,9 +42,11 @@ step "4/8 inspect the shards"
 $PY -m tools.inspect_dataset "$OUT/data/sample_text_sentence" --vocab-file "$OUT/tokenizer/vocab.txt" --num-docs 1
 
 step "5/8 pretrain a tiny BlockBERT (n=2, heads 3:1, N=128, block 16) with DeepSpeed on $NPROC ranks, $ITERS steps"
+# DeepSpeed's CPU backend JIT-compiles a shared-memory collective op the first time it starts. Keep the build in this
+# checkout's .venv (torch's default ~/.cache/torch_extensions is shared by every checkout, and two virtualenvs
+# using it rebuild the op in turn), and build it here, visibly, instead of silently inside the ranks' start-up.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
 if $PY -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then  # no GPU
-  # DeepSpeed's CPU backend JIT-compiles a shared-memory collective op the first time a venv uses it (cached in
-  # ~/.cache/torch_extensions afterwards); do it here, visibly, instead of silently inside the ranks' start-up.
   echo "[quickstart] building DeepSpeed's CPU communication op once (1-3 minutes the first time, cached after)"
   $PY -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 | grep -v "real_accelerator" || true
 fi
