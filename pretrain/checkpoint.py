@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import random
 import re
 import shutil
@@ -183,35 +184,100 @@ def load(engine, load_dir: str, tag: str, model_config: dict[str, Any], restore_
     return loaded
 
 
-# DeepSpeed names rank 0's module file differently under ZeRO-3.
-_MODEL_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+# DeepSpeed names rank 0's module file differently under ZeRO-3 (and with a bf16_ prefix in bf16 ZeRO runs).
+_MODEL_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
+                      "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt")
+_CLIENT_KEYS = ("iteration", "consumed_train_samples", "model_config", "args", "layout_state", "world_size",
+                "dam_masks")
 
 
-def model_state_file(load_dir: str, tag: str) -> Path:
+def model_state_file(load_dir: str | os.PathLike, tag: str) -> Path:
     for name in _MODEL_STATE_FILES:
         f = Path(load_dir, tag, name)
         if f.is_file():
             return f
-    raise CheckpointError(f"{Path(load_dir, tag)} has none of {list(_MODEL_STATE_FILES)}: not a DeepSpeed checkpoint")
+    raise CheckpointError(f"{Path(load_dir, tag)} has none of {list(_MODEL_STATE_FILES)}: not a DeepSpeed "
+                          "checkpoint tag, or rank 0's files are missing")
 
 
-def read_client_state(load_dir: str, tag: str) -> dict[str, Any]:
-    """The client state DeepSpeed stored with rank 0's module states (read without building an engine)."""
+def read_client_state(load_dir: str | os.PathLike, tag: str) -> dict[str, Any]:
+    """The client state stored with rank 0's module states (read without building an engine), plus a summary of
+    DeepSpeed's set-up: ``zero_stage``, ``precision``, ``dp_world_size``, ``global_batch``, ``ds_summary``."""
     f = model_state_file(load_dir, tag)
     state = torch.load(f, map_location="cpu", weights_only=False)
-    return {k: v for k, v in state.items() if k in ("iteration", "consumed_train_samples", "model_config", "args",
-                                                   "layout_state", "world_size", "dam_masks")}
+    if "model_config" not in state:
+        raise CheckpointError(f"{f}: no 'model_config' client state; the checkpoint was not written by "
+                              "pretrain/train.py")
+    client = {k: state.get(k) for k in _CLIENT_KEYS}
+    ds = state.get("ds_config") or {}
+    stage = int((ds.get("zero_optimization") or {}).get("stage", 0))
+    prec = ("bf16" if (ds.get("bf16") or {}).get("enabled") else
+            "fp16" if (ds.get("fp16") or {}).get("enabled") else "fp32")
+    world = int(state.get("dp_world_size") or client.get("world_size") or 1)
+    client.update(zero_stage=stage, precision=prec, dp_world_size=world, global_batch=ds.get("train_batch_size"),
+                  ds_summary=f"ZeRO stage {stage}, {prec}, {world} rank(s), deepspeed {state.get('ds_version', '?')}")
+    return client
 
 
-def load_fp32_weights(load_dir: str, tag: str) -> dict[str, torch.Tensor]:
-    """Full fp32 module weights of any ZeRO stage (DeepSpeed's zero_to_fp32 for stages 1-3)."""
-    root = Path(load_dir, tag)
-    if any(root.glob("zero_pp_rank_*optim_states.pt")):
+def strip_wrapper_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop prefixes that torch.compile / activation-checkpoint / DDP-style wrappers add to parameter names."""
+    out = {}
+    for k, v in sd.items():
+        for p in ("_orig_mod.", "module."):
+            while k.startswith(p):
+                k = k[len(p):]
+        out[k.replace("._orig_mod.", ".").replace("._checkpoint_wrapped_module.", ".")] = v
+    return out
+
+
+def _zero0_fp32_masters(module_sd: dict[str, torch.Tensor], fp32_groups: list,
+                        model_config: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    """ZeRO-0 with fp16/bf16 keeps fp32 masters in the optimizer state as lists in param-group order: name them with
+    the trainer's own grouping and check each rounds to the module weight (None when they do not line up)."""
+    from model.bert import BertForPreTraining
+    from model.config import ModelConfig
+    from pretrain.parallelize import param_groups
+
+    model = BertForPreTraining(ModelConfig.from_dict(model_config))
+    ids = {id(p): n for n, p in model.named_parameters()}
+    names = [ids[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
+    masters = [t for group in fp32_groups for t in group]
+    if len(names) != len(masters):
+        return None
+    out = {}
+    for n, t in zip(names, masters):
+        half = module_sd.get(n)
+        if half is None or tuple(t.shape) != tuple(half.shape) or not torch.equal(t.to(half.dtype), half):
+            return None
+        out[n] = t.float()
+    return out if set(out) == set(module_sd) else None
+
+
+def load_fp32_weights(load_dir: str | os.PathLike, tag: str) -> dict[str, torch.Tensor]:
+    """Full fp32 module weights of any ZeRO stage, precision and rank count.
+
+    ZeRO 1/2/3 (fp32, fp16 or ``bf16_`` shards): DeepSpeed's own zero_to_fp32. ZeRO-0: the module weights, replaced
+    by the optimizer's fp32 masters when training ran in fp16/bf16 (never the half weights cast up, when masters exist).
+    """
+    tag_dir = Path(load_dir, tag)
+    if any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(load_dir, tag=tag)
-    state = torch.load(model_state_file(load_dir, tag), map_location="cpu", weights_only=False)
-    return {k: v.float() for k, v in state["module"].items()}
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(load_dir), tag=tag)
+    else:
+        state = torch.load(model_state_file(load_dir, tag), map_location="cpu", weights_only=False)
+        sd = strip_wrapper_prefixes(state["module"])
+        if any(v.dtype in (torch.float16, torch.bfloat16) for v in sd.values()):
+            opt = state.get("optimizer")
+            masters = None
+            if isinstance(opt, dict) and isinstance(opt.get("fp32_groups"), list) and state.get("model_config"):
+                masters = _zero0_fp32_masters(sd, opt["fp32_groups"], state["model_config"])
+            if masters is None:
+                print(f"[checkpoint] warning: {tag_dir} holds half-precision module weights and no fp32 masters "
+                      "that match them; using the half weights cast to fp32", file=sys.stderr)
+            else:
+                sd = masters
+    return {k: v.detach().float().contiguous() for k, v in strip_wrapper_prefixes(sd).items()}
 
 
 def extend_position_embeddings(weights: dict[str, torch.Tensor], module: torch.nn.Module) -> list[str]:

@@ -14,7 +14,6 @@ failed conversion leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +27,8 @@ import torch
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import from_hf, to_hf
-from pretrain.checkpoint import COMMIT_MARKER, LATEST, CheckpointError, committed_tags, extend_position_embeddings
+from pretrain.checkpoint import (COMMIT_MARKER, LATEST, CheckpointError, committed_tags, extend_position_embeddings,
+                                load_fp32_weights, model_state_file, read_client_state)
 from tools.hf_export import remote_code
 from tools.hf_export.model_card import model_card
 
@@ -36,9 +36,6 @@ from tools.hf_export.model_card import model_card
 _STOCK_FIELDS = {"vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings", "type_vocab_size", "hidden_dropout", "attention_dropout", "layer_norm_eps",
                  "hidden_act", "initializer_range", "pad_token_id", "nsp_head", "head_size", "attention"}
-_MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
-                 "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt")
-
 
 class ConversionError(RuntimeError):
     """Bad input: the message names the file, tag or setting at fault and what to do."""
@@ -69,35 +66,6 @@ def resolve_tag(load_dir: str | Path, tag: str | None) -> str:
     return tag
 
 
-def _model_states_file(tag_dir: Path) -> Path:
-    for name in _MODEL_STATES:
-        if (tag_dir / name).is_file():
-            return tag_dir / name
-    raise ConversionError(f"{tag_dir}: none of {list(_MODEL_STATES)} found; not a DeepSpeed checkpoint tag "
-                          "or rank 0's files are missing")
-
-
-def read_client_state(load_dir: str | Path, tag: str) -> dict[str, Any]:
-    """Client state (model config, args, layouts, iteration) plus DeepSpeed's ZeRO stage and precision."""
-    tag_dir = Path(load_dir, tag)
-    state = torch.load(_model_states_file(tag_dir), map_location="cpu", weights_only=False)
-    if "model_config" not in state:
-        raise ConversionError(f"{tag_dir}: the checkpoint has no 'model_config' client state; it was not written "
-                              "by pretrain/train.py")
-    client = {k: state.get(k) for k in ("iteration", "consumed_train_samples", "model_config", "args",
-                                        "layout_state", "world_size", "dam_masks")}
-    ds = state.get("ds_config") or {}
-    stage = (ds.get("zero_optimization") or {}).get("stage", 0)
-    prec = "bf16" if (ds.get("bf16") or {}).get("enabled") else "fp16" if (ds.get("fp16") or {}).get("enabled") \
-        else "fp32"
-    client["zero_stage"] = int(stage)
-    client["ds_summary"] = (f"ZeRO stage {stage}, {prec}, {client.get('world_size') or state.get('dp_world_size')} "
-                            f"rank(s), deepspeed {state.get('ds_version', '?')}")
-    client["dp_world_size"] = int(state.get("dp_world_size") or client.get("world_size") or 1)
-    client["global_batch"] = ds.get("train_batch_size")
-    return client
-
-
 def check_rank_files(load_dir: str | Path, tag: str, client: dict[str, Any]) -> None:
     """Every data-parallel rank's ZeRO shard must be present (DeepSpeed's own error does not say which is missing)."""
     tag_dir = Path(load_dir, tag)
@@ -106,7 +74,7 @@ def check_rank_files(load_dir: str | Path, tag: str, client: dict[str, Any]) -> 
     marker = json.loads((tag_dir / COMMIT_MARKER).read_text())
     world = int(marker.get("world_size", world))
     if stage == 0:
-        _model_states_file(tag_dir)
+        model_state_file(load_dir, tag)
         return
     prefix = "bf16_" if any(tag_dir.glob("bf16_zero_pp_rank_*")) else ""
     needed = [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
@@ -116,67 +84,6 @@ def check_rank_files(load_dir: str | Path, tag: str, client: dict[str, Any]) -> 
     if missing:
         raise ConversionError(f"{tag_dir}: ZeRO stage {stage} checkpoint of {world} ranks is missing rank file(s) "
                               f"{missing}; copy them from the machines that trained it")
-
-
-def _strip_wrappers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop prefixes that torch.compile / DDP-style wrappers add to parameter names."""
-    out = {}
-    for k, v in sd.items():
-        for p in ("_orig_mod.", "module."):
-            while k.startswith(p):
-                k = k[len(p):]
-        out[k.replace("._orig_mod.", ".").replace("._checkpoint_wrapped_module.", ".")] = v
-    return out
-
-
-def _zero0_fp32_masters(module: dict[str, torch.Tensor], fp32_groups: list, config: ModelConfig,
-                        where: Path) -> dict[str, torch.Tensor] | None:
-    """ZeRO-0 with fp16/bf16 keeps fp32 masters in the optimizer state as lists in param-group order; name them
-    with the trainer's own grouping (pretrain.parallelize.param_groups) and check each rounds to the module weight."""
-    from pretrain.parallelize import param_groups
-
-    model = BertForPreTraining(config)
-    ids = {id(p): n for n, p in model.named_parameters()}
-    names = [ids[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
-    masters = [t for group in fp32_groups for t in group]
-    if len(names) != len(masters):
-        return None
-    out = {}
-    for n, t in zip(names, masters):
-        half = module.get(n)
-        if half is None or tuple(t.shape) != tuple(half.shape) or not torch.equal(t.to(half.dtype), half):
-            return None
-        out[n] = t.float()
-    if set(out) != set(module):
-        return None
-    return out
-
-
-def consolidate(load_dir: str | Path, tag: str, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """fp32 state dict of our BertForPreTraining from any ZeRO stage, precision and rank count.
-
-    ZeRO 1/2/3 (fp32, fp16 or ``bf16_`` shards): DeepSpeed's zero_to_fp32. ZeRO-0: the module weights, replaced by
-    the optimizer's fp32 masters when training ran in fp16/bf16.
-    """
-    tag_dir = Path(load_dir, tag)
-    if any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        sd = get_fp32_state_dict_from_zero_checkpoint(str(load_dir), tag=tag)
-    else:
-        state = torch.load(_model_states_file(tag_dir), map_location="cpu", weights_only=False)
-        sd = _strip_wrappers(state["module"])
-        opt = state.get("optimizer")
-        if any(v.dtype in (torch.float16, torch.bfloat16) for v in sd.values()):
-            masters = None
-            if isinstance(opt, dict) and isinstance(opt.get("fp32_groups"), list):
-                masters = _zero0_fp32_masters(sd, opt["fp32_groups"], config, tag_dir)
-            if masters is None:
-                print(f"[convert] warning: {tag_dir} holds half-precision module weights and no fp32 masters that "
-                      "match them; exporting the half weights cast to fp32", file=sys.stderr)
-            else:
-                sd = masters
-    return {k: v.detach().float().contiguous() for k, v in _strip_wrappers(sd).items()}
 
 
 # ----------------------------------------------------------------------------------------------- writing HF
@@ -297,7 +204,7 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
         config = ModelConfig.from_dict(client["model_config"])
     except (ValueError, TypeError) as e:
         raise ConversionError(f"{load_dir}/{tag}: the stored model config is not valid for this code: {e}") from e
-    state_dict = consolidate(load_dir, tag, config)
+    state_dict = load_fp32_weights(load_dir, tag)
     model = BertForPreTraining(config)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
@@ -579,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[convert] extended {line}")
             print(f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
                   f"pretrain/train.py --load {info['out']} --finetune --model-config {info['out']}/model_config.json ...")
-    except ConversionError as e:
+    except (ConversionError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
