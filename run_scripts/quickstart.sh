@@ -22,6 +22,8 @@ START=$SECONDS
 step() { echo; echo "[quickstart] $1  (t=$((SECONDS - START))s)"; }
 
 step "1/8 set-up (.venv, requirements; minutes the first time, seconds after)"
+# setup_env.sh builds DeepSpeed's CPU communication op once into this checkout's .venv; the ranks look there too
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
 bash run_scripts/setup_env.sh
 PY=.venv/bin/python
 mkdir -p "$OUT"
@@ -42,14 +44,6 @@ step "4/8 inspect the shards"
 $PY -m tools.inspect_dataset "$OUT/data/sample_text_sentence" --vocab-file "$OUT/tokenizer/vocab.txt" --num-docs 1
 
 step "5/8 pretrain a tiny BlockBERT (n=2, heads 3:1, N=128, block 16) with DeepSpeed on $NPROC ranks, $ITERS steps"
-# DeepSpeed's CPU backend JIT-compiles a shared-memory collective op the first time it starts. Keep the build in this
-# checkout's .venv (torch's default ~/.cache/torch_extensions is shared by every checkout, and two virtualenvs
-# using it rebuild the op in turn), and build it here, visibly, instead of silently inside the ranks' start-up.
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
-if $PY -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then  # no GPU
-  echo "[quickstart] building DeepSpeed's CPU communication op once (1-3 minutes the first time, cached after)"
-  $PY -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 | grep -v "real_accelerator" || true
-fi
 # hidden 128, 2 layers, 4 heads; micro batch 8 x 2 ranks = global batch 16; lr 2e-3, 10% warmup, linear decay.
 # Without a GPU, `deepspeed --num_gpus K` starts K CPU ranks that talk over gloo.
 .venv/bin/deepspeed --num_gpus "$NPROC" pretrain/train.py --deepspeed_config ds_configs/zero2_fp32.json \

@@ -31,3 +31,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   quiet .venv/bin/python -m pip install -q -r requirements.txt
   echo "$want" > "$stamp"
 fi
+
+# DeepSpeed's CPU backend JIT-compiles a shared-memory collective op the first time a rank starts (1-3 minutes).
+# Build it here, once and visibly, into this checkout's .venv (callers export the same TORCH_EXTENSIONS_DIR), so the
+# first `deepspeed` launch of a test or of the quickstart does not spend its time limit compiling in silence.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
+op_stamp="$TORCH_EXTENSIONS_DIR/.shm_op_built"
+if [ ! -f "$op_stamp" ] && .venv/bin/python -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
+  echo "[setup] building DeepSpeed's CPU communication op once (1-3 minutes the first time, cached after)"
+  .venv/bin/python -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 \
+    | { grep -v "real_accelerator" || true; }
+  mkdir -p "$TORCH_EXTENSIONS_DIR" && touch "$op_stamp"
+fi
