@@ -119,15 +119,7 @@ def _resolve(args: argparse.Namespace) -> tuple[SparsityConfig, str]:
             raise SystemExit("--sparsity needs --num-heads")
         return from_ds_config(d, args.num_heads), json.dumps(d)
     if args.preset or args.model_config:
-        if args.model_config:
-            try:
-                cfg = ModelConfig.from_dict(json.loads(Path(args.model_config).read_text()))
-            except (OSError, ValueError) as e:
-                raise SystemExit(f"cannot read model config {args.model_config}: {e}")
-        else:
-            cfg = ModelConfig.preset(args.preset)
-        if not 0 <= args.layer < cfg.num_layers:
-            raise SystemExit(f"--layer {args.layer} out of range: the model has {cfg.num_layers} layers")
+        cfg = _model_config(args)
         _, sp = cfg.attention.for_layer(args.layer, cfg.num_attention_heads)
         if sp is None:
             raise SystemExit(f"layer {args.layer} uses full (dense) attention: nothing to draw")
