@@ -502,14 +502,18 @@ class PretrainingLoader:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        # Every random number of a batch comes from (seed, sample, position) hashes, so the DataLoader needs no
+        # randomness; its own generator keeps it from drawing its worker base seed from torch's global RNG (which
+        # would shift the model's dropout stream and break exact resume).
+        generator = torch.Generator().manual_seed(0)
         if self.num_workers == 0:
             loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler,
-                                                 collate_fn=self.collator, num_workers=0)
+                                                 collate_fn=self.collator, num_workers=0, generator=generator)
             yield from loader
             return
         loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler,
                                              collate_fn=self.collator.compact,
-                                             num_workers=self.num_workers, prefetch_factor=4)
+                                             num_workers=self.num_workers, prefetch_factor=4, generator=generator)
         for flat in loader:
             yield self.collator.expand(flat)
 

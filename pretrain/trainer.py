@@ -6,7 +6,6 @@ seed -> model (identical on every rank) -> per-rank seed -> engine -> --load -> 
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import random
@@ -115,15 +114,10 @@ class Trainer:
             print(f"[pretrain] {msg}", flush=True)
 
     def _loader(self, dataset, consumed: int, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
-        """A primed iterator: torch's DataLoader draws its base seed from the global RNG on the first next(), so
-        we take the first batch now (before the RNG is restored on resume) instead of inside step k+1."""
-        it = iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
-                                            self.dist.world_size, consumed, num_workers))
-        try:
-            first = next(it)
-        except StopIteration:
-            return iter(())
-        return itertools.chain([first], it)
+        """This rank's batches from sample ``consumed`` on (the loader draws nothing from torch's global RNG, so
+        restoring the RNG on resume and building the loader commute)."""
+        return iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
+                                              self.dist.world_size, consumed, num_workers))
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: batch[k].to(self.dist.device, non_blocking=True) for k in _BATCH_KEYS if k in batch}

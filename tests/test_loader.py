@@ -119,6 +119,18 @@ def test_resume_equals_uninterrupted_run_whatever_num_workers(shards):
             torch.testing.assert_close(single[t][key], torch.cat([full[0][t][key], full[1][t][key]]))
 
 
+@pytest.mark.timeout(120)
+def test_loader_leaves_torch_global_rng_alone(shards):
+    """The model's dropout stream must not depend on when the loader starts (exact resume)."""
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40, mode="doc-sentences")
+    train = build_datasets(cfg, TOK, num_samples=(64, 0, 0))[0]
+    for workers in (0, 2):
+        torch.manual_seed(123)
+        before = torch.get_rng_state()
+        collect(build_dataloader(train, TOK, cfg, 4, 0, 1, num_workers=workers), 3)
+        assert torch.equal(torch.get_rng_state(), before), f"num_workers={workers} consumed the global RNG"
+
+
 def test_ranks_disjoint_and_loader_length(shards):
     cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40)
     train = build_datasets(cfg, TOK)[0]
