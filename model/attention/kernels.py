@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from model.attention.bias import ScoreBias
+from model.attention.split_global import SplitPlan, make_split_plan, split_attention
 from model.attention.tile_permutation import PermutationPlan, make_permutation_plan, permutation_attention
 
 KERNELS: dict[str, "Kernel"] = {}
@@ -195,6 +196,10 @@ class BlockGatherKernel(Kernel):
         fast = make_permutation_plan(lay, query_tile_factor(lay), block, seq_len, device, token_mask)
         if fast is not None:  # one key tile per query tile (BlockBERT): views instead of gathers
             return fast
+        if torch.device(device).type == "cpu":  # key blocks shared by every row: computed once (CPU flash + lse)
+            split = make_split_plan(lay, block, seq_len, device, token_mask, self.make_gather_plan)
+            if split is not None:
+                return split
         return self.make_gather_plan(lay, block, seq_len, device, token_mask)
 
     def make_gather_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> GatherPlan:
@@ -246,6 +251,10 @@ class BlockGatherKernel(Kernel):
         if isinstance(plan, PermutationPlan):
             return permutation_attention(q_BHND, k_BHND, v_BHND, plan, key_padding_mask_BN, token_mask, score_bias,
                                          drop, scale, _sdpa_tiles)
+        if isinstance(plan, SplitPlan):
+            if drop == 0.0 and score_bias is None and q_BHND.device.type == "cpu":
+                return split_attention(q_BHND, k_BHND, v_BHND, plan, key_padding_mask_BN, token_mask, scale)
+            plan = plan.fallback
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
         T = plan.tile
