@@ -1,0 +1,109 @@
+"""FlexAttention ``BlockMask`` built from block-level data (the layout), never from an element-wise N x N pass.
+
+``create_block_mask`` evaluates the ``mask_mod`` on every ``[B, H, N, N]`` element to find which blocks are empty,
+partial or full. Our layouts already are that information at block granularity, so the kernel builds the
+BlockMask directly (``BlockMask.from_kv_blocks``): per call with key padding this costs ``B x H x (N/128)^2``
+booleans instead of ``B x H x N^2`` (at B=32, N=4096 that is 50 k instead of 6.4 G), and the layout-only mask of a
+plan costs nothing per call.
+
+Sparse blocks are ``max(128, layout block)`` tokens (FlexAttention's Triton tiles divide 128; a 16-token sparse
+block would force 16-row tiles). A coarse block is *full* (``mask_mod`` skipped) when every fine layout block in
+it is on, every key in it is a real (unpadded) key and the token mask, if any, is all-true there; *partial* (the
+``mask_mod`` decides element by element) when some fine block is on and some key may be attended; else skipped.
+The result equals ``create_block_mask`` with the same ``mask_mod`` (tested), except that it may mark fewer blocks
+full when a token mask is present (a partial block gives the same output, only slower).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+SPARSE_BLOCK = 128
+
+
+def sparse_block_size(block: int) -> int | None:
+    """The BlockMask granularity for a layout of ``block``-token blocks, or None when none is aligned with both."""
+    size = max(SPARSE_BLOCK, block)
+    return size if size % block == 0 else None
+
+
+def _coarse_any_all(x_XMM: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fine ``[X, M, M]`` booleans -> (any, all) over r x r groups, ``[X, ceil(M/r), ceil(M/r)]``.
+
+    Fine blocks past the end (M not a multiple of r) count as off: a coarse block reaching past the sequence is
+    never full (as in ``create_block_mask``, whose mask_mod sees those positions as masked).
+    """
+    X, M, _ = x_XMM.shape
+    Mc = -(-M // r)
+    p = Mc * r - M
+    g_any = F.pad(x_XMM, (0, p, 0, p), value=False).view(X, Mc, r, Mc, r)
+    g_all = F.pad(x_XMM, (0, p, 0, p), value=False).view(X, Mc, r, Mc, r)
+    return g_any.any(4).any(2), g_all.all(4).all(2)
+
+
+def _key_blocks_any_all(valid_BN: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per batch row and key block of ``size`` tokens: some key valid, all keys valid (past-the-end keys count as
+    masked)."""
+    B, N = valid_BN.shape
+    Nc = -(-N // size)
+    p = Nc * size - N
+    g_any = F.pad(valid_BN, (0, p), value=False).view(B, Nc, size).any(-1)
+    g_all = F.pad(valid_BN, (0, p), value=False).view(B, Nc, size).all(-1)
+    return g_any, g_all
+
+
+def _to_kv_blocks(on_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boolean block matrix -> (kv_num_blocks ``[B, H, Q]`` int32, kv_indices ``[B, H, Q, K]`` int32), the on
+    blocks first in increasing key order (what FlexAttention iterates)."""
+    num = on_BHQK.sum(-1, dtype=torch.int32)
+    idx = torch.argsort((~on_BHQK).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num, idx
+
+
+def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_mod: Callable,
+                      key_valid_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None) -> Any:
+    """The ``BlockMask`` of ``layout_HMM`` (bool, on the target device) AND key padding AND token mask.
+
+    ``mask_mod`` must compute the same predicate element-wise (it runs inside partial blocks). ``token_mask`` is
+    bool broadcastable to ``[H, N, N]`` (or ``[B, H, N, N]``); it only decides which blocks may be full.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    size = sparse_block_size(block)
+    if size is None:
+        raise ValueError(f"layout block {block} does not divide the FlexAttention sparse block {SPARSE_BLOCK}")
+    r = size // block
+    H = layout_HMM.shape[0]
+    lay_any, lay_all = _coarse_any_all(layout_HMM, r)  # [H, Mc, Mc]
+    partial = lay_any.unsqueeze(0)  # [1, H, Mc, Mc]
+    full = lay_all.unsqueeze(0)
+    if key_valid_BN is not None:
+        k_any, k_all = _key_blocks_any_all(key_valid_BN, size)  # [B, Mc]
+        partial = partial & k_any[:, None, None, :]
+        full = full & k_all[:, None, None, :]
+    if token_mask is not None:
+        tm = token_mask if token_mask.dim() == 4 else token_mask.unsqueeze(0)  # [B|1, H|1, N, N]
+        tm_any, tm_all = _token_blocks_any_all(tm, size)
+        partial = partial & tm_any
+        full = full & tm_all
+    full = full & partial
+    partial_only = partial & ~full
+    B = partial_only.shape[0]
+    full = full.expand(B, H, -1, -1)
+    num, idx = _to_kv_blocks(partial_only.expand(B, H, -1, -1))
+    full_num, full_idx = _to_kv_blocks(full)
+    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=size, mask_mod=mask_mod,
+                                    seq_lengths=(seq_len, seq_len))
+
+
+def _token_blocks_any_all(tm: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token mask ``[B|1, H|1, N, N]`` -> (any, all) over size x size blocks (past-the-end positions: off)."""
+    b, h, N, _ = tm.shape
+    Nc = -(-N // size)
+    p = Nc * size - N
+    g_any = F.pad(tm, (0, p, 0, p), value=False).view(b, h, Nc, size, Nc, size)
+    g_all = F.pad(tm, (0, p, 0, p), value=False).view(b, h, Nc, size, Nc, size)
+    return g_any.any(5).any(3), g_all.all(5).all(3)
