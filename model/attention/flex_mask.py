@@ -89,7 +89,9 @@ def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_m
         tm_any, tm_all = _token_blocks_any_all(tm, size)
         partial = partial & tm_any
         full = full & tm_all
-    full = full & partial
+    Mc = lay_any.shape[-1]
+    inside = (torch.arange(1, Mc + 1, device=layout_HMM.device) * size) <= seq_len  # sparse blocks not cut by N
+    full = full & partial & inside[:, None] & inside[None, :]
     partial_only = partial & ~full
     B = partial_only.shape[0]
     full = full.expand(B, H, -1, -1)
