@@ -8,6 +8,7 @@ import torch
 
 from model import attention as A
 from model.attention.kernels import GatherPlan, query_tile_factor
+from model.attention.split_global import SplitPlan
 from model.attention.tile_permutation import PermutationPlan
 
 H, D, B = 4, 16, 2
@@ -240,9 +241,12 @@ def test_query_tiles_and_groups():
     assert A.get_kernel("block_gather").make_plan(
         A.BlockBERTSparsityConfig(12, num_blocks=2, head_assignment="12", block=64).make_layout(512), 64, 512,
         "cpu").tile_map is None  # no shifted head: k/v tiles are views
-    # layouts where a query tile sees more than one key tile keep the general plan
-    assert isinstance(A.get_kernel("block_gather").make_plan(A.FixedSparsityConfig(12, block=16).make_layout(256),
-                                                             16, 256, "cpu"), GatherPlan)
+    # layouts where a query tile sees more than one key tile: on CPU the split plan (shared blocks, windows, rest)
+    split = A.get_kernel("block_gather").make_plan(A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256,
+                                                   "cpu")
+    assert isinstance(split, SplitPlan) and isinstance(split.fallback, GatherPlan)
+    assert isinstance(A.get_kernel("block_gather").make_gather_plan(
+        A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256, "cpu"), GatherPlan)
     mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=512)
     q, k, v = _inputs(128)
     with pytest.raises(ValueError, match="heads"):
@@ -380,3 +384,88 @@ def test_block_gather_batch_of_one_matches_dense(name):
         for a, b in zip(g_, ref_g):
             if b is not None:
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+# the split path (model/attention/split_global.py): which pieces each layout's plan must use at n=256, block 16
+# (A = shared key blocks, W = (query blocks per tile, key blocks per window, element mask), R = gathered rest)
+SPLIT_PIECES = {
+    "fixed": (True, None, True),
+    "fixed_uni_horizontal": (False, (4, 5, True), True),
+    "variable_random": (True, (1, 1, False), True),
+    "bigbird": (True, (2, 4, True), True),
+    "bslongformer": (True, (2, 4, True), True),
+    "local_uni": (False, (2, 3, True), True),
+    "local_bi": (False, (2, 4, True), True),
+}
+
+
+def _split_plan(mod, n):
+    plan = mod._plan(n, torch.device("cpu"))
+    assert isinstance(plan, SplitPlan), type(plan)
+    w = plan.window
+    return plan, (plan.shared_index_HS is not None, None if w is None else (w.r, w.nblocks, w.mask is not None),
+                  plan.rest is not None)
+
+
+@pytest.mark.parametrize("name", list(SPLIT_PIECES))
+def test_split_plan_pieces(name):
+    """The split path is really taken for these layouts (so the parity tests below test it)."""
+    mod = A.BlockSparseAttention(LAYOUTS[name](), kernel="block_gather", max_seq_length=256)
+    plan, pieces = _split_plan(mod, 256)
+    assert pieces == SPLIT_PIECES[name]
+    assert isinstance(plan.fallback, GatherPlan)
+    # every allowed block is computed by exactly one piece: the pieces' score counts add up to the layout's
+    lay = mod.layout_for(256).bool()
+    Hh, M, _ = lay.shape
+    blocks = 0 if plan.shared_index_HS is None else Hh * M * plan.shared_index_HS.shape[1] // 16
+    if plan.window is not None:
+        w = plan.window
+        on = w.mask.float().mean().item() if w.mask is not None else 1.0
+        blocks += round(Hh * w.nt * w.r * w.nblocks * on)
+    if plan.rest is not None:
+        blocks += sum(g.k_index_GK.numel() for g in plan.rest.groups) * plan.rest.plan.tile // 16 // 16
+    assert blocks == int(lay.sum())
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("case", ["padding", "token_masks"])
+@pytest.mark.parametrize("name", list(SPLIT_PIECES))
+def test_split_path_matches_dense_fp32_with_grads(name, case, batch):
+    """Outputs and q/k/v grads of the split path vs dense: key padding (ragged, leading, a fully padded
+    sequence), a fixed token mask in the plan plus a per-call token mask with empty rows; B=1 (tiles folded
+    onto SDPA's batch axis) and B=2 with q/k/v strided as the encoder makes them."""
+    n = 256
+    g = torch.Generator().manual_seed(11)
+    if batch == 1:
+        q, k, v = (torch.randn(1, H, n, D, generator=g).requires_grad_() for _ in range(3))
+    else:  # [B, N, H, D] permuted: not a [B*H] view, the window piece copies
+        q, k, v = (torch.randn(batch, n, H, D, generator=g).requires_grad_() for _ in range(3))
+    qv, kv, vv = (t if batch == 1 else t.permute(0, 2, 1, 3) for t in (q, k, v))
+    kpm = torch.ones(batch, n, dtype=torch.bool)
+    kpm[0, n - 37:] = False
+    kpm[0, :20] = False  # leading keys: windows near the start lose their keys
+    if batch == 2:
+        kpm[1] = False  # every row masked: zeros, zero grads
+    fixed = tm = None
+    if case == "token_masks":
+        fixed = torch.rand(H, n, n, generator=g) > 0.2
+        fixed[1, 70] = False  # a row the fixed mask empties
+        tm = torch.rand(n, n, generator=g) > 0.25
+        tm[100] = False  # a row the call's mask empties
+    outs, grads = {}, {}
+    for kernel in ("dense", "block_gather"):
+        mod = A.BlockSparseAttention(LAYOUTS[name](), kernel=kernel, max_seq_length=n, fixed_token_mask=fixed)
+        if kernel == "block_gather":
+            _split_plan(mod, n)
+        out = mod(qv, kv, vv, key_padding_mask_BN=kpm, token_mask=tm)
+        go = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+        outs[kernel] = out
+        grads[kernel] = torch.autograd.grad(out, (q, k, v), go)
+    torch.testing.assert_close(outs["block_gather"], outs["dense"], atol=1e-5, rtol=1e-4)
+    for a, b in zip(grads["block_gather"], grads["dense"]):
+        assert not torch.isnan(a).any()
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    if batch == 2:
+        assert outs["block_gather"][1].abs().max() == 0 and grads["block_gather"][0][1].abs().max() == 0
+    if case == "token_masks":
+        assert outs["block_gather"][0, :, 100].abs().max() == 0 and outs["block_gather"][0, 1, 70].abs().max() == 0

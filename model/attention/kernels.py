@@ -197,7 +197,8 @@ class BlockGatherKernel(Kernel):
         if fast is not None:  # one key tile per query tile (BlockBERT): views instead of gathers
             return fast
         if torch.device(device).type == "cpu":  # key blocks shared by every row: computed once (CPU flash + lse)
-            split = make_split_plan(lay, block, seq_len, device, token_mask, self.make_gather_plan)
+            split = make_split_plan(lay, block, seq_len, device, token_mask, self.make_gather_plan,
+                                    query_tile_factor)
             if split is not None:
                 return split
         return self.make_gather_plan(lay, block, seq_len, device, token_mask)

@@ -1,0 +1,498 @@
+"""block_gather's split path (CPU): a layout cut into up to three pieces, each computed the cheap way, merged exactly.
+
+The general gather path hands every query tile its own gathered copy of every key block it attends: key blocks
+that all rows attend (global columns of Fixed, BigBird, BSLongformer, Variable) are copied once per tile (Fixed,
+block 16, N=4096: 13x the K/V), and sliding windows are gathered token by token for short 1-block tiles. Here the
+plan (made once per layout, length and device) splits the layout into
+
+- piece A, *shared* key blocks (attended by every row of a head): all N queries against them in one SDPA call; q
+  is the input itself, K/V of those blocks one small gather;
+- piece W, a *window* around the diagonal: query tiles of r blocks (r picked by an estimated cost), each against the
+  key blocks ``[t*r - a, (t+1)*r + b)``. q, k and v are *views* (overlapping strided windows for k/v, no copy); the
+  layout's holes inside the windows (and a fixed token mask) are an element mask, so taller tiles trade some
+  masked compute for fewer, larger SDPA problems. Tiles whose window would leave the sequence are left to piece R;
+- piece R, the *rest* (random blocks, global rows, edge tiles): the general gather plan, without the tiles that
+  have nothing left.
+
+The partial softmaxes are merged with their logsumexps (torch's CPU flash kernel returns them):
+``lse = logaddexp(lse_A, lse_W, lse_R)``, ``out = sum_i out_i exp(lse_i - lse)``. Backward, as ring attention does
+it: each piece's flash backward is called with the MERGED output and logsumexp and the global ``grad_out``; that
+is the exact gradient of that piece's q/k/v, because the backward only uses them through ``P = exp(S - lse)`` (the
+merged probabilities of the piece's keys) and ``D = rowsum(dO * O)`` (the merged output). Rows with no allowed key
+in a piece get ``lse = -inf`` there (the CPU kernel itself reports 0 for them); rows with no key in any piece give
+zeros and zero gradients.
+
+Scope: CPU, no attention dropout, no score bias: those calls use the plan's ``fallback`` (the ordinary gather plan
+of the whole layout). Key padding, per-call token masks and the plan's fixed token mask work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_flash_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+# cost model for picking the window tile height (score elements; measured on the 2-core box: CPU flash runs
+# 64-row tiles ~1.6x slower per score than 128+-row tiles, and a gathered key row costs about as much as scoring
+# it against 32 more query rows: copy + index_add backward)
+_TILE_OVERHEAD_ROWS = 96
+_GATHER_ROWS = 32
+_MAX_TILE = 512
+
+
+@dataclass
+class WindowPiece:
+    """Query tiles t0 .. t0+nt-1 of ``tile`` rows; tile t attends tokens ``[k_start + t'*tile, + width)``,
+    t' = t - t0, minus ``mask`` (bool ``[H|1, nt|1, tile, width]``, None = all allowed)."""
+
+    r: int  # query blocks per tile
+    tile: int
+    t0: int
+    nt: int
+    k_start: int  # first key token of tile t0's window
+    width: int  # key tokens per window
+    nblocks: int  # key blocks per window
+    block: int
+    mask: torch.Tensor | None
+
+
+@dataclass
+class RestPiece:
+    """The general gather plan of what is left, restricted to the tiles that have keys left."""
+
+    plan: object  # GatherPlan (its K=0 group, if any, is skipped)
+    groups: list  # plan.groups with K > 0
+    tiles: torch.Tensor  # [P] tile ids (in plan.tile units, head-major) of those groups' tiles, in group order
+    flat_index: torch.Tensor  # their gathered key rows
+
+
+@dataclass
+class SplitPlan:
+    shared_index_HS: torch.Tensor | None  # [H, S] key token ids of each head's shared blocks (piece A)
+    shared_same: bool  # all heads share the same blocks (piece A's K/V: one index_select on the token axis)
+    shared_flat: torch.Tensor | None  # [H * S] rows of k.reshape(B, H*N, D) for piece A
+    token_mask_HNS: torch.Tensor | None  # the plan's fixed token mask restricted to piece A's keys
+    window: WindowPiece | None
+    rest: RestPiece | None
+    fallback: object  # GatherPlan of the whole layout: dropout, score biases, non-CPU devices
+    density: float
+
+
+def shared_blocks(lay_HMM: torch.Tensor) -> torch.Tensor | None:
+    """``[H, s]`` key blocks that every query block row of each head attends (the first s of each head, s the
+    smallest count over heads, so all heads batch into one call); None if some head has none."""
+    full_HM = lay_HMM.all(1)
+    s = int(full_HM.sum(-1).min())
+    if s == 0:
+        return None
+    return torch.stack([row.nonzero().squeeze(1)[:s] for row in full_HM])
+
+
+def _band(lay_HMM: torch.Tensor) -> tuple[int, int] | None:
+    """(a, b): the widest run of diagonals -a..b around the main one that are on for >= 80% of their rows on
+    every head (edge rows, global rows and holes left by the shared blocks are handled by piece R)."""
+    H, M, _ = lay_HMM.shape
+
+    def on(o: int) -> bool:
+        d = torch.diagonal(lay_HMM, offset=o, dim1=1, dim2=2)
+        return d.shape[-1] > 0 and bool((d.float().mean(-1) >= 0.8).all())
+
+    if not on(0):
+        return None
+    a = b = 0
+    while a + 1 < M and on(-(a + 1)):
+        a += 1
+    while b + 1 < M and on(b + 1):
+        b += 1
+    return a, b
+
+
+def _tile_cost(rows: int, keys: int) -> float:
+    return rows * keys * (1 + _TILE_OVERHEAD_ROWS / rows)
+
+
+def _rest_cost(rest_HMM: torch.Tensor, block: int, query_tile_factor) -> float:
+    if not bool(rest_HMM.any()):
+        return 0.0
+    r = query_tile_factor(rest_HMM)
+    keys = rest_HMM[:, ::r].sum(-1).flatten() * block  # per tile
+    keys = keys[keys > 0].double()
+    return float((keys * (r * block * (1 + _TILE_OVERHEAD_ROWS / (r * block)) + _GATHER_ROWS)).sum())
+
+
+def _window_candidate(rest: torch.Tensor, r: int, a: int, b: int):
+    """Tiles of r blocks against windows [t*r - a, (t+1)*r + b): the block pattern P [r, r+a+b] that most tiles
+    have (each element on in >= 80% of the in-range tiles), and the longest run of tiles that contain P on every
+    head. Returns (t0, nt, P, rest without P in those tiles) or None."""
+    H, M, _ = rest.shape
+    lo = -(-a // r)
+    hi = (M - b) // r
+    if hi - lo < 1:
+        return None
+    nb = r + a + b
+    tiles = torch.arange(lo, hi)
+    rows = tiles[:, None] * r + torch.arange(r)  # [n, r]
+    cols = tiles[:, None] * r - a + torch.arange(nb)  # [n, nb]
+    blk = rest[:, rows[:, :, None], cols[:, None, :]]  # [H, n, r, nb]
+    P = blk.float().mean((0, 1)) >= 0.8
+    if not bool(P.any()):
+        return None
+    good = (blk | ~P).flatten(2).all(-1).all(0).tolist()  # [n]
+    best_len = best_at = run = 0
+    for i, g in enumerate(good):
+        run = run + 1 if g else 0
+        if run > best_len:
+            best_len, best_at = run, i - run + 1
+    if best_len == 0:
+        return None
+    t0, nt = lo + best_at, best_len
+    left = rest.clone()
+    sub = left[:, rows[best_at:best_at + nt, :, None], cols[best_at:best_at + nt, None, :]]
+    left[:, rows[best_at:best_at + nt, :, None], cols[best_at:best_at + nt, None, :]] = sub & ~P
+    return t0, nt, P, left
+
+
+def _squeeze_same(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    for d in dims:
+        if x.shape[d] > 1 and bool((x == x.narrow(d, 0, 1)).all()):
+            x = x.narrow(d, 0, 1)
+    return x
+
+
+def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, token_mask: torch.Tensor | None,
+                    make_gather_plan, query_tile_factor) -> SplitPlan | None:
+    """None when neither a shared block nor a window piece would save work (then the plain gather plan runs)."""
+    lay = lay_HMM.cpu().bool()
+    H, M, _ = lay.shape
+    if M < 2:
+        return None
+    tmc = None if token_mask is None else token_mask.cpu().bool()
+    while tmc is not None and tmc.dim() < 3:
+        tmc = tmc.unsqueeze(0)
+    cols_HS = shared_blocks(lay)
+    rest = lay
+    idx = None
+    if cols_HS is not None:
+        rest = lay & ~torch.zeros_like(lay).scatter_(2, cols_HS[:, None, :].expand(H, M, -1), True)
+        idx = (cols_HS[..., None] * block + torch.arange(block)).reshape(H, -1)
+    # window piece: the tile height with the smallest estimated cost (or none)
+    best_cost = _rest_cost(rest, block, query_tile_factor)
+    best = None
+    band = _band(lay)  # the window structure of the layout (holes left by the shared blocks become mask)
+    if band is not None:
+        a, b = band
+        for r in (d for d in range(1, M + 1) if M % d == 0 and d * block <= _MAX_TILE):
+            cand = _window_candidate(rest, r, a, b)
+            if cand is None:
+                continue
+            t0, nt, P, left = cand
+            cost = H * nt * _tile_cost(r * block, (r + a + b) * block) + _rest_cost(left, block, query_tile_factor)
+            if cost < best_cost:
+                best_cost, best = cost, (r, a, b, t0, nt, P, left)
+    if idx is None and best is None:
+        return None
+    window = None
+    if best is not None:
+        r, a, b, t0, nt, P, rest = best
+        T, nb = r * block, r + a + b
+        W = nb * block
+        k_start = (t0 * r - a) * block
+        mask = P.repeat_interleave(block, 0).repeat_interleave(block, 1)[None, None]  # [1, 1, T, W]
+        if tmc is not None:
+            s0, s1, s2 = tmc.stride()
+            tw = tmc.as_strided((tmc.shape[0], nt, T, W), (s0, T * s1 + T * s2, s1, s2),
+                                tmc.storage_offset() + t0 * T * s1 + k_start * s2)
+            mask = mask & tw
+        mask = _squeeze_same(mask, (0, 1))
+        window = WindowPiece(r=r, tile=T, t0=t0, nt=nt, k_start=k_start, width=W, nblocks=nb, block=block,
+                             mask=None if bool(mask.all()) else mask.to(device))
+    rest_piece = None
+    if bool(rest.any()):
+        gp = make_gather_plan(rest, block, seq_len, device, token_mask)
+        keep = [g for g in gp.groups if g.k_index_GK.shape[1] > 0]
+        order = gp.perm.cpu() if gp.perm is not None else torch.arange(gp.num_tiles)
+        skip = sum(g.k_index_GK.shape[0] for g in gp.groups if g.k_index_GK.shape[1] == 0)
+        rest_piece = RestPiece(plan=gp, groups=keep, tiles=order[skip:].to(device), flat_index=gp.flat_index)
+    tm_a = None
+    if idx is not None and tmc is not None:
+        tm_a = tmc.expand(H, seq_len, seq_len).gather(2, idx[:, None, :].expand(H, seq_len, -1))
+        tm_a = _squeeze_same(tm_a, (0,)).to(device)
+    same = idx is not None and bool((idx == idx[:1]).all())
+    return SplitPlan(
+        shared_index_HS=None if idx is None else idx.to(device),
+        shared_same=same,
+        shared_flat=None if idx is None else (torch.arange(H)[:, None] * seq_len + idx).reshape(-1).to(device),
+        token_mask_HNS=tm_a,
+        window=window,
+        rest=rest_piece,
+        fallback=make_gather_plan(lay, block, seq_len, device, token_mask),
+        density=float(lay.float().mean()),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# execution
+
+
+def _swap(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``[1, G, ...]`` <-> ``[G, 1, ...]`` (a view): CPU flash runs faster with the tiles on its batch axis."""
+    return None if x is None else x.transpose(0, 1)
+
+
+def _same(x):
+    return x
+
+
+def _additive(allow: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if allow is None:
+        return None
+    return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill_(~allow, float("-inf"))
+
+
+def _fwd(q, k, v, mask, row_any, scale, fold=True):
+    """Flash forward on ``[B, G, T, D]`` -> (out, lse); lse = -inf where ``row_any`` says no key is allowed."""
+    f = _swap if fold and q.shape[0] == 1 else _same
+    out, lse = _flash_fwd(f(q), f(k), f(v), 0.0, False, attn_mask=f(mask), scale=scale)
+    out, lse = f(out), f(lse)
+    if row_any is not None:
+        lse = lse.masked_fill(~row_any, float("-inf"))
+    return out, lse
+
+
+def _bwd(dout, q, k, v, out, lse, mask, scale, fold=True):
+    f = _swap if fold and q.shape[0] == 1 else _same
+    g = _flash_bwd(f(dout), f(q), f(k), f(v), f(out), f(lse), 0.0, False, attn_mask=f(mask), scale=scale)
+    return tuple(f(t) for t in g)
+
+
+def _window_views(x_XND: torch.Tensor, w: WindowPiece, keys: bool) -> torch.Tensor:
+    """``[X, N, D]`` (row stride D) -> query tiles ``[X, nt, T, D]`` or overlapping key windows ``[X, nt, W, D]``."""
+    X, N, D = x_XND.shape
+    s0, s1, s2 = x_XND.stride()
+    start = w.k_start if keys else w.t0 * w.tile
+    return x_XND.as_strided((X, w.nt, w.width if keys else w.tile, D), (s0, w.tile * s1, s1, s2),
+                            x_XND.storage_offset() + start * s1)
+
+
+class _SplitAttention(torch.autograd.Function):
+    """The pieces and their merge. Inputs are the full q/k/v (pieces A and W read them as views) and the gathered
+    K/V of A and q/K/V of R (gathers stay outside, in autograd)."""
+
+    @staticmethod
+    def forward(ctx, meta, q, k, v, kA, vA, qR, kR, vR):
+        plan, scale = meta["plan"], meta["scale"]
+        B, H, N, D = q.shape
+        Dv = v.shape[-1]
+        neg = float("-inf")
+        pieces = []  # (name, out in its own shape, lse as [B, H, N] with -inf where not covered)
+        if kA is not None:
+            mask, row_any = meta["A"]
+            oA, lseA = _fwd(q, kA, vA, mask, row_any, scale)
+            pieces.append(("A", oA, lseA))
+        w = plan.window
+        if w is not None:
+            q3, k3, v3 = meta["xw"](q), meta["xw"](k), meta["xw"](v)
+            mask, row_any = meta["W"]
+            oW, lseW = _fwd(_window_views(q3, w, False), _window_views(k3, w, True), _window_views(v3, w, True),
+                            mask, row_any, scale, fold=False)  # [BH, nt, T, *]
+            full = lseW.new_full((B * H, N), neg)
+            full[:, w.t0 * w.tile:(w.t0 + w.nt) * w.tile] = lseW.reshape(B * H, -1)
+            pieces.append(("W", oW, full.view(B, H, N)))
+        rp = plan.rest
+        if rp is not None:
+            outs, lses = [], []
+            TR = rp.plan.tile
+            q_parts = qR.split([g.k_index_GK.shape[0] for g in rp.groups], 1)
+            k_parts = kR.split([g.k_index_GK.numel() for g in rp.groups], 1)
+            v_parts = vR.split([g.k_index_GK.numel() for g in rp.groups], 1)
+            for g, qg, kg, vg, (mask, row_any) in zip(rp.groups, q_parts, k_parts, v_parts, meta["R"]):
+                G, K = g.k_index_GK.shape
+                o, l = _fwd(qg, kg.view(B, G, K, D), vg.view(B, G, K, Dv), mask, row_any, scale)
+                outs.append(o)
+                lses.append(l)
+            oR = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+            lR = lses[0] if len(lses) == 1 else torch.cat(lses, 1)
+            full = lR.new_full((B, rp.plan.num_tiles, TR), neg).index_copy_(1, rp.tiles, lR)
+            pieces.append(("R", oR, full.view(B, H, N)))
+        lse = pieces[0][2]
+        for p in pieces[1:]:
+            lse = torch.logaddexp(lse, p[2])
+        lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # rows with no key anywhere: all weights 0, P = 0
+        acc = torch.promote_types(q.dtype, lse.dtype)
+        out = None
+        for name, o, l in pieces:
+            wgt = torch.exp(l - lse)
+            if name == "A":  # first, covers every row: the product is the (contiguous) accumulator
+                out = torch.mul(o, wgt.unsqueeze(-1), out=q.new_empty(B, H, N, Dv, dtype=acc))
+                continue
+            if out is None:
+                out = q.new_zeros(B, H, N, Dv, dtype=acc)
+            if name == "W":
+                rows = slice(w.t0 * w.tile, (w.t0 + w.nt) * w.tile)
+                ow = o.reshape(B, H, -1, Dv) * wgt[:, :, rows].unsqueeze(-1)
+                out[:, :, rows] += ow
+            else:
+                TR = rp.plan.tile
+                wt = wgt.view(B, -1, TR).index_select(1, rp.tiles).unsqueeze(-1)
+                out.view(B, -1, TR, Dv).index_add_(1, rp.tiles, o * wt)
+        out = out.to(q.dtype).contiguous()
+        ctx.meta = meta
+        ctx.has_a = kA is not None
+        ctx.save_for_backward(q, k, v, kA, vA, qR, kR, vR, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, kA, vA, qR, kR, vR, out, lse = ctx.saved_tensors
+        meta = ctx.meta
+        plan, scale = meta["plan"], meta["scale"]
+        B, H, N, D = q.shape
+        Dv = v.shape[-1]
+        dout = dout.contiguous()
+        dq = dk = dv = dkA = dvA = dqR = dkR = dvR = None
+        if ctx.has_a:
+            dq, dkA, dvA = _bwd(dout, q, kA, vA, out, lse, meta["A"][0], scale)
+            dq = dq.contiguous()
+        w = plan.window
+        if w is not None:
+            rows = slice(w.t0 * w.tile, (w.t0 + w.nt) * w.tile)
+            q3, k3, v3 = meta["xw"](q), meta["xw"](k), meta["xw"](v)
+            shp = (B * H, w.nt, w.tile)
+            gq, gk, gv = _bwd(dout.view(B * H, N, Dv)[:, rows].view(*shp, Dv), _window_views(q3, w, False),
+                              _window_views(k3, w, True), _window_views(v3, w, True),
+                              out.view(B * H, N, Dv)[:, rows].view(*shp, Dv), lse.view(B * H, N)[:, rows].view(shp),
+                              meta["W"][0], scale)
+            if dq is None:
+                dq = q.new_zeros(B, H, N, D)
+            dq.view(B * H, N, D)[:, rows] += gq.reshape(B * H, -1, D)
+            dk = k.new_zeros(B * H, N, D)
+            dv = v.new_zeros(B * H, N, Dv)
+            for j in range(w.nblocks):  # overlapping windows: add each key block of the windows back in place
+                sl = slice(j * w.block, (j + 1) * w.block)
+                for acc, g, E in ((dk, gk, D), (dv, gv, Dv)):
+                    acc.as_strided((B * H, w.nt, w.block, E), (N * E, w.tile * E, E, 1),
+                                   (w.k_start + j * w.block) * E).add_(g[:, :, sl])
+            dk, dv = dk.view(B, H, N, D), dv.view(B, H, N, Dv)
+        rp = plan.rest
+        if rp is not None:
+            TR = rp.plan.tile
+            sel = lambda x, E: x.reshape(B, -1, TR, E).index_select(1, rp.tiles)  # noqa: E731
+            dR, oR = sel(dout, Dv), sel(out, Dv)
+            lR = lse.view(B, -1, TR).index_select(1, rp.tiles)
+            sizes = [g.k_index_GK.shape[0] for g in rp.groups]
+            q_parts = qR.split(sizes, 1)
+            k_parts = kR.split([g.k_index_GK.numel() for g in rp.groups], 1)
+            v_parts = vR.split([g.k_index_GK.numel() for g in rp.groups], 1)
+            dqs, dks, dvs = [], [], []
+            for g, qg, kg, vg, d, o, l, (mask, _) in zip(rp.groups, q_parts, k_parts, v_parts, dR.split(sizes, 1),
+                                                       oR.split(sizes, 1), lR.split(sizes, 1), meta["R"]):
+                G, K = g.k_index_GK.shape
+                a, b_, c = _bwd(d, qg, kg.view(B, G, K, D), vg.view(B, G, K, Dv), o, l, mask, scale)
+                dqs.append(a)
+                dks.append(b_.reshape(B, G * K, D))
+                dvs.append(c.reshape(B, G * K, Dv))
+            cat = lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs, 1)  # noqa: E731
+            dqR, dkR, dvR = cat(dqs), cat(dks), cat(dvs)
+        return None, dq, dk, dv, dkA, dvA, dqR, dkR, dvR
+
+
+def _fold_bh(x: torch.Tensor) -> torch.Tensor:
+    """``[B, H, N, D]`` -> ``[B*H, N, D]`` with unit row stride in D (a view when possible, else a copy)."""
+    B, H, N, D = x.shape
+    if x.stride(3) == 1 and (B == 1 or x.stride(0) == H * x.stride(1)):
+        return x.as_strided((B * H, N, D), (x.stride(1), x.stride(2), 1), x.storage_offset())
+    return x.contiguous().view(B * H, N, D)
+
+
+def _window_allow(plan: SplitPlan, B: int, H: int, N: int, key_padding_mask_BN, token_mask):
+    """The window piece's allow mask as ``[B*H|1, nt|1, T|1, W]`` (None = all allowed)."""
+    w = plan.window
+    allow = None if w.mask is None else w.mask.unsqueeze(0)  # [1, H|1, nt|1, T, W]
+    if key_padding_mask_BN is not None:
+        kp = key_padding_mask_BN
+        kw = kp.as_strided((B, w.nt, w.width), (kp.stride(0), w.tile * kp.stride(1), kp.stride(1)),
+                           kp.storage_offset() + w.k_start * kp.stride(1))[:, None, :, None, :]
+        allow = kw if allow is None else allow & kw
+    if token_mask is not None:
+        tm = token_mask
+        while tm.dim() < 3:
+            tm = tm.unsqueeze(0)
+        s0, s1, s2 = tm.stride()
+        tw = tm.as_strided((tm.shape[0], w.nt, w.tile, w.width), (s0, w.tile * s1 + w.tile * s2, s1, s2),
+                           tm.storage_offset() + w.t0 * w.tile * s1 + w.k_start * s2).unsqueeze(0)
+        allow = tw if allow is None else allow & tw
+    if allow is None:
+        return None
+    if allow.shape[0] == 1 and allow.shape[1] == 1:
+        return allow[0]
+    return allow.expand(B, H, *allow.shape[2:]).reshape(B * H, *allow.shape[2:])
+
+
+def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, plan: SplitPlan,
+                    key_padding_mask_BN: torch.Tensor | None, token_mask: torch.Tensor | None,
+                    scale: float | None) -> torch.Tensor:
+    B, H, N, D = q_BHND.shape
+    Dv = v_BHND.shape[-1]
+    dtype = q_BHND.dtype
+    meta = {"plan": plan, "scale": scale, "xw": _fold_bh}
+    kA = vA = qR = kR = vR = None
+    if plan.shared_index_HS is not None:  # piece A: all queries against the shared blocks
+        S = plan.shared_index_HS.shape[1]
+        if plan.shared_same:
+            kA = k_BHND.index_select(2, plan.shared_index_HS[0])
+            vA = v_BHND.index_select(2, plan.shared_index_HS[0])
+        else:
+            kA = k_BHND.reshape(B, H * N, D).index_select(1, plan.shared_flat).view(B, H, S, D)
+            vA = v_BHND.reshape(B, H * N, Dv).index_select(1, plan.shared_flat).view(B, H, S, Dv)
+        allow = None
+        if key_padding_mask_BN is not None:
+            allow = (key_padding_mask_BN[:, plan.shared_index_HS[0]] if plan.shared_same
+                     else key_padding_mask_BN[:, plan.shared_index_HS]).view(B, -1, 1, S)
+        if token_mask is not None:
+            tm = token_mask
+            while tm.dim() < 3:
+                tm = tm.unsqueeze(0)
+            tm = tm.expand(H, N, N).gather(2, plan.shared_index_HS[:, None, :].expand(H, N, S)).unsqueeze(0)
+            allow = tm if allow is None else allow & tm
+        if plan.token_mask_HNS is not None:
+            tm = plan.token_mask_HNS.unsqueeze(0)
+            allow = tm if allow is None else allow & tm
+        meta["A"] = (_additive(allow, dtype), None if allow is None else allow.any(-1))
+    if plan.window is not None:
+        allow = _window_allow(plan, B, H, N, key_padding_mask_BN, token_mask)
+        row_any = None
+        if allow is not None:
+            row_any = allow.any(-1)
+            if not bool(row_any.all()):
+                row_any = row_any.expand(B * H, plan.window.nt, plan.window.tile)
+            else:
+                row_any = None
+        meta["W"] = (_additive(allow, dtype), row_any)
+    rp = plan.rest
+    if rp is not None:  # piece R: the general gather plan of what is left
+        TR = rp.plan.tile
+        qR = q_BHND.reshape(B, -1, TR, D).index_select(1, rp.tiles)
+        kR = k_BHND.reshape(B, H * N, D).index_select(1, rp.flat_index)
+        vR = v_BHND.reshape(B, H * N, Dv).index_select(1, rp.flat_index)
+        masks = []
+        for g in rp.groups:
+            G, K = g.k_index_GK.shape
+            allow = None
+            if key_padding_mask_BN is not None:
+                allow = key_padding_mask_BN[:, g.k_index_GK].view(B, G, 1, K)
+            if token_mask is not None:
+                tm = token_mask
+                while tm.dim() < 3:
+                    tm = tm.unsqueeze(0)
+                tm = tm.expand(H, N, N)[g.head_G[:, None, None], g.q_index_GQ[:, :, None],
+                                        g.k_index_GK[:, None, :]].unsqueeze(0)
+                allow = tm if allow is None else allow & tm
+            if g.token_mask_GQK is not None:
+                tm = g.token_mask_GQK.unsqueeze(0)
+                allow = tm if allow is None else allow & tm
+            masks.append((_additive(allow, dtype), None if allow is None else allow.any(-1)))
+        meta["R"] = masks
+    return _SplitAttention.apply(meta, q_BHND, k_BHND, v_BHND, kA, vA, qR, kR, vR)
