@@ -226,6 +226,7 @@ def test_fixed_mask_in_plan_and_call_time_mask_combine():
             torch.testing.assert_close(mod(q, k, v, token_mask=extra), want, atol=1e-5, rtol=1e-5, msg=kernel)
     plan = A.BlockSparseAttention(None, "block_gather", N, fixed_token_mask=mask, mask_block=8)._plan(
         N, torch.device("cpu"))
-    assert all(g.token_mask_GQK is not None for g in plan.groups)
+    parts = [plan] if not hasattr(plan, "fallback") else [plan.fallback] + ([plan.rest.plan] if plan.rest else [])
+    assert all(g.token_mask_GQK is not None for p in parts for g in p.groups)  # (split plan on CPU: its gather plans)
     plan = A.BlockSparseAttention(None, "flex", N, fixed_token_mask=mask, mask_block=8)._plan(N, torch.device("cpu"))
     assert plan.token_mask is not None
