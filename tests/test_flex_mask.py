@@ -85,3 +85,32 @@ def test_layout_block_mask_equals_create_block_mask(name, n_tokens, pad, token_m
 def test_sparse_block_size():
     assert sparse_block_size(16) == 128 and sparse_block_size(64) == 128 and sparse_block_size(256) == 256
     assert sparse_block_size(48) is None  # not aligned: the kernel falls back to create_block_mask
+
+
+@pytest.mark.parametrize("name", [None, *LAYOUTS])
+def test_flex_kernel_matches_dense_on_multi_block_lengths(name):
+    """The kernel path (plan mask + per-call key padding + token mask) over several 128-token sparse blocks."""
+    cfg = None if name is None else LAYOUTS[name]()
+    n = 300  # not a multiple of 128, nor of most layouts' units: padded by the module where needed
+    B = 3
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, n, 16, generator=g) for _ in range(3))
+    kpm = torch.ones(B, n, dtype=torch.bool)
+    kpm[1, n - 70:] = False
+    kpm[2, 140:] = False
+    tm = torch.rand(1, n, n, generator=g) > 0.1
+    for kp, t in ((None, None), (kpm, None), (kpm, tm)):
+        with torch.no_grad():
+            ref = A.BlockSparseAttention(cfg, kernel="dense", max_seq_length=512)(q, k, v, kp, t)
+            out = A.BlockSparseAttention(cfg, kernel="flex", max_seq_length=512)(q, k, v, kp, t)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_flex_plan_for_blockbert_has_only_full_blocks():
+    """BlockBERT's 256-token chunks at N=512 are whole 128-token sparse blocks: no mask_mod runs at all."""
+    cfg = LAYOUTS["blockbert_n2"]()
+    mod = A.BlockSparseAttention(cfg, kernel="flex", max_seq_length=512)
+    bm = mod._plan(512, torch.device("cpu")).block_mask
+    assert bm.BLOCK_SIZE == (128, 128)
+    assert int(bm.kv_num_blocks.sum()) == 0  # no partial block
+    assert bm.full_kv_num_blocks.flatten().tolist() == [2] * (H * 4)  # 2 of the 4 key blocks per query block

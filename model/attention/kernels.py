@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from model.attention.bias import ScoreBias
+from model.attention.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
 from model.attention.split_global import SplitPlan, make_split_plan, split_attention
 from model.attention.tile_permutation import PermutationPlan, make_permutation_plan, permutation_attention
 
@@ -322,8 +323,10 @@ class FlexKernel(Kernel):
 
     @staticmethod
     def _mask_mod(layout, block, kpm=None, token_mask=None):
+        per_head = layout.shape[0] > 1  # a one-head layout (full attention) serves every head
+
         def mask_mod(b, h, qi, ki):
-            m = layout[h, qi // block, ki // block]
+            m = layout[h if per_head else 0, qi // block, ki // block]
             if kpm is not None:
                 m = m & kpm[b, ki]
             if token_mask is not None:
@@ -333,23 +336,33 @@ class FlexKernel(Kernel):
         return mask_mod
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        if layout_HMM is None:
-            layout_HMM = torch.ones(1, 1, 1, dtype=torch.bool)
-            block = seq_len
+        if layout_HMM is None:  # full attention: an all-on layout at the sparse block size
+            block = SPARSE_BLOCK
+            m = -(-seq_len // block)
+            layout_HMM = torch.ones(1, m, m, dtype=torch.bool)
         lay = layout_HMM.to(device=device, dtype=torch.bool)
         tm = None if token_mask is None else token_mask.to(device=device, dtype=torch.bool)
         H = max(lay.shape[0], 1 if tm is None else tm.shape[0])
         if lay.shape[0] == 1 and H > 1:
             lay = lay.expand(H, -1, -1)
-        bm = create_block_mask(self._mask_mod(lay, block, token_mask=tm), None, H, seq_len, seq_len, device=device)
-        return FlexPlan(layout_HMM=lay, block=block, seq_len=seq_len, block_mask=bm, token_mask=tm)
+        plan = FlexPlan(layout_HMM=lay, block=block, seq_len=seq_len, block_mask=None, token_mask=tm)
+        plan.block_mask = self._block_mask(plan, lay, None, tm)
+        return plan
+
+    def _block_mask(self, plan: "FlexPlan", lay: torch.Tensor, kpm: torch.Tensor | None,
+                    tm: torch.Tensor | None) -> Any:
+        """From the block layout when it aligns with 128-token sparse blocks (no N x N pass); else torch's
+        ``create_block_mask`` over the same mask_mod."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        mask_mod = self._mask_mod(lay, plan.block, kpm, tm)
+        if sparse_block_size(plan.block) is not None:
+            return layout_block_mask(lay, plan.block, plan.seq_len, mask_mod, kpm, tm)
+        B = None if kpm is None else kpm.shape[0]
+        return create_block_mask(mask_mod, B, lay.shape[0], plan.seq_len, plan.seq_len, device=lay.device)
 
     def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN=None, token_mask=None, score_bias=None,
                  dropout_p=0.0, scale=None, training=False):
-        from torch.nn.attention.flex_attention import create_block_mask
-
         dev = q_BHND.device
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_BHND, k_BHND, v_BHND))
         if dev.type == "cpu" and needs_grad:
@@ -373,7 +386,7 @@ class FlexKernel(Kernel):
             tm = None if token_mask is None else token_mask.to(dev)
             if plan.token_mask is not None:
                 tm = plan.token_mask if tm is None else plan.token_mask & tm
-            bm = create_block_mask(self._mask_mod(lay, plan.block, key_padding_mask_BN, tm), B, H, N, N, device=dev)
+            bm = self._block_mask(plan, lay, key_padding_mask_BN, tm)
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
         with warnings.catch_warnings():
