@@ -390,12 +390,12 @@ def test_block_gather_batch_of_one_matches_dense(name):
 # (A = shared key blocks, W = (query blocks per tile, key blocks per window, element mask), R = gathered rest)
 SPLIT_PIECES = {
     "fixed": (True, None, True),
-    "fixed_uni_horizontal": (False, (4, 5, True), True),
-    "variable_random": (True, (1, 1, False), True),
-    "bigbird": (True, (2, 4, True), True),
-    "bslongformer": (True, (2, 4, True), True),
-    "local_uni": (False, (2, 3, True), True),
-    "local_bi": (False, (2, 4, True), True),
+    "fixed_uni_horizontal": (False, (4, 4, True), True),
+    "variable_random": (True, (4, 4, True), True),
+    "bigbird": (True, (1, 3, False), True),
+    "bslongformer": (True, (8, 8, True), True),
+    "local_uni": (False, (1, 2, False), True),
+    "local_bi": (False, (4, 4, True), True),
 }
 
 

@@ -38,8 +38,8 @@ _flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 # cost model for picking the window tile height (score elements; measured on the 2-core box: CPU flash runs
 # 64-row tiles ~1.6x slower per score than 128+-row tiles, and a gathered key row costs about as much as scoring
 # it against 32 more query rows: copy + index_add backward)
-_TILE_OVERHEAD_ROWS = 96
-_GATHER_ROWS = 32
+_TILE_OVERHEAD_ROWS = 48
+_GATHER_ROWS = 128
 _MAX_TILE = 512
 
 
@@ -182,9 +182,8 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, tok
     best_cost = _rest_cost(rest, block, query_tile_factor)
     best = None
     band = _band(lay)  # the window structure of the layout (holes left by the shared blocks become mask)
-    if band is not None:
-        a, b = band
-        for r in (d for d in range(1, M + 1) if M % d == 0 and d * block <= _MAX_TILE):
+    for a, b in [] if band is None else sorted({band, (0, 0)}):  # the band, or aligned diagonal tiles only
+        for r in (d for d in range(1, M // 2 + 1) if M % d == 0 and d * block <= _MAX_TILE):  # >= 2 tiles
             cand = _window_candidate(rest, r, a, b)
             if cand is None:
                 continue
@@ -277,16 +276,49 @@ def _window_views(x_XND: torch.Tensor, w: WindowPiece, keys: bool) -> torch.Tens
                             x_XND.storage_offset() + start * s1)
 
 
+def _group_slices(rp: RestPiece) -> list[tuple[slice, slice]]:
+    """Per group of piece R: its slice of ``rp.tiles`` and of ``rp.flat_index``."""
+    out, t, f = [], 0, 0
+    for g in rp.groups:
+        G, K = g.k_index_GK.shape
+        out.append((slice(t, t + G), slice(f, f + G * K)))
+        t, f = t + G, f + G * K
+    return out
+
+
+def _gather_pieces(plan: SplitPlan, q, k, v):
+    """Piece A's K/V and piece R's q tiles and K/V (copies; their gradients are added back in place)."""
+    B, H, N, D = q.shape
+    Dv = v.shape[-1]
+    kA = vA = qR = kR = vR = None
+    if plan.shared_index_HS is not None:
+        S = plan.shared_index_HS.shape[1]
+        if plan.shared_same:
+            kA = k.index_select(2, plan.shared_index_HS[0])
+            vA = v.index_select(2, plan.shared_index_HS[0])
+        else:
+            kA = k.reshape(B, H * N, D).index_select(1, plan.shared_flat).view(B, H, S, D)
+            vA = v.reshape(B, H * N, Dv).index_select(1, plan.shared_flat).view(B, H, S, Dv)
+    rp = plan.rest
+    if rp is not None:
+        qR = q.reshape(B, -1, rp.plan.tile, D).index_select(1, rp.tiles)
+        kR = k.reshape(B, H * N, D).index_select(1, rp.flat_index)
+        vR = v.reshape(B, H * N, Dv).index_select(1, rp.flat_index)
+    return kA, vA, qR, kR, vR
+
+
 class _SplitAttention(torch.autograd.Function):
-    """The pieces and their merge. Inputs are the full q/k/v (pieces A and W read them as views) and the gathered
-    K/V of A and q/K/V of R (gathers stay outside, in autograd)."""
+    """The pieces and their merge, forward and backward, on the full q/k/v (pieces A and W read them as views; the
+    gathers of A and R are done here, and their gradients are index_add-ed into one dq/dk/dv in place, so the
+    backward allocates no zero-filled buffer per gather and no sum of per-piece gradients)."""
 
     @staticmethod
-    def forward(ctx, meta, q, k, v, kA, vA, qR, kR, vR):
+    def forward(ctx, meta, q, k, v):
         plan, scale = meta["plan"], meta["scale"]
         B, H, N, D = q.shape
         Dv = v.shape[-1]
         neg = float("-inf")
+        kA, vA, qR, kR, vR = _gather_pieces(plan, q, k, v)
         pieces = []  # (name, out in its own shape, lse as [B, H, N] with -inf where not covered)
         if kA is not None:
             mask, row_any = meta["A"]
@@ -303,20 +335,17 @@ class _SplitAttention(torch.autograd.Function):
             pieces.append(("W", oW, full.view(B, H, N)))
         rp = plan.rest
         if rp is not None:
-            outs, lses = [], []
             TR = rp.plan.tile
-            q_parts = qR.split([g.k_index_GK.shape[0] for g in rp.groups], 1)
-            k_parts = kR.split([g.k_index_GK.numel() for g in rp.groups], 1)
-            v_parts = vR.split([g.k_index_GK.numel() for g in rp.groups], 1)
-            for g, qg, kg, vg, (mask, row_any) in zip(rp.groups, q_parts, k_parts, v_parts, meta["R"]):
+            full = None
+            outs = []
+            for g, (ts, fs), (mask, row_any) in zip(rp.groups, _group_slices(rp), meta["R"]):
                 G, K = g.k_index_GK.shape
-                o, l = _fwd(qg, kg.view(B, G, K, D), vg.view(B, G, K, Dv), mask, row_any, scale)
+                o, l = _fwd(qR[:, ts], kR[:, fs].view(B, G, K, D), vR[:, fs].view(B, G, K, Dv), mask, row_any, scale)
+                if full is None:
+                    full = l.new_full((B, rp.plan.num_tiles, TR), neg)
+                full.index_copy_(1, rp.tiles[ts], l)
                 outs.append(o)
-                lses.append(l)
-            oR = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
-            lR = lses[0] if len(lses) == 1 else torch.cat(lses, 1)
-            full = lR.new_full((B, rp.plan.num_tiles, TR), neg).index_copy_(1, rp.tiles, lR)
-            pieces.append(("R", oR, full.view(B, H, N)))
+            pieces.append(("R", outs, full.view(B, H, N)))
         lse = pieces[0][2]
         for p in pieces[1:]:
             lse = torch.logaddexp(lse, p[2])
@@ -332,15 +361,16 @@ class _SplitAttention(torch.autograd.Function):
                 out = q.new_zeros(B, H, N, Dv, dtype=acc)
             if name == "W":
                 rows = slice(w.t0 * w.tile, (w.t0 + w.nt) * w.tile)
-                ow = o.reshape(B, H, -1, Dv) * wgt[:, :, rows].unsqueeze(-1)
-                out[:, :, rows] += ow
+                out[:, :, rows] += o.reshape(B, H, -1, Dv) * wgt[:, :, rows].unsqueeze(-1)
             else:
                 TR = rp.plan.tile
-                wt = wgt.view(B, -1, TR).index_select(1, rp.tiles).unsqueeze(-1)
-                out.view(B, -1, TR, Dv).index_add_(1, rp.tiles, o * wt)
-        out = out.to(q.dtype).contiguous()
+                wt = wgt.view(B, -1, TR)
+                out_t = out.view(B, -1, TR, Dv)
+                for og, (ts, _) in zip(o, _group_slices(rp)):
+                    tiles = rp.tiles[ts]
+                    out_t.index_add_(1, tiles, og * wt.index_select(1, tiles).unsqueeze(-1))
+        out = out.to(q.dtype)
         ctx.meta = meta
-        ctx.has_a = kA is not None
         ctx.save_for_backward(q, k, v, kA, vA, qR, kR, vR, out, lse)
         return out
 
@@ -352,10 +382,20 @@ class _SplitAttention(torch.autograd.Function):
         B, H, N, D = q.shape
         Dv = v.shape[-1]
         dout = dout.contiguous()
-        dq = dk = dv = dkA = dvA = dqR = dkR = dvR = None
-        if ctx.has_a:
+        dq = None
+        dk = k.new_zeros(B, H, N, D)
+        dv = v.new_zeros(B, H, N, Dv)
+        if kA is not None:
             dq, dkA, dvA = _bwd(dout, q, kA, vA, out, lse, meta["A"][0], scale)
             dq = dq.contiguous()
+            if plan.shared_same:
+                dk.index_add_(2, plan.shared_index_HS[0], dkA)
+                dv.index_add_(2, plan.shared_index_HS[0], dvA)
+            else:
+                dk.view(B, H * N, D).index_add_(1, plan.shared_flat, dkA.reshape(B, -1, D))
+                dv.view(B, H * N, Dv).index_add_(1, plan.shared_flat, dvA.reshape(B, -1, Dv))
+        if dq is None:
+            dq = q.new_zeros(B, H, N, D)
         w = plan.window
         if w is not None:
             rows = slice(w.t0 * w.tile, (w.t0 + w.nt) * w.tile)
@@ -365,38 +405,28 @@ class _SplitAttention(torch.autograd.Function):
                               _window_views(k3, w, True), _window_views(v3, w, True),
                               out.view(B * H, N, Dv)[:, rows].view(*shp, Dv), lse.view(B * H, N)[:, rows].view(shp),
                               meta["W"][0], scale)
-            if dq is None:
-                dq = q.new_zeros(B, H, N, D)
             dq.view(B * H, N, D)[:, rows] += gq.reshape(B * H, -1, D)
-            dk = k.new_zeros(B * H, N, D)
-            dv = v.new_zeros(B * H, N, Dv)
             for j in range(w.nblocks):  # overlapping windows: add each key block of the windows back in place
                 sl = slice(j * w.block, (j + 1) * w.block)
                 for acc, g, E in ((dk, gk, D), (dv, gv, Dv)):
-                    acc.as_strided((B * H, w.nt, w.block, E), (N * E, w.tile * E, E, 1),
-                                   (w.k_start + j * w.block) * E).add_(g[:, :, sl])
-            dk, dv = dk.view(B, H, N, D), dv.view(B, H, N, Dv)
+                    acc.view(B * H, N, E).as_strided((B * H, w.nt, w.block, E), (N * E, w.tile * E, E, 1),
+                                                     (w.k_start + j * w.block) * E).add_(g[:, :, sl])
         rp = plan.rest
         if rp is not None:
             TR = rp.plan.tile
-            sel = lambda x, E: x.reshape(B, -1, TR, E).index_select(1, rp.tiles)  # noqa: E731
-            dR, oR = sel(dout, Dv), sel(out, Dv)
-            lR = lse.view(B, -1, TR).index_select(1, rp.tiles)
-            sizes = [g.k_index_GK.shape[0] for g in rp.groups]
-            q_parts = qR.split(sizes, 1)
-            k_parts = kR.split([g.k_index_GK.numel() for g in rp.groups], 1)
-            v_parts = vR.split([g.k_index_GK.numel() for g in rp.groups], 1)
-            dqs, dks, dvs = [], [], []
-            for g, qg, kg, vg, d, o, l, (mask, _) in zip(rp.groups, q_parts, k_parts, v_parts, dR.split(sizes, 1),
-                                                       oR.split(sizes, 1), lR.split(sizes, 1), meta["R"]):
+            d_t, o_t, l_t = dout.view(B, -1, TR, Dv), out.view(B, -1, TR, Dv), lse.view(B, -1, TR)
+            dq_t = dq.view(B, -1, TR, D)
+            dk_f, dv_f = dk.view(B, H * N, D), dv.view(B, H * N, Dv)
+            for g, (ts, fs), (mask, _) in zip(rp.groups, _group_slices(rp), meta["R"]):
                 G, K = g.k_index_GK.shape
-                a, b_, c = _bwd(d, qg, kg.view(B, G, K, D), vg.view(B, G, K, Dv), o, l, mask, scale)
-                dqs.append(a)
-                dks.append(b_.reshape(B, G * K, D))
-                dvs.append(c.reshape(B, G * K, Dv))
-            cat = lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs, 1)  # noqa: E731
-            dqR, dkR, dvR = cat(dqs), cat(dks), cat(dvs)
-        return None, dq, dk, dv, dkA, dvA, dqR, dkR, dvR
+                tiles, flat = rp.tiles[ts], rp.flat_index[fs]
+                gq, gk, gv = _bwd(d_t.index_select(1, tiles), qR[:, ts], kR[:, fs].view(B, G, K, D),
+                                  vR[:, fs].view(B, G, K, Dv), o_t.index_select(1, tiles), l_t.index_select(1, tiles),
+                                  mask, scale)
+                dq_t.index_add_(1, tiles, gq)
+                dk_f.index_add_(1, flat, gk.reshape(B, G * K, D))
+                dv_f.index_add_(1, flat, gv.reshape(B, G * K, Dv))
+        return None, dq, dk, dv
 
 
 def _fold_bh(x: torch.Tensor) -> torch.Tensor:
@@ -438,15 +468,8 @@ def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Te
     Dv = v_BHND.shape[-1]
     dtype = q_BHND.dtype
     meta = {"plan": plan, "scale": scale, "xw": _fold_bh}
-    kA = vA = qR = kR = vR = None
     if plan.shared_index_HS is not None:  # piece A: all queries against the shared blocks
         S = plan.shared_index_HS.shape[1]
-        if plan.shared_same:
-            kA = k_BHND.index_select(2, plan.shared_index_HS[0])
-            vA = v_BHND.index_select(2, plan.shared_index_HS[0])
-        else:
-            kA = k_BHND.reshape(B, H * N, D).index_select(1, plan.shared_flat).view(B, H, S, D)
-            vA = v_BHND.reshape(B, H * N, Dv).index_select(1, plan.shared_flat).view(B, H, S, Dv)
         allow = None
         if key_padding_mask_BN is not None:
             allow = (key_padding_mask_BN[:, plan.shared_index_HS[0]] if plan.shared_same
@@ -473,10 +496,6 @@ def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Te
         meta["W"] = (_additive(allow, dtype), row_any)
     rp = plan.rest
     if rp is not None:  # piece R: the general gather plan of what is left
-        TR = rp.plan.tile
-        qR = q_BHND.reshape(B, -1, TR, D).index_select(1, rp.tiles)
-        kR = k_BHND.reshape(B, H * N, D).index_select(1, rp.flat_index)
-        vR = v_BHND.reshape(B, H * N, Dv).index_select(1, rp.flat_index)
         masks = []
         for g in rp.groups:
             G, K = g.k_index_GK.shape
@@ -495,4 +514,4 @@ def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Te
                 allow = tm if allow is None else allow & tm
             masks.append((_additive(allow, dtype), None if allow is None else allow.any(-1)))
         meta["R"] = masks
-    return _SplitAttention.apply(meta, q_BHND, k_BHND, v_BHND, kA, vA, qR, kR, vR)
+    return _SplitAttention.apply(meta, q_BHND, k_BHND, v_BHND)
