@@ -390,13 +390,15 @@ def test_block_gather_batch_of_one_matches_dense(name):
 # (A = shared key blocks, W = (query blocks per tile, key blocks per window, element mask), R = gathered rest)
 SPLIT_PIECES = {
     "fixed": (True, None, True),
-    "fixed_uni_horizontal": (False, (4, 4, True), True),
-    "variable_random": (True, (4, 4, True), True),
-    "bigbird": (True, (1, 3, False), True),
-    "bslongformer": (True, (8, 8, True), True),
+    "fixed_uni_horizontal": (False, (8, 8, True), True),
+    "variable_default": (True, (8, 8, True), True),
+    "bigbird": (True, (2, 4, True), True),
+    "bslongformer": (True, (1, 3, False), True),
     "local_uni": (False, (1, 2, False), True),
-    "local_bi": (False, (4, 4, True), True),
+    "local_bi": (False, (1, 3, False), True),
 }
+SPLIT_LAYOUTS = {**LAYOUTS, "variable_default": lambda: A.VariableSparsityConfig(
+    H, block=16, different_layout_per_head=True, num_random_blocks=1, seed=3)}
 
 
 def _split_plan(mod, n):
@@ -410,7 +412,7 @@ def _split_plan(mod, n):
 @pytest.mark.parametrize("name", list(SPLIT_PIECES))
 def test_split_plan_pieces(name):
     """The split path is really taken for these layouts (so the parity tests below test it)."""
-    mod = A.BlockSparseAttention(LAYOUTS[name](), kernel="block_gather", max_seq_length=256)
+    mod = A.BlockSparseAttention(SPLIT_LAYOUTS[name](), kernel="block_gather", max_seq_length=256)
     plan, pieces = _split_plan(mod, 256)
     assert pieces == SPLIT_PIECES[name]
     assert isinstance(plan.fallback, GatherPlan)
@@ -454,7 +456,7 @@ def test_split_path_matches_dense_fp32_with_grads(name, case, batch):
         tm[100] = False  # a row the call's mask empties
     outs, grads = {}, {}
     for kernel in ("dense", "block_gather"):
-        mod = A.BlockSparseAttention(LAYOUTS[name](), kernel=kernel, max_seq_length=n, fixed_token_mask=fixed)
+        mod = A.BlockSparseAttention(SPLIT_LAYOUTS[name](), kernel=kernel, max_seq_length=n, fixed_token_mask=fixed)
         if kernel == "block_gather":
             _split_plan(mod, n)
         out = mod(qv, kv, vv, key_padding_mask_BN=kpm, token_mask=tm)

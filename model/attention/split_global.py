@@ -40,6 +40,9 @@ _flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 # it against 32 more query rows: copy + index_add backward)
 _TILE_OVERHEAD_ROWS = 48
 _GATHER_ROWS = 128
+# every piece also costs a pass over its rows (logsumexp, D = rowsum(dO * O), the merge): about as much as scoring
+# this many more keys per row (measured: Fixed, block 64, N=1024 runs faster unsplit, N=2048 faster split)
+_PIECE_ROW_KEYS = 192
 _MAX_TILE = 512
 
 
@@ -120,7 +123,8 @@ def _rest_cost(rest_HMM: torch.Tensor, block: int, query_tile_factor) -> float:
     r = query_tile_factor(rest_HMM)
     keys = rest_HMM[:, ::r].sum(-1).flatten() * block  # per tile
     keys = keys[keys > 0].double()
-    return float((keys * (r * block * (1 + _TILE_OVERHEAD_ROWS / (r * block)) + _GATHER_ROWS)).sum())
+    per_key = r * block * (1 + _TILE_OVERHEAD_ROWS / (r * block)) + _GATHER_ROWS
+    return float((keys * per_key).sum()) + keys.numel() * r * block * _PIECE_ROW_KEYS
 
 
 def _window_candidate(rest: torch.Tensor, r: int, a: int, b: int):
@@ -178,6 +182,9 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, tok
     if cols_HS is not None:
         rest = lay & ~torch.zeros_like(lay).scatter_(2, cols_HS[:, None, :].expand(H, M, -1), True)
         idx = (cols_HS[..., None] * block + torch.arange(block)).reshape(H, -1)
+    N = M * block
+    plain_cost = _rest_cost(lay, block, query_tile_factor)  # the ordinary gather plan: one piece
+    shared_cost = 0.0 if idx is None else H * N * (idx.shape[1] * (1 + _TILE_OVERHEAD_ROWS / N) + _PIECE_ROW_KEYS)
     # window piece: the tile height with the smallest estimated cost (or none)
     best_cost = _rest_cost(rest, block, query_tile_factor)
     best = None
@@ -188,10 +195,11 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, tok
             if cand is None:
                 continue
             t0, nt, P, left = cand
-            cost = H * nt * _tile_cost(r * block, (r + a + b) * block) + _rest_cost(left, block, query_tile_factor)
+            cost = (H * nt * (_tile_cost(r * block, (r + a + b) * block) + r * block * _PIECE_ROW_KEYS)
+                    + _rest_cost(left, block, query_tile_factor))
             if cost < best_cost:
                 best_cost, best = cost, (r, a, b, t0, nt, P, left)
-    if idx is None and best is None:
+    if (idx is None and best is None) or shared_cost + best_cost >= plain_cost:
         return None
     window = None
     if best is not None:
@@ -325,7 +333,8 @@ class _SplitAttention(torch.autograd.Function):
             oA, lseA = _fwd(q, kA, vA, mask, row_any, scale)
             pieces.append(("A", oA, lseA))
         w = plan.window
-        if w is not None:
+        q3 = k3 = v3 = None
+        if w is not None:  # [B*H, N, D]: views of contiguous inputs, else copies (kept for the backward)
             q3, k3, v3 = meta["xw"](q), meta["xw"](k), meta["xw"](v)
             mask, row_any = meta["W"]
             oW, lseW = _fwd(_window_views(q3, w, False), _window_views(k3, w, True), _window_views(v3, w, True),
@@ -371,12 +380,12 @@ class _SplitAttention(torch.autograd.Function):
                     out_t.index_add_(1, tiles, og * wt.index_select(1, tiles).unsqueeze(-1))
         out = out.to(q.dtype)
         ctx.meta = meta
-        ctx.save_for_backward(q, k, v, kA, vA, qR, kR, vR, out, lse)
+        ctx.save_for_backward(q, k, v, kA, vA, qR, kR, vR, out, lse, q3, k3, v3)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, kA, vA, qR, kR, vR, out, lse = ctx.saved_tensors
+        q, k, v, kA, vA, qR, kR, vR, out, lse, q3, k3, v3 = ctx.saved_tensors
         meta = ctx.meta
         plan, scale = meta["plan"], meta["scale"]
         B, H, N, D = q.shape
@@ -399,7 +408,6 @@ class _SplitAttention(torch.autograd.Function):
         w = plan.window
         if w is not None:
             rows = slice(w.t0 * w.tile, (w.t0 + w.nt) * w.tile)
-            q3, k3, v3 = meta["xw"](q), meta["xw"](k), meta["xw"](v)
             shp = (B * H, w.nt, w.tile)
             gq, gk, gv = _bwd(dout.view(B * H, N, Dv)[:, rows].view(*shp, Dv), _window_views(q3, w, False),
                               _window_views(k3, w, True), _window_views(v3, w, True),
