@@ -32,8 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-_flash_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+# torch's CPU flash kernel with its logsumexp (internal aten ops; present in the pinned torch): without them, no split
+_HAVE_CPU_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
+_flash_fwd = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_flash_bwd = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 # cost model for picking the window tile height (score elements; measured on the 2-core box: CPU flash runs
 # 64-row tiles ~1.6x slower per score than 128+-row tiles, and a gathered key row costs about as much as scoring
@@ -171,7 +173,7 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, tok
     """None when neither a shared block nor a window piece would save work (then the plain gather plan runs)."""
     lay = lay_HMM.cpu().bool()
     H, M, _ = lay.shape
-    if M < 2:
+    if M < 2 or not _HAVE_CPU_FLASH:
         return None
     tmc = None if token_mask is None else token_mask.cpu().bool()
     while tmc is not None and tmc.dim() < 3:
