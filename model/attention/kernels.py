@@ -184,7 +184,9 @@ class BlockGatherKernel(Kernel):
     Compute and score memory scale with the layout's density; gathered K/V cost (key blocks per row) x the size of
     K/V. One gather for K, one for V, one permutation of Q and of the output, whatever the number of groups (each
     large temporary costs page faults on CPU). Autograd works on every device (index_select's backward is
-    index_add).
+    index_add). Plans, most specific first: BlockBERT-like layouts get the permutation fast path
+    (tile_permutation.py); on CPU, layouts with key blocks shared by all rows or a diagonal window get the split path
+    (split_global.py) when its estimated cost is lower; everything else the general gather plan.
     """
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
