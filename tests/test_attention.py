@@ -154,11 +154,12 @@ def test_block_gather_half_precision_loose(name, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex training, fp16/bf16 kernels)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kernel", ["flex", "block_gather"])
+@pytest.mark.parametrize("n", [128, 240])  # 240: two 128-token sparse blocks, the last one cut
 @pytest.mark.parametrize("name", ["fixed", "bigbird", "blockbert_n3"])
-def test_kernels_match_dense_on_cuda(name, kernel, dtype):
+def test_kernels_match_dense_on_cuda(name, kernel, dtype, n):
     cfg = LAYOUTS[name]()
-    q, k, v = (t.detach().cuda().requires_grad_() for t in _inputs(128, dtype))
-    kpm = _padding(128, "tail").cuda()
+    q, k, v = (t.detach().cuda().requires_grad_() for t in _inputs(n, dtype))
+    kpm = _padding(n, "tail").cuda()
     ref, ref_g = _run("dense", cfg, q, k, v, kpm)
     out, g = _run(kernel, cfg, q, k, v, kpm)
     tol = dict(atol=1e-4, rtol=1e-3) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
