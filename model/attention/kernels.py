@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from model.attention.bias import ScoreBias
 from model.attention.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
+from model.attention.tile_masks import tile_allow
 from model.attention.split_global import SplitPlan, make_split_plan, split_attention
 from model.attention.tile_permutation import PermutationPlan, make_permutation_plan, permutation_attention
 
@@ -282,13 +283,7 @@ class BlockGatherKernel(Kernel):
             allow = None
             if key_padding_mask_BN is not None:
                 allow = key_padding_mask_BN[:, g.k_index_GK].view(B, G, 1, K)
-            if token_mask is not None:
-                tm = token_mask.expand(H, N, N)[g.head_G[:, None, None], g.q_index_GQ[:, :, None],
-                                                g.k_index_GK[:, None, :]].unsqueeze(0)
-                allow = tm if allow is None else allow & tm
-            if g.token_mask_GQK is not None:
-                tm = g.token_mask_GQK.unsqueeze(0)
-                allow = tm if allow is None else allow & tm
+            allow = tile_allow(allow, token_mask, g.token_mask_GQK, g.head_G, g.q_index_GQ, g.k_index_GK, H, N)
             bias = None if score_bias is None else score_bias.gather(g.head_G, g.q_index_GQ, g.k_index_GK)
             outs.append(_sdpa_tiles(q, k, v, allow, bias, drop, scale))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)

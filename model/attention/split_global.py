@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from model.attention.tile_masks import tile_allow
+
 # torch's CPU flash kernel with its logsumexp (internal aten ops; present in the pinned torch): without them, no split
 _HAVE_CPU_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
 _flash_fwd = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -512,16 +514,7 @@ def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Te
             allow = None
             if key_padding_mask_BN is not None:
                 allow = key_padding_mask_BN[:, g.k_index_GK].view(B, G, 1, K)
-            if token_mask is not None:
-                tm = token_mask
-                while tm.dim() < 3:
-                    tm = tm.unsqueeze(0)
-                tm = tm.expand(H, N, N)[g.head_G[:, None, None], g.q_index_GQ[:, :, None],
-                                        g.k_index_GK[:, None, :]].unsqueeze(0)
-                allow = tm if allow is None else allow & tm
-            if g.token_mask_GQK is not None:
-                tm = g.token_mask_GQK.unsqueeze(0)
-                allow = tm if allow is None else allow & tm
+            allow = tile_allow(allow, token_mask, g.token_mask_GQK, g.head_G, g.q_index_GQ, g.k_index_GK, H, N)
             masks.append((_additive(allow, dtype), None if allow is None else allow.any(-1)))
         meta["R"] = masks
     return _SplitAttention.apply(meta, q_BHND, k_BHND, v_BHND)

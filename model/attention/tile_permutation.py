@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from model.attention.bias import ScoreBias
+from model.attention.tile_masks import tile_allow
 
 
 @dataclass
@@ -113,12 +114,6 @@ def permutation_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: to
     if key_padding_mask_BN is not None:
         kp = key_padding_mask_BN.view(B, 1, n, T).expand(B, H, n, T).reshape(B, G, 1, T)
         allow = kp if plan.tile_map is None else kp.index_select(1, plan.tile_map)
-    if token_mask is not None:
-        tm = token_mask.expand(H, N, N)[plan.head_G[:, None, None], plan.q_index_GQ[:, :, None],
-                                        plan.k_index_GK[:, None, :]].unsqueeze(0)
-        allow = tm if allow is None else allow & tm
-    if plan.token_mask_GQK is not None:
-        tm = plan.token_mask_GQK.unsqueeze(0)
-        allow = tm if allow is None else allow & tm
+    allow = tile_allow(allow, token_mask, plan.token_mask_GQK, plan.head_G, plan.q_index_GQ, plan.k_index_GK, H, N)
     bias = None if score_bias is None else score_bias.gather(plan.head_G, plan.q_index_GQ, plan.k_index_GK)
     return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale).view(B, H, N, Dv)
