@@ -138,7 +138,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         for lname in args.layouts:
             for kname in args.kernels:
                 if kname == "flex" and device.type == "cpu":
-                    continue  # FlexAttention has no backward on CPU
+                    if n == args.seq_lens[0] and lname == args.layouts[0]:
+                        print("skipping kernel 'flex' on CPU: FlexAttention has no backward there (use --device cuda)")
+                    continue
                 if kname == "dense" and n > args.max_dense_masked_n:
                     continue
                 candidates.append((kname, lname, LAYOUTS[lname](), None))
