@@ -30,29 +30,22 @@ def sparse_block_size(block: int) -> int | None:
     return size if size % block == 0 else None
 
 
-def _coarse_any_all(x_XMM: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fine ``[X, M, M]`` booleans -> (any, all) over r x r groups, ``[X, ceil(M/r), ceil(M/r)]``.
+def _grouped_any_all(x: torch.Tensor, r: int, dims: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(any, all) of bool ``x`` over groups of r along each of its last ``dims`` axes (each -> ceil(len / r)).
 
-    Fine blocks past the end (M not a multiple of r) count as off: a coarse block reaching past the sequence is
-    never full (as in ``create_block_mask``, whose mask_mod sees those positions as masked).
+    Positions past the end (a length not a multiple of r) count as off: a group reaching past the sequence is never
+    all-on, so a sparse block cut by N is never full (as in ``create_block_mask``, whose mask_mod sees those
+    positions as masked).
     """
-    X, M, _ = x_XMM.shape
-    Mc = -(-M // r)
-    p = Mc * r - M
-    g_any = F.pad(x_XMM, (0, p, 0, p), value=False).view(X, Mc, r, Mc, r)
-    g_all = F.pad(x_XMM, (0, p, 0, p), value=False).view(X, Mc, r, Mc, r)
-    return g_any.any(4).any(2), g_all.all(4).all(2)
-
-
-def _key_blocks_any_all(valid_BN: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per batch row and key block of ``size`` tokens: some key valid, all keys valid (past-the-end keys count as
-    masked)."""
-    B, N = valid_BN.shape
-    Nc = -(-N // size)
-    p = Nc * size - N
-    g_any = F.pad(valid_BN, (0, p), value=False).view(B, Nc, size).any(-1)
-    g_all = F.pad(valid_BN, (0, p), value=False).view(B, Nc, size).all(-1)
-    return g_any, g_all
+    lead, tail = x.shape[:-dims], x.shape[-dims:]
+    pads, grouped = [], []
+    for n in reversed(tail):
+        pads += [0, -(-n // r) * r - n]
+    for n in tail:
+        grouped += [-(-n // r), r]
+    g = F.pad(x, pads, value=False).view(*lead, *grouped)
+    reduce = tuple(range(len(lead) + 1, len(lead) + 2 * dims, 2))
+    return g.any(dim=reduce), g.all(dim=reduce)
 
 
 def _to_kv_blocks(on_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,16 +70,16 @@ def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_m
         raise ValueError(f"layout block {block} does not divide the FlexAttention sparse block {SPARSE_BLOCK}")
     r = size // block
     H = layout_HMM.shape[0]
-    lay_any, lay_all = _coarse_any_all(layout_HMM, r)  # [H, Mc, Mc]
+    lay_any, lay_all = _grouped_any_all(layout_HMM, r, 2)  # [H, Mc, Mc]
     partial = lay_any.unsqueeze(0)  # [1, H, Mc, Mc]
     full = lay_all.unsqueeze(0)
     if key_valid_BN is not None:
-        k_any, k_all = _key_blocks_any_all(key_valid_BN, size)  # [B, Mc]
+        k_any, k_all = _grouped_any_all(key_valid_BN, size, 1)  # [B, Mc]
         partial = partial & k_any[:, None, None, :]
         full = full & k_all[:, None, None, :]
     if token_mask is not None:
         tm = token_mask if token_mask.dim() == 4 else token_mask.unsqueeze(0)  # [B|1, H|1, N, N]
-        tm_any, tm_all = _token_blocks_any_all(tm, size)
+        tm_any, tm_all = _grouped_any_all(tm, size, 2)
         partial = partial & tm_any
         full = full & tm_all
     Mc = lay_any.shape[-1]
@@ -100,12 +93,3 @@ def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_m
     return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=size, mask_mod=mask_mod,
                                     seq_lengths=(seq_len, seq_len))
 
-
-def _token_blocks_any_all(tm: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token mask ``[B|1, H|1, N, N]`` -> (any, all) over size x size blocks (past-the-end positions: off)."""
-    b, h, N, _ = tm.shape
-    Nc = -(-N // size)
-    p = Nc * size - N
-    g_any = F.pad(tm, (0, p, 0, p), value=False).view(b, h, Nc, size, Nc, size)
-    g_all = F.pad(tm, (0, p, 0, p), value=False).view(b, h, Nc, size, Nc, size)
-    return g_any.any(5).any(3), g_all.all(5).all(3)
