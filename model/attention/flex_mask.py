@@ -69,7 +69,6 @@ def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_m
     if size is None:
         raise ValueError(f"layout block {block} does not divide the FlexAttention sparse block {SPARSE_BLOCK}")
     r = size // block
-    H = layout_HMM.shape[0]
     lay_any, lay_all = _grouped_any_all(layout_HMM, r, 2)  # [H, Mc, Mc]
     partial = lay_any.unsqueeze(0)  # [1, H, Mc, Mc]
     full = lay_all.unsqueeze(0)
@@ -86,7 +85,7 @@ def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_m
     inside = (torch.arange(1, Mc + 1, device=layout_HMM.device) * size) <= seq_len  # sparse blocks not cut by N
     full = full & partial & inside[:, None] & inside[None, :]
     partial_only = partial & ~full
-    B = partial_only.shape[0]
+    B, H = (max(a, b) for a, b in zip(partial_only.shape[:2], full.shape[:2]))  # layout/padding/mask broadcast
     full = full.expand(B, H, -1, -1)
     num, idx = _to_kv_blocks(partial_only.expand(B, H, -1, -1))
     full_num, full_idx = _to_kv_blocks(full)

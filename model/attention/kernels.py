@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from model.attention.bias import ScoreBias
 from model.attention.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
-from model.attention.tile_masks import tile_allow
 from model.attention.split_global import SplitPlan, make_split_plan, split_attention
+from model.attention.tile_masks import tile_allow
 from model.attention.tile_permutation import PermutationPlan, make_permutation_plan, permutation_attention
 
 KERNELS: dict[str, "Kernel"] = {}
