@@ -83,7 +83,7 @@ def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_m
         full = full & tm_all
     Mc = lay_any.shape[-1]
     inside = (torch.arange(1, Mc + 1, device=layout_HMM.device) * size) <= seq_len  # sparse blocks not cut by N
-    full = full & partial & inside[:, None] & inside[None, :]
+    full = full & inside[:, None] & inside[None, :]  # (all-on implies some-on: full blocks are within partial)
     partial_only = partial & ~full
     B, H = (max(a, b) for a, b in zip(partial_only.shape[:2], full.shape[:2]))  # layout/padding/mask broadcast
     full = full.expand(B, H, -1, -1)
