@@ -112,6 +112,12 @@ class CheckpointConfig:
     Position embeddings are extended when --max-position-embeddings grew."""
     no_load_rng: bool = False
     """Do not restore the RNG states (exact resume needs them)."""
+    override_opt_param_scheduler: bool = False
+    """On resume, use the LR schedule of the flags (--lr, --min-lr, warmup, --lr-decay-iters, --lr-decay-style)
+    instead of the checkpoint's; the step count carries on. Without it or --use-checkpoint-opt-param-scheduler a
+    difference is refused (Megatron-LM's flag)."""
+    use_checkpoint_opt_param_scheduler: bool = False
+    """On resume, keep the LR schedule stored in the checkpoint whatever the flags say (Megatron-LM's flag)."""
 
     def __post_init__(self) -> None:
         if self.save_interval is not None and self.save_interval <= 0:
@@ -120,6 +126,9 @@ class CheckpointConfig:
             raise ArgsError("--keep-last must be >= 1")
         if self.finetune and not self.load:
             raise ArgsError("--finetune needs --load (the phase-1 checkpoint directory)")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            raise ArgsError("give at most one of --override-opt-param-scheduler and "
+                            "--use-checkpoint-opt-param-scheduler")
 
 
 @dataclass
@@ -291,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-last", type=int)
     g.add_argument("--finetune", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--override-opt-param-scheduler", action="store_true")
+    g.add_argument("--use-checkpoint-opt-param-scheduler", action="store_true")
 
     g = p.add_argument_group("logging")
     g.add_argument("--tensorboard-dir")
@@ -355,7 +366,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
                         eval_interval=ns.eval_interval, eval_iters=ns.eval_iters, log_interval=ns.log_interval,
                         seed=ns.seed, exit_interval=ns.exit_interval),
         checkpoint=CheckpointConfig(save=ns.save, load=ns.load, save_interval=ns.save_interval,
-                                    keep_last=ns.keep_last, finetune=ns.finetune, no_load_rng=ns.no_load_rng),
+                                    keep_last=ns.keep_last, finetune=ns.finetune, no_load_rng=ns.no_load_rng,
+                                    override_opt_param_scheduler=ns.override_opt_param_scheduler,
+                                    use_checkpoint_opt_param_scheduler=ns.use_checkpoint_opt_param_scheduler),
         logging=LoggingConfig(tensorboard_dir=ns.tensorboard_dir, log_json=ns.log_json),
         system=SystemConfig(deepspeed_config=ns.deepspeed_config,
                             activation_checkpointing=ns.activation_checkpointing, compile=ns.compile,

@@ -68,13 +68,16 @@ def data_config(run: RunConfig):
                       whole_word_masking=d.whole_word_masking)
 
 
-def build_datasets(run: RunConfig, tokenizer, train_iters: int, global_batch: int):
-    """(train, valid, test) sized like Megatron: enough samples for every iteration and every evaluation."""
+def build_datasets(run: RunConfig, tokenizer, train_samples: int, train_iters: int, global_batch: int):
+    """(train, valid, test) sized like Megatron: enough samples for every iteration and every evaluation.
+
+    ``train_samples`` is the end position of the run in the training stream (consumed samples at a resume plus the
+    samples of the remaining steps; train_iters x global batch for a straight run)."""
     from data_pipeline.loader import build_datasets as _build
 
     loop = run.loop
     evals = (train_iters // loop.eval_interval + 1) if loop.eval_interval else 0
-    num = (train_iters * global_batch, evals * loop.eval_iters * global_batch, loop.eval_iters * global_batch)
+    num = (train_samples, evals * loop.eval_iters * global_batch, loop.eval_iters * global_batch)
     return _build(data_config(run), tokenizer, num_samples=num)
 
 

@@ -20,6 +20,7 @@ import sys
 import random
 import re
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -158,37 +159,67 @@ def architecture_differences(saved: dict[str, Any], current: dict[str, Any], all
     return diffs
 
 
-def load(engine, load_dir: str, tag: str, model_config: dict[str, Any], restore_rng: bool) -> dict[str, Any]:
-    """Resume model, optimizer, scheduler, loss scaler (DeepSpeed) and this rank's RNG; returns the client state.
-
-    A changed architecture is refused before DeepSpeed touches the weights.
-    """
-    client = read_client_state(load_dir, tag)
+def check_architecture(where: str, client: dict[str, Any], model_config: dict[str, Any]) -> None:
+    """Refuse to --load a checkpoint of another model (before DeepSpeed touches any weight)."""
     diffs = architecture_differences(client.get("model_config", {}), model_config)
     if diffs:
-        raise CheckpointError(f"{load_dir}/{tag} was trained with a different model; refusing to --load it. "
+        raise CheckpointError(f"{where} was trained with a different model; refusing to --load it. "
                               "Differing settings:\n  " + "\n  ".join(diffs) +
                               "\n(use --finetune to start a new run from its weights, e.g. a longer sequence)")
-    path, loaded = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True,
-                                          load_lr_scheduler_states=True)
+
+
+def load(engine, load_dir: str, tag: str, client: dict[str, Any], restore_rng: bool) -> Any:
+    """Resume model, optimizer, scheduler, loss scaler (DeepSpeed; every rank reads its own shards) and this rank's
+    RNG; returns the RNG state to set once the data iterator exists (None without restore_rng).
+
+    ``client`` is the client state rank 0 read and broadcast (agree_on_resume): every rank checks the same values.
+    """
+    path, _ = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load {load_dir}/{tag}")
-    if restore_rng:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        saved_world = client.get("world_size")
-        rng_file = Path(load_dir, tag, f"rng_rank{rank}.pt")
-        if saved_world != world or not rng_file.is_file():
-            raise CheckpointError(f"{load_dir}/{tag} was saved by {saved_world} ranks, this run has {world}: the "
-                                  "per-rank RNG cannot be restored exactly; pass --no-load-rng to resume anyway")
-        loaded["_rng"] = torch.load(rng_file, weights_only=False)
-    return loaded
+    if not restore_rng:
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    saved_world = client.get("world_size")
+    rng_file = Path(load_dir, tag, f"rng_rank{rank}.pt")
+    if saved_world != world or not rng_file.is_file():
+        raise CheckpointError(f"{load_dir}/{tag} was saved by {saved_world} ranks, this run has {world}: the "
+                              "per-rank RNG cannot be restored exactly; pass --no-load-rng to resume anyway")
+    return torch.load(rng_file, weights_only=False)
+
+
+def agree_on_resume(load_dir: str, read_client: bool = True) -> tuple[str | None, dict[str, Any] | None]:
+    """(tag, client state) of the checkpoint to resume, decided by rank 0 alone and the same on every rank.
+
+    Ranks that each looked for `latest` themselves could disagree (stale network-filesystem caches, node-local save
+    directories) and then hang in collectives until the timeout. Rank 0 picks the tag and reads the client state
+    once; every rank then confirms it sees that checkpoint, and if one does not, all stop with its rank, host and
+    the path.
+    """
+    from pretrain.distributed import all_gather_objects, rank0_result
+
+    def decide() -> tuple[str | None, dict[str, Any] | None]:
+        tag = find_resume_tag(load_dir)
+        return tag, (read_client_state(load_dir, tag) if tag and read_client else None)
+
+    tag, client = rank0_result(decide)
+    if tag is None:
+        return None, None
+    marker = Path(load_dir, tag, COMMIT_MARKER)
+    seen = all_gather_objects((marker.is_file(), socket.gethostname()))
+    blind = [f"rank {r} on {host}" for r, (ok, host) in enumerate(seen) if not ok]
+    if blind:
+        raise CheckpointError(f"rank 0 resumes from {marker.parent}, but {', '.join(blind)} cannot see {marker}: "
+                              "--load must be a directory every node sees with the same contents (a shared file "
+                              "system, not node-local disks); check the mount on those hosts")
+    return tag, client
 
 
 # DeepSpeed names rank 0's module file differently under ZeRO-3 (and with a bf16_ prefix in bf16 ZeRO runs).
 _MODEL_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
                       "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt")
 _CLIENT_KEYS = ("iteration", "consumed_train_samples", "model_config", "args", "layout_state", "world_size",
-                "dam_masks")
+                "dam_masks", "lr_scheduler")
 
 
 def model_state_file(load_dir: str | os.PathLike, tag: str) -> Path:
@@ -202,7 +233,8 @@ def model_state_file(load_dir: str | os.PathLike, tag: str) -> Path:
 
 def read_client_state(load_dir: str | os.PathLike, tag: str) -> dict[str, Any]:
     """The client state stored with rank 0's module states (read without building an engine), plus a summary of
-    DeepSpeed's set-up: ``zero_stage``, ``precision``, ``dp_world_size``, ``global_batch``, ``ds_summary``."""
+    DeepSpeed's set-up: ``zero_stage``, ``precision``, ``dp_world_size``, ``global_batch``, ``ds_summary``.
+    ``lr_scheduler`` is the state DeepSpeed saved for our LR scheduler (its settings and step count)."""
     f = model_state_file(load_dir, tag)
     state = torch.load(f, map_location="cpu", weights_only=False)
     if "model_config" not in state:

@@ -15,10 +15,12 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
 
+T = TypeVar("T")
 _LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
@@ -66,8 +68,49 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def all_ranks_true(flag: bool, device: torch.device) -> bool:
-    """True on every rank iff flag is True on every rank (one tiny all-reduce)."""
-    t = torch.tensor([0.0 if flag else 1.0], device=device)
+def all_ranks_true(flag: bool | torch.Tensor, device: torch.device) -> bool:
+    """True on every rank iff flag is True on every rank (one tiny all-reduce; a tensor flag stays on the device
+    until the result is read)."""
+    if isinstance(flag, torch.Tensor):
+        t = (~flag.to(device=device, dtype=torch.bool)).to(torch.float32).reshape(1)
+    else:
+        t = torch.tensor([0.0 if flag else 1.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() == 0.0)
+
+
+def rank0_result(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and give its result, or its exception, to every rank: one decision for all.
+
+    Raising on every rank together (rather than on rank 0 alone) keeps the others from waiting in the next
+    collective until the timeout.
+    """
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload = [(True, fn())]
+        except Exception as e:  # handed to every rank and raised there
+            payload = [(False, e)]
+    dist.broadcast_object_list(payload, src=0)
+    ok, value = payload[0]
+    if not ok:
+        raise value
+    return value
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, indexed by rank."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_module_state(module: torch.nn.Module, device: torch.device) -> None:
+    """Copy rank 0's parameters and buffers into every rank's module (same architecture), one tensor at a time
+    through ``device`` (NCCL moves only CUDA tensors), so no rank but 0 reads a checkpoint file."""
+    for t in module.state_dict().values():
+        staged = t.detach().to(device)
+        wire = staged.view(torch.uint8) if staged.dtype == torch.bool else staged
+        dist.broadcast(wire, src=0)
+        if dist.get_rank() != 0:
+            t.copy_(staged)

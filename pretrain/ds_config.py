@@ -151,3 +151,60 @@ def validate_with_deepspeed(ds: ResolvedDSConfig) -> None:
         DeepSpeedConfig(dict(ds.config))
     except Exception as e:  # DeepSpeed raises ValueError, AssertionError, pydantic errors, DeepSpeedConfigError
         raise DSConfigError(f"DeepSpeed rejected the config {ds.path}: {type(e).__name__}: {e}") from e
+
+
+def _sibling_configs(path: str, precision: str) -> list[str]:
+    """The other-precision variants of a shipped config (`zero2_fp16.json` -> `zero2_bf16.json`, `zero2_fp32.json`)
+    that exist next to it, best replacement first."""
+    p = Path(path)
+    if f"_{precision}" not in p.name:
+        return []
+    out = []
+    for alt in {"fp16": ("bf16", "fp32"), "bf16": ("fp16", "fp32")}.get(precision, ()):
+        cand = p.with_name(p.name.replace(f"_{precision}", f"_{alt}"))
+        if cand.is_file():
+            out.append(str(cand))
+    return out
+
+
+def precision_problem(ds: ResolvedDSConfig) -> str | None:
+    """Why this machine cannot run the config's precision (None when it can), decided before any rank starts work.
+
+    DeepSpeed's accelerator makes the same decision inside deepspeed.initialize, but only after the model is built,
+    with a traceback on every rank; we ask it first and name the file. On CPU, fp16 needs AVX512-FP16 or AMX (the
+    accelerator asks `torch.ops.mkldnn._is_mkldnn_fp16_supported()`); on CUDA, bf16 needs compute capability 8.0+
+    (Ampere): older GPUs only emulate it.
+    """
+    prec = ds.precision
+    if prec == "fp32":
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        if prec == "bf16":
+            major, minor = torch.cuda.get_device_capability()
+            if major < 8:
+                name = torch.cuda.get_device_name()
+                return (f"{ds.path} enables bf16, but {name} (compute capability {major}.{minor}) has no bf16 "
+                        "hardware (needs 8.0+, A100/H100): it would run emulated, many times slower")
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if prec == "fp16" and not acc.is_fp16_supported():
+        return (f"{ds.path} enables fp16, which DeepSpeed cannot run on this CPU: fp16 on CPU needs AVX512-FP16 or "
+                "AMX (torch.ops.mkldnn._is_mkldnn_fp16_supported() is False here)")
+    if prec == "bf16" and not acc.is_bf16_supported():
+        return f"{ds.path} enables bf16, which DeepSpeed's {acc.device_name()} accelerator does not support here"
+    return None
+
+
+def check_precision_supported(ds: ResolvedDSConfig) -> None:
+    """Raise DSConfigError (one line: file, reason, what to use instead) when the precision cannot run here."""
+    problem = precision_problem(ds)
+    if problem is None:
+        return
+    alts = _sibling_configs(ds.path, ds.precision)
+    other = "a _bf16 or _fp32 config" if ds.precision == "fp16" else "a _fp16 or _fp32 config"
+    hint = f"use {' or '.join(alts)}" if alts else f"use {other} from ds_configs/"
+    raise DSConfigError(f"{problem}; {hint}")

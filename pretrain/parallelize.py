@@ -16,7 +16,7 @@ import torch
 import torch.utils.checkpoint
 
 from pretrain.args import OptimConfig
-from pretrain.ds_config import DSConfigError, ResolvedDSConfig, validate_with_deepspeed
+from pretrain.ds_config import DSConfigError, ResolvedDSConfig, check_precision_supported, validate_with_deepspeed
 from pretrain.schedule import WarmupLinearDecay
 
 
@@ -83,6 +83,7 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
     """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file)."""
     import deepspeed
 
+    check_precision_supported(ds)
     configure_optimizer(ds, optim)
     validate_with_deepspeed(ds)
 

@@ -18,13 +18,30 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrain import builders, checkpoint, faults
+from pretrain import builders, checkpoint, faults, resume
 from pretrain.args import RunConfig, train_iterations, warmup_steps
-from pretrain.distributed import DistInfo, all_ranks_true, destroy_distributed, init_distributed
-from pretrain.ds_config import apply_clip_grad, read_ds_config, resolve_batch_sizes
+from pretrain.distributed import (DistInfo, all_ranks_true, broadcast_module_state, destroy_distributed,
+                                  init_distributed, rank0_result)
+from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
 from pretrain.parallelize import apply_activation_checkpointing, apply_compile, initialize_engine
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
+
+
+def log_line(rec: dict[str, Any], train_iters: int) -> str:
+    """The stdout form of a log record: what exists, formatted (no grad norm or loss scale where there is none)."""
+    parts = [f"iteration {rec['iteration']}/{train_iters}", f"loss {rec['loss']:.6f}", f"lr {rec['lr']:.3e}"]
+    if rec.get("grad_norm") is not None:
+        parts.append(f"grad norm {rec['grad_norm']:.4g}")
+    if rec.get("loss_scale") is not None:
+        parts.append(f"loss scale {rec['loss_scale']:g}")
+    if rec.get("aux_loss") is not None:
+        parts.append(f"aux loss {rec['aux_loss']:.4g}")
+    parts.append(f"skipped {rec['skipped_steps']}")
+    if rec.get("tokens_per_s") is not None:
+        parts.append(f"tokens/s {rec['tokens_per_s']:.0f}")
+    parts.append(f"mem {rec['memory']:.0f} MB")
+    return " | ".join(parts)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -48,54 +65,69 @@ class Trainer:
     def __init__(self, run: RunConfig) -> None:
         self.run = run
         self.engine = None
+        self._grad_norm = None
         self.writer = None
         self.log_file = None
+        self.ds = read_ds_config(run.system.deepspeed_config)
+        check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
         self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
         self.rank0 = self.dist.rank == 0
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
-        self.ds = read_ds_config(run.system.deepspeed_config)
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size)
         apply_clip_grad(self.ds, run.optim.clip_grad)
-        self.train_iters = train_iterations(run.loop, self.global_batch)
-        self.decay_iters = run.optim.lr_decay_iters or self.train_iters
-        self.warmup = warmup_steps(run.optim, self.decay_iters)
         for note in self.ds.notes:
             self._print(note)
 
         self.tokenizer = builders.build_tokenizer(run.data)
         self.model_config = builders.build_model_config(run.model, run.data, self.tokenizer.vocab_size,
                                                         self.ds.sparse_attention, self.ds.path)
+        ck = run.checkpoint
+        resume_tag, client = checkpoint.agree_on_resume(ck.load) if ck.load else (None, None)
+        if ck.load and resume_tag is None:
+            self._print(f"--load {ck.load}: no complete checkpoint there; starting from scratch")
+        resuming = resume_tag is not None and not ck.finetune
+        self.iteration = int(client["iteration"]) if resuming else 0
+        self.consumed_samples = int(client["consumed_train_samples"]) if resuming else 0
+        self.train_iters = self._train_iterations()
+        self.decay_iters = run.optim.lr_decay_iters or self.train_iters
+        self.warmup = warmup_steps(run.optim, self.decay_iters)
+        plan = None
+        if resuming:
+            where = f"{ck.load}/{resume_tag}"
+            checkpoint.check_architecture(where, client, self.model_config.to_dict())
+            now = resume.schedule_settings(run.optim.lr, run.optim.min_lr, self.warmup, self.decay_iters,
+                                           run.optim.lr_decay_style)
+            plan = resume.plan_resume(where, client, run, now, self.global_batch, self.micro)
+
         seed_everything(run.loop.seed)
         model = builders.build_model(self.model_config)
-        resume_tag = checkpoint.find_resume_tag(run.checkpoint.load) if run.checkpoint.load else None
-        if run.checkpoint.load and resume_tag is None:
-            self._print(f"--load {run.checkpoint.load}: no complete checkpoint there; starting from scratch")
-        if run.checkpoint.finetune and resume_tag:
-            self._load_finetune_weights(model, resume_tag)
+        if ck.finetune and resume_tag:
+            self._load_finetune_weights(model, resume_tag, client)
         if run.system.activation_checkpointing:
             apply_activation_checkpointing(model)
         seed_everything(run.loop.seed + 100 * self.dist.rank)  # dropout differs across data-parallel ranks
         self.engine = initialize_engine(model, self.ds, run.optim, self.warmup, self.decay_iters)
         if run.system.compile:
             apply_compile(self.engine)
+        # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then
+        self._own_grad_norm = self.ds.zero_stage == 0 and self.ds.precision == "fp32"
 
-        self.iteration = 0
-        self.consumed_samples = 0
         rng = None
-        if resume_tag and not run.checkpoint.finetune:
-            client = checkpoint.load(self.engine, run.checkpoint.load, resume_tag, self.model_config.to_dict(),
-                                     restore_rng=not run.checkpoint.no_load_rng)
-            self.iteration = int(client["iteration"])
-            self.consumed_samples = int(client["consumed_train_samples"])
+        if resuming:
+            rng = checkpoint.load(self.engine, ck.load, resume_tag, client, restore_rng=not ck.no_load_rng)
             if client.get("layout_state") is not None:
                 self.engine.module.load_layout_state(client["layout_state"])
-            rng = client.get("_rng")
-            self._print(f"resumed from {run.checkpoint.load}/{resume_tag}: iteration {self.iteration}, "
+            if plan.schedule is not None:
+                resume.install_schedule(self.engine.lr_scheduler, plan.schedule)
+            self._print(f"resumed from {ck.load}/{resume_tag}: iteration {self.iteration}, "
                         f"{self.consumed_samples} samples consumed")
+            for note in plan.notes:
+                self._print(note)
 
-        self.train_ds, self.valid_ds, _ = builders.build_datasets(run, self.tokenizer, self.train_iters,
-                                                                  self.global_batch)
+        self.train_ds, self.valid_ds, _ = builders.build_datasets(
+            run, self.tokenizer, self.consumed_samples + (self.train_iters - self.iteration) * self.global_batch,
+            self.train_iters, self.global_batch)
         self.train_iter = self._loader(self.train_ds, self.consumed_samples, run.system.num_workers)
         if rng is not None:
             checkpoint.set_rng_state(rng)
@@ -107,6 +139,15 @@ class Trainer:
         if self.rank0 and run.logging.log_json:
             Path(run.logging.log_json).parent.mkdir(parents=True, exist_ok=True)
             self.log_file = open(run.logging.log_json, "a")
+
+    def _train_iterations(self) -> int:
+        """--train-iters, or the steps --train-samples allows; on resume, the samples still to consume are counted
+        with this run's global batch (it may differ from the checkpoint's)."""
+        loop = self.run.loop
+        if loop.train_samples is None or self.iteration == 0:
+            return train_iterations(loop, self.global_batch)
+        remaining = max(0, loop.train_samples - self.consumed_samples) // self.global_batch
+        return self.iteration + remaining
 
     # ------------------------------------------------------------------ helpers
     def _print(self, msg: str) -> None:
@@ -122,33 +163,47 @@ class Trainer:
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: batch[k].to(self.dist.device, non_blocking=True) for k in _BATCH_KEYS if k in batch}
 
-    def _load_finetune_weights(self, model: torch.nn.Module, tag: str) -> None:
-        """Phase 2 of a two-phase run: weights only, position table extended when the model got longer."""
+    def _load_finetune_weights(self, model: torch.nn.Module, tag: str, client: dict[str, Any]) -> None:
+        """Phase 2 of a two-phase run: weights only, position table extended when the model got longer.
+
+        Rank 0 reads the checkpoint (for ZeRO, every rank's shards: one consolidation instead of one per rank) and
+        broadcasts the weights; the other ranks read nothing.
+        """
         load_dir = self.run.checkpoint.load
-        client = checkpoint.read_client_state(load_dir, tag)
         diffs = checkpoint.architecture_differences(client.get("model_config", {}), self.model_config.to_dict(),
                                                     allow={"max_position_embeddings"})
         if diffs:
             raise checkpoint.CheckpointError(f"--finetune {load_dir}/{tag}: the model differs beyond "
                                              "max_position_embeddings:\n  " + "\n  ".join(diffs))
-        weights = checkpoint.load_fp32_weights(load_dir, tag)
-        for line in checkpoint.extend_position_embeddings(weights, model):
+
+        def read() -> list[str]:
+            weights = checkpoint.load_fp32_weights(load_dir, tag)
+            extended = checkpoint.extend_position_embeddings(weights, model)
+            model.load_state_dict(weights, strict=True)
+            return extended
+
+        for line in rank0_result(read):
             self._print(f"extended {line}")
-        model.load_state_dict(weights, strict=True)
+        broadcast_module_state(model, self.dist.device)
         if client.get("layout_state") is not None:
             model.load_layout_state(client["layout_state"])
         self._print(f"--finetune: loaded weights of {load_dir}/{tag}; iteration, optimizer and LR warmup restart")
 
     # ------------------------------------------------------------------ steps
     def train_step(self) -> dict[str, Any]:
-        """One optimizer step over `gas` micro-batches. Raises NonFiniteLossError on every rank together."""
-        engine, module = self.engine, self.engine.module
+        """One optimizer step over `gas` micro-batches. Raises NonFiniteLossError on every rank together.
+
+        Nothing here waits for the device except, in bf16/fp32, the one all-reduce per step that decides (on all
+        ranks together, before the update) whether the loss was finite; fp16 leaves that to the loss scaler.
+        Loss, token and auxiliary-loss sums stay on the device until a log interval reads them.
+        """
+        engine, module, device = self.engine, self.engine.module, self.dist.device
         skipped_before = engine.skipped_steps
         lr = engine.get_lr()[0]  # the LR this step uses (the scheduler moves it after an applied step)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        tokens = 0
-        aux_value = None
-        for _ in range(self.gas):
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        tokens = torch.zeros((), dtype=torch.int64, device=device)
+        aux_sum = None
+        for micro in range(self.gas):
             try:
                 batch = self._to_device(next(self.train_iter))
             except StopIteration:
@@ -159,47 +214,51 @@ class Trainer:
             aux = module.auxiliary_loss()
             if aux is not None:
                 loss = loss + aux
-                aux_value = float(aux.detach())
+                aux_sum = aux.detach().double() + (0.0 if aux_sum is None else aux_sum)
             if faults.nonfinite_loss_at(self.iteration + 1, self.dist.rank):
                 loss = loss * float("inf")
-            if self.ds.precision != "fp16" and not all_ranks_true(bool(torch.isfinite(loss).item()),
-                                                                  self.dist.device):
-                raise NonFiniteLossError(
-                    f"non-finite loss at iteration {self.iteration + 1} ({self.ds.precision}); every rank stopped "
-                    f"before the update. Last complete checkpoint: {self._last_checkpoint_text()}")
             engine.backward(loss)
+            loss_sum += loss.detach().double()
+            if "attention_mask" in batch:
+                tokens += batch["attention_mask"].sum()
+            else:
+                tokens += batch["input_ids"].numel()
+            if micro == self.gas - 1:
+                self._before_update(loss_sum)
             engine.step()
-            loss_sum += loss.detach().double().cpu()
-            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
         self.iteration += 1
         self.consumed_samples += self.global_batch
-        return {"loss_sum": loss_sum / self.gas, "tokens": tokens,
-                "skipped": engine.skipped_steps - skipped_before, "aux_loss": aux_value, "lr": lr}
+        return {"loss_sum": loss_sum / self.gas, "tokens": tokens, "skipped": engine.skipped_steps - skipped_before,
+                "aux_loss": None if aux_sum is None else aux_sum / self.gas, "lr": lr}
+
+    def _before_update(self, loss_sum: torch.Tensor) -> None:
+        """At the accumulation boundary (gradients reduced, update not yet applied): stop every rank together on a
+        non-finite loss (bf16/fp32), and keep the gradient norm DeepSpeed will not report (ZeRO-0 fp32)."""
+        if self.ds.precision != "fp16" and not all_ranks_true(torch.isfinite(loss_sum), self.dist.device):
+            raise NonFiniteLossError(
+                f"non-finite loss at iteration {self.iteration + 1} ({self.ds.precision}); every rank stopped "
+                f"before the update. Last complete checkpoint: {self._last_checkpoint_text()}")
+        if self._own_grad_norm:
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
 
     def _last_checkpoint_text(self) -> str:
         save = self.run.checkpoint.save or self.run.checkpoint.load
         tag = checkpoint.find_resume_tag(save) if save else None
         return f"{save}/{tag} (resume with --load {save})" if tag else "none"
 
-    def _dp_mean(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.dist.device)
-        dist.all_reduce(t)
-        return (t / self.dist.world_size).tolist()
-
-    def _dp_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.dist.device)
-        dist.all_reduce(t)
-        return t.tolist()
-
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Validation MLM loss, perplexity, masked-token accuracy (and NSP accuracy); leaves training RNG untouched."""
+        """Validation MLM loss, perplexity, masked-token accuracy (and NSP accuracy); leaves training RNG untouched.
+
+        Sums stay on the device; one all-reduce and one read at the end."""
         if self.valid_ds is None:
             self._print(f"no validation data (split {self.run.data.split}); evaluation skipped")
             return {}
         state = checkpoint.rng_state()
         self.engine.eval()
-        sums = [0.0] * 5  # mlm loss x count, mlm correct, mlm count, nsp correct, nsp count
+        # mlm loss x count, mlm correct, mlm count, nsp correct, nsp count
+        sums = torch.zeros(5, dtype=torch.float64, device=self.dist.device)
         it = self._loader(self.valid_ds, 0, 0)
         for _ in range(self.run.loop.eval_iters):
             try:
@@ -207,16 +266,16 @@ class Trainer:
             except StopIteration:
                 break
             out = self.engine(**batch)
-            count = float(out.mlm_count)
-            sums[0] += float(out.mlm_loss) * count
-            sums[1] += float(out.mlm_correct)
-            sums[2] += count
+            sums[0] += out.mlm_loss.double() * out.mlm_count
+            sums[1] += out.mlm_correct
+            sums[2] += out.mlm_count
             if out.nsp_logits is not None and "next_sentence_label" in batch:
-                sums[3] += float((out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum())
+                sums[3] += (out.nsp_logits.argmax(-1) == batch["next_sentence_label"].view(-1)).sum()
                 sums[4] += batch["next_sentence_label"].numel()
         self.engine.train()
         checkpoint.set_rng_state(state)
-        s = self._dp_sum(sums)
+        dist.all_reduce(sums)
+        s = sums.tolist()
         loss = s[0] / max(s[2], 1.0)
         out = {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "mlm_accuracy": s[1] / max(s[2], 1.0)}
         if s[4]:
@@ -247,8 +306,7 @@ class Trainer:
             window_tokens += step["tokens"]
             window_iters += 1
             if self.iteration % loop.log_interval == 0 or self.iteration == self.train_iters:
-                elapsed = time.perf_counter() - window_start
-                self._log(step, elapsed, window_tokens, window_iters)
+                self._log(step, window_start, window_tokens, window_iters)
                 window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
             if loop.eval_interval and self.iteration % loop.eval_interval == 0:
                 self._log_eval(self.evaluate())
@@ -276,32 +334,30 @@ class Trainer:
             self._print(f"exported the learned DAM masks to {path} (train stage 2 with attention.token_mask = "
                         f"{{\"pattern\": \"file\", \"path\": \"{path}\"}})")
 
-    def _log(self, step: dict[str, Any], elapsed: float, window_tokens: int, window_iters: int) -> None:
+    def _log(self, step: dict[str, Any], window_start: float, window_tokens: torch.Tensor, window_iters: int) -> None:
         engine = self.engine
-        loss, tokens, skipped_max, neg_skipped_min = self._dp_mean_and_counts(step, window_tokens)
-        if skipped_max != -neg_skipped_min:
+        loss, tokens, skipped_max, skipped_min = self._dp_mean_and_counts(step, window_tokens)
+        elapsed = time.perf_counter() - window_start  # after the read: the device finished the window's work
+        if skipped_max != skipped_min:
             raise RuntimeError(f"ranks disagree on skipped fp16 steps at iteration {self.iteration} "
-                               f"({-neg_skipped_min} vs {skipped_max})")
+                               f"({skipped_min} vs {skipped_max})")
         lr = step["lr"]
-        grad_norm = engine.get_global_grad_norm()
+        grad_norm = self._grad_norm if self._own_grad_norm else engine.get_global_grad_norm()
         grad_norm = None if grad_norm is None else float(grad_norm)
-        scale = engine._get_optimizer_loss_scale() if self.ds.precision == "fp16" else None
-        rec = {"iteration": self.iteration, "loss": loss, "lr": lr,
-               "loss_scale": None if scale is None else float(scale), "grad_norm": grad_norm,
+        scale = float(engine._get_optimizer_loss_scale()) if self.ds.precision == "fp16" else None
+        rec = {"iteration": self.iteration, "loss": loss, "lr": lr, "loss_scale": scale, "grad_norm": grad_norm,
                "skipped_steps": int(skipped_max), "consumed_samples": self.consumed_samples,
                "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
                "samples_per_s": window_iters * self.global_batch / elapsed if elapsed > 0 else None,
                "memory": peak_memory_mb(self.dist.device)}  # MB
         if step["aux_loss"] is not None:
-            rec["aux_loss"] = step["aux_loss"]
+            rec["aux_loss"] = float(step["aux_loss"])
         mask_stats = getattr(engine.module, "mask_stats", None)
         if mask_stats is not None:
             rec.update({k: float(v) for k, v in mask_stats().items()})  # DAM / token-mask sparsity
         if not self.rank0:
             return
-        print(f"[pretrain] iteration {self.iteration}/{self.train_iters} | loss {loss:.6f} | lr {lr:.3e} | "
-              f"grad norm {grad_norm} | loss scale {rec['loss_scale']} | skipped {rec['skipped_steps']} | "
-              f"tokens/s {rec['tokens_per_s'] or 0:.0f} | mem {rec['memory']:.0f} MB", flush=True)
+        print("[pretrain] " + log_line(rec, self.train_iters), flush=True)
         if self.log_file:
             self.log_file.write(json.dumps(rec) + "\n")
             self.log_file.flush()
@@ -313,16 +369,17 @@ class Trainer:
                     self.writer.add_scalar(f"train/{k}", v, self.iteration)
             self.writer.flush()
 
-    def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: int) -> tuple[float, float, float, float]:
-        """One all-reduce: mean loss, total tokens, max and -min of the skipped-step counter."""
+    def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: torch.Tensor) -> tuple[float, float, int, int]:
+        """Mean loss over ranks, total tokens, max and min of the skipped-step counter (read once, at a log)."""
+        device = self.dist.device
+        sums = torch.stack([step["loss_sum"].to(device, torch.float64), window_tokens.to(device, torch.float64)])
         skipped = float(self.engine.skipped_steps)
-        t = torch.tensor([float(step["loss_sum"]), float(window_tokens), skipped, -skipped], dtype=torch.float64,
-                         device=self.dist.device)
-        sum_part, max_part = t[:2].clone(), t[2:].clone()
-        dist.all_reduce(sum_part)
-        dist.all_reduce(max_part, op=dist.ReduceOp.MAX)
-        return (float(sum_part[0]) / self.dist.world_size, float(sum_part[1]), float(max_part[0]),
-                float(max_part[1]))
+        extremes = torch.tensor([skipped, -skipped], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        loss, tokens = sums.tolist()
+        high, neg_low = extremes.tolist()
+        return loss / self.dist.world_size, tokens, int(high), int(-neg_low)
 
     def _log_eval(self, metrics: dict[str, float]) -> None:
         if not self.rank0 or not metrics:

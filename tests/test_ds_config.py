@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from pretrain.args import OptimConfig
-from pretrain.ds_config import (DSConfigError, apply_clip_grad, read_ds_config, resolve_batch_sizes,
-                                validate_with_deepspeed)
+from pretrain.ds_config import (DSConfigError, apply_clip_grad, check_precision_supported, read_ds_config,
+                                resolve_batch_sizes, validate_with_deepspeed)
 from pretrain.parallelize import configure_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,3 +127,61 @@ def test_scheduler_block_refused(tmp_path):
     ds = read_ds_config(write(tmp_path, {"scheduler": {"type": "WarmupLR"}}))
     with pytest.raises(DSConfigError, match="scheduler"):
         configure_optimizer(ds, OptimConfig())
+
+
+class _FakeAccelerator:
+    def __init__(self, fp16: bool, bf16: bool = True) -> None:
+        self.fp16, self.bf16 = fp16, bf16
+
+    def is_fp16_supported(self) -> bool:
+        return self.fp16
+
+    def is_bf16_supported(self) -> bool:
+        return self.bf16
+
+    def device_name(self) -> str:
+        return "cpu"
+
+
+def _cpu_without(monkeypatch, fp16: bool, bf16: bool = True) -> None:
+    import deepspeed.accelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: _FakeAccelerator(fp16, bf16))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_fp16_on_a_cpu_without_it_is_one_line_naming_file_reason_and_replacements(monkeypatch, stage):
+    _cpu_without(monkeypatch, fp16=False)
+    path = REPO / "ds_configs" / f"zero{stage}_fp16.json"
+    with pytest.raises(DSConfigError) as e:
+        check_precision_supported(read_ds_config(path))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert str(path) in msg and "AVX512-FP16 or AMX" in msg
+    assert f"zero{stage}_bf16.json or " in msg and f"zero{stage}_fp32.json" in msg
+
+
+def test_fp16_refusal_of_an_unshipped_config_points_to_the_shipped_ones(monkeypatch, tmp_path):
+    _cpu_without(monkeypatch, fp16=False)
+    with pytest.raises(DSConfigError, match=r"my\.json enables fp16.*a _bf16 or _fp32 config from ds_configs/"):
+        check_precision_supported(read_ds_config(write(tmp_path, {"fp16": {"enabled": True}}, "my.json")))
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16", "fp16"])
+def test_supported_precisions_pass(monkeypatch, prec):
+    _cpu_without(monkeypatch, fp16=True)
+    check_precision_supported(read_ds_config(REPO / "ds_configs" / f"zero2_{prec}.json"))
+
+
+def test_bf16_on_a_gpu_without_bf16_hardware_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-32GB")
+    path = REPO / "ds_configs" / "zero1_bf16.json"
+    with pytest.raises(DSConfigError) as e:
+        check_precision_supported(read_ds_config(path))
+    assert "V100" in str(e.value) and "7.0" in str(e.value) and "zero1_fp16.json or " in str(e.value)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    check_precision_supported(read_ds_config(path))
+    check_precision_supported(read_ds_config(REPO / "ds_configs" / "zero1_fp16.json"))

@@ -9,6 +9,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from pretrain.schedule import lr_at
 from tests import train_utils as tu
@@ -21,15 +22,48 @@ def data(tmp_path_factory):
     return tu.prepare(tmp_path_factory.mktemp("faults"))
 
 
-def test_fp16_overflow_skipped_on_all_ranks_and_lr_not_advanced(data, tmp_path):
+def _overflow_run(data, tmp_path, entry=None):
     cfg = json.loads((tu.REPO / "ds_configs" / "zero2_fp16.json").read_text())
     cfg["fp16"]["initial_scale_power"] = 8  # small enough that the tiny model never overflows by itself
     (tmp_path / "fp16.json").write_text(json.dumps(cfg))
     args = tu.train_args(data, "zero2_fp16.json", 6, "--log-json", str(tmp_path / "log.jsonl"),
                          "--lr-warmup-fraction", "0.5", global_batch=4)
     args[args.index("--deepspeed_config") + 1] = str(tmp_path / "fp16.json")
-    p = tu.launch("deepspeed", args, SPARSEBERT_FAULT_NONFINITE_LOSS="2,4")
+    p = tu.launch("deepspeed", args, entry=entry, SPARSEBERT_FAULT_NONFINITE_LOSS="2,4")
     assert p.returncode == 0, p.stdout[-4000:]
+    return p
+
+
+@pytest.mark.skipif(tu.cpu_fp16_missing() is not None, reason=str(tu.cpu_fp16_missing()))
+def test_fp16_overflow_skipped_on_all_ranks_and_lr_not_advanced(data, tmp_path):
+    _overflow_run(data, tmp_path)
+    _check_overflow_log(tmp_path)
+
+
+def test_fp16_overflow_logic_on_any_cpu(data, tmp_path):
+    """The same fp16 overflow run on every CPU: DeepSpeed's fp16 policy is lifted in the launched script (torch's
+    fp16 CPU kernels are exact, only slow, without AVX512-FP16/AMX), so DeepSpeed's real loss scaler skips the
+    steps and our part is checked everywhere: no stop on an fp16 inf loss, the LR read before the step, ranks
+    agreeing on skipped steps, the log."""
+    _overflow_run(data, tmp_path, entry=tu.fp16_policy_entry(tmp_path, supported=True))
+    _check_overflow_log(tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks CPU ranks (a CUDA machine runs fp16 on the GPU)")
+def test_fp16_on_a_cpu_without_it_fails_before_any_work_with_one_line(data, tmp_path):
+    """Every rank exits 2 with the same one line naming the file, the missing CPU feature and the configs to use,
+    before the process group or the model exist (no DeepSpeed traceback)."""
+    args = tu.train_args(data, "zero2_fp16.json", 2, global_batch=4)
+    p = tu.launch("deepspeed", args, timeout=120, entry=tu.fp16_policy_entry(tmp_path, supported=False))
+    assert p.returncode == 2, p.stdout[-4000:]
+    errors = [line for line in p.stdout.splitlines() if "pretrain: error:" in line]
+    assert len(errors) == 2 and errors[0].split("pretrain: error:")[1] == errors[1].split("pretrain: error:")[1]
+    assert "zero2_fp16.json enables fp16" in errors[0] and "AVX512-FP16 or AMX" in errors[0]
+    assert "zero2_bf16.json or " in errors[0] and "zero2_fp32.json" in errors[0]
+    assert "Traceback" not in p.stdout and "rank(s), backend" not in p.stdout
+
+
+def _check_overflow_log(tmp_path):
     recs = tu.train_records(tmp_path / "log.jsonl")
     assert [r["skipped_steps"] for r in recs] == [0, 1, 1, 2, 2, 2]  # ranks agree (the trainer checks min == max)
     lrs = [r["lr"] for r in recs]

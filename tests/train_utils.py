@@ -82,15 +82,17 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def launch(kind: str, args: list[str], nprocs: int = 2, timeout: float = 240, **env_extra: str):
-    """Run training through one launch path; returns CompletedProcess (stdout+stderr merged)."""
+def launch(kind: str, args: list[str], nprocs: int = 2, timeout: float = 240, entry: Path | None = None,
+           **env_extra: str):
+    """Run training through one launch path; returns CompletedProcess (stdout+stderr merged).
+
+    ``entry`` replaces pretrain/train.py as the script the deepspeed / torchrun launchers start."""
     port = str(free_port())
+    script = str(entry or REPO / "pretrain" / "train.py")
     if kind == "deepspeed":
-        cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", port,
-               str(REPO / "pretrain" / "train.py")]
+        cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", port, script]
     elif kind == "torchrun":
-        cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", port,
-               str(REPO / "pretrain" / "train.py")]
+        cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", port, script]
     elif kind == "mpirun":
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nprocs), "-x", "PYTHONPATH",
                "-x", "OMP_NUM_THREADS", *sum((["-x", k] for k in env_extra), []),
@@ -109,3 +111,35 @@ def read_log(path: Path) -> list[dict]:
 
 def train_records(path: Path) -> list[dict]:
     return [r for r in read_log(path) if "loss" in r]
+
+
+def cpu_fp16_missing() -> str | None:
+    """Why DeepSpeed refuses fp16 on this machine's CPU ranks (None where it runs: a CUDA GPU, or AVX512-FP16/AMX)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().is_fp16_supported():
+        return None
+    return ("DeepSpeed runs fp16 on CPU only with AVX512-FP16 or AMX (torch.ops.mkldnn._is_mkldnn_fp16_supported() "
+            "is False on this CPU)")
+
+
+# A launcher target that sets DeepSpeed's CPU fp16 policy. Lifted: torch's fp16 CPU kernels compute correctly on
+# any x86 CPU (only slowly without AVX512-FP16/AMX), so the fp16 logic that is ours is tested on every machine.
+# Imposed: the refusal on CPUs without fp16 is tested on CPUs that have it too.
+FP16_POLICY_ENTRY = '''import sys
+sys.path.insert(0, {repo!r})
+from deepspeed.accelerator import get_accelerator
+type(get_accelerator()).is_fp16_supported = lambda self: {supported}
+from pretrain.train import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def fp16_policy_entry(tmp: Path, supported: bool) -> Path:
+    path = tmp / f"train_cpu_fp16_{'on' if supported else 'off'}.py"
+    path.write_text(FP16_POLICY_ENTRY.format(repo=str(REPO), supported=bool(supported)))
+    return path

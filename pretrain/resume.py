@@ -1,0 +1,149 @@
+"""What a resumed run takes from its checkpoint and what from the flags: decided the same way on every rank, and said.
+
+The LR schedule follows Megatron-LM's rules and flag names. The schedule stored with the checkpoint (DeepSpeed saves
+our scheduler's state) is compared with the one the flags give; any difference is refused, naming each flag, unless
+``--override-opt-param-scheduler`` (the flags win: the step count carries on and the LR follows the new schedule
+from there) or ``--use-checkpoint-opt-param-scheduler`` (the checkpoint's schedule wins) says which one to use.
+Without this, extending ``--train-iters`` would silently keep the old decay length and run at ``--min-lr``.
+
+The other settings a resume can silently change:
+
+- global batch size: handled. The data position is stored in samples (``consumed_train_samples``), so a new global
+  batch continues at exactly the next sample; iterations count optimizer steps of whatever size they had. Said.
+- micro batch size (global batch unchanged): same samples per step, only the accumulation changes. Said.
+- sequence length: refused. Samples of another length are another sample stream and the checkpoint's position in
+  it means nothing; a new length is phase 2 of a two-phase run (``--finetune``).
+- the sample stream (data path, split, sample mode, masking, seed, tokenizer): said, one line per setting; the run
+  continues at the stored sample position of the new stream, so it no longer replays a straight run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pretrain.args import RunConfig
+from pretrain.checkpoint import CheckpointError
+
+# (scheduler state key, how the flags name it)
+SCHEDULE_SETTINGS = (
+    ("peak", "--lr"),
+    ("min_lr", "--min-lr"),
+    ("warmup", "warmup steps (--lr-warmup-iters, or --lr-warmup-fraction x decay steps)"),
+    ("decay_iters", "--lr-decay-iters (default: --train-iters)"),
+    ("style", "--lr-decay-style"),
+)
+# (args section, field, flag): settings that define which samples a run reads, in which order
+STREAM_SETTINGS = (
+    ("data", "data_path", "--data-path"),
+    ("data", "split", "--split"),
+    ("data", "sample_mode", "--sample-mode"),
+    ("data", "short_seq_prob", "--short-seq-prob"),
+    ("data", "mask_prob", "--mask-prob"),
+    ("data", "whole_word_masking", "--whole-word-masking"),
+    ("data", "tokenizer_type", "--tokenizer-type"),
+    ("data", "vocab_file", "--vocab-file"),
+    ("data", "tokenizer_model", "--tokenizer-model"),
+    ("loop", "seed", "--seed"),
+)
+
+
+def schedule_settings(peak: float, min_lr: float, warmup: int, decay_iters: int, style: str) -> dict[str, Any]:
+    """The schedule the flags give, keyed like pretrain.schedule.WarmupLinearDecay's saved state."""
+    return {"peak": float(peak), "min_lr": float(min_lr), "warmup": int(warmup), "decay_iters": int(decay_iters),
+            "style": style}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def schedule_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """'flag: checkpoint X, now Y' for each schedule setting that differs."""
+    return [f"{flag}: checkpoint {saved.get(key)!r}, now {now[key]!r}"
+            for key, flag in SCHEDULE_SETTINGS if not _same(saved.get(key), now[key])]
+
+
+@dataclass
+class ResumePlan:
+    """The outcome of comparing a checkpoint with the flags."""
+
+    schedule: dict[str, Any] | None = None
+    """The schedule to install after DeepSpeed restored the checkpoint's (None: keep the checkpoint's)."""
+    notes: list[str] = field(default_factory=list)
+    """Lines rank 0 prints: every setting that changed and what the run does about it."""
+
+
+def plan_resume(where: str, client: dict[str, Any], run: RunConfig, now_schedule: dict[str, Any],
+                global_batch: int, micro_batch: int) -> ResumePlan:
+    """Compare the checkpoint's settings (``client``: read_client_state's dict) with this run's; raise
+    CheckpointError for a refused difference, else say what happens to each one."""
+    ck = run.checkpoint
+    plan = ResumePlan()
+    saved_args = client.get("args") or {}
+
+    saved_sched = client.get("lr_scheduler")
+    if saved_sched is None:
+        raise CheckpointError(f"{where} has no LR scheduler state; it was not written by pretrain/train.py")
+    diffs = schedule_differences(saved_sched, now_schedule)
+    if diffs and ck.override_opt_param_scheduler:
+        plan.schedule = now_schedule
+        plan.notes.append("--override-opt-param-scheduler: the LR follows the flags' schedule from step "
+                          f"{saved_sched.get('last_epoch')} on (" + "; ".join(diffs) + ")")
+    elif diffs and ck.use_checkpoint_opt_param_scheduler:
+        plan.notes.append("--use-checkpoint-opt-param-scheduler: keeping the checkpoint's LR schedule (" +
+                          "; ".join(diffs) + ")")
+    elif diffs:
+        raise CheckpointError(
+            f"{where}: the LR schedule of the checkpoint differs from the flags':\n  " + "\n  ".join(diffs) +
+            "\nPass --override-opt-param-scheduler to use the flags (the step count carries on and the LR follows "
+            "the new schedule from there), or --use-checkpoint-opt-param-scheduler to keep the checkpoint's "
+            "schedule (as Megatron-LM).")
+
+    saved_data = saved_args.get("data") or {}
+    saved_seq = saved_data.get("seq_length")
+    if saved_seq is not None and saved_seq != run.data.seq_length:
+        raise CheckpointError(
+            f"{where}: --seq-length {run.data.seq_length} differs from the checkpoint's {saved_seq}; samples of "
+            "another length are another sample stream, so the checkpoint's data position does not apply. Keep "
+            f"--seq-length {saved_seq} to resume, or start phase 2 of a two-phase run with --finetune (weights "
+            "only, fresh optimizer; see run_scripts/pretrain_two_phase.sh)")
+
+    saved_global = client.get("global_batch")
+    consumed = client.get("consumed_train_samples")
+    if saved_global is not None and int(saved_global) != global_batch:
+        plan.notes.append(f"global batch size {global_batch} differs from the checkpoint's {saved_global}: "
+                          f"continuing at sample {consumed} with {global_batch} samples per step from iteration "
+                          f"{client.get('iteration')} on")
+    saved_micro = (saved_args.get("loop") or {}).get("micro_batch_size")
+    if saved_micro is not None and int(saved_micro) != micro_batch and (saved_global is None or
+                                                                         int(saved_global) == global_batch):
+        plan.notes.append(f"micro batch size {micro_batch} differs from the checkpoint's {saved_micro}: same "
+                          "samples per step, gradient accumulation steps change")
+
+    now_args = run.to_dict()
+    for section, key, flag in STREAM_SETTINGS:
+        if section not in saved_args or key not in saved_args[section]:
+            continue
+        old, new = saved_args[section][key], now_args[section][key]
+        if not _same(old, new):
+            plan.notes.append(f"{flag} {new!r} differs from the checkpoint's {old!r}: the run continues at sample "
+                              f"{consumed} of the new sample stream (it will not replay a run that kept the old one)")
+    return plan
+
+
+def install_schedule(scheduler, schedule: dict[str, Any]) -> None:
+    """Replace a restored WarmupLinearDecay's settings, keeping its step count, and set the LR it implies now."""
+    scheduler.peak, scheduler.min_lr = schedule["peak"], schedule["min_lr"]
+    scheduler.warmup, scheduler.decay_iters, scheduler.style = (schedule["warmup"], schedule["decay_iters"],
+                                                                schedule["style"])
+    lrs = scheduler.get_lr()
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = list(lrs)
