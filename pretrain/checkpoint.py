@@ -206,12 +206,12 @@ def agree_on_resume(load_dir: str, read_client: bool = True) -> tuple[str | None
     if tag is None:
         return None, None
     marker = Path(load_dir, tag, COMMIT_MARKER)
-    seen = all_gather_objects((marker.is_file(), socket.gethostname()))
-    blind = [f"rank {r} on {host}" for r, (ok, host) in enumerate(seen) if not ok]
+    seen = all_gather_objects((marker.is_file(), socket.gethostname(), str(marker)))
+    blind = [f"rank {r} on {host} cannot see {path}" for r, (ok, host, path) in enumerate(seen) if not ok]
     if blind:
-        raise CheckpointError(f"rank 0 resumes from {marker.parent}, but {', '.join(blind)} cannot see {marker}: "
-                              "--load must be a directory every node sees with the same contents (a shared file "
-                              "system, not node-local disks); check the mount on those hosts")
+        raise CheckpointError(f"rank 0 resumes from {seen[0][2]}, but " + "; ".join(blind) + ": --load must be a "
+                              "directory every node sees with the same contents (a shared file system, not "
+                              "node-local disks); check the mount on those hosts")
     return tag, client
 
 
