@@ -167,6 +167,9 @@ class PositionalAttention(nn.Module):
     DIET-ABS positions are computed once per forward and length and reused by every layer that shares them.
     """
 
+    #: position and segment tables (not the U_Q/U_K projections): an optimizer should not weight-decay them
+    no_weight_decay = ("abs_pos", "rel", "segment")
+
     def __init__(self, pos: PositionConfig, segment: str, num_layers: int, num_heads: int, max_positions: int,
                  type_vocab_size: int, init_std: float = 0.02):
         super().__init__()

@@ -22,7 +22,8 @@ class OptimConfig:
     """Optimizer and LR schedule (linear warmup then linear decay, as in all three papers)."""
 
     optimizer: str = "adamw"
-    """'adamw' (torch AdamW, fused on CUDA) or 'lamb' (DeepSpeed FusedLamb, CUDA only, ZeRO stage 0 only)."""
+    """'adamw' (torch's AdamW: fused kernel on CUDA, no build), 'fused_adam' (DeepSpeed's FusedAdam, CUDA only,
+    compiled with nvcc unless prebuilt) or 'lamb' (DeepSpeed's FusedLamb, CUDA only, ZeRO stage 0 only)."""
     lr: float = 1e-4
     """Peak learning rate."""
     min_lr: float = 0.0
@@ -47,8 +48,8 @@ class OptimConfig:
     """Gradient clipping by global norm (DeepSpeed's gradient_clipping); None leaves the ds_config's value."""
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ("adamw", "lamb"):
-            raise ArgsError(f"--optimizer must be adamw or lamb, got {self.optimizer!r}")
+        if self.optimizer not in ("adamw", "fused_adam", "lamb"):
+            raise ArgsError(f"--optimizer must be adamw, fused_adam or lamb, got {self.optimizer!r}")
         if self.lr_decay_style not in ("linear", "constant"):
             raise ArgsError(f"--lr-decay-style must be linear or constant, got {self.lr_decay_style!r}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):

@@ -40,21 +40,65 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> int:
     return len(layers)
 
 
+def no_weight_decay_names(model: torch.nn.Module) -> set[str]:
+    """Parameters never decayed: biases and LayerNorm weights (1-D, as in BERT) and the tables a module lists in
+    its ``no_weight_decay`` attribute (DIET position/segment tables, DAM's mask logits)."""
+    names = {n for n, p in model.named_parameters() if p.ndim <= 1}
+    for prefix, module in model.named_modules():
+        for local in getattr(module, "no_weight_decay", ()):
+            if isinstance(getattr(module, local, None), torch.nn.Parameter):
+                names.add(f"{prefix}.{local}" if prefix else local)
+    return names
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices; never biases or LayerNorm weights (1-D tensors), as in BERT."""
+    """[decayed, not decayed] (no_weight_decay_names), in named_parameters order within each group."""
+    skip = no_weight_decay_names(model)
     decay, no_decay = [], []
-    for _, p in model.named_parameters():
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
+            (no_decay if name in skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+#: --optimizer -> (DeepSpeed optimizer type, DeepSpeed op it JIT-builds on CUDA unless prebuilt)
+_DS_FUSED = {"fused_adam": ("Adam", "fused_adam"), "lamb": ("Lamb", "fused_lamb")}
+
+
+def fused_op_problem(op: str) -> str | None:
+    """Why DeepSpeed could not build its CUDA op `op` at the first step (None: prebuilt, or nvcc matches torch).
+
+    DeepSpeed compiles FusedAdam/FusedLamb with nvcc on first use, on every rank at once, unless the op was built
+    into the install (DS_BUILD_FUSED_ADAM=1). Without nvcc, or with an nvcc whose CUDA major differs from torch's,
+    that fails minutes into the job; we ask DeepSpeed's own checks before anything starts.
+    """
+    from deepspeed.git_version_info import installed_ops
+
+    if installed_ops.get(op):
+        return None
+    from deepspeed.ops.op_builder.builder import (CUDAMismatchException, MissingCUDAException,
+                                                  assert_no_cuda_mismatch)
+
+    try:
+        assert_no_cuda_mismatch(op)
+    except MissingCUDAException as e:
+        return (f"DeepSpeed's {op} op is not prebuilt in this install and cannot be compiled here: no CUDA toolkit "
+                f"(nvcc) was found ({e}). Install a CUDA toolkit whose version matches torch's CUDA "
+                f"{torch.version.cuda} and set CUDA_HOME, reinstall deepspeed with DS_BUILD_{op.upper()}=1, or use "
+                "--optimizer adamw (torch's fused AdamW: no build, as fast)")
+    except CUDAMismatchException as e:
+        return (f"DeepSpeed's {op} op is not prebuilt and the CUDA toolkit does not match torch: {e}. Use an nvcc "
+                f"of CUDA {torch.version.cuda}, or --optimizer adamw")
+    return None
 
 
 def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
     """Put our optimizer into the ds_config unless the file names one (then the file wins, LR schedule still ours).
 
-    adamw -> DeepSpeed's "AdamW": FusedAdam on CUDA; torch.optim.AdamW on CPU (avoids a JIT C++ build).
-    lamb  -> DeepSpeed's FusedLamb (CUDA only). ZeRO 1-3 shard flattened tensors, so LAMB's per-tensor trust ratio
-             would be computed on shards: refused with ZeRO > 0.
+    adamw      -> torch.optim.AdamW through DeepSpeed (`torch_adam`): fused kernel on CUDA, foreach on CPU; no build.
+    fused_adam -> DeepSpeed's FusedAdam (CUDA only; JIT-built with nvcc unless prebuilt: checked here first).
+    lamb       -> DeepSpeed's FusedLamb (CUDA only, same build check). ZeRO 1-3 shard flattened tensors, so LAMB's
+                  per-tensor trust ratio would be computed on shards: refused with ZeRO > 0.
     """
     cfg = ds.config
     if "optimizer" in cfg:
@@ -65,17 +109,25 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
                             "--min-lr, --lr-warmup-fraction and --lr-decay-style")
     params = {"lr": optim.lr, "weight_decay": optim.weight_decay,
               "betas": [optim.adam_beta1, optim.adam_beta2], "eps": optim.adam_eps}
-    if optim.optimizer == "lamb":
-        if ds.zero_stage > 0:
+    if optim.optimizer in _DS_FUSED:
+        ds_type, op = _DS_FUSED[optim.optimizer]
+        if optim.optimizer == "lamb" and ds.zero_stage > 0:
             raise DSConfigError(f"--optimizer lamb cannot run with ZeRO stage {ds.zero_stage} ({ds.path}): "
                                 "DeepSpeed's FusedLamb needs whole tensors for its trust ratio; use a stage-0 config")
         if not torch.cuda.is_available():
-            raise DSConfigError("--optimizer lamb needs CUDA (DeepSpeed's FusedLamb has no CPU kernel); use adamw")
-        cfg["optimizer"] = {"type": "Lamb", "params": params}
-    else:
-        if not torch.cuda.is_available():
-            params["torch_adam"] = True
-        cfg["optimizer"] = {"type": "AdamW", "params": params}
+            raise DSConfigError(f"--optimizer {optim.optimizer} needs CUDA (DeepSpeed's {op} has no CPU kernel); "
+                                "use --optimizer adamw")
+        problem = fused_op_problem(op)
+        if problem:
+            raise DSConfigError(f"--optimizer {optim.optimizer}: {problem}")
+        if ds_type == "Adam":
+            params["adam_w_mode"] = True
+        cfg["optimizer"] = {"type": ds_type, "params": params}
+        return
+    params["torch_adam"] = True
+    if torch.cuda.is_available():
+        params["fused"] = True
+    cfg["optimizer"] = {"type": "AdamW", "params": params}
 
 
 def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, warmup: int,

@@ -185,3 +185,79 @@ def test_bf16_on_a_gpu_without_bf16_hardware_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     check_precision_supported(read_ds_config(path))
     check_precision_supported(read_ds_config(REPO / "ds_configs" / "zero1_fp16.json"))
+
+
+def _fake_cuda(monkeypatch, torch_cuda: str = "12.6") -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+
+
+def test_default_optimizer_is_torch_adamw_fused_on_cuda_with_no_build(monkeypatch):
+    """No FusedAdam JIT build: DeepSpeed's `torch_adam` path hands the remaining params to torch.optim.AdamW."""
+    ds = read_ds_config(REPO / "ds_configs" / "zero1_bf16.json")
+    configure_optimizer(ds, OptimConfig(lr=3e-4, weight_decay=0.01))
+    assert ds.config["optimizer"]["params"]["torch_adam"] is True and "fused" not in ds.config["optimizer"]["params"]
+    _fake_cuda(monkeypatch)
+    ds = read_ds_config(REPO / "ds_configs" / "zero1_bf16.json")
+    configure_optimizer(ds, OptimConfig(lr=3e-4, weight_decay=0.01))
+    opt = ds.config["optimizer"]
+    assert opt["type"] == "AdamW" and opt["params"]["torch_adam"] is True and opt["params"]["fused"] is True
+    rest = {k: v for k, v in opt["params"].items() if k != "torch_adam"}
+    built = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], **rest)  # what DeepSpeed constructs
+    assert built.defaults["fused"] is True and built.defaults["lr"] == 3e-4
+
+
+def test_fused_adam_without_nvcc_is_refused_before_the_run(monkeypatch):
+    import torch.utils.cpp_extension
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", None)
+    ds = read_ds_config(REPO / "ds_configs" / "zero1_fp16.json")
+    with pytest.raises(DSConfigError, match=r"--optimizer fused_adam: .*fused_adam op is not prebuilt.*nvcc.*"
+                                            r"--optimizer adamw"):
+        configure_optimizer(ds, OptimConfig(optimizer="fused_adam"))
+
+
+def test_fused_adam_with_a_mismatched_nvcc_is_refused(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension
+
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    nvcc.chmod(0o755)
+    _fake_cuda(monkeypatch, torch_cuda="13.0")
+    monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", str(tmp_path / "cuda"))
+    ds = read_ds_config(REPO / "ds_configs" / "zero0_fp16.json")
+    with pytest.raises(DSConfigError, match=r"does not match torch.*11\.8.*13\.0"):
+        configure_optimizer(ds, OptimConfig(optimizer="lamb"))
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    configure_optimizer(ds, OptimConfig(optimizer="lamb"))
+    assert ds.config["optimizer"]["type"] == "Lamb"
+
+
+def test_fused_optimizers_need_cuda():
+    ds = read_ds_config(REPO / "ds_configs" / "zero0_fp32.json")
+    with pytest.raises(DSConfigError, match="needs CUDA.*--optimizer adamw"):
+        configure_optimizer(ds, OptimConfig(optimizer="fused_adam"))
+
+
+def test_no_weight_decay_on_biases_norms_dam_logits_and_diet_tables():
+    from model.bert import BertForPreTraining
+    from model.config import ModelConfig
+    from pretrain.parallelize import no_weight_decay_names, param_groups
+
+    for position in ({"type": "diet_abs", "rank": 8}, {"type": "diet_rel", "max_distance": 8}):
+        cfg = ModelConfig.preset("tiny", vocab_size=50, position=position, segment="per_head",
+                                 attention={"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 32}})
+        model = BertForPreTraining(cfg)
+        skip = no_weight_decay_names(model)
+        assert {"bert.dam.alpha", "bert.positional_attention.segment"} <= skip
+        assert ("bert.positional_attention.abs_pos" in skip) == (position["type"] == "diet_abs")
+        assert ("bert.positional_attention.rel" in skip) == (position["type"] == "diet_rel")
+        assert "bert.positional_attention.abs_uq" not in skip  # projections are matrices like Q/K: decayed
+        assert "bert.embeddings.word_embeddings.weight" not in skip and "cls.bias" in skip
+        decay, no_decay = param_groups(model, 0.01)
+        names = {id(p): n for n, p in model.named_parameters()}
+        assert {names[id(p)] for p in no_decay["params"]} == skip
+        assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+        assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))

@@ -285,6 +285,9 @@ def _logistic_noise(shape: torch.Size, device: torch.device, dtype: torch.dtype)
 class DAMMask(nn.Module):
     """Learnable attention mask of ``num_sets`` layers (1 when shared) x heads at length n."""
 
+    #: the mask logits: weight decay would pull them to 0 (a half-open mask) against the L1 term's pull
+    no_weight_decay = ("alpha",)
+
     def __init__(self, cfg: DAMConfig, num_sets: int, num_heads: int, n: int):
         super().__init__()
         self.cfg = cfg
