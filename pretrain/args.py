@@ -158,6 +158,11 @@ class SystemConfig:
     """DataLoader worker processes per rank."""
     local_rank: int | None = None
     """Set by the deepspeed launcher (--local_rank); otherwise read from LOCAL_RANK."""
+    deterministic: bool = False
+    """torch deterministic algorithms, cuDNN deterministic, cuBLAS fixed workspace: bitwise-repeatable runs and
+    resumes on CUDA (slower); CPU runs are repeatable without it."""
+    tf32: bool = True
+    """Let fp32 matmuls use TF32 tensor cores on Ampere+ GPUs (--no-tf32 for IEEE fp32)."""
 
     def __post_init__(self) -> None:
         if self.distributed_timeout_minutes <= 0:
@@ -316,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", action="store_true")
     g.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
     g.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int)
+    g.add_argument("--deterministic", action="store_true")
+    g.add_argument("--no-tf32", dest="tf32", action="store_false")
     return p
 
 
@@ -374,7 +381,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         system=SystemConfig(deepspeed_config=ns.deepspeed_config,
                             activation_checkpointing=ns.activation_checkpointing, compile=ns.compile,
                             distributed_timeout_minutes=ns.distributed_timeout_minutes,
-                            num_workers=ns.num_workers, local_rank=ns.local_rank),
+                            num_workers=ns.num_workers, local_rank=ns.local_rank,
+                            deterministic=ns.deterministic, tf32=ns.tf32),
         model=ModelArgs(model_config=ns.model_config, model_preset=ns.model_preset, overrides=overrides,
                         attention=attention, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by),
         data=DataArgs(data_path=list(ns.data_path), split=ns.split, seq_length=ns.seq_length,

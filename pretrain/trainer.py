@@ -23,6 +23,7 @@ from pretrain.args import RunConfig, train_iterations, warmup_steps
 from pretrain.distributed import (DistInfo, all_ranks_true, broadcast_module_state, destroy_distributed,
                                   init_distributed, rank0_result)
 from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
+from pretrain.numerics import configure_numerics
 from pretrain.parallelize import apply_activation_checkpointing, apply_compile, initialize_engine
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
@@ -70,13 +71,14 @@ class Trainer:
         self.log_file = None
         self.ds = read_ds_config(run.system.deepspeed_config)
         check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
+        numerics_notes = configure_numerics(run.system.deterministic, run.system.tf32)  # before any CUDA op
         self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
         self.rank0 = self.dist.rank == 0
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size)
         apply_clip_grad(self.ds, run.optim.clip_grad)
-        for note in self.ds.notes:
+        for note in self.ds.notes + numerics_notes:
             self._print(note)
 
         self.tokenizer = builders.build_tokenizer(run.data)
@@ -161,7 +163,11 @@ class Trainer:
                                               self.dist.world_size, consumed, num_workers))
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: batch[k].to(self.dist.device, non_blocking=True) for k in _BATCH_KEYS if k in batch}
+        """Batch tensors on this rank's device; on CUDA staged through pinned memory, so the copy is asynchronous
+        (non_blocking from pageable memory would wait)."""
+        if self.dist.device.type != "cuda":
+            return {k: batch[k] for k in _BATCH_KEYS if k in batch}
+        return {k: batch[k].pin_memory().to(self.dist.device, non_blocking=True) for k in _BATCH_KEYS if k in batch}
 
     def _load_finetune_weights(self, model: torch.nn.Module, tag: str, client: dict[str, Any]) -> None:
         """Phase 2 of a two-phase run: weights only, position table extended when the model got longer.

@@ -57,7 +57,7 @@ def test_fp16_on_a_cpu_without_it_fails_before_any_work_with_one_line(data, tmp_
     p = tu.launch("deepspeed", args, timeout=120, entry=tu.fp16_policy_entry(tmp_path, supported=False))
     assert p.returncode == 2, p.stdout[-4000:]
     errors = [line for line in p.stdout.splitlines() if "pretrain: error:" in line]
-    assert len(errors) == 2 and errors[0].split("pretrain: error:")[1] == errors[1].split("pretrain: error:")[1]
+    assert len(errors) == tu.NPROCS and len({e.split("pretrain: error:")[1] for e in errors}) == 1
     assert "zero2_fp16.json enables fp16" in errors[0] and "AVX512-FP16 or AMX" in errors[0]
     assert "zero2_bf16.json or " in errors[0] and "zero2_fp32.json" in errors[0]
     assert "Traceback" not in p.stdout and "rank(s), backend" not in p.stdout
@@ -82,7 +82,7 @@ def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path)
     start = time.monotonic()
     p = tu.launch("deepspeed", args, timeout=180, SPARSEBERT_FAULT_NONFINITE_LOSS="3")
     assert p.returncode == 3, p.stdout[-4000:]
-    assert p.stdout.count("non-finite loss at iteration 3 (bf16)") == 2  # both ranks stopped on their own
+    assert p.stdout.count("non-finite loss at iteration 3 (bf16)") == tu.NPROCS  # every rank stopped on its own
     assert "Last complete checkpoint" in p.stdout and "iter_0000002" in p.stdout
     assert (tmp_path / "ck" / "latest").read_text() == "iter_0000002"
     assert not (tmp_path / "ck" / "iter_0000003").exists()
@@ -106,6 +106,7 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(data, tmp_pa
     assert (ck / "iter_0000004" / "commit.json").exists()  # the re-run completed the interrupted tag
 
 
+@pytest.mark.skipif(tu.NPROCS < 2, reason="needs 2 ranks (one CUDA GPU here: NCCL needs a GPU per rank)")
 def test_dead_rank_ends_the_job_nonzero_in_bounded_time(data, tmp_path):
     args = tu.train_args(data, "zero2_fp32.json", 50, "--distributed-timeout-minutes", "0.5", global_batch=4)
     start = time.monotonic()

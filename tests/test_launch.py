@@ -1,5 +1,5 @@
 """The launch paths other than `deepspeed --num_gpus` (covered by the resume and fault tests): torchrun, mpirun
-(mpi4py discovery) and `deepspeed --hostfile` with the OpenMPI launcher, each training 2 CPU ranks for 2 steps."""
+(mpi4py discovery) and `deepspeed --hostfile` with the OpenMPI launcher, each training 2 CPU ranks (on CUDA: one per GPU, up to 2) for 2 steps."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def data(tmp_path_factory):
 
 def check(p: subprocess.CompletedProcess) -> None:
     assert p.returncode == 0, p.stdout[-4000:]
-    assert "[pretrain] 2 rank(s), backend gloo" in p.stdout
+    backend = "nccl" if tu.CUDA else "gloo"
+    assert f"[pretrain] {tu.NPROCS} rank(s), backend {backend}" in p.stdout
     assert "iteration 2/2" in p.stdout
 
 
@@ -36,7 +37,7 @@ def test_mpirun(data):
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed (run_scripts/setup_env.sh)")
 def test_deepspeed_hostfile_openmpi(data, tmp_path):
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("localhost slots=2\n")
+    hostfile.write_text(f"localhost slots={tu.NPROCS}\n")
     cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(hostfile), "--force_multi", "--no_ssh_check",
            "--master_addr", "127.0.0.1", "--master_port", str(tu.free_port()), "--launcher", "openmpi",
            "--launcher_args", "--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo",

@@ -1,4 +1,4 @@
-"""Two CPU ranks (gloo) under the deepspeed launcher, ZeRO-2 fp32 with gradient accumulation and dropout:
+"""Two CPU ranks (gloo) under the deepspeed launcher (on CUDA: one rank per GPU up to two, with --deterministic), ZeRO-2 fp32 with gradient accumulation and dropout:
 6 iterations straight must equal 3 + stop + --load + 3 bitwise at every step. The same runs feed the TensorBoard
 read-back, keep-last-k and changed-architecture checks."""
 
@@ -16,7 +16,7 @@ K = 3
 def runs(tmp_path_factory):
     tmp = tu.prepare(tmp_path_factory.mktemp("resume"))
     common = tu.train_args(tmp, "zero2_fp32.json", 2 * K, "--eval-interval", str(K), "--eval-iters", "2",
-                           "--num-workers", "1", global_batch=8)
+                           "--num-workers", "1", *tu.DETERMINISTIC, global_batch=8)
     straight = tu.launch("deepspeed", common + ["--log-json", str(tmp / "a.jsonl"),
                                                 "--tensorboard-dir", str(tmp / "tb")])
     first = tu.launch("deepspeed", common + ["--log-json", str(tmp / "b.jsonl"), "--save", str(tmp / "ck"),

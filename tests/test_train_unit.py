@@ -92,3 +92,34 @@ def test_activation_checkpointing_keeps_names_and_gradients():
         grads.append([p.grad.clone() for p in m.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_numerics_deterministic_and_tf32(monkeypatch):
+    from pretrain.numerics import configure_numerics
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+              torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    try:
+        notes = configure_numerics(deterministic=True, tf32=False)
+        import os
+
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert not torch.backends.cudnn.benchmark
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert any("--deterministic" in n for n in notes)
+        configure_numerics(deterministic=False, tf32=True)
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32" == torch.backends.cudnn.conv.fp32_precision
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before[4], before[5]
+
+
+def test_deterministic_and_tf32_flags():
+    run = parse_args(BASE + ["--train-iters", "5", "--deterministic", "--no-tf32"])
+    assert run.system.deterministic and not run.system.tf32
+    run = parse_args(BASE + ["--train-iters", "5"])
+    assert not run.system.deterministic and run.system.tf32

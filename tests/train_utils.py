@@ -82,7 +82,21 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def launch(kind: str, args: list[str], nprocs: int = 2, timeout: float = 240, entry: Path | None = None,
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+#: the launched ranks run on CUDA GPUs (NCCL) rather than CPU (gloo)
+CUDA = _cuda_count() > 0
+#: ranks a multi-rank test starts: 2 CPU ranks on gloo, or one per GPU up to 2 (NCCL needs a GPU per rank)
+NPROCS = min(2, _cuda_count()) if _cuda_count() else 2
+#: flags that make CUDA runs bitwise repeatable (CPU runs are without them)
+DETERMINISTIC: list[str] = ["--deterministic"] if CUDA else []
+
+
+def launch(kind: str, args: list[str], nprocs: int = NPROCS, timeout: float = 240, entry: Path | None = None,
            **env_extra: str):
     """Run training through one launch path; returns CompletedProcess (stdout+stderr merged).
 
