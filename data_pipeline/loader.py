@@ -111,6 +111,8 @@ class DataConfig:
     """Share of non-special tokens chosen for prediction (80% [MASK], 10% random, 10% kept)."""
     whole_word_masking: bool = False
     """Choose whole words (WordPiece ## / SentencePiece ▁ aware) instead of single tokens."""
+    max_predictions_per_seq: int | None = None
+    """Cap on predicted tokens per sample (BERT's max_predictions_per_seq); None = no cap."""
     pad_to_multiple_of: int | None = None
     """Pad batch length up to a multiple of this (e.g. the sparse-attention block size)."""
     dynamic_padding: bool = False
@@ -133,6 +135,8 @@ class DataConfig:
             raise DataConfigError(f"cut_fraction={self.cut_fraction}: must be within [0, 1]")
         if not 0.0 < self.mlm_probability < 1.0:
             raise DataConfigError(f"mlm_probability={self.mlm_probability}: must be within (0, 1)")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
+            raise DataConfigError(f"max_predictions_per_seq={self.max_predictions_per_seq}: must be >= 1 or None")
         if self.pad_to_multiple_of is not None and (not isinstance(self.pad_to_multiple_of, int)
                                                     or self.pad_to_multiple_of < 1):
             raise DataConfigError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be a positive integer or None")
@@ -156,7 +160,8 @@ class DataConfig:
 
     @property
     def masking_config(self) -> MaskingConfig:
-        return MaskingConfig(mlm_probability=self.mlm_probability, whole_word_masking=self.whole_word_masking)
+        return MaskingConfig(mlm_probability=self.mlm_probability, whole_word_masking=self.whole_word_masking,
+                             max_predictions=self.max_predictions_per_seq)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -56,14 +56,48 @@ class MaskingConfig:
     """Of the chosen tokens, the share replaced by a random non-special token; the rest stay unchanged."""
     whole_word_masking: bool = False
     """Choose whole words: all pieces of a word are predicted together (needs the tokenizer's word starts)."""
+    max_predictions: int | None = None
+    """At most this many predicted tokens per sample (BERT's max_predictions_per_seq); None: no cap. A sample that
+    drew more keeps those with the smallest selection hashes (whole words, with whole-word masking), so the model
+    can gather a fixed number of positions per batch (static shapes for CUDA graphs and compile)."""
 
     def __post_init__(self) -> None:
+        if self.max_predictions is not None and self.max_predictions < 1:
+            raise ValueError(f"MaskingConfig.max_predictions={self.max_predictions}: must be >= 1 (or None)")
         for name in ("mlm_probability", "mask_prob", "random_prob"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"MaskingConfig.{name}={v}: must be within [0, 1]")
         if self.mask_prob + self.random_prob > 1.0 + 1e-9:
             raise ValueError(f"MaskingConfig: mask_prob + random_prob = {self.mask_prob + self.random_prob} > 1")
+
+
+def _cap_per_row(chosen_BL: np.ndarray, rank_u: np.ndarray, cap: int) -> np.ndarray:
+    """Keep at most ``cap`` chosen tokens per row: those with the smallest ``rank_u`` (ties by position). Tokens
+    that share a rank value (the pieces of one word) are kept or dropped together, so a word is never split; a word
+    that does not fit in what is left of the cap is skipped and smaller later ones may still fill it."""
+    counts = chosen_BL.sum(axis=1)
+    over = np.flatnonzero(counts > cap)
+    if not len(over):
+        return chosen_BL
+    chosen_BL = chosen_BL.copy()
+    for b in over:  # rare by construction (the cap sits above the expected count), so a loop per row is fine
+        pos = np.flatnonzero(chosen_BL[b])
+        order = pos[np.lexsort((pos, rank_u[b, pos]))]
+        ranks = rank_u[b, order]
+        # runs of equal rank are words: take them in rank order, skipping one that no longer fits (as BERT's
+        # create_masked_lm_predictions does), so the cap is filled as far as whole words allow
+        starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+        ends = np.r_[starts[1:], len(order)]
+        keep = np.zeros(len(order), dtype=bool)
+        room = cap
+        for s, e in zip(starts, ends):
+            if e - s <= room:
+                keep[s:e] = True
+                room -= e - s
+        chosen_BL[b] = False
+        chosen_BL[b, order[keep]] = True
+    return chosen_BL
 
 
 class MLMMasker:
@@ -127,8 +161,11 @@ class MLMMasker:
             start_BL[:, 0] = True
             idx_BL = np.where(start_BL, np.arange(L, dtype=np.int64)[None, :], 0)
             np.maximum.accumulate(idx_BL, axis=1, out=idx_BL)   # position of each token's word start
-            word_sel = np.take_along_axis(sel_u, idx_BL, axis=1) < self._t_select
-            chosen_BL = word_sel & ~special_BL
+            word_u = np.take_along_axis(sel_u, idx_BL, axis=1)
+            chosen_BL = (word_u < self._t_select) & ~special_BL
+        if self.config.max_predictions is not None:
+            rank_u = sel_u if self.word_start is None else word_u
+            chosen_BL = _cap_per_row(chosen_BL, rank_u, self.config.max_predictions)
 
         labels_BL = np.where(chosen_BL, ids_BL, IGNORE_INDEX)
         out_BL = ids_BL.copy()

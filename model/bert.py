@@ -23,7 +23,8 @@ class PreTrainingOutput:
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
     logits: torch.Tensor
-    """With ``labels``: ``[T, V]`` for the T positions whose label != -100 (in row-major order); else ``[B, N, V]``."""
+    """With ``labels``: ``[T, V]`` for the T positions whose label != -100 (in row-major order), or ``[B, k, V]``
+    with ``max_predictions=k`` (each row's labelled positions first, then padding slots); else ``[B, N, V]``."""
     nsp_logits: torch.Tensor | None
     mlm_correct: torch.Tensor | None
     """Number of masked positions predicted right (argmax)."""
@@ -148,8 +149,9 @@ class BertModel(nn.Module):
         kpm = None
         if attention_mask is not None:
             kpm = attention_mask.to(torch.bool)
-            if bool(kpm.all()):
-                kpm = None  # no padding: unmasked fused attention
+            if kpm.device.type == "cpu" and bool(kpm.all()):
+                kpm = None  # no padding: unmasked fused attention (on GPUs the check would wait for the device;
+                # the trainer drops an all-ones mask on the host instead)
         B, N = input_ids.shape
         biases = None if self.positional_attention is None else self.positional_attention(N, token_type_ids, B)
         gates = None
@@ -209,11 +211,38 @@ class BertForPreTraining(nn.Module):
     def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(self.cls.transform(hidden), self.bert.embeddings.word_embeddings.weight, self.cls.bias)
 
+    def _mlm_static(self, hidden_BND: torch.Tensor, labels_BN: torch.Tensor, k: int):
+        """MLM loss over the first k labelled positions of each row, gathered with fixed shapes [B, k].
+
+        Same value as the boolean-mask path when no row has more than k labels (a device-side assert checks it
+        without a sync); unused slots are masked out of the loss and the counts."""
+        B, N = labels_BN.shape
+        k = min(int(k), N)
+        sel_BN = labels_BN.ne(-100)
+        torch._assert_async(sel_BN.sum(1).max() <= k, "a row has more labelled positions than max_predictions")
+        # labelled positions first, in order (a stable sort of the 0/1 "unlabelled" flag)
+        pos_Bk = torch.sort((~sel_BN).to(torch.uint8), dim=1, stable=True).indices[:, :k]
+        valid_Bk = torch.gather(sel_BN, 1, pos_Bk)
+        hidden_BkD = torch.gather(hidden_BND, 1, pos_Bk[..., None].expand(B, k, hidden_BND.shape[-1]))
+        targets_Bk = torch.gather(labels_BN, 1, pos_Bk).masked_fill(~valid_Bk, 0)
+        logits_BkV = self.mlm_logits(hidden_BkD)
+        ce_Bk = F.cross_entropy(logits_BkV.float().flatten(0, 1), targets_Bk.flatten(), reduction="none").view(B, k)
+        count = valid_Bk.sum()
+        loss = (ce_Bk * valid_Bk).sum() / count.clamp(min=1)
+        correct = ((logits_BkV.detach().argmax(-1) == targets_Bk) & valid_Bk).sum()
+        return loss, correct, count, logits_BkV  # [B, k, V]: slots past a row's labels are padding
+
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                next_sentence_label=None) -> PreTrainingOutput:
+                next_sentence_label=None, max_predictions: int | None = None) -> PreTrainingOutput:
+        """``max_predictions``: at most this many labelled positions per row (the data pipeline's
+        max_predictions_per_seq). Given, the MLM head gathers exactly B x max_predictions positions (static
+        shapes, no host sync: CUDA graphs and compile can capture it); without it, the labelled positions are
+        selected by a boolean mask (dynamic shape, one device-to-host sync)."""
         hidden_BND = self.bert(input_ids, attention_mask, token_type_ids)
         mlm_loss = mlm_correct = mlm_count = None
-        if labels is not None:
+        if labels is not None and max_predictions is not None:
+            mlm_loss, mlm_correct, mlm_count, logits = self._mlm_static(hidden_BND, labels, max_predictions)
+        elif labels is not None:
             # only the labelled positions go through the transform and the vocab-sized decoder
             sel = labels.ne(-100)
             targets = labels[sel]

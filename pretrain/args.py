@@ -205,6 +205,10 @@ class DataArgs:
     """MLM masking probability."""
     whole_word_masking: bool = False
     """Mask whole words."""
+    max_predictions_per_seq: int | None = None
+    """At most this many predicted tokens per sample (BERT's max_predictions_per_seq, e.g. 20 at N=128, 80 at
+    N=512); the MLM head then gathers a fixed number of positions per batch (static shapes, no host sync: what
+    CUDA graphs and --compile need). None: every chosen token is predicted (dynamic shapes)."""
     tokenizer_type: str = "BertWordPieceLowerCase"
     """data_pipeline.tokenization type."""
     vocab_file: str | None = None
@@ -215,6 +219,9 @@ class DataArgs:
     def __post_init__(self) -> None:
         if not self.data_path:
             raise ArgsError("--data-path is required (one prefix, or weight prefix pairs)")
+        if self.max_predictions_per_seq is not None and not 0 < self.max_predictions_per_seq <= self.seq_length:
+            raise ArgsError(f"--max-predictions-per-seq must be in [1, --seq-length {self.seq_length}], got "
+                            f"{self.max_predictions_per_seq}")
         if self.sample_mode not in ("doc-sentences", "full-sentences", "nsp"):
             raise ArgsError(f"--sample-mode must be doc-sentences, full-sentences or nsp, got {self.sample_mode!r}")
 
@@ -269,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--short-seq-prob", type=float, default=0.1)
     g.add_argument("--mask-prob", type=float, default=0.15)
     g.add_argument("--whole-word-masking", action="store_true")
+    g.add_argument("--max-predictions-per-seq", type=int)
     g.add_argument("--tokenizer-type", default="BertWordPieceLowerCase")
     g.add_argument("--vocab-file")
     g.add_argument("--tokenizer-model")
@@ -387,7 +395,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
                         attention=attention, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by),
         data=DataArgs(data_path=list(ns.data_path), split=ns.split, seq_length=ns.seq_length,
                       sample_mode=ns.sample_mode, short_seq_prob=ns.short_seq_prob, mask_prob=ns.mask_prob,
-                      whole_word_masking=ns.whole_word_masking, tokenizer_type=ns.tokenizer_type,
+                      whole_word_masking=ns.whole_word_masking,
+                      max_predictions_per_seq=ns.max_predictions_per_seq, tokenizer_type=ns.tokenizer_type,
                       vocab_file=ns.vocab_file, tokenizer_model=ns.tokenizer_model),
     )
 

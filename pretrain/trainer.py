@@ -162,12 +162,27 @@ class Trainer:
         return iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
                                               self.dist.world_size, consumed, num_workers))
 
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Batch tensors on this rank's device; on CUDA staged through pinned memory, so the copy is asynchronous
-        (non_blocking from pageable memory would wait)."""
-        if self.dist.device.type != "cuda":
-            return {k: batch[k] for k in _BATCH_KEYS if k in batch}
-        return {k: batch[k].pin_memory().to(self.dist.device, non_blocking=True) for k in _BATCH_KEYS if k in batch}
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The model's inputs on this rank's device. Decisions that need the values are made here, on the host
+        batch, so the step never waits for the device: an attention mask without padding is dropped (the model
+        then runs unmasked attention), and --max-predictions-per-seq selects the static MLM gather. On CUDA the
+        tensors are staged through pinned memory, so the copy is asynchronous."""
+        keys = [k for k in _BATCH_KEYS if k in batch]
+        if "attention_mask" in batch and bool(batch["attention_mask"].all()):
+            keys.remove("attention_mask")
+        if self.dist.device.type == "cuda":
+            out: dict[str, Any] = {k: batch[k].pin_memory().to(self.dist.device, non_blocking=True) for k in keys}
+        else:
+            out = {k: batch[k] for k in keys}
+        if self.run.data.max_predictions_per_seq is not None and "labels" in out:
+            out["max_predictions"] = self.run.data.max_predictions_per_seq
+        return out
+
+    @staticmethod
+    def _tokens(batch: dict[str, torch.Tensor]) -> int:
+        """Real (unpadded) tokens of a host batch."""
+        mask = batch.get("attention_mask")
+        return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
     def _load_finetune_weights(self, model: torch.nn.Module, tag: str, client: dict[str, Any]) -> None:
         """Phase 2 of a two-phase run: weights only, position table extended when the model got longer.
@@ -201,17 +216,20 @@ class Trainer:
 
         Nothing here waits for the device except, in bf16/fp32, the one all-reduce per step that decides (on all
         ranks together, before the update) whether the loss was finite; fp16 leaves that to the loss scaler.
-        Loss, token and auxiliary-loss sums stay on the device until a log interval reads them.
+        Loss and auxiliary-loss sums stay on the device until a log interval reads them; tokens are counted on the
+        host batch.
         """
         engine, module, device = self.engine, self.engine.module, self.dist.device
         skipped_before = engine.skipped_steps
         lr = engine.get_lr()[0]  # the LR this step uses (the scheduler moves it after an applied step)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        tokens = torch.zeros((), dtype=torch.int64, device=device)
+        tokens = 0
         aux_sum = None
         for micro in range(self.gas):
             try:
-                batch = self._to_device(next(self.train_iter))
+                host = next(self.train_iter)
+                tokens += self._tokens(host)
+                batch = self._to_device(host)
             except StopIteration:
                 raise RuntimeError(f"the training data ran out at iteration {self.iteration + 1}; the sample index "
                                    "was built for fewer samples than --train-iters x --global-batch-size") from None
@@ -225,10 +243,6 @@ class Trainer:
                 loss = loss * float("inf")
             engine.backward(loss)
             loss_sum += loss.detach().double()
-            if "attention_mask" in batch:
-                tokens += batch["attention_mask"].sum()
-            else:
-                tokens += batch["input_ids"].numel()
             if micro == self.gas - 1:
                 self._before_update(loss_sum)
             engine.step()
@@ -340,7 +354,7 @@ class Trainer:
             self._print(f"exported the learned DAM masks to {path} (train stage 2 with attention.token_mask = "
                         f"{{\"pattern\": \"file\", \"path\": \"{path}\"}})")
 
-    def _log(self, step: dict[str, Any], window_start: float, window_tokens: torch.Tensor, window_iters: int) -> None:
+    def _log(self, step: dict[str, Any], window_start: float, window_tokens: int, window_iters: int) -> None:
         engine = self.engine
         loss, tokens, skipped_max, skipped_min = self._dp_mean_and_counts(step, window_tokens)
         elapsed = time.perf_counter() - window_start  # after the read: the device finished the window's work
@@ -375,10 +389,11 @@ class Trainer:
                     self.writer.add_scalar(f"train/{k}", v, self.iteration)
             self.writer.flush()
 
-    def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: torch.Tensor) -> tuple[float, float, int, int]:
+    def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: int) -> tuple[float, float, int, int]:
         """Mean loss over ranks, total tokens, max and min of the skipped-step counter (read once, at a log)."""
         device = self.dist.device
-        sums = torch.stack([step["loss_sum"].to(device, torch.float64), window_tokens.to(device, torch.float64)])
+        sums = torch.stack([step["loss_sum"].to(device, torch.float64),
+                            torch.tensor(float(window_tokens), dtype=torch.float64, device=device)])
         skipped = float(self.engine.skipped_steps)
         extremes = torch.tensor([skipped, -skipped], dtype=torch.float64, device=device)
         dist.all_reduce(sums)

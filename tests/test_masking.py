@@ -155,3 +155,46 @@ def test_config_validation():
         MaskingConfig(mask_prob=0.95, random_prob=0.1)
     with pytest.raises(ValueError, match="word_start"):
         MLMMasker(MaskingConfig(whole_word_masking=True), VOCAB, MASK, SPECIALS)
+
+
+@pytest.mark.parametrize("wwm", [False, True])
+def test_max_predictions_caps_each_sample_keeping_its_first_choices(wwm):
+    """The cap only removes predictions from samples that drew more than it (keeping the smallest selection
+    hashes), never splits a whole word, and leaves every other sample bit-identical to the uncapped masking."""
+    rng = np.random.default_rng(3)
+    ids = random_batch(rng, B=48, L=128)
+    word_start = None
+    if wwm:
+        word_start = np.ones(VOCAB, dtype=bool)
+        word_start[500:] = False  # ids >= 500 continue the previous word (like ## pieces)
+    keys = sample_keys(11, np.arange(len(ids)))
+    free = MLMMasker(MaskingConfig(whole_word_masking=wwm), VOCAB, MASK, SPECIALS, word_start)
+    out0, lab0 = free(ids, keys)
+    cap = int(np.percentile((lab0 != IGNORE_INDEX).sum(1), 50))  # half the samples exceed it
+    capped = MLMMasker(MaskingConfig(whole_word_masking=wwm, max_predictions=cap), VOCAB, MASK, SPECIALS,
+                       word_start)
+    out1, lab1 = capped(ids, keys)
+    n0, n1 = (lab0 != IGNORE_INDEX).sum(1), (lab1 != IGNORE_INDEX).sum(1)
+    assert (n1 <= cap).all() and (n0 > cap).sum() >= 10
+    under = n0 <= cap
+    np.testing.assert_array_equal(lab1[under], lab0[under])
+    np.testing.assert_array_equal(out1[under], out0[under])
+    over = ~under
+    assert ((lab1[over] != IGNORE_INDEX) <= (lab0[over] != IGNORE_INDEX)).all()  # a subset of the free choice
+    if not wwm:
+        assert (n1[over] == cap).all()  # single tokens fill the cap exactly
+    else:
+        chosen = lab1 != IGNORE_INDEX
+        cont = ids >= 500
+        for b in np.flatnonzero(over):  # every dropped word is longer than the room the cap has left
+            start = np.maximum.accumulate(np.where(~cont[b] | np.isin(ids[b], SPECIALS), np.arange(len(ids[b])), 0))
+            dropped = (lab0[b] != IGNORE_INDEX) & ~chosen[b]
+            sizes = np.bincount(start[dropped], minlength=len(ids[b]))
+            assert (sizes[sizes > 0] > cap - n1[b]).all()
+        # a continuation piece is predicted exactly when the token before it (its word) is
+        follows = cont[:, 1:] & ~np.isin(ids[:, :-1], SPECIALS)
+        assert (chosen[:, 1:][follows] == chosen[:, :-1][follows]).all()
+    # masked/random/kept replacement of the surviving predictions is unchanged
+    keep = lab1 != IGNORE_INDEX
+    np.testing.assert_array_equal(out1[keep], out0[keep])
+    np.testing.assert_array_equal(out1[~keep], ids[~keep])

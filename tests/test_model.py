@@ -149,3 +149,33 @@ def test_too_long_input_is_a_clear_error():
     m = BertForPreTraining(ModelConfig(**TINY))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         m(torch.ones(1, 129, dtype=torch.long))
+
+
+def test_static_mlm_gather_equals_the_boolean_mask_path():
+    """max_predictions gathers B x k positions with fixed shapes: same loss, counts and gradients as the dynamic
+    boolean-mask selection, including a row without labels and a row that uses all k slots."""
+    from model.bert import BertForPreTraining
+    from model.config import ModelConfig
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=60, hidden_dropout=0.0, attention_dropout=0.0))
+    ids = torch.randint(5, 60, (3, 16))
+    labels = torch.full((3, 16), -100)
+    labels[0, [1, 4, 9]] = ids[0, [1, 4, 9]]
+    labels[2, [0, 2, 3, 5, 15]] = ids[2, [0, 2, 3, 5, 15]]  # row 1 has none; row 2 fills k = 5
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1, 12:] = 0
+    outs, grads = [], []
+    for k in (None, 5):
+        model.zero_grad()
+        out = model(ids, attention_mask=mask, labels=labels, max_predictions=k)
+        out.loss.backward()
+        outs.append(out)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    dyn, static = outs
+    torch.testing.assert_close(static.loss, dyn.loss, rtol=1e-6, atol=1e-6)
+    assert int(static.mlm_count) == int(dyn.mlm_count) == 8 and int(static.mlm_correct) == int(dyn.mlm_correct)
+    assert static.logits.shape == (3, 5, 60)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    with pytest.raises(RuntimeError, match="more labelled positions than max_predictions"):
+        model(ids, attention_mask=mask, labels=labels, max_predictions=4)

@@ -1,0 +1,59 @@
+"""--max-predictions-per-seq: through the real trainer the static MLM gather trains like the dynamic one when the
+cap never binds; through the loader a binding cap holds in every batch and changes nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import train_utils as tu
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_static_gather_matches_dynamic_when_the_cap_never_binds(tmp_path):
+    tu.prepare(tmp_path)
+    losses = {}
+    for name, extra in (("dynamic", []), ("static", ["--max-predictions-per-seq", "64"])):
+        log = tmp_path / f"{name}.jsonl"
+        p = tu.launch("python", tu.train_args(tmp_path, "zero1_fp32.json", 4, "--log-json", str(log), *extra,
+                                              "--hidden-dropout", "0", "--attention-dropout", "0", global_batch=4))
+        assert p.returncode == 0, p.stdout[-3000:]
+        losses[name] = [r["loss"] for r in tu.train_records(log)]
+    assert losses["static"] == pytest.approx(losses["dynamic"], rel=1e-5)
+
+
+def test_binding_cap_holds_in_every_batch_and_leaves_other_samples_alone(tmp_path):
+    """The loader with max_predictions_per_seq: no row over the cap, rows under it identical to the uncapped
+    loader's, and the static gather's loss equals the dynamic path's on those batches."""
+    import torch
+
+    from data_pipeline.loader import DataConfig, build_dataloader, build_datasets
+    from data_pipeline.tokenization import build_tokenizer
+    from model.bert import BertForPreTraining
+    from model.config import ModelConfig
+
+    tu.prepare(tmp_path)
+    tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(tmp_path / "vocab.txt"))
+    batches = {}
+    for cap in (None, 4):
+        cfg = DataConfig(data_path=[str(tmp_path / "shard")], seq_length=64, split="1,0,0",
+                         max_predictions_per_seq=cap, cache_dir=str(tmp_path / "cache"))
+        train = build_datasets(cfg, tok, num_samples=(64, 0, 0))[0]
+        batches[cap] = list(build_dataloader(train, tok, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1,
+                                             num_workers=0))
+    model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=tu.VOCAB_SIZE, hidden_dropout=0.0,
+                                                  attention_dropout=0.0)).eval()
+    binding = 0
+    for free, capped in zip(batches[None], batches[4]):
+        n_free, n_cap = (free["labels"] != -100).sum(1), (capped["labels"] != -100).sum(1)
+        assert (n_cap <= 4).all()
+        under = n_free <= 4
+        binding += int((~under).sum())
+        assert torch.equal(capped["labels"][under], free["labels"][under])
+        assert torch.equal(capped["input_ids"][under], free["input_ids"][under])
+        with torch.no_grad():
+            dyn = model(capped["input_ids"], capped["attention_mask"], labels=capped["labels"])
+            static = model(capped["input_ids"], capped["attention_mask"], labels=capped["labels"], max_predictions=4)
+        torch.testing.assert_close(static.mlm_loss, dyn.mlm_loss, rtol=1e-5, atol=1e-6)
+    assert binding >= 32  # the cap bound most of the 64 samples (about 9 of 62 tokens are chosen on average)
