@@ -17,6 +17,9 @@ class ArgsError(ValueError):
     """A bad flag value; the message names the flag."""
 
 
+EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
+
+
 @dataclass
 class OptimConfig:
     """Optimizer and LR schedule (linear warmup then linear decay, as in all three papers)."""
@@ -84,6 +87,11 @@ class LoopConfig:
     """Seed for weights, dropout, layouts and data order."""
     exit_interval: int | None = None
     """Stop (after saving) when the iteration is a multiple of this (Megatron's --exit-interval)."""
+    exit_signal_handler: bool = False
+    """On --exit-signal (e.g. Slurm's warning before the time limit), finish the current iteration, save a
+    checkpoint and exit with code 4; the same command with --load resumes exactly (Megatron's flag)."""
+    exit_signal: str = "SIGTERM"
+    """The signal --exit-signal-handler catches: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2."""
 
     def __post_init__(self) -> None:
         if (self.train_iters is None) == (self.train_samples is None):
@@ -92,6 +100,8 @@ class LoopConfig:
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise ArgsError(f"--{name.replace('_', '-')} must be positive, got {v}")
+        if self.exit_signal not in EXIT_SIGNALS:
+            raise ArgsError(f"--exit-signal must be one of {', '.join(EXIT_SIGNALS)}, got {self.exit_signal!r}")
         if self.eval_interval < 0 or self.eval_iters < 0 or self.log_interval <= 0:
             raise ArgsError("--eval-interval/--eval-iters must be >= 0 and --log-interval > 0")
 
@@ -306,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--exit-interval", type=int)
+    g.add_argument("--exit-signal-handler", action="store_true")
+    g.add_argument("--exit-signal", default="SIGTERM")
 
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save")
@@ -380,7 +392,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         loop=LoopConfig(micro_batch_size=ns.micro_batch_size, global_batch_size=ns.global_batch_size,
                         train_iters=ns.train_iters, train_samples=ns.train_samples,
                         eval_interval=ns.eval_interval, eval_iters=ns.eval_iters, log_interval=ns.log_interval,
-                        seed=ns.seed, exit_interval=ns.exit_interval),
+                        seed=ns.seed, exit_interval=ns.exit_interval, exit_signal_handler=ns.exit_signal_handler,
+                        exit_signal=ns.exit_signal),
         checkpoint=CheckpointConfig(save=ns.save, load=ns.load, save_interval=ns.save_interval,
                                     keep_last=ns.keep_last, finetune=ns.finetune, no_load_rng=ns.no_load_rng,
                                     override_opt_param_scheduler=ns.override_opt_param_scheduler,

@@ -4,6 +4,8 @@
 - `torchrun`: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set.
 - `mpirun -np K python -m pretrain.train`: only OMPI_* set; deepspeed.init_distributed's MPI discovery (mpi4py)
   fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/PORT.
+- `srun python -m pretrain.train` (one task per GPU): SLURM_PROCID/SLURM_STEP_NUM_TASKS/SLURM_LOCALID and the
+  first host of the node list (slurm_env).
 - plain `python -m pretrain.train`: one rank; we fill the env for a world of one.
 Backend: NCCL on GPUs, gloo on CPU (DeepSpeed's accelerator decides). The timeout bounds how long a rank waits for
 a dead peer inside a collective.
@@ -12,7 +14,9 @@ a dead peer inside a collective.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
@@ -44,10 +48,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def slurm_hosts(nodelist: str) -> list[str]:
+    """Host names of a Slurm node list (``node[001-004]``), expanded by ``scontrol show hostnames``."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with `scontrol show hostnames` ({e}); "
+                           "run under srun on a node with the Slurm client, or set MASTER_ADDR yourself") from e
+    hosts = out.split()
+    if not hosts:
+        raise RuntimeError(f"`scontrol show hostnames {nodelist}` printed no host")
+    return hosts
+
+
+def slurm_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
+    """torch.distributed's variables for a task started by ``srun`` (None outside a Slurm job step).
+
+    Rank, world size and local rank are the step's task ids; the master is the first host of the job's node list;
+    the port is derived from the job id (10000 + id mod 50000) so two jobs sharing a node do not collide. Set
+    MASTER_ADDR / MASTER_PORT to override (e.g. another network interface). Only a job *step* counts
+    (``SLURM_STEP_NUM_TASKS``): a plain python inside an sbatch script is one process, whatever the allocation.
+    """
+    env = os.environ if environ is None else environ
+    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
+        return None
+    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+           "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    out["MASTER_ADDR"] = env.get("MASTER_ADDR") or (slurm_hosts(nodelist)[0] if nodelist else "127.0.0.1")
+    job = env.get("SLURM_JOB_ID", "0")
+    out["MASTER_PORT"] = env.get("MASTER_PORT") or str(10000 + int(job) % 50000)
+    return out
+
+
 def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> DistInfo:
     import deepspeed
 
-    if not any(v in os.environ for v in _LAUNCHER_VARS):
+    slurm = None if any(v in os.environ for v in _LAUNCHER_VARS) else slurm_env()
+    if slurm is not None:  # srun: no launcher set torch's variables; Slurm's say who we are
+        os.environ.update(slurm)
+    elif not any(v in os.environ for v in _LAUNCHER_VARS):
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=True,
@@ -114,3 +155,23 @@ def broadcast_module_state(module: torch.nn.Module, device: torch.device) -> Non
         dist.broadcast(wire, src=0)
         if dist.get_rank() != 0:
             t.copy_(staged)
+
+
+class ExitSignal:
+    """Catches one signal (e.g. Slurm's warning before the time limit) and lets every rank agree, at the end of an
+    iteration, that one of them received it (Megatron's DistributedSignalHandler). Costs one tiny all-reduce per
+    iteration, only when enabled."""
+
+    def __init__(self, name: str) -> None:
+        self.signum = getattr(signal, name)
+        self.received = False
+        self._previous = signal.signal(self.signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def received_anywhere(self, device: torch.device) -> bool:
+        return not all_ranks_true(not self.received, device)
+
+    def restore(self) -> None:
+        signal.signal(self.signum, self._previous)

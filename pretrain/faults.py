@@ -4,6 +4,7 @@ SPARSEBERT_FAULT_NONFINITE_LOSS="ITER[,ITER...]"  rank 0 multiplies its loss by 
 SPARSEBERT_FAULT_KILL_IN_SAVE="ITER"              rank 0 SIGKILLs itself after DeepSpeed wrote the checkpoint
                                                    files of ITER but before the commit marker and `latest`
 SPARSEBERT_FAULT_KILL_RANK="RANK:ITER"             that rank SIGKILLs itself at the start of ITER
+SPARSEBERT_FAULT_SIGNAL="RANK:ITER:SIGNAME"          that rank sends itself SIGNAME at the start of ITER
 """
 
 from __future__ import annotations
@@ -34,3 +35,12 @@ def maybe_kill_rank(iteration: int, rank: int) -> None:
         if rank == want_rank and iteration == want_iter:
             print(f"[fault] rank {rank}: dying at iteration {iteration}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_signal_self(iteration: int, rank: int) -> None:
+    raw = os.environ.get("SPARSEBERT_FAULT_SIGNAL", "")
+    if raw:
+        want_rank, want_iter, name = raw.split(":")
+        if rank == int(want_rank) and iteration == int(want_iter):
+            print(f"[fault] rank {rank}: sending itself {name} at iteration {iteration}", flush=True)
+            os.kill(os.getpid(), getattr(signal, name))

@@ -1,7 +1,8 @@
 """Entry point: `deepspeed pretrain/train.py ...`, `torchrun pretrain/train.py ...`, `mpirun -np K python -m
 pretrain.train ...` or `python -m pretrain.train ...`. See docs/training.md.
 
-Exit codes: 0 done, 2 bad settings/config/checkpoint (message names the file or flag), 3 non-finite loss.
+Exit codes: 0 done, 2 bad settings/config/checkpoint (message names the file or flag), 3 non-finite loss,
+4 stopped by --exit-signal-handler after saving (run the same command with --load to continue).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = None
     try:
         trainer = Trainer(run)
-        trainer.train()
-        return 0
+        return 0 if trainer.train() else 4
     except NonFiniteLossError as e:
         print(f"pretrain: error: {e}", file=sys.stderr, flush=True)
         return 3

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from pretrain import builders, checkpoint, faults, resume
 from pretrain.args import RunConfig, train_iterations, warmup_steps
-from pretrain.distributed import (DistInfo, all_ranks_true, broadcast_module_state, destroy_distributed,
+from pretrain.distributed import (DistInfo, ExitSignal, all_ranks_true, broadcast_module_state, destroy_distributed,
                                   init_distributed, rank0_result)
 from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
 from pretrain.numerics import configure_numerics
@@ -67,11 +67,14 @@ class Trainer:
         self.run = run
         self.engine = None
         self._grad_norm = None
+        self._signal: ExitSignal | None = None
         self.writer = None
         self.log_file = None
         self.ds = read_ds_config(run.system.deepspeed_config)
         check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
         numerics_notes = configure_numerics(run.system.deterministic, run.system.tf32)  # before any CUDA op
+        if run.loop.exit_signal_handler:  # before the (slow) set-up, so an early signal is not lost
+            self._signal = ExitSignal(run.loop.exit_signal)
         self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
         self.rank0 = self.dist.rank == 0
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
@@ -315,13 +318,16 @@ class Trainer:
         self._print(f"saved {self.run.checkpoint.save}/{tag}")
 
     # ------------------------------------------------------------------ loop
-    def train(self) -> None:
+    def train(self) -> bool:
+        """Run to --train-iters (or --exit-interval). Returns False when --exit-signal-handler stopped the run early
+        (after saving), True otherwise."""
         run = self.run
         loop, ckpt = run.loop, run.checkpoint
         self.engine.train()
         window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
         while self.iteration < self.train_iters:
             faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
+            faults.maybe_signal_self(self.iteration + 1, self.dist.rank)
             step = self.train_step()
             window_tokens += step["tokens"]
             window_iters += 1
@@ -332,12 +338,21 @@ class Trainer:
                 self._log_eval(self.evaluate())
             done = self.iteration == self.train_iters
             stop = bool(loop.exit_interval and self.iteration % loop.exit_interval == 0)
-            if ckpt.save and (done or stop or (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)):
+            signalled = self._signal is not None and not done and self._signal.received_anywhere(self.dist.device)
+            if ckpt.save and (done or stop or signalled or
+                              (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)):
                 self.save()
+            if signalled:
+                saved = f"saved {ckpt.save}; run the same command with --load {ckpt.save}" if ckpt.save else \
+                    "nothing saved (no --save)"
+                self._print(f"{loop.exit_signal} received: stopping at iteration {self.iteration}; {saved}")
+                self._export_dam_masks()
+                return False
             if stop and not done:
                 self._print(f"--exit-interval {loop.exit_interval}: stopping at iteration {self.iteration}")
                 break
         self._export_dam_masks()
+        return True
 
     def _export_dam_masks(self) -> None:
         """A DAM search run ends by writing the binarized learned masks (input of the fixed-mask stage)."""
@@ -417,7 +432,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Flush outputs and destroy the process group; safe after any failure, safe to call twice."""
+        """Flush outputs, restore signal handlers, destroy the process group; safe after any failure, safe twice."""
+        if self._signal is not None:
+            self._signal.restore()
+            self._signal = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -1,0 +1,61 @@
+"""--exit-signal-handler (what a Slurm job's time-limit warning triggers): one rank receives the signal, every rank
+stops after the same iteration with a committed checkpoint and exit code 4, and the same command with --load
+resumes exactly where a straight run would be. Plus Slurm's rank discovery from a job step's environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pretrain.distributed import slurm_env
+from tests import train_utils as tu
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.timeout(600)
+def test_signal_on_one_rank_saves_stops_all_and_resumes_exactly(tmp_path):
+    tu.prepare(tmp_path)
+    ck = tmp_path / "ck"
+    common = tu.train_args(tmp_path, "zero2_fp32.json", 6, *tu.DETERMINISTIC, global_batch=4)
+    straight = tu.launch("deepspeed", common + ["--log-json", str(tmp_path / "a.jsonl")])
+    assert straight.returncode == 0, straight.stdout[-3000:]
+    rank = tu.NPROCS - 1  # not rank 0: the others must learn of it
+    args = common + ["--log-json", str(tmp_path / "b.jsonl"), "--save", str(ck), "--load", str(ck),
+                     "--exit-signal-handler", "--exit-signal", "SIGUSR1"]
+    first = tu.launch("deepspeed", args, SPARSEBERT_FAULT_SIGNAL=f"{rank}:3:SIGUSR1")
+    assert first.returncode == 4, first.stdout[-3000:]  # the launcher passes the ranks' code on
+    assert "SIGUSR1 received: stopping at iteration 3; saved" in first.stdout
+    assert (ck / "latest").read_text() == "iter_0000003" and (ck / "iter_0000003" / "commit.json").is_file()
+    second = tu.launch("deepspeed", args)  # the requeued job: same command
+    assert second.returncode == 0, second.stdout[-3000:]
+    a, b = tu.train_records(tmp_path / "a.jsonl"), tu.train_records(tmp_path / "b.jsonl")
+    assert [r["iteration"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]  # exact
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_exit_code_4_and_no_traceback_on_one_rank(tmp_path):
+    tu.prepare(tmp_path)
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 5, "--save", str(tmp_path / "ck"), "--exit-signal-handler")
+    p = tu.launch("python", args, SPARSEBERT_FAULT_SIGNAL="0:2:SIGTERM")
+    assert p.returncode == 4, p.stdout[-3000:]
+    assert "SIGTERM received: stopping at iteration 2" in p.stdout and "Traceback" not in p.stdout
+    assert (tmp_path / "ck" / "latest").read_text() == "iter_0000002"
+
+
+def test_slurm_env_from_a_job_step(tmp_path, monkeypatch):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\n[ \"$1 $2 $3\" = 'show hostnames gpu[007-008]' ] && printf 'gpu007\\ngpu008\\n'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    step = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
+            "SLURM_JOB_NODELIST": "gpu[007-008]", "SLURM_STEP_NODELIST": "gpu[007-008]"}
+    assert slurm_env(step) == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu007",
+                               "MASTER_PORT": str(10000 + 123456 % 50000)}
+    assert slurm_env({**step, "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"})["MASTER_ADDR"] == "10.0.0.7"
+    batch_shell = {k: v for k, v in step.items() if k != "SLURM_STEP_NUM_TASKS"}  # sbatch script, not srun
+    assert slurm_env(batch_shell) is None
+    assert slurm_env({}) is None
