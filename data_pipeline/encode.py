@@ -119,7 +119,9 @@ def _encode_key(tok: Tokenizer, docs: list[str], split: bool, keep_newlines: boo
     ids = tok.encode_batch(units) if units else []
     lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
     tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
-    if len(lengths) and (lengths == 0).any():  # empty documents / sentences: Megatron drops them too
+    # empty sentences (and a document that tokenizes to nothing) give no sequence, as in Megatron's encoder
+    # (`if len(sentence_ids) > 0`); the document itself is still closed by the writer, so it stays countable
+    if len(lengths) and (lengths == 0).any():
         keep = lengths > 0
         owner = np.repeat(np.arange(len(upp)), upp)
         upp = np.bincount(owner[keep], minlength=len(upp)).astype(np.int32)

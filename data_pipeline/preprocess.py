@@ -212,9 +212,11 @@ class _KeyWriter:
             self.doc_units += len(lengths)
             self.doc_tokens += int(lengths.sum())
         if doc_end:
-            if self.doc_units == 0:
+            if self.doc_units == 0:  # kept as a document of no sequences, as Megatron's add_document does
                 self.log.add("empty_document", self.path, where,
-                             "no text left after cleaning" + (f" (key {self.key!r})" if self.key != "text" else ""))
+                             "no text left after cleaning; kept as a zero-length document"
+                             + (f" (key {self.key!r})" if self.key != "text" else ""))
+                self.b.end_document()
             else:
                 if self.split:
                     last = self.pending

@@ -23,7 +23,10 @@ _PG_START = re.compile(r"^\s*\*{3}\s*START OF (THIS|THE) PROJECT GUTENBERG E-?BO
 _PG_END = re.compile(r"^\s*\*{3}\s*END OF (THIS|THE) PROJECT GUTENBERG E-?BOOK.*$", re.I | re.M)
 _PG_END_OLD = re.compile(r"^\s*End of (the )?Project Gutenberg'?s? .*$", re.I | re.M)
 _BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n\s*")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Deleted before any split: control characters BERT's normaliser deletes. Those Python's str.split() would take for
+# whitespace (VT, FF, FS..US, NEL U+0085) must go here, or "alpha\x85beta" would become two words where BERT sees
+# one; the others (C1 controls, format characters) are left for the tokenizer, which deletes them itself.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x85]")
 
 
 def trim_gutenberg(text: str) -> tuple[str, bool]:

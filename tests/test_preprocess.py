@@ -200,3 +200,38 @@ def test_inspect_dataset_decodes_and_rejects_corrupt(bert_uncased_vocab, tmp_pat
     Path(tmp_path / "bad.bin").write_bytes(Path(prefix + ".bin").read_bytes()[:-2])
     assert inspect_main([str(tmp_path / "bad")]) == 2
     assert "bad.bin" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["document", "sentence"])
+@pytest.mark.parametrize("eod", [False, True], ids=["no-eod", "eod"])
+def test_empty_documents_stay_as_megatron_writes_them(bert_uncased_vocab, tmp_path, split, eod):
+    """Megatron's add_document keeps a document with no sequences (document_indices [0, 1, 1, 2] for three lines
+    whose middle one is empty): our shard is byte-identical to what megatron.core's own builder writes for the
+    same token lists, whitespace-only lines included, with and without --append-eod (no eod on an empty doc)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from transformers import BertTokenizerFast
+
+    texts = ["Alpha beta gamma.", "", "Delta epsilon.", "   \t ", "Zeta."]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    flags = ["--split-sentences"] if split else []
+    flags += ["--append-eod"] if eod else []
+    assert run("--input", tmp_path / "in.jsonl", "--output-prefix", tmp_path / "ours", "--tokenizer-type",
+               "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, *flags) == 0
+    hf = BertTokenizerFast(str(bert_uncased_vocab), do_lower_case=True)
+    level = "sentence" if split else "document"
+    ref = IndexedDatasetBuilder(str(tmp_path / f"ref.bin"), dtype=np.uint16)
+    for t in texts:
+        ids = hf(t, add_special_tokens=False).input_ids
+        if ids and eod:
+            ids = ids + [hf.sep_token_id]  # BertWordPiece's eod is [SEP], as in Megatron
+        ref.add_document(torch_tensor(ids), [len(ids)] if ids else [])
+    ref.finalize(str(tmp_path / "ref.idx"))
+    assert files_equal(str(tmp_path / f"ours_text_{level}"), str(tmp_path / "ref"))
+    ds = IndexedDataset(tmp_path / f"ours_text_{level}")
+    assert ds.num_documents == len(texts) and list(ds.document_indices) == [0, 1, 1, 2, 2, 3]
+
+
+def torch_tensor(ids):
+    import torch
+
+    return torch.tensor(ids, dtype=torch.int64)
