@@ -118,7 +118,7 @@ class DataConfig:
     dynamic_padding: bool = False
     """Pad to the longest sample of the batch (rounded up to pad_to_multiple_of) instead of seq_length."""
     cache_dir: str | None = None
-    """Where to cache sample indices; None = next to each shard."""
+    """Where to cache sample indices; None = a cache/ sub-directory beside each shard."""
 
     def __post_init__(self) -> None:
         if isinstance(self.data_path, str):
@@ -387,7 +387,7 @@ class Collator:
 # ---------------------------------------------------------------------------------------------------------
 # building
 # ---------------------------------------------------------------------------------------------------------
-def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int) -> None:
+def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int, cache_dir: str | None = None) -> None:
     idx = index_file_path(ds.prefix)
     if not np.issubdtype(ds.dtype, np.integer):
         raise DataConfigError(f"{idx}: token dtype {ds.dtype} is not an integer type; not a token shard")
@@ -398,7 +398,7 @@ def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int) -> None:
                               f"this tokenizer, which picks {np.dtype(np.uint16) if vocab_size < 65500 else 'int32'})")
     if ds.num_tokens == 0:
         raise DataConfigError(f"{idx}: the shard holds no tokens (empty dataset)")
-    m = shard_max_token_id(ds)
+    m = shard_max_token_id(ds, cache_dir)
     if m >= vocab_size or int(np.asarray(ds.tokens[:1 << 16]).min()) < 0:
         raise DataConfigError(f"{idx}: token id {m} >= tokenizer vocab_size {vocab_size}; the shard was "
                               f"tokenized with a different vocabulary")
@@ -422,7 +422,7 @@ def build_datasets(config: DataConfig, tokenizer, num_samples: tuple[int, int, i
     shards = []
     for weight, prefix in config.blend:
         ds = IndexedDataset(prefix)
-        _check_shard_fits_vocab(ds, tokenizer.vocab_size)
+        _check_shard_fits_vocab(ds, tokenizer.vocab_size, config.cache_dir)
         ranges = split_document_ranges(ds.num_documents, config.split)
         shards.append((weight, ds, ranges))
     for weight, ds, ranges in shards:

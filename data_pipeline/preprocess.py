@@ -451,6 +451,7 @@ def _finish(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash
               "bad_input": log.to_dict(), "strict": cfg.strict, "seconds": round(time.time() - t0, 3)}
     failed = cfg.strict and log.total > 0
     report["status"] = "failed: bad input with --strict, no shards written" if failed else "ok"
+    os.makedirs(os.path.dirname(layout.report) or ".", exist_ok=True)
     rs.write_json_atomic(layout.report, report)
     print(log.format(), file=sys.stderr)
     if failed:

@@ -73,7 +73,10 @@ class RunLayout:
 
     @property
     def report(self) -> str:
-        return self.output_prefix + ".report.json"
+        """``{dir}/reports/{name}.report.json``: in a sub-directory, because Megatron's tools/merge_datasets.py
+        --input DIR takes every *file* of DIR for half of a .bin/.idx pair (and fails on anything else)."""
+        head, name = os.path.split(self.output_prefix)
+        return os.path.join(head, "reports", name + ".report.json")
 
     def part_prefix(self, idx: int, key: str, level: str) -> str:
         return os.path.join(self.parts_dir, f"part-{idx:05d}_{key}_{level}")

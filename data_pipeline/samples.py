@@ -284,8 +284,15 @@ def index_cache_path(prefix: str, doc_range: tuple[int, int], config: SampleInde
     desc = {"version": INDEX_VERSION, "shard": _shard_identity(prefix), "doc_range": list(map(int, doc_range)),
             **asdict(config)}
     digest = hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
-    base = Path(prefix) if cache_dir is None else Path(cache_dir) / Path(prefix).name
-    return base.parent / f"{base.name}_samples_{digest}.npy", desc
+    return cache_base(prefix, cache_dir).with_name(f"{Path(prefix).name}_samples_{digest}.npy"), desc
+
+
+def cache_base(prefix: str, cache_dir: str | None = None) -> Path:
+    """``{cache_dir}/{name}``, by default ``{shard dir}/cache/{name}``: a sub-directory (as Megatron's default
+    ``cache/``), so the shard directory holds only .bin/.idx pairs and Megatron's tools/merge_datasets.py --input
+    still takes it."""
+    p = Path(prefix)
+    return (p.parent / "cache" if cache_dir is None else Path(cache_dir)) / p.name
 
 
 def _atomic_save(path: Path, writer) -> None:
@@ -363,11 +370,12 @@ def load_or_build_index(ds: IndexedDataset, doc_range: tuple[int, int], config: 
     return np.load(path, mmap_mode="r")
 
 
-def shard_max_token_id(ds: IndexedDataset) -> int:
-    """Largest token id in the shard, scanned in chunks once and cached next to it (keyed by size/mtime)."""
+def shard_max_token_id(ds: IndexedDataset, cache_dir: str | None = None) -> int:
+    """Largest token id in the shard, scanned in chunks once and cached with the sample indices (keyed by
+    size/mtime); an unwritable cache only costs the scan next time."""
     ident = _shard_identity(ds.prefix)
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(f"{ds.prefix}_maxid_{digest}.json")
+    path = cache_base(ds.prefix, cache_dir).with_name(f"{Path(ds.prefix).name}_maxid_{digest}.json")
     try:
         return int(json.loads(path.read_text())["max_token_id"])
     except (OSError, ValueError, KeyError):
@@ -378,6 +386,7 @@ def shard_max_token_id(ds: IndexedDataset) -> int:
     for i in range(0, len(tokens), step):
         m = max(m, int(np.asarray(tokens[i:i + step]).max()))
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         _atomic_save(path, lambda f: f.write(json.dumps({"max_token_id": m, "shard": ident}).encode()))
     except OSError:
         pass
@@ -408,7 +417,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokenizer-type", required=True)
     p.add_argument("--vocab-file", default=None)
     p.add_argument("--tokenizer-model", default=None)
-    p.add_argument("--cache-dir", default=None, help="where to cache indices (default: next to the shards)")
+    p.add_argument("--cache-dir", default=None, help="where to cache indices (default: cache/ beside the shards)")
     p.add_argument("--stats", action="store_true", help="print statistics as JSON")
     p.add_argument("--stats-samples", type=int, default=20000,
                    help="how many samples to mask for the masking statistics (fill ratio uses all)")

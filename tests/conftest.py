@@ -32,3 +32,34 @@ def bert_uncased_vocab(corpus: Path) -> Path:
     if not p.is_file():
         pytest.skip(f"BERT uncased vocab not found at {p}")
     return p
+
+
+def _listing(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under root with its size and modification time."""
+    out = {}
+    if root.is_dir():
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                st = p.stat()
+                out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+#: inputs the suite reads and must never write: the reference corpus and the shipped sample corpus. Tests run as
+#: root in CI, where a read-only mode does not stop a write, so the check is on the contents themselves.
+READ_ONLY_INPUTS = (CORPUS, REPO / "run_scripts" / "sample_data")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def inputs_stay_untouched():
+    """Fails the session if any test wrote into, changed or deleted from an input directory (caches and outputs
+    belong in temporary directories)."""
+    before = {str(root): _listing(root) for root in READ_ONLY_INPUTS}
+    yield
+    changed = []
+    for root in READ_ONLY_INPUTS:
+        now = _listing(root)
+        old = before[str(root)]
+        changed += [f"{root}/{k}: {'new' if k not in old else 'changed'}" for k in now if now[k] != old.get(k)]
+        changed += [f"{root}/{k}: deleted" for k in old if k not in now]
+    assert not changed, "tests wrote into their inputs:\n  " + "\n  ".join(changed[:20])

@@ -249,7 +249,7 @@ def test_config_errors(shards, tmp_path):
     synthetic_shard(tmp_path / "onedoc", [[10, 10], [0]])
     with pytest.raises(DataConfigError, match=r"onedoc\.idx.*nsp mode needs at least 2"):
         build_datasets(DataConfig(data_path=[str(tmp_path / "onedoc")], split="1,0,0", mode="nsp"), TOK)
-    assert not list(tmp_path.glob("*_samples_*")), "an index was built before the error"
+    assert not list(tmp_path.rglob("*_samples_*")), "an index was built before the error"
 
 
 def test_shards_written_by_megatron(corpus, bert_uncased_vocab, tmp_path):
@@ -260,11 +260,13 @@ def test_shards_written_by_megatron(corpus, bert_uncased_vocab, tmp_path):
     base = corpus / "megatron-shards"
     for name, mode in (("wiki60_text_sentence", "doc-sentences"), ("wiki60_text_document", "nsp")):
         prefix = str(base / name)
-        # the corpus folder is read-only: without cache_dir the index is built in memory, with it, cached
-        for cache in (None, str(tmp_path)):
+        # the corpus is an input: nothing may be written there. An unusable cache dir (under a file) builds the
+        # index in memory; a writable one caches it
+        (tmp_path / "a_file").write_text("")
+        for cache in (str(tmp_path / "a_file" / "cache"), str(tmp_path)):
             cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=128, mode=mode, cache_dir=cache)
             train = build_datasets(cfg, tok)[0]
-        assert list(tmp_path.glob(f"{name}_samples_*.npy"))
+        assert list(tmp_path.glob(f"{name}_samples_*.npy")) and list(tmp_path.glob(f"{name}_maxid_*.json"))
         comp = train.components[0]
         ds = IndexedDataset(prefix)
         if mode == "doc-sentences":  # every token of the corpus in exactly one sample

@@ -78,7 +78,7 @@ def test_output_independent_of_workers_and_chunk_size(bert_uncased_vocab, tmp_pa
     ds = IndexedDataset(tmp_path / "a_text_sentence")
     # 4 books + 120 jsonl + 150 wiki pages + 150 WikiExtractor docs, nothing reported
     assert ds.num_documents == 424
-    report = json.loads((tmp_path / "a.report.json").read_text())
+    report = json.loads((tmp_path / "reports" / "a.report.json").read_text())
     assert report["bad_input"] == {} and report["totals"]["text"]["documents"] == 424
     assert not (tmp_path / "a.parts").exists() and not (tmp_path / "a.progress.json").exists()
 
@@ -155,7 +155,7 @@ def test_bad_input_is_reported_and_strict_writes_nothing(bert_uncased_vocab, tmp
     common = ["--input", d, tmp_path / "missing.jsonl", "--tokenizer-type", "BertWordPieceLowerCase",
               "--vocab-file", bert_uncased_vocab, "--split-sentences", "--max-document-chars", 100_000]
     assert run(*common, "--output-prefix", tmp_path / "o", "--workers", 2) == 0
-    report = json.loads((tmp_path / "o.report.json").read_text())
+    report = json.loads((tmp_path / "reports" / "o.report.json").read_text())
     counts = {k: v["count"] for k, v in report["bad_input"].items()}
     assert counts == {"missing_input": 1, "malformed_json": 1, "invalid_utf8": 1, "empty_document": 2,
                       "missing_key": 1, "truncated_file": 1, "oversized_document": 2}
@@ -170,9 +170,9 @@ def test_bad_input_is_reported_and_strict_writes_nothing(bert_uncased_vocab, tmp
     assert len(ds.document(ds.num_documents - 1)) == 40_000  # 10,000 x "some words here ."
 
     assert run(*common, "--output-prefix", tmp_path / "s", "--strict") == 1
-    assert json.loads((tmp_path / "s.report.json").read_text())["status"].startswith("failed")
+    assert json.loads((tmp_path / "reports" / "s.report.json").read_text())["status"].startswith("failed")
     leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("s"))
-    assert leftovers == ["s.report.json"]  # no shards, parts or progress file
+    assert leftovers == []  # no shards, parts or progress file (the report is in reports/)
 
 
 def test_cli_errors_are_clear(bert_uncased_vocab, tmp_path):
@@ -235,3 +235,51 @@ def torch_tensor(ids):
     import torch
 
     return torch.tensor(ids, dtype=torch.int64)
+
+
+def _megatron_merge_datasets(input_dir: Path, output_prefix: Path) -> None:
+    """What Megatron-LM's tools/merge_datasets.py (core_v0.16) does with --input DIR: every *file* in DIR must be
+    one half of a .bin/.idx pair (its own assert), the pairs are merged in sorted order with add_index."""
+    import os
+
+    from megatron.core.datasets.indexed_dataset import IndexedDataset as MIndexed
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
+
+    prefixes = set()
+    for basename in os.listdir(input_dir):
+        prefix, ext = os.path.splitext(basename)
+        if prefix in prefixes or not os.path.isfile(os.path.join(input_dir, basename)):
+            continue
+        pair = ".bin" if ext == ".idx" else ".idx"
+        assert os.path.isfile(os.path.join(input_dir, prefix) + pair), \
+            f"ERROR: {pair} file not provided for {os.path.join(input_dir, prefix)}"
+        prefixes.add(prefix)
+    builder = None
+    for prefix in sorted(prefixes):
+        if builder is None:
+            dtype = MIndexed(os.path.join(input_dir, prefix)).index.dtype
+            builder = IndexedDatasetBuilder(get_bin_path(str(output_prefix)), dtype=dtype)
+        builder.add_index(os.path.join(input_dir, prefix))
+    builder.finalize(get_idx_path(str(output_prefix)))
+
+
+def test_output_directory_merges_with_megatrons_merge_datasets(bert_uncased_vocab, tmp_path):
+    """Two preprocess runs into one directory, then a training-style sample index built with the default cache:
+    the directory still passes Megatron's merge_datasets.py scan (reports and caches live in sub-directories) and
+    the merge equals our tools.merge_shards output byte for byte."""
+    from data_pipeline.loader import DataConfig, build_datasets
+    from data_pipeline.tokenization import build_tokenizer
+
+    out = tmp_path / "shards"
+    common = ["--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, "--split-sentences"]
+    assert run("--input", SAMPLE / "jsonl", "--output-prefix", out / "a", *common) == 0
+    assert run("--input", SAMPLE / "books", "--output-prefix", out / "b", *common) == 0
+    tok = build_tokenizer("BertWordPieceLowerCase", str(bert_uncased_vocab))
+    build_datasets(DataConfig(data_path=[str(out / "a_text_sentence")], split="1,0,0", seq_length=128), tok)
+    assert (out / "reports" / "a.report.json").is_file() and list((out / "cache").glob("a_text_sentence_samples_*"))
+    _megatron_merge_datasets(out, tmp_path / "megatron_merged")
+    r = subprocess.run([sys.executable, "-m", "tools.merge_shards", "--inputs", str(out / "a_text_sentence"),
+                        str(out / "b_text_sentence"), "--output-prefix", str(tmp_path / "ours_merged")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert files_equal(str(tmp_path / "megatron_merged"), str(tmp_path / "ours_merged"))

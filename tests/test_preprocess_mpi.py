@@ -31,4 +31,5 @@ def test_mpirun_two_ranks_equals_single_process(bert_uncased_vocab, tmp_path):
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"one_text_sentence{ext}").read_bytes() == (tmp_path / f"two_text_sentence{ext}").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == [
-        "two.report.json", "two_text_sentence.bin", "two_text_sentence.idx"]
+        "two_text_sentence.bin", "two_text_sentence.idx"]
+    assert (tmp_path / "reports" / "two.report.json").is_file()

@@ -119,8 +119,9 @@ def test_parquet_streams_rows(tmp_path):
 def test_expand_inputs_dirs_globs_and_missing(tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "out.parts").mkdir()
+    (tmp_path / "d" / "reports").mkdir()
     for name in ("d/b.txt", "d/a.txt", "d/sub/c.txt", "d/.hidden", "d/out_text_document.idx", "d/out.parts/p.bin",
-                 "d/out.report.json"):
+                 "d/out.report.json", "d/reports/out.report.json"):
         (tmp_path / name).write_text("x")
     log = BadInputLog()
     files = expand_inputs([str(tmp_path / "d"), str(tmp_path / "d" / "*.txt"), str(tmp_path / "nope.txt"),

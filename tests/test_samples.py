@@ -233,7 +233,7 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, bert_uncased_vocab, capsys):
                "BertWordPieceLowerCase", "--vocab-file", str(bert_uncased_vocab), "--stats"])
     err = capsys.readouterr().err
     assert rc == 2 and "small.idx" in err and "uint8" in err
-    assert not list(tmp_path.glob("*_samples_*")), "work was done before the error"
+    assert not list(tmp_path.rglob("*_samples_*")), "work was done before the error"
 
 
 def _build_in_process(prefix: str, cache_dir: str) -> int:
