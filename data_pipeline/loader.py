@@ -563,8 +563,9 @@ def dataset_stats(dataset: PretrainingDataset, collator: Collator, max_masked_sa
     n_pred = n_cand = n_mask = n_rand = n_kept = 0
     nsp_pos = nsp_total = 0
     special = collator.masker.is_special
-    for start in range(0, min(max_masked_samples, max(len(dataset), 1)), batch_size):
-        stop = min(start + batch_size, max_masked_samples)
+    limit = min(max_masked_samples, len(dataset))  # never into the next epoch's samples
+    for start in range(0, limit, batch_size):
+        stop = min(start + batch_size, limit)
         items = dataset.__getitems__(list(range(start, stop)))
         batch = collator(items)
         ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()

@@ -290,3 +290,31 @@ def test_cyclic_loader_runs_past_the_nominal_length(shards):
     assert [next(it) for _ in range(3)] == [[20, 21, 22, 23], [28, 29, 30, 31], [36, 37, 38, 39]]
     with pytest.raises(DataConfigError, match="split is empty"):
         build_dataloader(None, TOK, cfg, 4, 0, 1)
+
+
+def test_stats_read_exactly_the_dataset_not_the_next_epoch(shards):
+    """--stats masks the first min(max_masked_samples, len) samples: with a batch larger than the dataset, the last
+    batch stops at the dataset's end (it used to run into the next epoch's samples)."""
+    from data_pipeline.loader import Collator, dataset_stats
+
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40, mode="nsp")
+    ds = build_datasets(cfg, TOK, num_samples=(37, 0, 0))[0]
+    assert len(ds) == 37
+    asked = []
+    original = type(ds).__getitems__
+
+    def spy(self, idx):
+        asked.extend(idx)
+        return original(self, idx)
+
+    collator = Collator(TOK, cfg)
+    try:
+        type(ds).__getitems__ = spy
+        stats = dataset_stats(ds, collator, max_masked_samples=20000, batch_size=16)
+    finally:
+        type(ds).__getitems__ = original
+    assert sorted(asked) == list(range(37)) and stats["masked_samples"] == 37
+    # the NSP share is over those 37 samples exactly
+    labels = np.concatenate([collator(ds.__getitems__(list(range(i, min(i + 16, 37)))))["next_sentence_label"].numpy()
+                             for i in range(0, 37, 16)])
+    assert stats["random_next_fraction"] == pytest.approx(labels.mean())
