@@ -472,3 +472,111 @@ def test_split_path_matches_dense_fp32_with_grads(name, case, batch):
         assert outs["block_gather"][1].abs().max() == 0 and grads["block_gather"][0][1].abs().max() == 0
     if case == "token_masks":
         assert outs["block_gather"][0, :, 100].abs().max() == 0 and outs["block_gather"][0, 1, 70].abs().max() == 0
+
+
+def test_choose_kernel_per_device_generation():
+    ck = A.choose_kernel
+    for cap in [(8, 0), (9, 0)]:
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            assert ck("cuda", dt, 1024, 0.3, dropout=False, capability=cap) == "flex"
+    assert ck("cuda", torch.float16, 1024, 0.3, dropout=False, capability=(7, 0)) == "block_gather"  # Volta
+    assert ck("cuda", torch.float16, 1024, 0.8, dropout=False, capability=(7, 0)) == "dense"
+    assert ck("cuda", torch.float16, 1024, 0.3, dropout=False, capability=(7, 5)) == "flex"  # Turing fp16
+    assert ck("cuda", torch.bfloat16, 1024, 0.3, dropout=False, capability=(7, 5)) == "block_gather"  # emulated
+    assert ck("cuda", torch.bfloat16, 256, 0.3, dropout=False, capability=(9, 0)) == "block_gather"  # short N
+    assert ck("cuda", torch.bfloat16, 1024, 0.3, dropout=True, capability=(9, 0)) == "block_gather"
+    assert ck("cuda", torch.bfloat16, 4096, 1.0, dropout=False, capability=(9, 0)) == "dense"
+
+
+def test_auto_keeps_one_kernel_for_training_and_evaluation():
+    """With attention dropout configured, `auto` used to pick block_gather in training and flex in evaluation (a
+    compile mid-run on CUDA); now the configured dropout decides, once, for both."""
+    cfg = LAYOUTS["bigbird"]()
+    mod = A.BlockSparseAttention(cfg, kernel="auto", max_seq_length=128, dropout_p=0.1)
+    q, k, v = _inputs(128)
+    mod.train()
+    mod(q, k, v)
+    plan = next(iter(mod._plans.values()))
+    assert plan.chosen == {torch.float32: "block_gather"}
+    mod.eval()
+    with torch.no_grad():
+        mod(q, k, v)
+    assert plan.chosen == {torch.float32: "block_gather"} and set(plan.plans) == {"block_gather"}
+
+
+def test_flex_padding_block_mask_is_built_once_per_forward(monkeypatch):
+    """An L-layer model: the key-padding BlockMask is built once per forward (the layers share the padding), again
+    for a new batch, and the outputs still equal the dense kernel's."""
+    from model.attention import kernels as K
+    from model.bert import BertModel
+    from model.config import ModelConfig
+
+    builds = []
+    real = K.FlexKernel._block_mask
+    monkeypatch.setattr(K.FlexKernel, "_block_mask", lambda self, *a: builds.append(1) or real(self, *a))
+    sparsity = {"mode": "bigbird", "block": 16, "num_random_blocks": 1}
+    models = {}
+    for kernel in ("flex", "dense"):
+        torch.manual_seed(0)
+        cfg = ModelConfig.preset("tiny", vocab_size=50, num_layers=3, hidden_dropout=0.0, attention_dropout=0.0,
+                                 max_position_embeddings=256, attention={"kernel": kernel, "sparsity": sparsity})
+        models[kernel] = BertModel(cfg).eval()
+    ids = torch.randint(5, 50, (2, 256))
+    mask = torch.ones(2, 256, dtype=torch.long)
+    mask[1, 200:] = 0
+    with torch.no_grad():
+        models["flex"](ids, mask)  # plans (one per layer) built here
+        builds.clear()
+        out = models["flex"](ids, mask)
+        assert len(builds) == 1
+        models["flex"](ids, mask.clone())
+        assert len(builds) == 2  # a new batch's mask: rebuilt once
+        ref = models["dense"](ids, mask)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["dense", "block_gather", "auto", "flex"])
+@pytest.mark.parametrize("case", ["padding", "all_padded", "token_mask_and_bias"])
+def test_half_precision_kernels_against_an_fp32_reference(kernel, dtype, case):
+    """Each kernel in fp16/bf16 (forward, and backward where it trains on CPU) against the fp32 dense kernel on the
+    same values: masks are -inf (exact in both formats), rows with nothing to attend to give exact zeros, and
+    additive biases (DIET) stay finite."""
+    cfg = LAYOUTS["bigbird"]()
+    n = 128
+    q32, k32, v32 = _inputs(n)
+    kpm = _padding(n, "all" if case == "all_padded" else "tail")
+    extra = {}
+    if case == "token_mask_and_bias":
+        g = torch.Generator().manual_seed(3)
+        tm = torch.rand(H, n, n, generator=g) > 0.3
+        tm[0, 5] = False  # a row with nothing left
+        extra = {"token_mask": tm, "score_bias": A.DenseScoreBias(torch.randn(1, H, n, n, generator=g) * 4)}
+    ref_mod = A.BlockSparseAttention(cfg, kernel="dense", max_seq_length=n)
+    ref = ref_mod(q32, k32, v32, key_padding_mask_BN=kpm, **extra)
+    go = torch.randn_like(ref, generator=torch.Generator().manual_seed(9))
+    ref_g = torch.autograd.grad(ref, (q32, k32, v32), go)
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q32, k32, v32))
+    half_extra = dict(extra)
+    if "score_bias" in extra:
+        half_extra["score_bias"] = A.DenseScoreBias(extra["score_bias"].bias.to(dtype))
+    mod = A.BlockSparseAttention(cfg, kernel=kernel, max_seq_length=n)
+    trains = kernel != "flex"  # FlexAttention has no CPU backward
+    try:
+        with torch.enable_grad() if trains else torch.no_grad():
+            out = mod(q, k, v, key_padding_mask_BN=kpm, **half_extra)
+    except RuntimeError as e:  # pragma: no cover - depends on the CPU build
+        pytest.skip(f"{kernel} in {dtype} not supported by this CPU build of torch: {e}")
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.float16 else dict(atol=6e-2, rtol=6e-2)
+    torch.testing.assert_close(out.float(), ref.detach(), **tol)
+    empty = ~(kpm.any(-1)) if case == "all_padded" else None
+    if empty is not None:
+        assert out[empty].abs().max() == 0  # fully padded sequence: exact zeros, not NaN
+    if case == "token_mask_and_bias":
+        assert out[:, 0, 5].abs().max() == 0
+    if trains:
+        g = torch.autograd.grad(out, (q, k, v), go.to(dtype))
+        for a, b in zip(g, ref_g):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a.float(), b, **tol)

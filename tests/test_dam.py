@@ -161,3 +161,38 @@ def test_dam_config_errors():
         ModelConfig.preset("tiny", attention={"token_mask": {"pattern": "dam", "dam": {"mode": "hard"}}})
     with pytest.raises(ValueError, match="no learned mask"):
         BertForPreTraining(ModelConfig.preset("tiny")).export_learned_masks()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dam_in_half_precision_has_finite_noise_aux_loss_and_grads(dtype):
+    """A module cast to fp16/bf16 (as DeepSpeed does) samples its noise and sums its L1 term in fp32: at n=128 and
+    12 heads the fp16 sum used to overflow to inf, and fp16 clamp bounds rounded to 0/1 (inf noise)."""
+    cfg = S.DAMConfig(init=0.5, tau=0.5, lam=1e-4)
+    ref = S.DAMMask(cfg, 1, 12, 128).train()
+    half = S.DAMMask(cfg, 1, 12, 128).to(dtype).train()
+    for _ in range(20):
+        state = torch.get_rng_state()
+        m_half = half()
+        torch.set_rng_state(state)
+        m_ref = ref()  # the same draws: the noise no longer depends on the parameter dtype
+        assert torch.isfinite(m_half).all() and m_half.dtype == torch.float32
+        torch.testing.assert_close(m_half, m_ref, rtol=0, atol=0)  # init 0.5 is exact in both dtypes
+        aux = half.auxiliary_loss()
+        assert torch.isfinite(aux) and aux.dtype == torch.float32
+        torch.testing.assert_close(aux, ref.auxiliary_loss(), rtol=1e-6, atol=0)
+    assert float(m_half.sum()) > 65504  # the L1 sum (12 x 128^2 x ~0.6) is beyond fp16's range
+    aux.backward()
+    assert half.alpha.grad is not None and torch.isfinite(half.alpha.grad.float()).all()
+
+
+def test_fp16_model_with_dam_trains_a_step_with_finite_loss():
+    cfg = ModelConfig.preset("tiny", vocab_size=60, attention={"kernel": "dense",
+                                                               "token_mask": {"pattern": "dam", "seq_len": 64}})
+    model = BertForPreTraining(cfg).to(torch.float16).train()
+    ids = torch.randint(5, 60, (2, 64))
+    labels = ids.masked_fill(torch.rand(2, 64) > 0.3, -100)
+    out = model(ids, attention_mask=torch.ones(2, 64, dtype=torch.long), labels=labels)
+    loss = out.loss + model.auxiliary_loss()
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad.float()).all() for p in model.parameters() if p.grad is not None)

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -312,6 +312,31 @@ class FlexPlan:
     seq_len: int
     block_mask: Any  # layout (+ fixed token mask) BlockMask (B=None), reused when no per-batch mask is given
     token_mask: torch.Tensor | None = None  # the plan's fixed element mask, [H|1, N, N] on device
+    key: tuple = ()  # what makes two plans' BlockMasks interchangeable (layout content, block, N, token mask)
+
+
+class _PaddingMaskCache:
+    """The BlockMask of the last key-padding mask, per plan key: the layers of one forward share one padding mask
+    tensor and (usually) one layout, so the mask is built once per forward, not once per layer. An entry is valid
+    only for the same tensor object at the same version (a new batch, or an in-place change, rebuilds)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[Any, int, Any]] = {}
+
+    def get(self, key: tuple, kpm: torch.Tensor, build: Callable[[], Any]) -> Any:
+        import weakref
+
+        hit = self._entries.get(key)
+        if hit is not None and hit[0]() is kpm and hit[1] == kpm._version:
+            return hit[2]
+        bm = build()
+        self._entries[key] = (weakref.ref(kpm), kpm._version, bm)
+        if len(self._entries) > 64:  # many distinct layouts: keep the newest
+            self._entries.pop(next(iter(self._entries)))
+        return bm
+
+
+_PADDING_MASKS = _PaddingMaskCache()
 
 
 @register_kernel("flex")
@@ -344,6 +369,8 @@ class FlexKernel(Kernel):
             lay = lay.expand(H, -1, -1)
         plan = FlexPlan(layout_HMM=lay, block=block, seq_len=seq_len, block_mask=None, token_mask=tm)
         plan.block_mask = self._block_mask(plan, lay, None, tm)
+        tm_key = None if tm is None else (tuple(tm.shape), hash(tm.cpu().numpy().tobytes()))
+        plan.key = (block, seq_len, tuple(lay.shape), hash(lay.cpu().numpy().tobytes()), tm_key, str(device))
         return plan
 
     def _block_mask(self, plan: "FlexPlan", lay: torch.Tensor, kpm: torch.Tensor | None,
@@ -379,11 +406,14 @@ class FlexKernel(Kernel):
         lay = plan.layout_HMM
         if lay.shape[0] == 1 and H > 1:
             lay = lay.expand(H, -1, -1)
-        if key_padding_mask_BN is not None or token_mask is not None:
-            tm = None if token_mask is None else token_mask.to(dev)
+        if token_mask is not None:  # a per-call element mask: its own BlockMask
+            tm = token_mask.to(dev)
             if plan.token_mask is not None:
-                tm = plan.token_mask if tm is None else plan.token_mask & tm
+                tm = plan.token_mask & tm
             bm = self._block_mask(plan, lay, key_padding_mask_BN, tm)
+        elif key_padding_mask_BN is not None:  # padding only: one BlockMask per forward, shared by the layers
+            kpm = key_padding_mask_BN
+            bm = _PADDING_MASKS.get(plan.key, kpm, lambda: self._block_mask(plan, lay, kpm, plan.token_mask))
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
         with warnings.catch_warnings():
@@ -401,36 +431,55 @@ class AutoPlan:
     density: float
     plans: dict
     token_mask: torch.Tensor | None = None
+    chosen: dict = field(default_factory=dict)  # dtype -> kernel name, decided once
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """CUDA compute capability of ``device`` (None off CUDA)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
 @register_kernel("auto")
 class AutoKernel(Kernel):
-    """Picks a kernel per call (device, dtype, grad, N, density); see :func:`choose_kernel`."""
+    """Picks a kernel once per plan (device, compute capability, dtype, N, density, configured attention dropout)
+    with :func:`choose_kernel` and keeps it: training and evaluation run the same kernel (evaluation switching to
+    flex would compile it on every rank mid-run)."""
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
         density = 1.0 if layout_HMM is None else float(layout_HMM.float().mean())
         return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, {}, token_mask)
 
     def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, **kw):
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_BHND, k_BHND, v_BHND))
-        dropout = kw.get("training", False) and kw.get("dropout_p", 0.0) > 0
-        name = choose_kernel(q_BHND.device.type, q_BHND.dtype, plan.seq_len, plan.density, needs_grad, dropout)
+        name = plan.chosen.get(q_BHND.dtype)
+        if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
+            name = choose_kernel(q_BHND.device.type, q_BHND.dtype, plan.seq_len, plan.density,
+                                 dropout=kw.get("dropout_p", 0.0) > 0, capability=device_capability(q_BHND.device))
+            plan.chosen[q_BHND.dtype] = name
         if name not in plan.plans:
             plan.plans[name] = KERNELS[name].make_plan(plan.layout_HMM, plan.block, plan.seq_len, plan.device,
                                                        token_mask=plan.token_mask)
         return KERNELS[name](q_BHND, k_BHND, v_BHND, plan=plan.plans[name], **kw)
 
 
-def choose_kernel(device_type: str, dtype: torch.dtype, seq_len: int, density: float, needs_grad: bool,
-                  dropout: bool) -> str:
-    """The ``auto`` rule (documented in docs/model.md).
+def choose_kernel(device_type: str, dtype: torch.dtype, seq_len: int, density: float, needs_grad: bool = True,
+                  dropout: bool = False, capability: tuple[int, int] | None = None) -> str:
+    """The ``auto`` rule, a pure function so every entry is testable without the device (docs/model.md has the
+    table and says which entries were measured).
 
     - a full layout (density 1) -> ``dense`` (fused SDPA, nothing to skip);
-    - CUDA, no attention dropout, density < 0.9 -> ``flex`` (block-sparse Triton kernel, trains);
+    - ``flex`` only on CUDA, without attention dropout (FlexAttention has none), at N >= 512 (its 128-token
+      blocks leave little to skip below that), density < 0.9, and where Triton runs it well: compute capability
+      8.0+ (Ampere, Hopper) in any dtype; 7.5 (Turing) in fp16/fp32 only (bf16 is emulated there); never 7.0
+      (Volta: Triton no longer uses its tensor cores, flex runs ~10x slower than SDPA);
     - otherwise density <= 0.75 -> ``block_gather`` (skips blocks; any device; trains), else ``dense``.
+
+    ``needs_grad`` is accepted for compatibility and does not change the choice (the same kernel trains and
+    evaluates).
     """
     if density >= 1.0:
         return "dense"
-    if device_type == "cuda" and not dropout and density < 0.9:
-        return "flex"
+    if device_type == "cuda" and not dropout and density < 0.9 and seq_len >= 512:
+        cap = capability or (8, 0)
+        if cap >= (8, 0) or (cap >= (7, 5) and dtype != torch.bfloat16):
+            return "flex"
     return "block_gather" if density <= 0.75 else "dense"

@@ -276,9 +276,10 @@ class DAMConfig:
         return cls(**d)
 
 
-def _logistic_noise(shape: torch.Size, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """G1 - G2 for two independent Gumbel(0, 1) draws."""
-    u1, u2 = (torch.rand(shape, device=device, dtype=dtype).clamp_(1e-10, 1 - 1e-7) for _ in range(2))
+def _logistic_noise(shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """G1 - G2 for two independent Gumbel(0, 1) draws, in fp32 whatever the model's dtype: in fp16 the clamp
+    bounds round to 0 and 1 (infinite noise, NaN when both draws hit a bound)."""
+    u1, u2 = (torch.rand(shape, device=device, dtype=torch.float32).clamp_(1e-10, 1 - 1e-7) for _ in range(2))
     return -torch.log(-torch.log(u1)) + torch.log(-torch.log(u2))
 
 
@@ -312,12 +313,13 @@ class DAMMask(nn.Module):
         return torch.where(edge, torch.ones_like(m), m)
 
     def forward(self) -> torch.Tensor:
-        """Mask values [S, H, n, n] in [0, 1] for this step (sampled in training, noise-free in eval)."""
-        a = self.alpha
+        """Mask values [S, H, n, n] in [0, 1] for this step (sampled in training, noise-free in eval), in fp32: the
+        noise and the L1 term need it in fp16/bf16 runs (attention casts the mask to its own dtype)."""
+        a = self.alpha.float()
         if self.cfg.mode == "soft":
             m = torch.sigmoid(a)
         elif self.training:
-            m = torch.sigmoid((a + _logistic_noise(a.shape, a.device, a.dtype)) / self.cfg.tau)
+            m = torch.sigmoid((a + _logistic_noise(a.shape, a.device)) / self.cfg.tau)
         else:
             m = torch.sigmoid(a / self.cfg.tau)
         m = self._force(self._full(m))
@@ -325,10 +327,12 @@ class DAMMask(nn.Module):
         return m
 
     def auxiliary_loss(self) -> torch.Tensor | None:
-        """lambda * ||M||_1 of the mask the last training forward used (the same sample the loss saw)."""
+        """lambda * ||M||_1 of the mask the last training forward used (the same sample the loss saw), in fp32 (in
+        fp16 the sum overflows: 12 heads x 128^2 entries already exceed 65504)."""
         if self.cfg.lam == 0:
             return None
-        m = self._last if self._last is not None else self._force(self._full(torch.sigmoid(self.alpha / self.cfg.tau)))
+        m = self._last if self._last is not None else self._force(self._full(torch.sigmoid(self.alpha.float()
+                                                                                          / self.cfg.tau)))
         return self.cfg.lam * (m.sum() if self.cfg.reduction == "sum" else m.mean())
 
     @torch.no_grad()
