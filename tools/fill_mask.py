@@ -15,11 +15,21 @@ import sys
 from typing import Sequence
 
 
-def fill_mask(model_dir: str, sentences: Sequence[str], top_k: int = 5) -> list[list[tuple[str, float]]]:
-    """Top-k (token, probability) per sentence; each sentence must hold exactly one mask token."""
-    from transformers import pipeline  # heavy import: keep --help fast
+def fill_mask(model_dir: str, sentences: Sequence[str], top_k: int = 5, device: str | None = None,
+              precision: str = "auto") -> list[list[tuple[str, float]]]:
+    """Top-k (token, probability) per sentence; each sentence must hold exactly one mask token.
 
-    fill = pipeline("fill-mask", model=model_dir, trust_remote_code=True, device="cpu")
+    ``device``: default the GPU when there is one; ``precision`` auto = bf16 weights on GPUs with bf16 hardware,
+    fp16 on older GPUs, fp32 on CPU (inference only: the weights are cast)."""
+    import torch
+    from transformers import pipeline  # heavy imports: keep --help fast
+
+    from tools.device import resolve_device, resolve_precision
+
+    dev = resolve_device(device)
+    dtype = resolve_precision(precision, dev)
+    fill = pipeline("fill-mask", model=model_dir, trust_remote_code=True, device=dev,
+                    dtype=dtype if dtype is not None else torch.float32)
     mask = fill.tokenizer.mask_token
     results = []
     for s in sentences:
@@ -39,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "exit code 1 when one is missing)")
     p.add_argument("--no-fail", action="store_true", help="report a missing --expect word but exit 0")
     p.add_argument("--json", action="store_true", help="print one JSON object per sentence instead of text")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "fp16", "bf16"),
+                   help="weights' dtype: auto = bf16 on Ampere+ GPUs, fp16 on older GPUs, fp32 on CPU")
     p.add_argument("sentences", nargs="+", help="sentences with one [MASK] each")
     args = p.parse_intermixed_args(argv)  # lets --expect sit next to its sentence
     if not os.path.isfile(os.path.join(args.model, "config.json")):
@@ -47,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.expect and len(args.expect) != len(args.sentences):
         p.error(f"--expect given {len(args.expect)} times for {len(args.sentences)} sentences; give one per sentence")
     try:
-        results = fill_mask(args.model, args.sentences, args.top_k)
+        results = fill_mask(args.model, args.sentences, args.top_k, args.device, args.precision)
     except ValueError as e:
         p.error(str(e))
     missing = 0

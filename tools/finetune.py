@@ -82,6 +82,11 @@ class FinetuneConfig:
     """Load custom modeling code shipped in the model directory (our sparse-attention exports need it)."""
     save_model: bool = False
     """Also save the fine-tuned model and tokenizer to output_dir/model."""
+    device: str | None = None
+    """cpu, cuda or cuda:N; default: the GPU when there is one."""
+    precision: str = "auto"
+    """auto (bf16 on GPUs with bf16 hardware, fp16 with a gradient scaler on older GPUs, fp32 on CPU), fp32, fp16
+    or bf16: autocast for the forward passes; weights and optimizer stay fp32."""
 
     def __post_init__(self) -> None:
         if self.task not in ("classification", "qa"):
@@ -337,18 +342,26 @@ def _needs_remote_code(model_dir: str) -> bool:
     return cfg.is_file() and "auto_map" in json.loads(cfg.read_text())
 
 
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
 def _train(model, batches_per_epoch: int, make_batch, n_items: int, cfg: FinetuneConfig,
-           rng: random.Random) -> dict[str, float]:
+           rng: random.Random, device: torch.device, dtype: torch.dtype | None) -> dict[str, float]:
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * batches_per_epoch))
     opt, sched = _optimizer(model, cfg, total)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # fp16 gradients underflow
     model.train()
     step, losses, t0 = 0, [], time.time()
     while step < total:
         for idx in _batches(n_items, cfg.batch_size, True, rng):
-            loss = model(**make_batch(idx)).loss
-            loss.backward()
+            with _autocast(device, dtype):
+                loss = model(**_to(make_batch(idx), device)).loss
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             sched.step()
             opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
@@ -359,10 +372,18 @@ def _train(model, batches_per_epoch: int, make_batch, n_items: int, cfg: Finetun
             "train_seconds": time.time() - t0}
 
 
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
     from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
         AutoTokenizer
 
+    from tools.device import precision_name, resolve_device, resolve_precision
+
+    device = resolve_device(cfg.device)
+    dtype = resolve_precision(cfg.precision, device)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     remote = _needs_remote_code(cfg.model)
@@ -389,7 +410,8 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         return {"input_ids": ids, "token_type_ids": _pad(tt_rows, 0),
                 "attention_mask": _pad([[1] * len(r) for r in ids_rows], 0)}
 
-    result: dict[str, Any] = {"task": cfg.task, "model": cfg.model, "max_length": max_len}
+    result: dict[str, Any] = {"task": cfg.task, "model": cfg.model, "max_length": max_len, "device": str(device),
+                              "precision": precision_name(dtype)}
     if cfg.task == "classification":
         train, dev = read_classification(cfg.train), read_classification(cfg.dev)
         labels = sorted({e.label for e in train}, key=lambda x: (str(type(x)), x))
@@ -415,13 +437,16 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
             b["labels"] = y[idx]
             return b
 
-        result.update(_train(model, math.ceil(len(train) / cfg.batch_size), make_batch, len(train), cfg, rng))
+        model.to(device)
+        result.update(_train(model, math.ceil(len(train) / cfg.batch_size), make_batch, len(train), cfg, rng,
+                             device, dtype))
         model.eval()
         dv_ids, dv_tt = encode(dev)
         preds = []
-        with torch.no_grad():
+        with torch.no_grad(), _autocast(device, dtype):
             for idx in _batches(len(dev), cfg.batch_size, False, rng):
-                preds += model(**tensors([dv_ids[i] for i in idx], [dv_tt[i] for i in idx])).logits.argmax(-1).tolist()
+                b = _to(tensors([dv_ids[i] for i in idx], [dv_tt[i] for i in idx]), device)
+                preds += model(**b).logits.argmax(-1).tolist()
         gold = [index[e.label] for e in dev]
         result["accuracy"] = accuracy(preds, gold)
         with open(out / "predictions.jsonl", "w") as f:
@@ -439,14 +464,17 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
             b["end_positions"] = torch.tensor([tr_f[i].end for i in idx])
             return b
 
-        result.update(_train(model, math.ceil(len(tr_f) / cfg.batch_size), make_batch, len(tr_f), cfg, rng))
+        model.to(device)
+        result.update(_train(model, math.ceil(len(tr_f) / cfg.batch_size), make_batch, len(tr_f), cfg, rng,
+                             device, dtype))
         model.eval()
         starts, ends = [None] * len(dv_f), [None] * len(dv_f)
-        with torch.no_grad():
+        with torch.no_grad(), _autocast(device, dtype):
             for idx in _batches(len(dv_f), cfg.batch_size, False, rng):
-                o = model(**tensors([dv_f[i].input_ids for i in idx], [dv_f[i].token_type_ids for i in idx]))
+                o = model(**_to(tensors([dv_f[i].input_ids for i in idx], [dv_f[i].token_type_ids for i in idx]),
+                                device))
                 for j, i in enumerate(idx):
-                    starts[i], ends[i] = o.start_logits[j].tolist(), o.end_logits[j].tolist()
+                    starts[i], ends[i] = o.start_logits[j].float().tolist(), o.end_logits[j].float().tolist()
         preds = decode_qa(dv_f, starts, ends, dev, cfg.n_best, cfg.max_answer_length)
         result.update(squad_metrics(preds, {e.qid: e.answers for e in dev}))
         result.update(train_windows=len(tr_f), dev_windows=len(dv_f))
@@ -483,6 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
     p.add_argument("--save-model", action="store_true")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "fp16", "bf16"),
+                   help="autocast dtype: auto = bf16 on Ampere+ GPUs, fp16 (+ gradient scaler) on older GPUs, "
+                        "fp32 on CPU")
     return p
 
 
