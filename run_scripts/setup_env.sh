@@ -21,14 +21,27 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   "$PY" -m venv .venv
 fi
+# Which torch build the GPUs here need (run_scripts/torch_variant.py: V100s need PyTorch's CUDA 12.6 build; override
+# with TORCH_VARIANT=default|cu126, TORCH_INDEX_URL=...). The stamp records it, so a changed choice reinstalls.
+variant="$("$PY" run_scripts/torch_variant.py)"
 stamp=".venv/.requirements.sha256"
 want="$(sha256sum requirements.txt | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "[setup] pip install -r requirements.txt (first time takes a few minutes)"
+[ "$variant" = "default" ] || want="$want $variant"
+have="$(cat "$stamp" 2>/dev/null || true)"
+if [ "$have" != "$want" ]; then
+  echo "[setup] pip install -r requirements.txt (first time takes a few minutes); torch build: $("$PY" run_scripts/torch_variant.py --explain)"
   # (pip's warnings about the machine's empty local indexes are filtered; real errors still fail the set-up)
   quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; return "${PIPESTATUS[0]}"; }
   quiet .venv/bin/python -m pip install -q --upgrade pip wheel
-  quiet .venv/bin/python -m pip install -q -r requirements.txt
+  have_variant="default"; case "$have" in *" "*) have_variant="${have##* }";; esac
+  reinstall=(); [ -n "$have" ] && [ "$have_variant" != "$variant" ] && reinstall=(--force-reinstall --no-deps)
+  read -r -a torch_args <<< "$("$PY" run_scripts/torch_variant.py --pip-args)"
+  if [ ${#torch_args[@]} -gt 0 ]; then
+    quiet .venv/bin/python -m pip install -q "${reinstall[@]}" "${torch_args[@]}"   # the build the GPUs need first
+  elif [ ${#reinstall[@]} -gt 0 ]; then
+    quiet .venv/bin/python -m pip install -q "${reinstall[@]}" "$(grep -E '^torch==' requirements.txt)"
+  fi
+  quiet .venv/bin/python -m pip install -q -r requirements.txt   # keeps that torch: same pinned version
   echo "$want" > "$stamp"
 fi
 
