@@ -1,0 +1,208 @@
+"""Training-step throughput through DeepSpeed on one device: tokens/s, model FLOPs utilisation (MFU) and peak memory
+of dense, BlockBERT n=2 and n=3 at N=512 and 1024, with ZeRO-1 in fp16 and bf16 (issue #13's GPU targets: dense
+bert-base bf16 MFU >= 45% on H100; BlockBERT n=2 step <= 0.78x and memory <= 0.70x of dense at N=1024).
+
+    python -m benchmarks.train_step_ds --preset bert-base --json out/train_step_ds.json          # on a GPU
+    python -m benchmarks.train_step_ds --preset tiny --device cpu --precisions bf16 --steps 1      # smoke test
+
+How FLOPs are counted ("model FLOPs", no recomputation, per trained token; forward + backward = 3 x forward):
+- the encoder's matmuls: 6 x 12 L h^2 (Q, K, V, output projection 4h^2 and the FFN 8h^2 per layer);
+- attention scores and context: 12 L N h x density (QK^T and PV, 2 N h multiply-adds each per token, forward);
+  density is the share of (query, key) pairs the layout keeps, 1 for dense, about 1/n for BlockBERT n;
+- the MLM head on the predicted positions only (as our model computes it): 6 (h^2 + V h) x the predicted share.
+MFU = counted FLOPs per second / the GPU's dense fp16/bf16 tensor-core peak (H100 SXM 989, H100 PCIe 756,
+H200 989, A100 312, V100 125 TFLOP/s; others: none, MFU left empty). Step time = the median of --steps timed
+optimizer steps after --warmup ones, with the device synchronised around each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("A100", 312.0),
+               ("V100", 125.0))
+PRESETS = {"bert-base": dict(hidden=768, layers=12, heads=12, tokens=16384),
+           "tiny": dict(hidden=64, layers=2, heads=4, tokens=256)}
+VARIANTS = {"dense": None,
+            "blockbert-n2": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2"},
+            "blockbert-n3": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2"}}
+
+
+def peak_tflops(name: str) -> float | None:
+    """Dense fp16/bf16 tensor-core peak of a GPU by its name (None when unknown)."""
+    for key, value in PEAK_TFLOPS:
+        if key in name:
+            return value
+    return None
+
+
+def flops_per_token(hidden: int, layers: int, seq_len: int, vocab: int, density: float, predicted: float) -> float:
+    """Model FLOPs per trained token (see the module docstring)."""
+    encoder = 6 * 12 * layers * hidden ** 2
+    attention = 12 * layers * seq_len * hidden * density
+    head = 6 * (hidden ** 2 + vocab * hidden) * predicted
+    return encoder + attention + head
+
+
+def _head_assignment(spec: str, heads: int) -> str:
+    """Scale a 12-head assignment (10:2) to another head count, keeping the proportions."""
+    parts = [int(x) for x in spec.split(":")]
+    scaled = [max(1, round(p * heads / sum(parts))) for p in parts]
+    scaled[0] += heads - sum(scaled)
+    return ":".join(map(str, scaled))
+
+
+def _init_single_rank() -> torch.device:
+    from pretrain.distributed import init_distributed
+
+    return init_distributed(10.0).device
+
+
+def measure(variant: str, precision: str, seq_len: int, args, device: torch.device) -> dict:
+    from model.bert import BertForPreTraining
+    from model.config import ModelConfig
+    from pretrain.args import OptimConfig
+    from pretrain.ds_config import read_ds_config, resolve_batch_sizes
+    from pretrain.parallelize import initialize_engine
+    from tools.profile_memory import synthetic_batch
+
+    repo = Path(__file__).resolve().parents[1]
+    sparsity = VARIANTS[variant]
+    if sparsity is not None:
+        sparsity = dict(sparsity, head_assignment=_head_assignment(sparsity["head_assignment"], args.heads))
+    attention = {"kernel": args.kernel, "sparsity": sparsity}
+    cfg = ModelConfig.preset("bert-base", vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
+                             num_attention_heads=args.heads, intermediate_size=4 * args.hidden,
+                             max_position_embeddings=max(512, seq_len), hidden_dropout=0.1, attention_dropout=0.0,
+                             attention=attention)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    batch = max(1, args.tokens // seq_len)
+    ds = read_ds_config(repo / "ds_configs" / f"zero1_{precision}.json")
+    resolve_batch_sizes(ds, batch, None, 1)
+    engine = initialize_engine(model, ds, OptimConfig(lr=1e-4), warmup=10, decay_iters=1000)
+    data = synthetic_batch(batch, seq_len, args.vocab, device)
+    layout = engine.module.bert.encoder.layers[0].attention.core.layout_for(seq_len) if sparsity else None
+    density = 1.0 if layout is None else float(layout.float().mean())
+    predicted = float((data["labels"] != -100).float().mean())
+
+    def step() -> None:
+        loss = engine(**data).loss
+        engine.backward(loss)
+        engine.step()
+
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(args.steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    tokens = batch * seq_len
+    fpt = flops_per_token(args.hidden, args.layers, seq_len, args.vocab, density, predicted)
+    peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    row = {"variant": variant, "precision": precision, "seq_len": seq_len, "batch": batch, "density": density,
+           "step_s": step_s, "tokens_per_s": tokens / step_s, "tflops": fpt * tokens / step_s / 1e12,
+           "mfu": (fpt * tokens / step_s / 1e12) / peak if peak else None,
+           "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+           "kernel_requested": args.kernel}
+    del engine, model, data
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def targets(rows: list[dict], device_name: str) -> list[dict]:
+    """The issue's targets, each met / missed / not measured, with the numbers."""
+    def find(v, p, n):
+        return next((r for r in rows if (r["variant"], r["precision"], r["seq_len"]) == (v, p, n)), None)
+
+    out = []
+    dense = find("dense", "bf16", 1024) or find("dense", "fp16", 1024)
+    d512 = find("dense", "bf16", 512)
+    mfu = max((r["mfu"] for r in (d512, find("dense", "bf16", 1024)) if r and r["mfu"] is not None), default=None)
+    out.append({"target": "dense bert-base bf16 MFU >= 45% (H100)", "value": mfu,
+                "met": None if mfu is None or "H100" not in device_name else mfu >= 0.45})
+    n2 = find("blockbert-n2", dense["precision"], 1024) if dense else None
+    for key, limit, label in (("step_s", 0.78, "step time"), ("peak_memory_mib", 0.70, "peak memory")):
+        ratio = None
+        if dense and n2 and dense.get(key) and n2.get(key):
+            ratio = n2[key] / dense[key]
+        out.append({"target": f"BlockBERT n=2 {label} <= {limit}x dense at N=1024", "value": ratio,
+                    "met": None if ratio is None else ratio <= limit})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train_step_ds", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="bert-base")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--precisions", nargs="+", choices=["fp16", "bf16"], default=["bf16", "fp16"])
+    p.add_argument("--kernel", default="auto", help="attention kernel of the sparse variants")
+    p.add_argument("--vocab", type=int, default=30522)
+    p.add_argument("--tokens", type=int, help="b x N per step (default: the preset's)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", help="write the rows and the targets here")
+    args = p.parse_args(argv)
+    preset = PRESETS[args.preset]
+    args.hidden, args.layers, args.heads = preset["hidden"], preset["layers"], preset["heads"]
+    args.tokens = args.tokens or preset["tokens"]
+    if args.device == "cpu":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    device = _init_single_rank()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    print(f"device {name}; torch {torch.__version__}; {args.preset}: hidden {args.hidden} x {args.layers} layers x "
+          f"{args.heads} heads; b x N = {args.tokens}; ZeRO-1", flush=True)
+    rows = []
+    for precision in args.precisions:
+        for n in args.seq_lens:
+            for v in args.variants:
+                try:
+                    row = measure(v, precision, n, args, device)
+                except Exception as e:  # record and go on: one failure must not hide the other numbers
+                    row = {"variant": v, "precision": precision, "seq_len": n, "error": f"{type(e).__name__}: {e}"}
+                rows.append(row)
+                if "error" in row:
+                    print(f"{precision} N={n} {v}: FAILED {row['error']}", flush=True)
+                    continue
+                mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+                mem = "n/a" if row["peak_memory_mib"] is None else f"{row['peak_memory_mib']:.0f} MiB"
+                print(f"{precision} N={n} {v:13s} b={row['batch']:3d} step {row['step_s'] * 1e3:8.1f} ms "
+                      f"{row['tokens_per_s']:10.0f} tok/s {row['tflops']:7.1f} TFLOP/s MFU {mfu} peak {mem}",
+                      flush=True)
+    result = {"device": name, "preset": args.preset, "rows": rows, "targets": targets(rows, name)}
+    for t in result["targets"]:
+        print(f"target {t['target']}: {t['value']} -> {'met' if t['met'] else 'not measured' if t['met'] is None else 'MISSED'}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    from pretrain.distributed import destroy_distributed
+
+    destroy_distributed()
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
