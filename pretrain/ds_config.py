@@ -81,7 +81,9 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
         block = cfg.pop("sparse_attention")
         if not isinstance(block, dict):
             raise DSConfigError(f"{path}: 'sparse_attention' must be an object, got {type(block).__name__}")
-        out.sparse_attention = block
+        from model.attention.layouts import from_deepspeed_block
+
+        out.sparse_attention = from_deepspeed_block(block)
         out.notes.append(f"{path}: read the legacy 'sparse_attention' block into the model's attention config "
                          "and removed it before deepspeed.initialize")
     unknown = sorted(set(cfg) - _known_top_level_keys())

@@ -47,7 +47,7 @@ def test_sparse_attention_block_is_read_and_removed(tmp_path):
     block = {"mode": "fixed", "block": 16, "num_local_blocks": 4, "num_global_blocks": 1}
     p = write(tmp_path, {"zero_optimization": {"stage": 1}, "sparse_attention": block})
     ds = read_ds_config(p)
-    assert ds.sparse_attention == block
+    assert ds.sparse_attention.items() >= block.items()  # plus the keys DeepSpeed's parser defaulted
     assert "sparse_attention" not in ds.config
     assert any(str(p) in n for n in ds.notes)
     resolve_batch_sizes(ds, 2, None, 1)

@@ -30,6 +30,7 @@ __all__ = [
     "LocalSlidingWindowSparsityConfig",
     "BlockBERTSparsityConfig",
     "from_ds_config",
+    "from_deepspeed_block",
     "layout_density",
     "SPARSITY_MODES",
 ]
@@ -87,6 +88,14 @@ class SparsityConfig:
     def _generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(int(self.seed))
 
+    def _random_generator(self) -> torch.Generator:
+        """The generator of the make_layout call in progress (set_random_layout draws from it), else a fresh one."""
+        gen = self.__dict__.get("_gen")
+        return gen if gen is not None else self._generator()
+
+    def _public_vars(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
     def make_layout(self, seq_len: int) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -108,15 +117,29 @@ class SparsityConfig:
     def to_dict(self) -> dict[str, Any]:
         """The ds_config-style dict that ``from_ds_config`` turns back into this object."""
         d = {"mode": self.mode}
-        d.update({k: v for k, v in vars(self).items() if k not in ("num_heads", "num_layout_heads")})
+        d.update({k: v for k, v in self._public_vars().items() if k not in ("num_heads", "num_layout_heads")})
         return d
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "num_layout_heads")
+        args = ", ".join(f"{k}={v!r}" for k, v in self._public_vars().items() if k != "num_layout_heads")
         return f"{type(self).__name__}({args})"
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and vars(self) == vars(other)
+        return type(self) is type(other) and self._public_vars() == other._public_vars()
+
+    def _make(self, seq_len: int, steps: Sequence[str]) -> torch.Tensor:
+        """DeepSpeed's make_layout: for each layout head, the named ``set_*`` steps in order, then the first head
+        propagated. Steps are looked up on the instance, so a subclass that overrides one is honoured."""
+        layout = self.setup_layout(seq_len)
+        self._gen = self._generator()
+        try:
+            for h in range(self.num_layout_heads):
+                for name in steps:
+                    layout = getattr(self, name)(h, layout)
+        finally:
+            self._gen = None
+            del self._gen
+        return self.check_and_propagate_first_head_layout(layout)
 
 
 class DenseSparsityConfig(SparsityConfig):
@@ -172,15 +195,18 @@ class FixedSparsityConfig(SparsityConfig):
         self.horizontal_global_attention = horizontal_global_attention
         self.num_different_global_patterns = num_different_global_patterns
 
-    def _local(self, h: int, layout: torch.Tensor) -> None:
+    def set_local_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """Local windows of ``num_local_blocks`` blocks (lower triangle only when unidirectional)."""
         nb = layout.shape[1]
         uni = self.attention == "unidirectional"
         for start in range(0, nb, self.num_local_blocks):
             stop = min(start + self.num_local_blocks, nb)
             window = torch.ones(stop - start, stop - start, dtype=layout.dtype)
             layout[h, start:stop, start:stop] = torch.tril(window) if uni else window
+        return layout
 
-    def _global(self, h: int, layout: torch.Tensor) -> None:
+    def set_global_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """The representative blocks of each window (the last one for head 0, earlier ones for other patterns)."""
         nb = layout.shape[1]
         g = self.num_global_blocks
         first = self.num_local_blocks - (1 + h % self.num_different_global_patterns) * g
@@ -193,13 +219,10 @@ class FixedSparsityConfig(SparsityConfig):
             layout[h, top:, s : s + g] = 1
             if self.horizontal_global_attention:
                 layout[h, s : s + g, :] = 1
+        return layout
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            self._local(h, layout)
-            self._global(h, layout)
-        return self.check_and_propagate_first_head_layout(layout)
+        return self._make(seq_len, ("set_local_layout", "set_global_layout"))
 
 
 def _random_rows(layout: torch.Tensor, h: int, k: int, gen: torch.Generator, causal: bool) -> None:
@@ -280,7 +303,19 @@ class VariableSparsityConfig(SparsityConfig):
         self.attention = attention
         self.horizontal_global_attention = horizontal_global_attention
 
-    def _local(self, h: int, layout: torch.Tensor) -> None:
+    def set_random_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """``num_random_blocks`` random key blocks per row (any direction, as in DeepSpeed), seeded."""
+        _random_rows(layout, h, self.num_random_blocks, self._random_generator(), causal=False)
+        return layout
+
+    def set_global_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """Global blocks at ``global_block_indices`` (ranges with ``global_block_end_indices``)."""
+        _global_ranges(layout, h, self.global_block_indices, self.global_block_end_indices,
+                       horizontal=self.horizontal_global_attention, top_rows=self.attention == "bidirectional")
+        return layout
+
+    def set_local_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """Windows of the sizes in ``local_window_blocks``; the last size repeats to the end."""
         nb = layout.shape[1]
         uni = self.attention == "unidirectional"
 
@@ -296,23 +331,10 @@ class VariableSparsityConfig(SparsityConfig):
         size = self.local_window_blocks[-1]  # the last size repeats over the remaining blocks
         for a in range(start, nb, size):
             window(a, min(a + size, nb))
+        return layout
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        gen = self._generator()
-        for h in range(self.num_layout_heads):
-            # Variable's random blocks ignore direction (as in DeepSpeed)
-            _random_rows(layout, h, self.num_random_blocks, gen, causal=False)
-            self._local(h, layout)
-            _global_ranges(
-                layout,
-                h,
-                self.global_block_indices,
-                self.global_block_end_indices,
-                horizontal=self.horizontal_global_attention,
-                top_rows=self.attention == "bidirectional",
-            )
-        return self.check_and_propagate_first_head_layout(layout)
+        return self._make(seq_len, ("set_random_layout", "set_local_layout", "set_global_layout"))
 
 
 class BigBirdSparsityConfig(SparsityConfig):
@@ -339,24 +361,34 @@ class BigBirdSparsityConfig(SparsityConfig):
         self.num_global_blocks = num_global_blocks
         self.attention = attention
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        gen = self._generator()
-        uni = self.attention == "unidirectional"
+    def set_random_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """``num_random_blocks`` random key blocks per row (only past blocks when unidirectional), seeded."""
+        _random_rows(layout, h, self.num_random_blocks, self._random_generator(),
+                     causal=self.attention == "unidirectional")
+        return layout
+
+    def set_sliding_window_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """A window of ``num_sliding_window_blocks`` blocks centred on the diagonal."""
+        _sliding(layout, h, self.num_sliding_window_blocks, causal=False)
+        return layout
+
+    def set_global_layout_itc(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """The first ``num_global_blocks`` blocks attend to and are attended by everything (BigBird's ITC); the whole
+        layout is cut to its lower triangle when unidirectional, as DeepSpeed does here."""
         nb = layout.shape[1]
-        for h in range(self.num_layout_heads):
-            _random_rows(layout, h, self.num_random_blocks, gen, causal=uni)
-            _sliding(layout, h, self.num_sliding_window_blocks, causal=False)
-            if nb < self.num_global_blocks:
-                raise ValueError(
-                    f"Number of global blocks, {self.num_global_blocks}, must be smaller than overall number of "
-                    f"blocks in a row, {nb}!"
-                )
-            layout[h, : self.num_global_blocks, :] = 1
-            layout[h, :, : self.num_global_blocks] = 1
-        if uni:
+        if nb < self.num_global_blocks:
+            raise ValueError(
+                f"Number of global blocks, {self.num_global_blocks}, must be smaller than overall number of "
+                f"blocks in a row, {nb}!"
+            )
+        layout[h, : self.num_global_blocks, :] = 1
+        layout[h, :, : self.num_global_blocks] = 1
+        if self.attention == "unidirectional":
             layout = torch.tril(layout)
-        return self.check_and_propagate_first_head_layout(layout)
+        return layout
+
+    def make_layout(self, seq_len: int) -> torch.Tensor:
+        return self._make(seq_len, ("set_random_layout", "set_sliding_window_layout", "set_global_layout_itc"))
 
 
 class BSLongformerSparsityConfig(SparsityConfig):
@@ -383,16 +415,21 @@ class BSLongformerSparsityConfig(SparsityConfig):
         self.global_block_end_indices = None if global_block_end_indices is None else list(global_block_end_indices)
         self.attention = attention
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            _sliding(layout, h, self.num_sliding_window_blocks, causal=False)
-            _global_ranges(
-                layout, h, self.global_block_indices, self.global_block_end_indices, horizontal=True, top_rows=True
-            )
+    def set_sliding_window_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """A window of ``num_sliding_window_blocks`` blocks centred on the diagonal."""
+        _sliding(layout, h, self.num_sliding_window_blocks, causal=False)
+        return layout
+
+    def set_global_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """Global blocks that attend everywhere and are attended from everywhere (lower triangle if unidirectional)."""
+        _global_ranges(layout, h, self.global_block_indices, self.global_block_end_indices, horizontal=True,
+                       top_rows=True)
         if self.attention == "unidirectional":
             layout = torch.tril(layout)
-        return self.check_and_propagate_first_head_layout(layout)
+        return layout
+
+    def make_layout(self, seq_len: int) -> torch.Tensor:
+        return self._make(seq_len, ("set_sliding_window_layout", "set_global_layout"))
 
 
 class LocalSlidingWindowSparsityConfig(SparsityConfig):
@@ -413,11 +450,13 @@ class LocalSlidingWindowSparsityConfig(SparsityConfig):
         self.num_sliding_window_blocks = num_sliding_window_blocks
         self.attention = attention
 
+    def set_sliding_window_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """A window of ``num_sliding_window_blocks`` blocks (only the past half when unidirectional)."""
+        _sliding(layout, h, self.num_sliding_window_blocks, causal=self.attention != "bidirectional")
+        return layout
+
     def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            _sliding(layout, h, self.num_sliding_window_blocks, causal=self.attention != "bidirectional")
-        return self.check_and_propagate_first_head_layout(layout)
+        return self._make(seq_len, ("set_sliding_window_layout",))
 
 
 def parse_head_assignment(spec: str | Sequence[int], num_heads: int, num_blocks: int) -> list[int]:
@@ -517,6 +556,30 @@ _MODE_KEYS: dict[str, set[str]] = {
 _OLD_DS_KEYS = {"num_local_blocks", "num_global_blocks", "attention", "horizontal_global_attention",
                 "num_different_global_patterns", "num_random_blocks", "local_window_blocks", "global_block_indices",
                 "global_block_end_indices", "num_sliding_window_blocks", "different_layout_per_head", "block"}
+
+
+# What DeepSpeed 0.19.5's own ds_config parser (runtime/config.py get_sparse_*_config) filled in for absent keys. Its
+# defaults differ from the classes' in one place: bigbird's num_random_blocks is 0 there, 1 in the class.
+_DS_PARSER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "dense": {"block": 16, "different_layout_per_head": False},
+    "fixed": {"block": 16, "different_layout_per_head": False, "num_local_blocks": 4, "num_global_blocks": 1,
+              "attention": "bidirectional", "horizontal_global_attention": False, "num_different_global_patterns": 1},
+    "variable": {"block": 16, "different_layout_per_head": False, "num_random_blocks": 0, "local_window_blocks": [4],
+                 "global_block_indices": [0], "global_block_end_indices": None, "attention": "bidirectional",
+                 "horizontal_global_attention": False},
+    "bigbird": {"block": 16, "different_layout_per_head": False, "num_random_blocks": 0,
+                "num_sliding_window_blocks": 3, "num_global_blocks": 1},
+    "bslongformer": {"block": 16, "different_layout_per_head": False, "num_sliding_window_blocks": 3,
+                     "global_block_indices": [0], "global_block_end_indices": None},
+}
+
+
+def from_deepspeed_block(block: dict[str, Any]) -> dict[str, Any]:
+    """A ds_config ``sparse_attention`` block as DeepSpeed's parser read it: no ``mode`` means ``fixed``, absent keys
+    take the parser's defaults (``{"mode": "bigbird"}`` has 0 random blocks, as it had in DeepSpeed). Deliberate
+    difference: DeepSpeed's parser dropped ``attention`` for bigbird and bslongformer; we keep it when given."""
+    mode = block.get("mode", "fixed")
+    return {"mode": mode, **_DS_PARSER_DEFAULTS.get(mode, {}), **block}
 
 
 def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:

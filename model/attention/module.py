@@ -197,10 +197,30 @@ class SparseSelfAttention(nn.Module):
         self.key_padding_mask_mode = key_padding_mask_mode
         self.attn_mask_mode = attn_mask_mode
         self.attention = BlockSparseAttention(sparsity_config, kernel, max_seq_length, attn_dropout)
+        # DeepSpeed's module kept its layout in a persistent buffer named master_layout: the same tensor as the inner
+        # module's, so a state_dict saved by DeepSpeed (bing_bert checkpoints) loads with strict=True and restores a
+        # random layout; our other buffers are not persistent, so the keys are exactly DeepSpeed's
+        self.register_buffer("master_layout", self.attention.master_layout)
+        self.register_load_state_dict_post_hook(SparseSelfAttention._layout_loaded)
+        self._need_layout_synchronization = True
 
-    @property
-    def master_layout(self) -> torch.Tensor:
-        return self.attention.master_layout
+    @staticmethod
+    def _layout_loaded(module: "SparseSelfAttention", incompatible_keys) -> None:
+        module.attention.load_layout_state(module.master_layout)  # same tensor: drops plans made for the old one
+
+    def get_layout(self, L: int) -> torch.Tensor:
+        """The layout for length ``L`` (a multiple of the block size), on the CPU, as DeepSpeed's ``get_layout``:
+        the first call in a distributed job takes rank 0's master layout (random layouts agree everywhere)."""
+        import torch.distributed as dist
+
+        if self._need_layout_synchronization and dist.is_available() and dist.is_initialized():
+            dist.broadcast(self.master_layout, src=0)
+            self.attention.load_layout_state(self.master_layout)
+            self._need_layout_synchronization = False
+        if L % self.sparsity_config.block != 0:
+            raise ValueError(f"Sequence Length, {L}, needs to be dividable by Block size {self.sparsity_config.block}!")
+        nb = L // self.sparsity_config.block
+        return self.master_layout[..., :nb, :nb].cpu()
 
     def forward(self, query, key, value, rpe=None, key_padding_mask=None, attn_mask=None):
         """q/k/v ``[B, H, N, D]`` (key may be ``[B, H, D, N]``); key_padding_mask ``[B, N]`` (extra unit dims are
