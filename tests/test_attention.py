@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from model import attention as A
-from model.attention.kernels import GatherPlan, query_tile_factor
-from model.attention.split_global import SplitPlan
-from model.attention.tile_permutation import PermutationPlan
+from model.attention.kernels.block_gather import GatherPlan, PermutationPlan, SplitPlan, make_gather_plan, query_tile_factor
 
 H, D, B = 4, 16, 2
 
@@ -234,7 +232,7 @@ def test_query_tiles_and_groups():
     cfg = A.BlockBERTSparsityConfig(12, num_blocks=2, head_assignment="10:2", block=64)
     assert query_tile_factor(cfg.make_layout(4096)) == 32  # 2 tiles of 2048 query rows per head
     assert query_tile_factor(A.FixedSparsityConfig(12, block=16).make_layout(1024)) == 4  # one tile per window
-    plan = A.get_kernel("block_gather").make_gather_plan(cfg.make_layout(512), 64, 512, "cpu")
+    plan = make_gather_plan(cfg.make_layout(512), 64, 512, "cpu")
     assert len(plan.groups) == 1 and plan.inverse is None and plan.groups[0].k_index_GK.shape == (24, 256)
     fast = A.get_kernel("block_gather").make_plan(cfg.make_layout(512), 64, 512, "cpu")
     assert isinstance(fast, PermutationPlan) and fast.tile == 256 and fast.chunks == 2
@@ -246,7 +244,7 @@ def test_query_tiles_and_groups():
     split = A.get_kernel("block_gather").make_plan(A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256,
                                                    "cpu")
     assert isinstance(split, SplitPlan) and isinstance(split.fallback, GatherPlan)
-    assert isinstance(A.get_kernel("block_gather").make_gather_plan(
+    assert isinstance(make_gather_plan(
         A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256, "cpu"), GatherPlan)
     mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=512)
     q, k, v = _inputs(128)
@@ -333,7 +331,7 @@ def test_permutation_fast_path_matches_dense_and_general_path(name, pad):
         for kern in ("dense", "block_gather", "general"):
             m = A.BlockSparseAttention(cfg, kernel="dense" if kern == "dense" else "block_gather", max_seq_length=n)
             if kern == "general":  # force the general gather plan into the cache
-                m._plans[(n_pad, "cpu", 0)] = A.get_kernel("block_gather").make_gather_plan(
+                m._plans[(n_pad, "cpu", 0)] = make_gather_plan(
                     m.layout_for(n_pad), cfg.block, n_pad, "cpu")
             out = m(q, k, v, **kw)
             go = torch.randn_like(out, generator=torch.Generator().manual_seed(9))
@@ -507,13 +505,13 @@ def test_auto_keeps_one_kernel_for_training_and_evaluation():
 def test_flex_padding_block_mask_is_built_once_per_forward(monkeypatch):
     """An L-layer model: the key-padding BlockMask is built once per forward (the layers share the padding), again
     for a new batch, and the outputs still equal the dense kernel's."""
-    from model.attention import kernels as K
+    from model.attention.kernels.flex import FlexPlan
     from model.bert import BertModel
     from model.config import ModelConfig
 
     builds = []
-    real = K.FlexKernel._block_mask
-    monkeypatch.setattr(K.FlexKernel, "_block_mask", lambda self, *a: builds.append(1) or real(self, *a))
+    real = FlexPlan.build_block_mask
+    monkeypatch.setattr(FlexPlan, "build_block_mask", lambda self, *a: builds.append(1) or real(self, *a))
     sparsity = {"mode": "bigbird", "block": 16, "num_random_blocks": 1}
     models = {}
     for kernel in ("flex", "dense"):
@@ -580,3 +578,20 @@ def test_half_precision_kernels_against_an_fp32_reference(kernel, dtype, case):
         for a, b in zip(g, ref_g):
             assert torch.isfinite(a).all()
             torch.testing.assert_close(a.float(), b, **tol)
+
+
+def test_cpu_split_plan_switch(monkeypatch):
+    """``SPARSEBERT_CPU_SPLIT=0`` turns the CPU split plan off (the general gather plan runs, same results); a value
+    that is neither on nor off is refused naming the variable."""
+    lay = A.FixedSparsityConfig(H, block=16).make_layout(256)
+    kernel = A.get_kernel("block_gather")
+    assert isinstance(kernel.make_plan(lay, 16, 256, "cpu"), SplitPlan)
+    monkeypatch.setenv("SPARSEBERT_CPU_SPLIT", "0")
+    plan = kernel.make_plan(lay, 16, 256, "cpu")
+    assert isinstance(plan, GatherPlan)
+    q, k, v = (t.detach() for t in _inputs(256))
+    ref = A.get_kernel("dense")(q, k, v, plan=A.get_kernel("dense").make_plan(lay, 16, 256, "cpu"))
+    torch.testing.assert_close(kernel(q, k, v, plan=plan), ref, atol=1e-5, rtol=1e-4)
+    monkeypatch.setenv("SPARSEBERT_CPU_SPLIT", "maybe")
+    with pytest.raises(ValueError, match="SPARSEBERT_CPU_SPLIT"):
+        kernel.make_plan(lay, 16, 256, "cpu")

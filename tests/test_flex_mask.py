@@ -1,4 +1,4 @@
-"""The FlexAttention BlockMask built from the layout (model.attention.flex_mask) against torch's own
+"""The FlexAttention BlockMask built from the layout (model.attention.kernels.flex_mask) against torch's own
 ``create_block_mask`` on the same mask_mod: same full blocks, never a missing block, same attention output.
 
 CPU, eager FlexAttention (inference): the block mask is device-independent data, so what holds here holds for the
@@ -14,8 +14,8 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from model import attention as A
-from model.attention.flex_mask import layout_block_mask, sparse_block_size
-from model.attention.kernels import FlexKernel
+from model.attention.kernels.flex import mask_mod_for
+from model.attention.kernels.flex_mask import layout_block_mask, sparse_block_size
 
 H = 4
 LAYOUTS = {
@@ -51,7 +51,7 @@ def test_layout_block_mask_equals_create_block_mask(name, n_tokens, pad, token_m
     kpm = _padding(B, N, pad)
     g = torch.Generator().manual_seed(0)
     tm = torch.rand(H, N, N, generator=g) > 0.05 if token_mask else None
-    mask_mod = FlexKernel._mask_mod(lay, cfg.block, kpm, tm)
+    mask_mod = mask_mod_for(lay, cfg.block, kpm, tm)
     ours = layout_block_mask(lay, cfg.block, N, mask_mod, kpm, tm)
     ref = create_block_mask(mask_mod, None if kpm is None else B, H, N, N, device="cpu")
     assert ours.BLOCK_SIZE == ref.BLOCK_SIZE == (128, 128)

@@ -1,4 +1,4 @@
-"""block_gather's fast path for layouts where every query tile attends exactly one aligned key tile.
+"""block_gather's permutation plan (fast path) for layouts where every query tile attends exactly one aligned key tile.
 
 BlockBERT is the case that matters: with n chunks per head, query chunk i attends key chunk (i + k) mod n. Then no
 token gather is needed: q is a *view* ``[B, H*n, N/n, D]`` (tile g = head h, chunk i), and so are k/v when every
@@ -6,12 +6,8 @@ head's map is the identity; otherwise k/v take their tiles with one ``index_sele
 call for all heads, whose output already is ``[B, H, N, D]``. Compared to the general gather path this saves the
 per-token gather and its index_add backward when the map is the identity, and the query/output permutations.
 
-Measured and dropped (shared 2-core box, see docs/model.md): one SDPA call per run of heads with the same shift
-(views for the unshifted heads, a copy of only the shifted heads' K/V) was slower, because the runs' outputs and
-the q/k/v grads each need a concatenation; a matmul-based attention was ~2x slower than CPU flash SDPA.
-
 Key padding, per-call token masks, the plan's fixed token mask, score biases and dropout go through the same
-``_sdpa_with_allow`` as the general path (masks and biases are gathered for the tiles), so results match ``dense``
+``sdpa_with_allow`` as the general path (masks and biases are gathered for the tiles), so results match ``dense``
 in every case the general path handles.
 """
 
@@ -22,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from model.attention.bias import ScoreBias
-from model.attention.tile_masks import tile_allow
+from model.attention.kernels.block_gather.tiles import tile_allow
+from model.attention.kernels.sdpa import sdpa_tiles
 
 
 @dataclass
@@ -38,6 +35,30 @@ class PermutationPlan:
     k_index_GK: torch.Tensor  # [H * n, T] key token ids
     token_mask_GQK: torch.Tensor | None  # the plan's fixed element mask inside the tiles
     density: float
+
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
+            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
+            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        B, H, N, D = q_BHND.shape
+        Dv = v_BHND.shape[-1]
+        n, T = self.chunks, self.tile
+        G = H * n
+        q = q_BHND.reshape(B, G, T, D)  # a view: query tiles are in place
+        k = k_BHND.reshape(B, G, T, D)
+        v = v_BHND.reshape(B, G, T, Dv)
+        if self.tile_unmap is not None:  # a permutation of whole tiles: backward is the inverse permutation
+            k = _PermuteTiles.apply(k, self.tile_map, self.tile_unmap)
+            v = _PermuteTiles.apply(v, self.tile_map, self.tile_unmap)
+        elif self.tile_map is not None:  # some key tile serves several query tiles: index_select (index_add backward)
+            k = k.index_select(1, self.tile_map)
+            v = v.index_select(1, self.tile_map)
+        allow = None
+        if key_padding_mask_BN is not None:
+            kp = key_padding_mask_BN.view(B, 1, n, T).expand(B, H, n, T).reshape(B, G, 1, T)
+            allow = kp if self.tile_map is None else kp.index_select(1, self.tile_map)
+        allow = tile_allow(allow, token_mask, self.token_mask_GQK, self.head_G, self.q_index_GQ, self.k_index_GK, H, N)
+        bias = None if score_bias is None else score_bias.gather(self.head_G, self.q_index_GQ, self.k_index_GK)
+        return sdpa_tiles(q, k, v, allow, bias, dropout_p, scale).view(B, H, N, Dv)
 
 
 class _PermuteTiles(torch.autograd.Function):
@@ -91,29 +112,3 @@ def make_permutation_plan(lay_HMM: torch.Tensor, r: int, block: int, seq_len: in
                            tile_unmap=torch.argsort(tile_map).to(device) if bijective and not identity else None,
                            head_G=head.to(device), q_index_GQ=q_index.to(device), k_index_GK=k_index.to(device),
                            token_mask_GQK=tm, density=float(lay_HMM.float().mean()))
-
-
-def permutation_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, plan: PermutationPlan,
-                          key_padding_mask_BN: torch.Tensor | None, token_mask: torch.Tensor | None,
-                          score_bias: ScoreBias | None, dropout_p: float, scale: float | None,
-                          sdpa_with_allow) -> torch.Tensor:
-    B, H, N, D = q_BHND.shape
-    Dv = v_BHND.shape[-1]
-    n, T = plan.chunks, plan.tile
-    G = H * n
-    q = q_BHND.reshape(B, G, T, D)  # a view: query tiles are in place
-    k = k_BHND.reshape(B, G, T, D)
-    v = v_BHND.reshape(B, G, T, Dv)
-    if plan.tile_unmap is not None:  # a permutation of whole tiles: backward is the inverse permutation
-        k = _PermuteTiles.apply(k, plan.tile_map, plan.tile_unmap)
-        v = _PermuteTiles.apply(v, plan.tile_map, plan.tile_unmap)
-    elif plan.tile_map is not None:  # some key tile serves several query tiles: index_select (index_add backward)
-        k = k.index_select(1, plan.tile_map)
-        v = v.index_select(1, plan.tile_map)
-    allow = None
-    if key_padding_mask_BN is not None:
-        kp = key_padding_mask_BN.view(B, 1, n, T).expand(B, H, n, T).reshape(B, G, 1, T)
-        allow = kp if plan.tile_map is None else kp.index_select(1, plan.tile_map)
-    allow = tile_allow(allow, token_mask, plan.token_mask_GQK, plan.head_G, plan.q_index_GQ, plan.k_index_GK, H, N)
-    bias = None if score_bias is None else score_bias.gather(plan.head_G, plan.q_index_GQ, plan.k_index_GK)
-    return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale).view(B, H, N, Dv)

@@ -1,4 +1,4 @@
-"""block_gather's split path (CPU): a layout cut into up to three pieces, each computed the cheap way, merged exactly.
+"""block_gather's split plan, a CPU optimisation: a layout cut into up to three pieces, each computed the cheap way, merged exactly.
 
 The general gather path hands every query tile its own gathered copy of every key block it attends: key blocks
 that all rows attend (global columns of Fixed, BigBird, BSLongformer, Variable) are copied once per tile (Fixed,
@@ -23,16 +23,34 @@ in a piece get ``lse = -inf`` there (the CPU kernel itself reports 0 for them); 
 zeros and zero gradients.
 
 Scope: CPU, no attention dropout, no score bias: those calls use the plan's ``fallback`` (the ordinary gather plan
-of the whole layout). Key padding, per-call token masks and the plan's fixed token mask work.
+of the whole layout). Key padding, per-call token masks and the plan's fixed token mask work. It relies on private
+aten ops (torch's CPU flash forward/backward with logsumexp) and on cost constants measured on one machine (see
+docs/model.md), so it can be turned off: ``SPARSEBERT_CPU_SPLIT=0`` makes block_gather use the general gather plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import os
+
 import torch
 
-from model.attention.tile_masks import tile_allow
+from model.attention.bias import ScoreBias
+from model.attention.kernels.block_gather.gather import make_gather_plan
+from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
+
+SWITCH = "SPARSEBERT_CPU_SPLIT"
+"""Environment variable: ``0`` turns the split plan off (block_gather then uses the general gather plan)."""
+
+
+def cpu_split_enabled() -> bool:
+    """Whether block_gather may pick the split plan: the private aten ops exist and the switch is not off."""
+    value = os.environ.get(SWITCH, "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on"):
+        raise ValueError(f"{SWITCH}={value!r}: use 1 (split plan allowed, the default) or 0 (general gather plan)")
+    return _HAVE_CPU_FLASH and value in ("1", "true", "on")
+
 
 # torch's CPU flash kernel with its logsumexp (internal aten ops; present in the pinned torch): without them, no split
 _HAVE_CPU_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
@@ -87,6 +105,14 @@ class SplitPlan:
     fallback: object  # GatherPlan of the whole layout: dropout, score biases, non-CPU devices
     density: float
 
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
+            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
+            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        if dropout_p == 0.0 and score_bias is None and q_BHND.device.type == "cpu":
+            return split_attention(q_BHND, k_BHND, v_BHND, self, key_padding_mask_BN, token_mask, scale)
+        return self.fallback.run(q_BHND, k_BHND, v_BHND, key_padding_mask_BN=key_padding_mask_BN,
+                                 token_mask=token_mask, score_bias=score_bias, dropout_p=dropout_p, scale=scale)
+
 
 def shared_blocks(lay_HMM: torch.Tensor) -> torch.Tensor | None:
     """``[H, s]`` key blocks that every query block row of each head attends (the first s of each head, s the
@@ -121,7 +147,7 @@ def _tile_cost(rows: int, keys: int) -> float:
     return rows * keys * (1 + _TILE_OVERHEAD_ROWS / rows)
 
 
-def _rest_cost(rest_HMM: torch.Tensor, block: int, query_tile_factor) -> float:
+def _rest_cost(rest_HMM: torch.Tensor, block: int) -> float:
     if not bool(rest_HMM.any()):
         return 0.0
     r = query_tile_factor(rest_HMM)
@@ -170,8 +196,8 @@ def _squeeze_same(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return x
 
 
-def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, token_mask: torch.Tensor | None,
-                    make_gather_plan, query_tile_factor) -> SplitPlan | None:
+def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device,
+                    token_mask: torch.Tensor | None) -> SplitPlan | None:
     """None when neither a shared block nor a window piece would save work (then the plain gather plan runs)."""
     lay = lay_HMM.cpu().bool()
     H, M, _ = lay.shape
@@ -187,10 +213,10 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, tok
         rest = lay & ~torch.zeros_like(lay).scatter_(2, cols_HS[:, None, :].expand(H, M, -1), True)
         idx = (cols_HS[..., None] * block + torch.arange(block)).reshape(H, -1)
     N = M * block
-    plain_cost = _rest_cost(lay, block, query_tile_factor)  # the ordinary gather plan: one piece
+    plain_cost = _rest_cost(lay, block)  # the ordinary gather plan: one piece
     shared_cost = 0.0 if idx is None else H * N * (idx.shape[1] * (1 + _TILE_OVERHEAD_ROWS / N) + _PIECE_ROW_KEYS)
     # window piece: the tile height with the smallest estimated cost (or none)
-    best_cost = _rest_cost(rest, block, query_tile_factor)
+    best_cost = _rest_cost(rest, block)
     best = None
     band = _band(lay)  # the window structure of the layout (holes left by the shared blocks become mask)
     for a, b in [] if band is None else sorted({band, (0, 0)}):  # the band, or aligned diagonal tiles only
@@ -200,7 +226,7 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device, tok
                 continue
             t0, nt, P, left = cand
             cost = (H * nt * (_tile_cost(r * block, (r + a + b) * block) + r * block * _PIECE_ROW_KEYS)
-                    + _rest_cost(left, block, query_tile_factor))
+                    + _rest_cost(left, block))
             if cost < best_cost:
                 best_cost, best = cost, (r, a, b, t0, nt, P, left)
     if (idx is None and best is None) or shared_cost + best_cost >= plain_cost:

@@ -1,0 +1,74 @@
+"""``auto``: picks one registered kernel per plan (device, compute capability, dtype, N, density, configured
+attention dropout) with :func:`choose_kernel` and keeps it for training and evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from model.attention.kernels.registry import KERNELS, Kernel, register_kernel
+
+
+@dataclass
+class AutoPlan:
+    layout_HMM: torch.Tensor | None
+    block: int
+    seq_len: int
+    device: torch.device
+    density: float
+    plans: dict
+    token_mask: torch.Tensor | None = None
+    chosen: dict = field(default_factory=dict)  # dtype -> kernel name, decided once
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """CUDA compute capability of ``device`` (None off CUDA)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+@register_kernel("auto")
+class AutoKernel(Kernel):
+    """Picks a kernel once per plan (device, compute capability, dtype, N, density, configured attention dropout)
+    with :func:`choose_kernel` and keeps it: training and evaluation run the same kernel (evaluation switching to
+    flex would compile it on every rank mid-run)."""
+
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
+        density = 1.0 if layout_HMM is None else float(layout_HMM.float().mean())
+        return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, {}, token_mask)
+
+    def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, **kw):
+        """Decides on the configured dropout (``dropout_p``), not on whether this call trains."""
+        name = plan.chosen.get(q_BHND.dtype)
+        if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
+            name = choose_kernel(q_BHND.device.type, q_BHND.dtype, plan.seq_len, plan.density,
+                                 dropout=kw.get("dropout_p", 0.0) > 0, capability=device_capability(q_BHND.device))
+            plan.chosen[q_BHND.dtype] = name
+        if name not in plan.plans:
+            plan.plans[name] = KERNELS[name].make_plan(plan.layout_HMM, plan.block, plan.seq_len, plan.device,
+                                                       token_mask=plan.token_mask)
+        return KERNELS[name](q_BHND, k_BHND, v_BHND, plan=plan.plans[name], **kw)
+
+
+def choose_kernel(device_type: str, dtype: torch.dtype, seq_len: int, density: float, needs_grad: bool = True,
+                  dropout: bool = False, capability: tuple[int, int] | None = None) -> str:
+    """The ``auto`` rule, a pure function so every entry is testable without the device (docs/model.md has the
+    table and says which entries were measured).
+
+    - a full layout (density 1) -> ``dense`` (fused SDPA, nothing to skip);
+    - ``flex`` only on CUDA, without attention dropout (FlexAttention has none), at N >= 512 (its 128-token
+      blocks leave little to skip below that), density < 0.9, and where Triton runs it well: compute capability
+      8.0+ (Ampere, Hopper) in any dtype; 7.5 (Turing) in fp16/fp32 only (bf16 is emulated there); never 7.0
+      (Volta: Triton no longer uses its tensor cores, flex runs ~10x slower than SDPA);
+    - otherwise density <= 0.75 -> ``block_gather`` (skips blocks; any device; trains), else ``dense``.
+
+    ``needs_grad`` is accepted for compatibility and does not change the choice (the same kernel trains and
+    evaluates).
+    """
+    if density >= 1.0:
+        return "dense"
+    if device_type == "cuda" and not dropout and density < 0.9 and seq_len >= 512:
+        cap = capability or (8, 0)
+        if cap >= (8, 0) or (cap >= (7, 5) and dtype != torch.bfloat16):
+            return "flex"
+    return "block_gather" if density <= 0.75 else "dense"

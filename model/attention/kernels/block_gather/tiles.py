@@ -1,0 +1,39 @@
+"""What every block_gather plan shares: the query tile height a layout allows, and the masks of attention computed
+on tiles (the per-call token mask and a plan's fixed element mask, gathered for the tiles' query and key positions,
+ANDed into the tiles' ``allow`` mask), so the general gather, permutation and split paths apply masks identically."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tile_allow(allow: torch.Tensor | None, token_mask: torch.Tensor | None, fixed_GQK: torch.Tensor | None,
+               head_G: torch.Tensor, q_index_GQ: torch.Tensor, k_index_GK: torch.Tensor, H: int,
+               N: int) -> torch.Tensor | None:
+    """``allow`` (bool ``[B|1, G, Q|1, K]`` or None) AND the tiles' part of ``token_mask`` (bool, broadcastable to
+    ``[H, N, N]``) AND ``fixed_GQK`` (the plan's mask inside the tiles). None means everything is allowed."""
+    if token_mask is not None:
+        tm = token_mask
+        while tm.dim() < 3:
+            tm = tm.unsqueeze(0)
+        tm = tm.expand(H, N, N)[head_G[:, None, None], q_index_GQ[:, :, None], k_index_GK[:, None, :]].unsqueeze(0)
+        allow = tm if allow is None else allow & tm
+    if fixed_GQK is not None:
+        tm = fixed_GQK.unsqueeze(0)
+        allow = tm if allow is None else allow & tm
+    return allow
+
+
+def query_tile_factor(layout_HMM: torch.Tensor) -> int:
+    """Largest r dividing M such that the r query blocks of every tile have identical layout rows on every head.
+
+    Merging them into one query tile loses nothing (same key set) and gives the fused attention kernel taller
+    tiles: BlockBERT at block 64, N=4096, n=2 becomes 2 query tiles of 2048 rows per head; Fixed with 4-block
+    local windows gets tiles of 4 blocks.
+    """
+    H, M, _ = layout_HMM.shape
+    for r in sorted((d for d in range(2, M + 1) if M % d == 0), reverse=True):
+        t = layout_HMM.view(H, M // r, r, M)
+        if bool((t == t[:, :, :1]).all()):
+            return r
+    return 1

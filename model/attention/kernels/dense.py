@@ -1,0 +1,43 @@
+"""``dense``: SDPA over all N x N scores with the layout expanded to a token mask. The reference; O(N^2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.attention.bias import ScoreBias
+from model.attention.kernels.registry import Kernel, register_kernel
+from model.attention.kernels.sdpa import sdpa_with_allow
+
+
+@dataclass
+class DensePlan:
+    """The layout (and the fixed token mask) expanded to one bool ``[H|1, N, N]`` mask; None = everything."""
+
+    allow_HNN: torch.Tensor | None
+
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
+            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
+            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        N = q_BHND.shape[2]
+        allow = self.allow_HNN
+        if token_mask is not None:
+            allow = token_mask if allow is None else allow & token_mask
+        if key_padding_mask_BN is not None:
+            kp = key_padding_mask_BN[:, None, None, :]
+            allow = kp if allow is None else allow.unsqueeze(0) & kp
+        bias = None if score_bias is None else score_bias.dense(N)
+        return sdpa_with_allow(q_BHND, k_BHND, v_BHND, allow, bias, dropout_p, scale)
+
+
+@register_kernel("dense")
+class DenseKernel(Kernel):
+    """SDPA with the layout as a mask: the reference every other kernel is tested against."""
+
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> DensePlan:
+        tm = None if token_mask is None else token_mask.to(device=device, dtype=torch.bool)
+        if layout_HMM is None:
+            return DensePlan(tm)
+        lay = layout_HMM.to(device=device, dtype=torch.bool).repeat_interleave(block, 1).repeat_interleave(block, 2)
+        return DensePlan(lay if tm is None else lay & tm)

@@ -1,0 +1,146 @@
+"""``flex``: torch FlexAttention with a BlockMask built from the layout (Triton on CUDA; eager inference on CPU)."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from model.attention.bias import ScoreBias
+from model.attention.kernels.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
+from model.attention.kernels.registry import Kernel, register_kernel
+
+_compiled_flex: dict[str, Callable] = {}
+
+
+def _flex_fn(device_type: str) -> Callable:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device_type == "cpu":  # eager (reference) path: CPU inference only
+        return flex_attention
+    if device_type not in _compiled_flex:
+        _compiled_flex[device_type] = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex[device_type]
+
+
+def mask_mod_for(layout: torch.Tensor, block: int, kpm: torch.Tensor | None = None,
+                 token_mask: torch.Tensor | None = None) -> Callable:
+    """FlexAttention ``mask_mod`` of a block layout, AND a key-padding mask, AND an element mask."""
+    per_head = layout.shape[0] > 1  # a one-head layout (full attention) serves every head
+
+    def mask_mod(b, h, qi, ki):
+        m = layout[h if per_head else 0, qi // block, ki // block]
+        if kpm is not None:
+            m = m & kpm[b, ki]
+        if token_mask is not None:
+            m = m & token_mask[h if token_mask.shape[0] > 1 else 0, qi, ki]
+        return m
+
+    return mask_mod
+
+
+class _PaddingMaskCache:
+    """The BlockMask of the last key-padding mask, per plan key: the layers of one forward share one padding mask
+    tensor and (usually) one layout, so the mask is built once per forward, not once per layer. An entry is valid
+    only for the same tensor object at the same version (a new batch, or an in-place change, rebuilds)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[Any, int, Any]] = {}
+
+    def get(self, key: tuple, kpm: torch.Tensor, build: Callable[[], Any]) -> Any:
+        hit = self._entries.get(key)
+        if hit is not None and hit[0]() is kpm and hit[1] == kpm._version:
+            return hit[2]
+        bm = build()
+        self._entries[key] = (weakref.ref(kpm), kpm._version, bm)
+        if len(self._entries) > 64:  # many distinct layouts: keep the newest
+            self._entries.pop(next(iter(self._entries)))
+        return bm
+
+
+_PADDING_MASKS = _PaddingMaskCache()
+
+
+@dataclass
+class FlexPlan:
+    layout_HMM: torch.Tensor  # on device, bool
+    block: int
+    seq_len: int
+    block_mask: Any  # layout (+ fixed token mask) BlockMask (B=None), reused when no per-batch mask is given
+    token_mask: torch.Tensor | None = None  # the plan's fixed element mask, [H|1, N, N] on device
+    key: tuple = ()  # what makes two plans' BlockMasks interchangeable (layout content, block, N, token mask)
+
+    def build_block_mask(self, lay: torch.Tensor, kpm: torch.Tensor | None, tm: torch.Tensor | None) -> Any:
+        """From the block layout when it aligns with 128-token sparse blocks (no N x N pass); else torch's
+        ``create_block_mask`` over the same mask_mod."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        mask_mod = mask_mod_for(lay, self.block, kpm, tm)
+        if sparse_block_size(self.block) is not None:
+            return layout_block_mask(lay, self.block, self.seq_len, mask_mod, kpm, tm)
+        B = None if kpm is None else kpm.shape[0]
+        return create_block_mask(mask_mod, B, lay.shape[0], self.seq_len, self.seq_len, device=lay.device)
+
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
+            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
+            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        dev = q_BHND.device
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_BHND, k_BHND, v_BHND))
+        if dev.type == "cpu" and needs_grad:
+            raise RuntimeError(
+                "attention kernel 'flex' has no backward on CPU (FlexAttention limitation): use kernel "
+                "'block_gather' or 'auto' for CPU training, or run under torch.no_grad() for inference"
+            )
+        if dev.type == "cpu":  # grad is off here; FlexAttention rejects CPU inputs that merely require grad
+            q_BHND, k_BHND, v_BHND = q_BHND.detach(), k_BHND.detach(), v_BHND.detach()
+        if dropout_p > 0:
+            raise ValueError(
+                f"attention kernel 'flex' does not support attention dropout (got {dropout_p}); set attention "
+                "dropout to 0 or use kernel 'block_gather'/'dense'"
+            )
+        H = q_BHND.shape[1]
+        bm = self.block_mask
+        lay = self.layout_HMM
+        if lay.shape[0] == 1 and H > 1:
+            lay = lay.expand(H, -1, -1)
+        if token_mask is not None:  # a per-call element mask: its own BlockMask
+            tm = token_mask.to(dev)
+            if self.token_mask is not None:
+                tm = self.token_mask & tm
+            bm = self.build_block_mask(lay, key_padding_mask_BN, tm)
+        elif key_padding_mask_BN is not None:  # padding only: one BlockMask per forward, shared by the layers
+            kpm = key_padding_mask_BN
+            bm = _PADDING_MASKS.get(self.key, kpm, lambda: self.build_block_mask(lay, kpm, self.token_mask))
+        score_mod = None if score_bias is None else score_bias.score_mod()
+        fn = _flex_fn(dev.type)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the eager-CPU performance warning; documented in docs/model.md
+            out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale)
+        return out  # FlexAttention returns 0 for rows with no allowed key (tested against dense)
+
+
+@register_kernel("flex")
+class FlexKernel(Kernel):
+    """FlexAttention: compiled Triton kernels on CUDA; no backward and no dropout (eager inference) on CPU."""
+
+    trains_on_cpu = False
+    supports_dropout = False
+
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> FlexPlan:
+        if layout_HMM is None:  # full attention: an all-on layout at the sparse block size
+            block = SPARSE_BLOCK
+            m = -(-seq_len // block)
+            layout_HMM = torch.ones(1, m, m, dtype=torch.bool)
+        lay = layout_HMM.to(device=device, dtype=torch.bool)
+        tm = None if token_mask is None else token_mask.to(device=device, dtype=torch.bool)
+        H = max(lay.shape[0], 1 if tm is None else tm.shape[0])
+        if lay.shape[0] == 1 and H > 1:
+            lay = lay.expand(H, -1, -1)
+        plan = FlexPlan(layout_HMM=lay, block=block, seq_len=seq_len, block_mask=None, token_mask=tm)
+        plan.block_mask = plan.build_block_mask(lay, None, tm)
+        tm_key = None if tm is None else (tuple(tm.shape), hash(tm.cpu().numpy().tobytes()))
+        plan.key = (block, seq_len, tuple(lay.shape), hash(lay.cpu().numpy().tobytes()), tm_key, str(device))
+        return plan

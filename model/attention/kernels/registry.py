@@ -1,0 +1,76 @@
+"""The kernel registry: every attention kernel is a registered :class:`Kernel` with one signature.
+
+``kernel(q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN, token_mask, score_bias, dropout_p, scale, training)``
+
+- ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device, token_mask=None)`` and is cached by
+  the caller per (layout, N, device); ``layout_HMM`` None means full attention. A fixed ``token_mask`` (bool
+  ``[H|1, N, N]``, e.g. a SparseBERT pattern) given here is folded into the plan once instead of being re-applied
+  every call. A plan object runs itself (``plan.run(q, k, v, ...)``), so a kernel never dispatches on plan types.
+- ``key_padding_mask_BN``: bool, True = key may be attended. ``token_mask``: bool broadcastable to ``[H, N, N]``,
+  True = allowed, combined (AND) with the block layout. ``score_bias``: a :class:`~model.attention.bias.ScoreBias`.
+- Rows with nothing to attend to return zeros (and zero gradients), never NaN.
+
+``dense`` is the reference that every other kernel is tested against (tests/test_attention.py takes the list of
+kernels from :data:`KERNELS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from model.attention.bias import ScoreBias
+
+KERNELS: dict[str, "Kernel"] = {}
+"""Registered kernels by name (one instance each); ``--attention-kernel`` choices and the tests come from here."""
+
+
+def register_kernel(name: str) -> Callable[[type], type]:
+    """Class decorator: register one instance of the kernel class under ``name``."""
+
+    def deco(cls: type) -> type:
+        if name in KERNELS:
+            raise ValueError(f"attention kernel {name!r} is registered twice")
+        cls.name = name
+        KERNELS[name] = cls()
+        return cls
+
+    return deco
+
+
+def get_kernel(name: str) -> "Kernel":
+    if name not in KERNELS:
+        raise ValueError(f"unknown attention kernel {name!r}; registered kernels: {sorted(KERNELS)}")
+    return KERNELS[name]
+
+
+class Kernel:
+    """Base class. ``make_plan`` precomputes what depends only on the layout; ``__call__`` runs the plan."""
+
+    name = "base"
+    trains_on_cpu = True
+    """Whether the kernel has a backward on CPU (tests and ``auto`` read it)."""
+    supports_dropout = True
+    """Whether the kernel applies attention dropout itself."""
+
+    def make_plan(self, layout_HMM: torch.Tensor | None, block: int, seq_len: int, device: torch.device,
+                  token_mask: torch.Tensor | None = None) -> Any:
+        raise NotImplementedError
+
+    def __call__(
+        self,
+        q_BHND: torch.Tensor,
+        k_BHND: torch.Tensor,
+        v_BHND: torch.Tensor,
+        *,
+        plan: Any,
+        key_padding_mask_BN: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+        score_bias: ScoreBias | None = None,
+        dropout_p: float = 0.0,
+        scale: float | None = None,
+        training: bool = False,
+    ) -> torch.Tensor:
+        return plan.run(q_BHND, k_BHND, v_BHND, key_padding_mask_BN=key_padding_mask_BN, token_mask=token_mask,
+                        score_bias=score_bias, dropout_p=dropout_p if training else 0.0, scale=scale)

@@ -1,0 +1,52 @@
+"""SDPA with a boolean allow-mask and an additive bias: the one attention call that dense and every tiled
+block_gather path share, so all of them treat fully masked rows, masks and biases identically."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sdpa_with_allow(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow: torch.Tensor | None,
+                    bias: torch.Tensor | None, dropout_p: float, scale: float | None) -> torch.Tensor:
+    """SDPA where ``allow`` (bool, broadcastable to the scores; None = all) and ``bias`` (additive) are combined.
+
+    Rows with no allowed key are computed against all keys and then zeroed, so no NaN reaches values or grads.
+    """
+    if allow is None:
+        mask = None if bias is None else bias.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    row_any = allow.any(-1, keepdim=True)
+    # on CPU, skip the fix-up (a full-size multiply) when every row has a key; on GPU avoid the host sync
+    fix = allow.device.type != "cpu" or not bool(row_any.all())
+    if fix:
+        allow = allow | ~row_any
+    mask = allow if bias is None else bias.to(q.dtype).masked_fill(~allow, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return out * row_any.to(out.dtype) if fix else out
+
+
+def _fold_heads(x: torch.Tensor | None, B: int, G: int) -> torch.Tensor | None:
+    """``[B|1, G|1, ...]`` -> ``[B*G, 1, ...]`` (a view for inputs; masks/biases broadcast over B are expanded)."""
+    if x is None:
+        return None
+    if B == 1:
+        return x.transpose(0, 1)
+    return x.expand(B, G, *x.shape[2:]).reshape(B * G, 1, *x.shape[2:])
+
+
+def sdpa_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow: torch.Tensor | None,
+               bias: torch.Tensor | None, dropout_p: float, scale: float | None) -> torch.Tensor:
+    """:func:`sdpa_with_allow` for ``[B, G, T, D]`` tiles, with the tiles moved to SDPA's batch axis.
+
+    Why: torch's CPU flash backward runs faster on ``[B*G, 1, T, D]`` than on ``[B, G, T, D]`` (same data, same
+    FLOPs; measurement in docs/model.md). For B == 1 the fold is a free view; for B > 1 it is used only when the
+    inputs are contiguous (so q/k/v fold as views) and no bias is shared across the batch (which would be copied
+    B times).
+    """
+    B, G = q.shape[:2]
+    if q.device.type != "cpu" or (B > 1 and not (all(t.is_contiguous() for t in (q, k, v))
+                                                 and (bias is None or bias.shape[0] == B))):
+        return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale)
+    out = sdpa_with_allow(*(_fold_heads(t, B, G) for t in (q, k, v, allow, bias)), dropout_p, scale)
+    return out.transpose(0, 1) if B == 1 else out.view(B, G, *out.shape[2:])
