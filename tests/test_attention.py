@@ -7,26 +7,13 @@ import pytest
 import torch
 
 from model import attention as A
-from model.attention.kernels.block_gather import GatherPlan, PermutationPlan, SplitPlan, make_gather_plan, query_tile_factor
+from model.attention.kernels.block_gather import (GatherPlan, PermutationPlan, SplitPlan, make_gather_plan,
+                                                  query_tile_factor)
+from tests.registry_cases import ALL_KERNELS, CPU_TRAINING_KERNELS, LAYOUT_EXAMPLES, OTHER_KERNELS, cpu_trains
 
 H, D, B = 4, 16, 2
 
-LAYOUTS = {
-    "dense": lambda: A.DenseSparsityConfig(H, block=16),
-    "fixed": lambda: A.FixedSparsityConfig(H, block=16, different_layout_per_head=True, num_local_blocks=2,
-                                           num_global_blocks=1, num_different_global_patterns=2),
-    "fixed_uni_horizontal": lambda: A.FixedSparsityConfig(H, block=16, num_local_blocks=4, attention="unidirectional"),
-    "variable_random": lambda: A.VariableSparsityConfig(H, block=16, different_layout_per_head=True,
-                                                        num_random_blocks=1, local_window_blocks=[1, 2],
-                                                        global_block_indices=[3], seed=5),
-    "bigbird": lambda: A.BigBirdSparsityConfig(H, block=16, different_layout_per_head=True, seed=1),
-    "bslongformer": lambda: A.BSLongformerSparsityConfig(H, block=16, global_block_indices=[2]),
-    "local_uni": lambda: A.LocalSlidingWindowSparsityConfig(H, block=16),
-    "local_bi": lambda: A.LocalSlidingWindowSparsityConfig(H, block=16, num_sliding_window_blocks=3,
-                                                           attention="bidirectional"),
-    "blockbert_n2": lambda: A.BlockBERTSparsityConfig(H, num_blocks=2, head_assignment="3:1", block=16),
-    "blockbert_n3": lambda: A.BlockBERTSparsityConfig(H, num_blocks=3, head_assignment="2:1:1", block=16),
-}
+LAYOUTS = {name: (lambda make=make: make(H)) for name, make in LAYOUT_EXAMPLES.items()}
 
 
 def _inputs(n, dtype=torch.float32, seed=0):
@@ -93,8 +80,14 @@ def test_dense_reference_matches_naive(name, pad):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+def test_every_registered_layout_mode_has_an_example():
+    from tests.registry_cases import missing_layout_examples
+
+    assert not missing_layout_examples(H), "add an entry to tests/registry_cases.py LAYOUT_EXAMPLES"
+
+
 @pytest.mark.parametrize("pad", ["none", "tail", "all"])
-@pytest.mark.parametrize("kernel", ["block_gather", "auto"])
+@pytest.mark.parametrize("kernel", CPU_TRAINING_KERNELS)
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_kernel_matches_dense_fp32_with_grads(name, kernel, pad):
     cfg = LAYOUTS[name]()
@@ -113,15 +106,16 @@ def test_kernel_matches_dense_fp32_with_grads(name, kernel, pad):
 
 
 @pytest.mark.parametrize("pad", ["none", "tail"])
+@pytest.mark.parametrize("kernel", [k for k in OTHER_KERNELS if not cpu_trains(k)])
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_flex_matches_dense_inference_cpu(name, pad):
+def test_inference_only_kernels_match_dense_cpu(name, kernel, pad):
     cfg = LAYOUTS[name]()
     n = 100 if name == "blockbert_n3" else 128
     q, k, v = (t.detach() for t in _inputs(n))
     kpm = _padding(n, pad)
     with torch.no_grad():
         ref, _ = _run("dense", cfg, q, k, v, kpm, grad=False)
-        out, _ = _run("flex", cfg, q, k, v, kpm, grad=False)
+        out, _ = _run(kernel, cfg, q, k, v, kpm, grad=False)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
@@ -151,7 +145,7 @@ def test_block_gather_half_precision_loose(name, dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex training, fp16/bf16 kernels)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("kernel", ["flex", "block_gather"])
+@pytest.mark.parametrize("kernel", OTHER_KERNELS)
 @pytest.mark.parametrize("n", [128, 240])  # 240: two 128-token sparse blocks, the last one cut
 @pytest.mark.parametrize("name", ["fixed", "bigbird", "blockbert_n3"])
 def test_kernels_match_dense_on_cuda(name, kernel, dtype, n):
@@ -166,7 +160,7 @@ def test_kernels_match_dense_on_cuda(name, kernel, dtype, n):
         torch.testing.assert_close(a.float(), b.float(), **tol)
 
 
-@pytest.mark.parametrize("kernel", ["dense", "block_gather", "flex"])
+@pytest.mark.parametrize("kernel", ALL_KERNELS)
 def test_token_mask_and_score_bias_inside_kernels(kernel):
     """The extension points of the next issue: element masks within blocks, additive per-head biases."""
     cfg = LAYOUTS["bigbird"]()
@@ -178,7 +172,7 @@ def test_token_mask_and_score_bias_inside_kernels(kernel):
     rpe = torch.randn(1, H, n, n, generator=g)
     kpm = _padding(n, "tail")
     mod = A.BlockSparseAttention(cfg, kernel=kernel, max_seq_length=n)
-    ctx = torch.no_grad() if kernel == "flex" else torch.enable_grad()
+    ctx = torch.enable_grad() if cpu_trains(kernel) else torch.no_grad()
     with ctx:
         out = mod(q, k, v, key_padding_mask_BN=kpm, token_mask=token_mask, score_bias=A.DenseScoreBias(rpe))
     ref = _naive(q, k, v, cfg.make_layout(n), 16, kpm, rpe=rpe, token_mask=token_mask)
@@ -186,7 +180,7 @@ def test_token_mask_and_score_bias_inside_kernels(kernel):
     assert out[:, 0, 5].abs().max() == 0
 
 
-@pytest.mark.parametrize("kernel", ["dense", "block_gather"])
+@pytest.mark.parametrize("kernel", [k for k in ALL_KERNELS if cpu_trains(k)])
 @pytest.mark.parametrize("kp_mode,am_mode", [("add", "mul"), ("mul", "add")])
 def test_sparse_self_attention_deepspeed_semantics(kernel, kp_mode, am_mode):
     cfg = A.FixedSparsityConfig(H, block=16, num_local_blocks=2)
@@ -280,13 +274,13 @@ class _HoleyLayout(A.SparsityConfig):
         return lay
 
 
-@pytest.mark.parametrize("kernel", ["block_gather", "flex"])
+@pytest.mark.parametrize("kernel", OTHER_KERNELS)
 def test_empty_layout_rows_give_zeros(kernel):
     cfg = _HoleyLayout(H, block=16)
     q, k, v = _inputs(64)
     kpm = _padding(64, "tail")
     ref, ref_g = _run("dense", cfg, q, k, v, kpm)
-    out, g = _run(kernel, cfg, q, k, v, kpm, grad=kernel != "flex")
+    out, g = _run(kernel, cfg, q, k, v, kpm, grad=cpu_trains(kernel))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
     assert out[:, 0, 16:32].abs().max() == 0
     if g is not None:
@@ -534,7 +528,7 @@ def test_flex_padding_block_mask_is_built_once_per_forward(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kernel", ["dense", "block_gather", "auto", "flex"])
+@pytest.mark.parametrize("kernel", ALL_KERNELS)
 @pytest.mark.parametrize("case", ["padding", "all_padded", "token_mask_and_bias"])
 def test_half_precision_kernels_against_an_fp32_reference(kernel, dtype, case):
     """Each kernel in fp16/bf16 (forward, and backward where it trains on CPU) against the fp32 dense kernel on the
@@ -559,7 +553,7 @@ def test_half_precision_kernels_against_an_fp32_reference(kernel, dtype, case):
     if "score_bias" in extra:
         half_extra["score_bias"] = A.DenseScoreBias(extra["score_bias"].bias.to(dtype))
     mod = A.BlockSparseAttention(cfg, kernel=kernel, max_seq_length=n)
-    trains = kernel != "flex"  # FlexAttention has no CPU backward
+    trains = cpu_trains(kernel)  # FlexAttention has no CPU backward
     try:
         with torch.enable_grad() if trains else torch.no_grad():
             out = mod(q, k, v, key_padding_mask_BN=kpm, **half_extra)

@@ -14,6 +14,7 @@ from model.attention import sparsebert as S
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.positions import DietAbsBias, DietRelBias, PositionalAttention, PositionConfig, SegmentBias
+from tests.registry_cases import ALL_KERNELS, CPU_TRAINING_KERNELS, OTHER_KERNELS, REFERENCE
 
 H, D, B, N, L = 4, 16, 2, 48, 2
 VARIANTS = {
@@ -135,10 +136,10 @@ def test_sharing_and_no_input_positions():
 
 @pytest.mark.parametrize("position", ["diet_abs", "diet_rel"])
 def test_model_level_parity_across_kernels(position):
-    """A whole DIET model with a SparseBERT mask and a free head size: block_gather == dense (loss and every
-    parameter's grad), flex == dense (inference)."""
+    """A whole DIET model with a SparseBERT mask and a free head size: every kernel with a CPU backward == dense
+    (loss and every parameter's grad), every kernel == dense (inference)."""
     models = {}
-    for kernel in ("dense", "block_gather", "flex"):
+    for kernel in ALL_KERNELS:
         torch.manual_seed(0)
         cfg = ModelConfig.preset("tiny", max_position_embeddings=64, head_size=24, segment="per_head",
                                  hidden_dropout=0.0, attention_dropout=0.0,
@@ -153,14 +154,16 @@ def test_model_level_parity_across_kernels(position):
     am[0, 33:] = 0
     labels = ids.masked_fill(torch.rand(ids.shape, generator=g) > 0.3, -100)
     res = {}
-    for kernel in ("dense", "block_gather"):
+    for kernel in [REFERENCE, *CPU_TRAINING_KERNELS]:
         out = models[kernel](ids, am, tt, labels)
         out.loss.backward()
         res[kernel] = (out.loss, {n: p.grad for n, p in models[kernel].named_parameters()})
-    torch.testing.assert_close(res["block_gather"][0], res["dense"][0], atol=1e-5, rtol=1e-5)
-    assert res["dense"][1]["bert.positional_attention.segment"].abs().sum() > 0
-    for n, gd in res["dense"][1].items():
-        torch.testing.assert_close(res["block_gather"][1][n], gd, atol=1e-5, rtol=1e-5, msg=n)
+    assert res[REFERENCE][1]["bert.positional_attention.segment"].abs().sum() > 0
+    for kernel in CPU_TRAINING_KERNELS:
+        torch.testing.assert_close(res[kernel][0], res[REFERENCE][0], atol=1e-5, rtol=1e-5)
+        for n, gd in res[REFERENCE][1].items():
+            torch.testing.assert_close(res[kernel][1][n], gd, atol=1e-5, rtol=1e-5, msg=f"{kernel} {n}")
     with torch.no_grad():
-        torch.testing.assert_close(models["flex"](ids, am, tt).logits, models["dense"](ids, am, tt).logits,
-                                   atol=1e-5, rtol=1e-5)
+        ref = models[REFERENCE](ids, am, tt).logits
+        for kernel in OTHER_KERNELS:
+            torch.testing.assert_close(models[kernel](ids, am, tt).logits, ref, atol=1e-5, rtol=1e-5, msg=kernel)

@@ -16,17 +16,14 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from model import attention as A
 from model.attention.kernels.flex import mask_mod_for
 from model.attention.kernels.flex_mask import layout_block_mask, sparse_block_size
+from tests.registry_cases import LAYOUT_EXAMPLES
 
 H = 4
 LAYOUTS = {
-    "fixed": lambda: A.FixedSparsityConfig(H, block=16, num_local_blocks=4, num_global_blocks=1),
-    "bigbird": lambda: A.BigBirdSparsityConfig(H, block=16, different_layout_per_head=True, seed=3),
+    **{name: (lambda make=make: make(H)) for name, make in LAYOUT_EXAMPLES.items()},
+    # block sizes that are a multiple / a divisor of FlexAttention's 128-token sparse block
     "bslongformer_b64": lambda: A.BSLongformerSparsityConfig(H, block=64, global_block_indices=[1]),
     "variable_b32": lambda: A.VariableSparsityConfig(H, block=32, local_window_blocks=[2, 4]),
-    "local_bi": lambda: A.LocalSlidingWindowSparsityConfig(H, block=16, num_sliding_window_blocks=5,
-                                                           attention="bidirectional"),
-    "blockbert_n2": lambda: A.BlockBERTSparsityConfig(H, num_blocks=2, head_assignment="3:1", block=16),
-    "blockbert_n3": lambda: A.BlockBERTSparsityConfig(H, num_blocks=3, head_assignment="2:1:1", block=16),
 }
 
 

@@ -8,6 +8,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from tests.registry_cases import CPU_TRAINING_KERNELS, OTHER_KERNELS, REFERENCE
 
 LAYOUTS = {
     "full": None,
@@ -42,14 +43,18 @@ def test_every_kernel_matches_dense(head_size, layout):
     am[1, 37:] = 0
     labels = ids.masked_fill(torch.rand(ids.shape, generator=g) > 0.3, -100)
     res = {}
-    for kernel in ("dense", "block_gather"):
+    for kernel in [REFERENCE, *CPU_TRAINING_KERNELS]:
         m = _model(kernel, head_size, LAYOUTS[layout])
         out = m(ids, am, labels=labels)
         out.loss.backward()
         res[kernel] = (out.loss, {n: p.grad for n, p in m.named_parameters()})
-    torch.testing.assert_close(res["block_gather"][0], res["dense"][0], atol=1e-5, rtol=1e-5)
-    for n, gd in res["dense"][1].items():
-        torch.testing.assert_close(res["block_gather"][1][n], gd, atol=1e-5, rtol=1e-5, msg=n)
-    flex, dense = _model("flex", head_size, LAYOUTS[layout]).eval(), _model("dense", head_size, LAYOUTS[layout]).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(flex(ids, am).logits, dense(ids, am).logits, atol=1e-5, rtol=1e-5)
+    for kernel in CPU_TRAINING_KERNELS:
+        torch.testing.assert_close(res[kernel][0], res[REFERENCE][0], atol=1e-5, rtol=1e-5)
+        for n, gd in res[REFERENCE][1].items():
+            torch.testing.assert_close(res[kernel][1][n], gd, atol=1e-5, rtol=1e-5, msg=f"{kernel} {n}")
+    dense = _model(REFERENCE, head_size, LAYOUTS[layout]).eval()
+    for kernel in OTHER_KERNELS:  # inference parity for every kernel, including those without a CPU backward
+        other = _model(kernel, head_size, LAYOUTS[layout]).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(other(ids, am).logits, dense(ids, am).logits, atol=1e-5, rtol=1e-5,
+                                       msg=kernel)

@@ -14,6 +14,7 @@ import torch
 from model import attention as A
 from model.attention import sparsebert as S
 from model.config import ModelConfig
+from tests.registry_cases import ALL_KERNELS
 
 H, D, B, N = 4, 16, 2, 64
 FIXED = ["no_diagonal", "strided", "fixed", "longformer", "logsparse", "bigbird", "star"]
@@ -220,7 +221,7 @@ def test_fixed_mask_in_plan_and_call_time_mask_combine():
     q, k, v = _inputs(n, seed=4)
     extra = torch.rand(1, n, n, generator=torch.Generator().manual_seed(2)) > 0.3
     want = _naive(q, k, v, (mask[:, :n, :n] & extra).unsqueeze(0))
-    for kernel in ("dense", "block_gather", "flex", "auto"):
+    for kernel in ALL_KERNELS:
         mod = A.BlockSparseAttention(None, kernel, N, fixed_token_mask=mask, mask_block=8)
         with torch.no_grad():
             torch.testing.assert_close(mod(q, k, v, token_mask=extra), want, atol=1e-5, rtol=1e-5, msg=kernel)

@@ -15,6 +15,7 @@ file, see ``tests/data/README.md``). Differences, all additive:
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Sequence
 
@@ -33,6 +34,8 @@ __all__ = [
     "from_deepspeed_block",
     "layout_density",
     "SPARSITY_MODES",
+    "register_layout",
+    "accepted_keys",
 ]
 
 _DIRECTIONS = ("unidirectional", "bidirectional")
@@ -56,6 +59,26 @@ def _check_global_ranges(starts: Sequence[int], ends: Sequence[int] | None) -> N
     for s, e in zip(starts, ends):
         if s >= e:
             raise ValueError(f"Global block start index, {s}, must be smaller than global block end index, {e}!")
+
+
+SPARSITY_MODES: dict[str, type["SparsityConfig"]] = {}
+"""Registered layout classes by ``mode``: ``from_ds_config``, ``--sparsity-config``, the docs and the tests'
+parametrisations read this."""
+
+
+def register_layout(cls: type["SparsityConfig"]) -> type["SparsityConfig"]:
+    """Class decorator: register a layout family under its ``mode``. The keys a ds_config block may give for it are
+    its constructor's parameters (:func:`accepted_keys`), so there is no second list to keep in step."""
+    if cls.mode in SPARSITY_MODES:
+        raise ValueError(f"layout mode {cls.mode!r} is registered twice")
+    SPARSITY_MODES[cls.mode] = cls
+    return cls
+
+
+def accepted_keys(cls: type["SparsityConfig"]) -> set[str]:
+    """``mode`` plus the constructor's parameters other than ``num_heads`` (which comes from the model)."""
+    params = inspect.signature(cls.__init__).parameters
+    return {"mode"} | {p for p in params if p not in ("self", "num_heads")}
 
 
 class SparsityConfig:
@@ -142,6 +165,7 @@ class SparsityConfig:
         return self.check_and_propagate_first_head_layout(layout)
 
 
+@register_layout
 class DenseSparsityConfig(SparsityConfig):
     """Every block on (for comparison)."""
 
@@ -153,6 +177,7 @@ class DenseSparsityConfig(SparsityConfig):
         return layout
 
 
+@register_layout
 class FixedSparsityConfig(SparsityConfig):
     """Sparse Transformer 'fixed' pattern: local windows plus global representative blocks per window."""
 
@@ -274,6 +299,7 @@ def _global_ranges(
         layout[h, (0 if top_rows else s) :, s:e] = 1
 
 
+@register_layout
 class VariableSparsityConfig(SparsityConfig):
     """Fixed pattern generalised: random blocks, a list of local window sizes, explicit global blocks."""
 
@@ -337,6 +363,7 @@ class VariableSparsityConfig(SparsityConfig):
         return self._make(seq_len, ("set_random_layout", "set_local_layout", "set_global_layout"))
 
 
+@register_layout
 class BigBirdSparsityConfig(SparsityConfig):
     """BigBird: random blocks, a sliding window and leading global blocks."""
 
@@ -391,6 +418,7 @@ class BigBirdSparsityConfig(SparsityConfig):
         return self._make(seq_len, ("set_random_layout", "set_sliding_window_layout", "set_global_layout_itc"))
 
 
+@register_layout
 class BSLongformerSparsityConfig(SparsityConfig):
     """Block-sparse Longformer: sliding window plus global blocks that attend and are attended everywhere."""
 
@@ -432,6 +460,7 @@ class BSLongformerSparsityConfig(SparsityConfig):
         return self._make(seq_len, ("set_sliding_window_layout", "set_global_layout"))
 
 
+@register_layout
 class LocalSlidingWindowSparsityConfig(SparsityConfig):
     """Purely local sliding window (DeepSpeed's default direction here is unidirectional)."""
 
@@ -477,6 +506,7 @@ def parse_head_assignment(spec: str | Sequence[int], num_heads: int, num_blocks:
     return counts
 
 
+@register_layout
 class BlockBERTSparsityConfig(SparsityConfig):
     """BlockBERT (blockwise attention paper, Eq. 2-3): n chunks; heads of group k use the k-fold cyclic shift.
 
@@ -527,31 +557,6 @@ class BlockBERTSparsityConfig(SparsityConfig):
                 "block": self.block, "seed": self.seed}
 
 
-SPARSITY_MODES: dict[str, type[SparsityConfig]] = {
-    "dense": DenseSparsityConfig,
-    "fixed": FixedSparsityConfig,
-    "variable": VariableSparsityConfig,
-    "bigbird": BigBirdSparsityConfig,
-    "bslongformer": BSLongformerSparsityConfig,
-    "local": LocalSlidingWindowSparsityConfig,
-    "blockbert": BlockBERTSparsityConfig,
-}
-
-# Keys each mode accepts in a ds_config `sparse_attention` block (DeepSpeed's get_sparse_attention_config keys,
-# plus our `seed`, and BlockBERT's).
-_COMMON = {"mode", "block", "different_layout_per_head", "seed"}
-_MODE_KEYS: dict[str, set[str]] = {
-    "dense": _COMMON,
-    "fixed": _COMMON | {"num_local_blocks", "num_global_blocks", "attention", "horizontal_global_attention",
-                        "num_different_global_patterns"},
-    "variable": _COMMON | {"num_random_blocks", "local_window_blocks", "global_block_indices",
-                           "global_block_end_indices", "attention", "horizontal_global_attention"},
-    "bigbird": _COMMON | {"num_random_blocks", "num_sliding_window_blocks", "num_global_blocks", "attention"},
-    "bslongformer": _COMMON | {"num_sliding_window_blocks", "global_block_indices", "global_block_end_indices",
-                               "attention"},
-    "local": {"mode", "block", "num_sliding_window_blocks", "attention", "seed"},
-    "blockbert": {"mode", "block", "num_blocks", "head_assignment", "seed"},
-}
 # Old ds_config keys that some modes ignored in DeepSpeed; accepted (and ignored) so old configs still load.
 _OLD_DS_KEYS = {"num_local_blocks", "num_global_blocks", "attention", "horizontal_global_attention",
                 "num_different_global_patterns", "num_random_blocks", "local_window_blocks", "global_block_indices",
@@ -594,7 +599,7 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
         raise NotImplementedError(
             f"sparse_attention mode {mode!r} is not supported; choose one of {sorted(SPARSITY_MODES)}"
         )
-    allowed = _MODE_KEYS[mode]
+    allowed = accepted_keys(SPARSITY_MODES[mode])
     tolerated = set() if mode == "blockbert" else _OLD_DS_KEYS  # BlockBERT was never a DeepSpeed mode: strict
     unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
