@@ -77,14 +77,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:28s} {kernel:13s} {t * 1e3:8.1f} ms  x{t / base:5.2f}", flush=True)
 
     for pattern in a.patterns:
-        m = S.make_pattern(S.TokenMaskConfig(pattern=pattern), HEADS, n)
+        m = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern=pattern)), HEADS, n)
         bd = float(S.block_layout_from_mask(m, 16).float().mean())
         for kernel in ("dense", "block_gather"):
             mod = BlockSparseAttention(None, kernel, n, fixed_token_mask=m, mask_block=16)
             add(f"mask:{pattern}", kernel, lambda mod=mod: mod(q, k, v), round(S.sparsity(m), 4), round(bd, 4))
     seg = torch.zeros(B, n, dtype=torch.long)
     seg[:, n // 2:] = 1
-    star = S.make_pattern(S.TokenMaskConfig(pattern="star"), HEADS, n)
+    star = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="star")), HEADS, n)
     biases = [("diet_abs(128)", PositionConfig(type="diet_abs", rank=128), "input"),
               ("diet_rel(128)", PositionConfig(type="diet_rel"), "input"),
               ("segment_per_head", PositionConfig(), "per_head")]

@@ -142,7 +142,7 @@ class BertModel(nn.Module):
         dam = c.attention.dam()
         if dam is not None:
             n = dam.seq_len or c.max_position_embeddings
-            dcfg = DAMConfig.from_dict(dam.dam)
+            dcfg = DAMConfig.from_dict(dam.params.dam)
             self.dam = DAMMask(dcfg, 1 if dcfg.share_layers else c.num_layers, c.num_attention_heads, n)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:

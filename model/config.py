@@ -11,14 +11,9 @@ from model.attention.kernels import KERNELS
 from model.attention.layouts import SparsityConfig, from_ds_config
 from model.attention.sparsebert import TokenMaskConfig
 from model.positions import SEGMENT_TYPES, PositionConfig
+from model.strict import check_keys, field_names, from_dict
 
-_LAYER_KEYS = {"kernel", "sparsity", "token_mask"}
-
-
-def _reject_unknown(d: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in {where}; allowed keys: {sorted(allowed)}")
+_LAYER_KEYS = ["kernel", "sparsity", "token_mask"]
 
 
 def _check_kernel(name: str, where: str) -> None:
@@ -26,12 +21,27 @@ def _check_kernel(name: str, where: str) -> None:
         raise ValueError(f"{where}: unknown attention kernel {name!r}; choose one of {sorted(KERNELS)}")
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention, parsed: what :meth:`AttentionConfig.for_layer` and the model read."""
+
+    kernel: str
+    sparsity: dict | None
+    """The ds_config-style layout dict (built into a layout object once the number of heads is known)."""
+    sparsity_where: str
+    token_mask: TokenMaskConfig | None
+
+
 @dataclass
 class AttentionConfig:
-    """Which layout and which kernel each layer's attention uses."""
+    """Which layout and which kernel each layer's attention uses.
+
+    The fields keep the JSON form (what checkpoints and exports store); ``__post_init__`` parses them once into
+    typed per-layer objects (:class:`LayerAttention`, :class:`TokenMaskConfig`, layout objects per head count) that
+    the accessors return."""
 
     kernel: str = "auto"
-    """Kernel registry name: dense | block_gather | flex | auto (auto picks by device, dtype, N, density)."""
+    """Kernel registry name (see the kernel table); auto picks by device, dtype, N, density."""
     sparsity: dict | None = None
     """None = full attention. Else an old ds_config ``sparse_attention`` block, e.g. ``{"mode": "fixed", "block": 16,
     "num_local_blocks": 4}``, or BlockBERT ``{"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2",
@@ -48,47 +58,57 @@ class AttentionConfig:
         _check_kernel(self.kernel, "attention.kernel")
         if self.sparsity is not None and not isinstance(self.sparsity, dict):
             raise ValueError(f"attention.sparsity must be a dict or null, got {type(self.sparsity).__name__}")
-        tm = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
-        if tm is not None and tm.pattern == "dam" and (self.sparsity is not None or self.per_layer is not None):
+        top = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
+        self._dam = top if top is not None and top.pattern == "dam" else None
+        if self._dam is not None and (self.sparsity is not None or self.per_layer is not None):
             raise ValueError("attention.token_mask pattern 'dam' searches all n x n positions: it cannot be combined "
                              "with attention.sparsity or attention.per_layer (export the mask, then use 'file')")
+        self._default = LayerAttention(self.kernel, self.sparsity, "attention.sparsity", top)
+        self._layers: list[LayerAttention] | None = None
         if self.per_layer is not None:
             if not isinstance(self.per_layer, list):
                 raise ValueError("attention.per_layer must be a list of dicts (one per layer)")
-            for i, d in enumerate(self.per_layer):
-                if not isinstance(d, dict):
-                    raise ValueError(f"attention.per_layer[{i}] must be a dict with keys {sorted(_LAYER_KEYS)}")
-                _reject_unknown(d, _LAYER_KEYS, f"attention.per_layer[{i}]")
-                if "kernel" in d:
-                    _check_kernel(d["kernel"], f"attention.per_layer[{i}].kernel")
-                if d.get("token_mask") is not None:
-                    t = TokenMaskConfig.from_dict(d["token_mask"], f"attention.per_layer[{i}].token_mask")
-                    if t.pattern == "dam":
-                        raise ValueError(f"attention.per_layer[{i}].token_mask: 'dam' is only valid for all layers")
+            self._layers = [self._parse_layer(i, d, top) for i, d in enumerate(self.per_layer)]
+        self._layouts: dict[tuple[int, int], SparsityConfig | None] = {}
+
+    def _parse_layer(self, i: int, d: Any, top: TokenMaskConfig | None) -> LayerAttention:
+        where = f"attention.per_layer[{i}]"
+        d = check_keys(d, _LAYER_KEYS, where)
+        kernel = d.get("kernel", self.kernel)
+        _check_kernel(kernel, f"{where}.kernel")
+        tm = top
+        if "token_mask" in d:
+            tm = None if d["token_mask"] is None else TokenMaskConfig.from_dict(d["token_mask"], f"{where}.token_mask")
+            if tm is not None and tm.pattern == "dam":
+                raise ValueError(f"{where}.token_mask: 'dam' is only valid for all layers")
+        if "sparsity" in d:
+            return LayerAttention(kernel, d["sparsity"], f"{where}.sparsity", tm)
+        return LayerAttention(kernel, self.sparsity, "attention.sparsity", tm)
+
+    def layer(self, index: int) -> LayerAttention:
+        """The parsed settings of layer ``index``."""
+        return self._default if self._layers is None else self._layers[index]
 
     def token_mask_for_layer(self, index: int) -> TokenMaskConfig | None:
         """The token-mask settings of layer ``index`` (None = no token mask)."""
-        d = {} if self.per_layer is None else self.per_layer[index]
-        tm = d["token_mask"] if "token_mask" in d else self.token_mask
-        return None if tm is None else TokenMaskConfig.from_dict(tm)
+        return self.layer(index).token_mask
 
     def dam(self) -> TokenMaskConfig | None:
         """The DAM search settings, if this model searches its mask."""
-        tm = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
-        return tm if tm is not None and tm.pattern == "dam" else None
+        return self._dam
 
     def for_layer(self, index: int, num_heads: int) -> tuple[str, SparsityConfig | None]:
-        """(kernel name, layout object or None) for layer ``index``."""
-        d = {} if self.per_layer is None else self.per_layer[index]
-        kernel = d.get("kernel", self.kernel)
-        sparsity = d["sparsity"] if "sparsity" in d else self.sparsity
-        if sparsity is None:
-            return kernel, None
-        try:
-            return kernel, from_ds_config(dict(sparsity), num_heads)
-        except (ValueError, NotImplementedError) as e:
-            where = f"attention.per_layer[{index}].sparsity" if "sparsity" in d else "attention.sparsity"
-            raise ValueError(f"{where}: {e}") from e
+        """(kernel name, layout object or None) for layer ``index``; the layout object is built once."""
+        la = self.layer(index)
+        if la.sparsity is None:
+            return la.kernel, None
+        key = (index, num_heads)
+        if key not in self._layouts:
+            try:
+                self._layouts[key] = from_ds_config(dict(la.sparsity), num_heads)
+            except (ValueError, NotImplementedError) as e:
+                raise ValueError(f"{la.sparsity_where}: {e}") from e
+        return la.kernel, self._layouts[key]
 
 
 @dataclass
@@ -137,7 +157,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**_strict(self.attention, AttentionConfig, "attention"))
+            self.attention = from_dict(AttentionConfig, self.attention, "attention")
         if isinstance(self.position, dict):
             self.position = PositionConfig.from_dict(self.position)
         if self.segment not in SEGMENT_TYPES:
@@ -178,9 +198,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        d = _strict(d, cls, "model config")
+        d = check_keys(d, field_names(cls), "model config")
         if "attention" in d and isinstance(d["attention"], dict):
-            d["attention"] = AttentionConfig(**_strict(d["attention"], AttentionConfig, "model config 'attention'"))
+            d["attention"] = from_dict(AttentionConfig, d["attention"], "model config 'attention'")
         if "position" in d and isinstance(d["position"], dict):
             d["position"] = PositionConfig.from_dict(d["position"])
         return cls(**d)
@@ -190,18 +210,8 @@ class ModelConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
         d = copy.deepcopy(PRESETS[name])
-        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown override(s) {unknown} for preset {name!r}")
-        d.update(overrides)
+        d.update(check_keys(overrides, field_names(cls), f"the overrides of preset {name!r}"))
         return cls.from_dict(d) if isinstance(d.get("attention"), dict) else cls(**d)
-
-
-def _strict(d: dict[str, Any], klass: type, where: str) -> dict[str, Any]:
-    if not isinstance(d, dict):
-        raise ValueError(f"{where} must be a JSON object, got {type(d).__name__}")
-    _reject_unknown(d, {f.name for f in dataclasses.fields(klass)}, where)
-    return dict(d)
 
 
 _BASE = dict(vocab_size=30522, hidden_size=768, num_layers=12, num_attention_heads=12, intermediate_size=3072,

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.attention.bias import ScoreBias, combine_biases
+from model.strict import from_dict
 
 POSITION_TYPES = ("absolute", "diet_abs", "diet_rel")
 SHARING = ("none", "layer", "head")
@@ -62,12 +63,7 @@ class PositionConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PositionConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"position must be a JSON object, got {type(d).__name__}")
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown key(s) {unknown} in position; allowed: {sorted(f.name for f in fields(cls))}")
-        return cls(**d)
+        return from_dict(cls, d, "position")
 
 
 # -- score biases ----------------------------------------------------------------------------------------------------

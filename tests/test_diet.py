@@ -58,7 +58,7 @@ def test_dense_biases_match_formulas():
 LAYOUTS = {
     "full": lambda: (None, None),
     "bigbird_blocks": lambda: (A.BigBirdSparsityConfig(H, block=16, seed=1), None),
-    "star_mask": lambda: (None, S.make_pattern(S.TokenMaskConfig(pattern="star"), H, 64)),
+    "star_mask": lambda: (None, S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="star")), H, 64)),
 }
 
 

@@ -17,7 +17,7 @@ from model.config import ModelConfig
 from tests.registry_cases import ALL_KERNELS
 
 H, D, B, N = 4, 16, 2, 64
-FIXED = ["no_diagonal", "strided", "fixed", "longformer", "logsparse", "bigbird", "star"]
+FIXED = S.pattern_names("fixed")  # every registered fixed pattern (each needs a SMALL entry)
 SMALL = {  # settings scaled to n = 64 so that blocks of 8 are partly skipped
     "no_diagonal": {}, "strided": {"stride": 8}, "fixed": {"block_len": 16}, "longformer": {},
     "logsparse": {}, "bigbird": {}, "star": {"relay": 5},
@@ -25,7 +25,7 @@ SMALL = {  # settings scaled to n = 64 so that blocks of 8 are partly skipped
 
 
 def _mask(name: str, n: int = N, **kw) -> torch.Tensor:
-    return S.make_pattern(S.TokenMaskConfig(pattern=name, **{**SMALL[name], **kw}), H, n)
+    return S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern=name, **{**SMALL[name], **kw})), H, n)
 
 
 def test_table3_sparsities_at_n128():
@@ -35,7 +35,7 @@ def test_table3_sparsities_at_n128():
     assert abs(t["strided"]["ours"] - 70.4) < 1.5  # stride 16 = sqrt(n) rounded to a power of two: 71.8
     # Longformer with the paper's stated window 2 is sparser than its table; the band |i-j| <= 5 reproduces 88.7
     assert t["longformer"]["ours"] == pytest.approx(93.14, abs=0.05)
-    lf5 = S.make_pattern(S.TokenMaskConfig(pattern="longformer", window=5), 1, 128)
+    lf5 = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="longformer", window=5)), 1, 128)
     assert 100 * S.sparsity(lf5) == pytest.approx(88.7, abs=0.1)
     assert t["no_diagonal"]["ours"] == pytest.approx(100 / 128, abs=0.01)
 
@@ -53,12 +53,13 @@ def test_pattern_definitions():
     other = torch.ones(n, dtype=torch.bool)
     other[5] = False
     assert torch.equal(star[other][:, other], ring[other][:, other])
-    bb = S.make_pattern(S.TokenMaskConfig(pattern="bigbird", num_global=0, window=0, num_random=3), H, n)
+    bb = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="bigbird", num_global=0, window=0, num_random=3)),
+                        H, n)
     assert ((bb.sum(-1) >= 3) & (bb.sum(-1) <= 4)).all()  # self (window 0) + 3 random keys, self may be drawn
     assert not torch.equal(bb[0], bb[1])  # random keys drawn per head
-    g = S.make_pattern(S.TokenMaskConfig(pattern="bigbird"), H, n)
+    g = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="bigbird")), H, n)
     assert g[:, 0].all() and g[:, -1].all() and g[:, :, 0].all() and g[:, :, -1].all()
-    assert torch.equal(S.make_pattern(S.TokenMaskConfig(pattern="bigbird"), H, n), g)  # seeded
+    assert torch.equal(S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="bigbird")), H, n), g)  # seeded
     ls = _mask("logsparse", n)[0]
     assert ls[10].nonzero().squeeze(1).tolist() == [2, 6, 8, 9, 10, 11, 12, 14, 18, 26]  # 10 +- {0, 1, 2, 4, 8, 16}
     for name in FIXED:
@@ -68,7 +69,7 @@ def test_pattern_definitions():
     fx = _mask("fixed", n)[0]  # block_len 16, one summary column per block (15 and 31)
     assert fx[3].nonzero().squeeze(1).tolist() == list(range(16)) + [31]
     assert fx[20].nonzero().squeeze(1).tolist() == [15] + list(range(16, 32))
-    dd = S.make_pattern(S.TokenMaskConfig(pattern="star", drop_diagonal=True), 1, n)
+    dd = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="star", drop_diagonal=True)), 1, n)
     assert not dd[0].diagonal().any()
 
 
