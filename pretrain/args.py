@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from pretrain.cli import HelpFormatter, _base_type, add_flags, build, cli, field_docs
+
 
 class ArgsError(ValueError):
     """A bad flag value; the message names the flag."""
@@ -156,9 +158,10 @@ class LoggingConfig:
 class SystemConfig:
     """Engine-level choices applied to the model, in the order documented in pretrain/parallelize.py."""
 
-    deepspeed_config: str = "ds_configs/zero2_fp32.json"
+    deepspeed_config: str = field(default="ds_configs/zero2_fp32.json",
+                                  metadata=cli(flag="--deepspeed_config", aliases=["--deepspeed-config"]))
     """DeepSpeed JSON config (ZeRO stage, precision, loss scaling, ...)."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = field(default=False, metadata=cli(flag="--checkpoint-activations"))
     """Recompute each encoder layer in backward (torch.utils.checkpoint, RNG preserved)."""
     compile: bool = False
     """torch.compile the model through DeepSpeed's engine.compile()."""
@@ -166,7 +169,7 @@ class SystemConfig:
     """Process-group timeout: a rank stuck in a collective for this long raises instead of hanging."""
     num_workers: int = 2
     """DataLoader worker processes per rank."""
-    local_rank: int | None = None
+    local_rank: int | None = field(default=None, metadata=cli(flag="--local_rank", aliases=["--local-rank"]))
     """Set by the deepspeed launcher (--local_rank); otherwise read from LOCAL_RANK."""
     deterministic: bool = False
     """torch deterministic algorithms, cuDNN deterministic, cuBLAS fixed workspace: bitwise-repeatable runs and
@@ -181,20 +184,83 @@ class SystemConfig:
             raise ArgsError("--num-workers must be >= 0")
 
 
+MODEL_FLAGS = {
+    "num_layers": "--num-layers", "hidden_size": "--hidden-size", "num_attention_heads": "--num-attention-heads",
+    "intermediate_size": "--ffn-hidden-size", "max_position_embeddings": "--max-position-embeddings",
+    "head_size": "--kv-channels", "hidden_dropout": "--hidden-dropout", "attention_dropout": "--attention-dropout",
+    "layer_norm_eps": "--layernorm-epsilon",
+}
+"""ModelConfig fields settable from the command line, by Megatron's flag name (help: the field's docstring)."""
+
+
+def _kernel_names() -> list[str]:
+    from model.attention.kernels import KERNELS
+
+    return sorted(KERNELS)
+
+
+def _preset_names() -> list[str]:
+    from model.config import PRESETS
+
+    return sorted(PRESETS)
+
+
 @dataclass
 class ModelArgs:
     """How to build the ModelConfig: a preset or a JSON file, then explicit overrides."""
 
     model_config: str | None = None
     """JSON file holding ModelConfig.to_dict() (wins over --model-preset)."""
-    model_preset: str = "bert-base"
-    """ModelConfig.preset name ('bert-base', 'bert-large', 'tiny')."""
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """ModelConfig fields given on the command line (--num-layers, --hidden-size, ...)."""
-    attention: dict[str, Any] = field(default_factory=dict)
-    """AttentionConfig fields given on the command line (kernel, sparsity)."""
+    model_preset: str = field(default="bert-base", metadata=cli(choices=_preset_names))
+    """ModelConfig.preset name."""
+    attention_kernel: str | None = field(default=None, metadata=cli(choices=_kernel_names))
+    """Attention kernel of every layer (AttentionConfig.kernel; default: the model config's)."""
+    sparsity_config: str | None = None
+    """AttentionConfig.sparsity as JSON text or a JSON file: a ds_config-style block with a registered 'mode' (see
+    the layout table in docs/model.md)."""
+    blockbert_blocks: int | None = None
+    """BlockBERT n (shorthand for a sparsity config with mode 'blockbert'; needs --head-assignment)."""
+    head_assignment: str | None = None
+    """BlockBERT heads per permutation, e.g. 10:2 or 8:2:2."""
     make_vocab_size_divisible_by: int = 1
     """Pad the embedding table to a multiple of this (Megatron pads to 128 for speed)."""
+    overrides: dict[str, Any] = field(default_factory=dict, metadata=cli(skip=True))
+    """ModelConfig fields given on the command line (--num-layers, --hidden-size, ...)."""
+    attention: dict[str, Any] = field(default_factory=dict, metadata=cli(skip=True))
+    """AttentionConfig fields given on the command line (kernel, sparsity), derived from the flags above."""
+
+    def __post_init__(self) -> None:
+        if self.make_vocab_size_divisible_by < 1:
+            raise ArgsError("--make-vocab-size-divisible-by must be >= 1")
+        if not self.attention:
+            if self.attention_kernel:
+                self.attention["kernel"] = self.attention_kernel
+            sparsity = self._sparsity()
+            if sparsity is not None:
+                self.attention["sparsity"] = sparsity
+
+    def _sparsity(self) -> dict[str, Any] | None:
+        if self.sparsity_config and self.blockbert_blocks:
+            raise ArgsError("give either --sparsity-config or --blockbert-blocks/--head-assignment, not both")
+        if self.sparsity_config:
+            text = self.sparsity_config
+            if os.path.isfile(text):
+                with open(text) as f:
+                    text = f.read()
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ArgsError(f"--sparsity-config is neither a JSON file nor JSON text: {e}") from e
+            if not isinstance(value, dict):
+                raise ArgsError("--sparsity-config must be a JSON object")
+            return value
+        if self.blockbert_blocks:
+            if not self.head_assignment:
+                raise ArgsError("--blockbert-blocks needs --head-assignment (e.g. 10:2 for n=2, 8:2:2 for n=3)")
+            return {"mode": "blockbert", "num_blocks": self.blockbert_blocks, "head_assignment": self.head_assignment}
+        if self.head_assignment:
+            raise ArgsError("--head-assignment needs --blockbert-blocks")
+        return None
 
 
 @dataclass
@@ -252,165 +318,46 @@ class RunConfig:
         return asdict(self)
 
 
-# Flags that map 1:1 onto ModelConfig fields (Megatron name -> field).
-_MODEL_FLAGS = {
-    "num_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
-    "ffn_hidden_size": "intermediate_size", "max_position_embeddings": "max_position_embeddings",
-    "kv_channels": "head_size", "hidden_dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
-    "layernorm_epsilon": "layer_norm_eps",
-}
+GROUPS = [("model", ModelArgs), ("data", DataArgs), ("optimization", OptimConfig), ("loop", LoopConfig),
+          ("checkpoints", CheckpointConfig), ("logging", LoggingConfig), ("system", SystemConfig)]
+"""Flag groups of ``--help``, each generated from one config dataclass."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pretrain.train", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = p.add_argument_group("model")
-    g.add_argument("--model-config", help="JSON file of ModelConfig.to_dict()")
-    g.add_argument("--model-preset", default="bert-base")
-    for flag in _MODEL_FLAGS:
-        kind = float if flag.endswith(("dropout", "epsilon")) else int
-        g.add_argument("--" + flag.replace("_", "-"), type=kind)
-    g.add_argument("--pre-layer-norm", dest="pre_layer_norm", action="store_true", default=None)
-    g.add_argument("--post-layer-norm", dest="pre_layer_norm", action="store_false")
-    g.add_argument("--attention-kernel", choices=["dense", "block_gather", "flex", "auto"])
-    g.add_argument("--sparsity-config", help="AttentionConfig.sparsity as JSON text or a JSON file")
-    g.add_argument("--blockbert-blocks", type=int, help="BlockBERT n (shorthand for a sparsity config)")
-    g.add_argument("--head-assignment", help="BlockBERT heads per permutation, e.g. 10:2 or 8:2:2")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=1)
+    """Every flag from the config dataclasses (:mod:`pretrain.cli`); ModelConfig overrides from :data:`MODEL_FLAGS`."""
+    import typing
 
-    g = p.add_argument_group("data")
-    g.add_argument("--data-path", nargs="+", default=[])
-    g.add_argument("--split", default="949,50,1")
-    g.add_argument("--seq-length", type=int, default=512)
-    g.add_argument("--sample-mode", default="doc-sentences")
-    g.add_argument("--short-seq-prob", type=float, default=0.1)
-    g.add_argument("--mask-prob", type=float, default=0.15)
-    g.add_argument("--whole-word-masking", action="store_true")
-    g.add_argument("--max-predictions-per-seq", type=int)
-    g.add_argument("--tokenizer-type", default="BertWordPieceLowerCase")
-    g.add_argument("--vocab-file")
-    g.add_argument("--tokenizer-model")
-    g.add_argument("--num-workers", type=int, default=2)
+    from model.config import ModelConfig
 
-    g = p.add_argument_group("optimization")
-    g.add_argument("--optimizer", default="adamw")
-    g.add_argument("--lr", type=float, default=1e-4)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-warmup-fraction", type=float)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-iters", type=int)
-    g.add_argument("--lr-decay-style", default="linear")
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-6)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-
-    g = p.add_argument_group("loop")
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--global-batch-size", type=int)
-    g.add_argument("--train-iters", type=int)
-    g.add_argument("--train-samples", type=int)
-    g.add_argument("--eval-interval", type=int, default=1000)
-    g.add_argument("--eval-iters", type=int, default=10)
-    g.add_argument("--log-interval", type=int, default=100)
-    g.add_argument("--seed", type=int, default=1234)
-    g.add_argument("--exit-interval", type=int)
-    g.add_argument("--exit-signal-handler", action="store_true")
-    g.add_argument("--exit-signal", default="SIGTERM")
-
-    g = p.add_argument_group("checkpoints")
-    g.add_argument("--save")
-    g.add_argument("--load")
-    g.add_argument("--save-interval", type=int)
-    g.add_argument("--keep-last", type=int)
-    g.add_argument("--finetune", action="store_true")
-    g.add_argument("--no-load-rng", action="store_true")
-    g.add_argument("--override-opt-param-scheduler", action="store_true")
-    g.add_argument("--use-checkpoint-opt-param-scheduler", action="store_true")
-
-    g = p.add_argument_group("logging")
-    g.add_argument("--tensorboard-dir")
-    g.add_argument("--log-json")
-
-    g = p.add_argument_group("system")
-    g.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config",
-                   default="ds_configs/zero2_fp32.json")
-    g.add_argument("--deepspeed", action="store_true", help="accepted for compatibility with deepspeed scripts")
-    g.add_argument("--checkpoint-activations", dest="activation_checkpointing", action="store_true")
-    g.add_argument("--compile", action="store_true")
-    g.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
-    g.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int)
-    g.add_argument("--deterministic", action="store_true")
-    g.add_argument("--no-tf32", dest="tf32", action="store_false")
+    p = argparse.ArgumentParser(prog="pretrain.train", description=__doc__, formatter_class=HelpFormatter)
+    model_docs = field_docs(ModelConfig)
+    hints = typing.get_type_hints(ModelConfig)
+    for title, cls in GROUPS:
+        g = p.add_argument_group(title, cls.__doc__)
+        add_flags(g, cls)
+        if cls is ModelArgs:
+            for name, flag in MODEL_FLAGS.items():
+                g.add_argument(flag, dest=name, type=_base_type(hints[name]), default=None,
+                               help=f"ModelConfig.{name} (default: the preset's): {model_docs[name]}")
+            g.add_argument("--pre-layer-norm", dest="pre_layer_norm", action="store_true", default=None,
+                           help=f"ModelConfig.pre_layer_norm = True: {model_docs['pre_layer_norm']}")
+            g.add_argument("--post-layer-norm", dest="pre_layer_norm", action="store_false",
+                           help="ModelConfig.pre_layer_norm = False (post-LN, as BERT/RoBERTa)")
+        if cls is SystemConfig:
+            g.add_argument("--deepspeed", action="store_true",
+                           help="accepted for compatibility with DeepSpeed scripts (the trainer always uses DeepSpeed)")
     return p
-
-
-def _sparsity(ns: argparse.Namespace) -> dict[str, Any] | None:
-    if ns.sparsity_config and ns.blockbert_blocks:
-        raise ArgsError("give either --sparsity-config or --blockbert-blocks/--head-assignment, not both")
-    if ns.sparsity_config:
-        text = ns.sparsity_config
-        if os.path.isfile(text):
-            with open(text) as f:
-                text = f.read()
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ArgsError(f"--sparsity-config is neither a JSON file nor JSON text: {e}") from e
-        if not isinstance(value, dict):
-            raise ArgsError("--sparsity-config must be a JSON object")
-        return value
-    if ns.blockbert_blocks:
-        if not ns.head_assignment:
-            raise ArgsError("--blockbert-blocks needs --head-assignment (e.g. 10:2 for n=2, 8:2:2 for n=3)")
-        return {"mode": "blockbert", "num_blocks": ns.blockbert_blocks, "head_assignment": ns.head_assignment}
-    if ns.head_assignment:
-        raise ArgsError("--head-assignment needs --blockbert-blocks")
-    return None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     ns = build_parser().parse_args(argv)
-    overrides = {field_: getattr(ns, flag) for flag, field_ in _MODEL_FLAGS.items() if getattr(ns, flag) is not None}
+    overrides = {name: getattr(ns, name) for name in MODEL_FLAGS if getattr(ns, name) is not None}
     if ns.pre_layer_norm is not None:
         overrides["pre_layer_norm"] = ns.pre_layer_norm
-    attention: dict[str, Any] = {}
-    if ns.attention_kernel:
-        attention["kernel"] = ns.attention_kernel
-    sparsity = _sparsity(ns)
-    if sparsity is not None:
-        attention["sparsity"] = sparsity
-    if ns.make_vocab_size_divisible_by < 1:
-        raise ArgsError("--make-vocab-size-divisible-by must be >= 1")
     return RunConfig(
-        optim=OptimConfig(optimizer=ns.optimizer, lr=ns.lr, min_lr=ns.min_lr,
-                          lr_warmup_fraction=ns.lr_warmup_fraction, lr_warmup_iters=ns.lr_warmup_iters,
-                          lr_decay_iters=ns.lr_decay_iters, lr_decay_style=ns.lr_decay_style,
-                          weight_decay=ns.weight_decay, adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2,
-                          adam_eps=ns.adam_eps, clip_grad=ns.clip_grad),
-        loop=LoopConfig(micro_batch_size=ns.micro_batch_size, global_batch_size=ns.global_batch_size,
-                        train_iters=ns.train_iters, train_samples=ns.train_samples,
-                        eval_interval=ns.eval_interval, eval_iters=ns.eval_iters, log_interval=ns.log_interval,
-                        seed=ns.seed, exit_interval=ns.exit_interval, exit_signal_handler=ns.exit_signal_handler,
-                        exit_signal=ns.exit_signal),
-        checkpoint=CheckpointConfig(save=ns.save, load=ns.load, save_interval=ns.save_interval,
-                                    keep_last=ns.keep_last, finetune=ns.finetune, no_load_rng=ns.no_load_rng,
-                                    override_opt_param_scheduler=ns.override_opt_param_scheduler,
-                                    use_checkpoint_opt_param_scheduler=ns.use_checkpoint_opt_param_scheduler),
-        logging=LoggingConfig(tensorboard_dir=ns.tensorboard_dir, log_json=ns.log_json),
-        system=SystemConfig(deepspeed_config=ns.deepspeed_config,
-                            activation_checkpointing=ns.activation_checkpointing, compile=ns.compile,
-                            distributed_timeout_minutes=ns.distributed_timeout_minutes,
-                            num_workers=ns.num_workers, local_rank=ns.local_rank,
-                            deterministic=ns.deterministic, tf32=ns.tf32),
-        model=ModelArgs(model_config=ns.model_config, model_preset=ns.model_preset, overrides=overrides,
-                        attention=attention, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by),
-        data=DataArgs(data_path=list(ns.data_path), split=ns.split, seq_length=ns.seq_length,
-                      sample_mode=ns.sample_mode, short_seq_prob=ns.short_seq_prob, mask_prob=ns.mask_prob,
-                      whole_word_masking=ns.whole_word_masking,
-                      max_predictions_per_seq=ns.max_predictions_per_seq, tokenizer_type=ns.tokenizer_type,
-                      vocab_file=ns.vocab_file, tokenizer_model=ns.tokenizer_model),
+        optim=build(OptimConfig, ns), loop=build(LoopConfig, ns), checkpoint=build(CheckpointConfig, ns),
+        logging=build(LoggingConfig, ns), system=build(SystemConfig, ns),
+        model=build(ModelArgs, ns, overrides=overrides), data=build(DataArgs, ns),
     )
 
 

@@ -123,3 +123,27 @@ def test_deterministic_and_tf32_flags():
     assert run.system.deterministic and not run.system.tf32
     run = parse_args(BASE + ["--train-iters", "5"])
     assert not run.system.deterministic and run.system.tf32
+
+
+def test_every_flag_is_generated_from_a_documented_field():
+    """Each config field is a flag whose help is the field's docstring and whose default is the field's default;
+    `--help` documents every flag; --attention-kernel offers exactly the registered kernels."""
+    import dataclasses
+
+    from model.attention.kernels import KERNELS
+    from pretrain.args import GROUPS, build_parser
+    from pretrain.cli import cli_fields, field_docs
+
+    parser = build_parser()
+    by_dest = {a.dest: a for a in parser._actions}
+    assert all(a.help for a in parser._actions if a.option_strings), "a flag without help text"
+    for _, cls in GROUPS:
+        docs = field_docs(cls)
+        for f in cli_fields(cls):
+            a = by_dest[f.name]
+            assert a.help == docs[f.name], f.name
+            if f.default is not dataclasses.MISSING:
+                assert a.default == f.default, f.name
+    assert sorted(by_dest["attention_kernel"].choices) == sorted(KERNELS)
+    text = parser.format_help()
+    assert "--lr-warmup-iters" in text and "Warmup length in optimizer steps" in text

@@ -161,7 +161,7 @@ class TokenMaskConfig:
     """Also set M_ii = 0 (combine any pattern with the no-diagonal finding)."""
     seed: int = 0
     """Seed of every random choice (same mask on every rank and every rebuild)."""
-    params: Any = None
+    params: Any = dataclasses.field(default=None, metadata={"json": "inline"})
     """The pattern's parameter dataclass (None = its defaults; a dict is checked against its fields)."""
 
     def __post_init__(self) -> None:

@@ -1,0 +1,105 @@
+"""Command-line flags generated from config dataclasses, so a flag's name, type, default and help text live in one
+place: the dataclass field and its docstring.
+
+A field ``lr_warmup_iters: int = 0`` with a docstring becomes ``--lr-warmup-iters`` (type int, default 0, the
+docstring as help). ``X | None`` fields take X; ``bool`` fields are switches (``--name`` when the default is False,
+``--no-name`` when it is True); ``list[str]`` fields take one or more values. A field's ``metadata["cli"]``
+(:func:`cli`) gives another flag name (Megatron's), aliases, choices, or keeps the field off the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import inspect
+import types
+import typing
+from functools import lru_cache
+from typing import Any, Callable, Iterable, Sequence
+
+CLI = "cli"
+
+
+def cli(*, flag: str | None = None, aliases: Sequence[str] = (), choices: Callable[[], Iterable[str]] | None = None,
+        skip: bool = False) -> dict[str, Any]:
+    """``metadata`` for a dataclass field: ``field(default=..., metadata=cli(flag="--kv-channels"))``.
+
+    ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names)."""
+    return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip}}
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass and its bases: {field: text on one line} (read from the source with
+    ``ast``, since Python drops them at run time)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(inspect.getsource(importlib.import_module(klass.__module__)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
+                body = node.body
+                for a, b in zip(body, body[1:]):
+                    if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+                            and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
+                        docs[a.target.id] = " ".join(b.value.value.split())
+    return docs
+
+
+def _base_type(tp: Any) -> Any:
+    """``int | None`` -> int; other annotations unchanged."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    meta = f.metadata.get(CLI, {})
+    if meta.get("flag"):
+        return meta["flag"]
+    prefix = "--no-" if f.type in (bool, "bool") and f.default is True else "--"
+    return prefix + f.name.replace("_", "-")
+
+
+def cli_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that are flags."""
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get(CLI, {}).get("skip")]
+
+
+def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str = "") -> None:
+    """One flag per field of ``cls`` (see the module docstring)."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in cli_fields(cls):
+        meta = f.metadata.get(CLI, {})
+        names = [flag_name(f), *meta.get("aliases", ())]
+        text = help_prefix + docs.get(f.name, "")
+        if not text.strip():
+            raise TypeError(f"{cls.__name__}.{f.name} has no docstring: it would be an undocumented flag")
+        tp = _base_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kw: dict[str, Any] = {"dest": f.name, "help": text}
+        if tp is bool:
+            kw.update(action="store_false" if default is True else "store_true", default=bool(default))
+        elif typing.get_origin(tp) is list:
+            kw.update(nargs="+", default=[] if f.default_factory is list else default,
+                      type=typing.get_args(tp)[0] if typing.get_args(tp) else str)
+        else:
+            kw.update(type=tp, default=default)
+            if meta.get("choices") is not None:
+                kw["choices"] = list(meta["choices"]())
+        group.add_argument(*names, **kw)
+
+
+def build(cls: type, ns: argparse.Namespace, **extra: Any) -> Any:
+    """``cls`` from the parsed flags of its fields (plus ``extra`` for fields that are not flags)."""
+    return cls(**{f.name: getattr(ns, f.name) for f in cli_fields(cls)}, **extra)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each help text; the description keeps its line breaks."""
