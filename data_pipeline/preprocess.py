@@ -74,8 +74,6 @@ class PreprocessConfig:
     """Exit non-zero, writing no final shards, if any bad input was found."""
     progress: bool | None = None
     """Progress bar; default: only when stderr is a terminal."""
-    log_interval: int = 0
-    """Unused; accepted for Megatron compatibility."""
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -137,13 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true")
     g.add_argument("--progress", dest="progress", action="store_true", default=None)
     g.add_argument("--no-progress", dest="progress", action="store_false")
-    g.add_argument("--log-interval", type=int, default=0)
+    g.add_argument("--log-interval", type=int, default=0,
+                   help="accepted for Megatron command lines; progress is shown by --progress instead")
     return p
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> PreprocessConfig:
     ns = vars(build_parser().parse_args(argv))
-    ns.pop("tokenizer_hf_no_include_special_tokens")
+    ns.pop("tokenizer_hf_no_include_special_tokens")  # Megatron flags we accept and do not need
+    ns.pop("log_interval")
     return PreprocessConfig(**ns)
 
 

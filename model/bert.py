@@ -268,7 +268,7 @@ class BertForPreTraining(nn.Module):
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, nsp_logits, mlm_correct, mlm_count)
 
     def auxiliary_loss(self) -> torch.Tensor | None:
-        """Sum of ``auxiliary_loss()`` of submodules that have one (DAM's L1 term, next issue); None if none do."""
+        """Sum of ``auxiliary_loss()`` of submodules that have one (DAM's L1 term); None if none do."""
         terms = [m.auxiliary_loss() for m in self.modules() if m is not self and hasattr(m, "auxiliary_loss")]
         terms = [t for t in terms if t is not None]
         return sum(terms[1:], terms[0]) if terms else None

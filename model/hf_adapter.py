@@ -55,21 +55,52 @@ def _name_map(config: ModelConfig) -> dict[str, str]:
     return m
 
 
-def _check_representable(config: ModelConfig) -> None:
+STOCK_FIELDS = {"vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "hidden_dropout", "attention_dropout", "layer_norm_eps",
+                "hidden_act", "initializer_range", "pad_token_id", "nsp_head", "head_size", "attention"}
+"""ModelConfig fields Hugging Face BERT has; any other field away from its default needs our code."""
+
+
+def stock_bert_reason(config: ModelConfig, weights_only: bool = False) -> str | None:
+    """Why stock Hugging Face BERT cannot represent this model, or None if it can: the one place that decides.
+
+    ``weights_only=True`` asks whether the weights map onto HF BERT's names (what :func:`to_hf` / :func:`from_hf`
+    need; a sparse layout or token mask then travels in the config's ``sparse_bert`` entry); False whether stock
+    ``BertForMaskedLM`` computes exactly this model (what the converter needs to skip the remote code)."""
     if config.pre_layer_norm:
-        raise ValueError("Hugging Face BertForMaskedLM is post-LN; a pre_layer_norm model cannot be exported to it")
+        return "Hugging Face BertForMaskedLM is post-LN; a pre_layer_norm model cannot be exported to it"
     if config.head_size is not None and config.head_size * config.num_attention_heads != config.hidden_size:
-        raise ValueError(
-            f"Hugging Face BERT needs head_size = hidden_size / heads; this model has head_size {config.head_size}"
-        )
+        return f"Hugging Face BERT needs head_size = hidden_size / heads; this model has head_size {config.head_size}"
     if config.position.type != "absolute" or config.segment != "input":
-        raise ValueError(f"Hugging Face BERT has input position/segment embeddings only; this model uses position "
-                         f"{config.position.type!r} and segment {config.segment!r} (export it as remote code)")
+        return (f"Hugging Face BERT has input position/segment embeddings only; this model uses position "
+                f"{config.position.type!r} and segment {config.segment!r} (export it as remote code)")
     if config.attention.dam() is not None:
-        raise ValueError("a DAM-search model has learned mask parameters Hugging Face BERT cannot hold; export the "
-                         "mask (export_learned_masks) and convert the stage-2 model instead")
+        return ("a DAM-search model has learned mask parameters Hugging Face BERT cannot hold; export the mask "
+                "(export_learned_masks) and convert the stage-2 model instead")
     if config.hidden_act not in ("gelu", "relu", "gelu_tanh"):
-        raise ValueError(f"hidden_act {config.hidden_act!r} has no Hugging Face equivalent")
+        return f"hidden_act {config.hidden_act!r} has no Hugging Face equivalent"
+    if weights_only:
+        return None
+    default = ModelConfig().to_dict()
+    d = config.to_dict()
+    extra = sorted(k for k in d if k not in STOCK_FIELDS and d[k] != default[k])
+    if extra:
+        return f"settings stock BERT lacks: {extra}"
+    if config.type_vocab_size == 0:
+        return "no segment embeddings (type_vocab_size 0; HF BERT would index an empty table)"
+    for i in range(config.num_layers):
+        if config.attention.for_layer(i, config.num_attention_heads)[1] is not None:
+            return f"sparse attention (layer {i})"
+        tm = config.attention.token_mask_for_layer(i)
+        if tm is not None:
+            return f"SparseBERT token mask {tm.pattern!r} (layer {i})"
+    return None
+
+
+def _check_representable(config: ModelConfig) -> None:
+    reason = stock_bert_reason(config, weights_only=True)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -1,5 +1,5 @@
-"""Building the tokenizer, ModelConfig, model and datasets from the run config (the only place that imports
-model/ and data_pipeline/ for training)."""
+"""Building the tokenizer, ModelConfig, model and datasets from the run config: what the trainer needs from model/
+and data_pipeline/ to start a run (checkpointing, the ds_config reader and the trainer import further pieces)."""
 
 from __future__ import annotations
 

@@ -219,7 +219,7 @@ def agree_on_resume(load_dir: str, read_client: bool = True) -> tuple[str | None
 _MODEL_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
                       "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt")
 _CLIENT_KEYS = ("iteration", "consumed_train_samples", "model_config", "args", "layout_state", "world_size",
-                "dam_masks", "lr_scheduler")
+                "lr_scheduler")
 
 
 def model_state_file(load_dir: str | os.PathLike, tag: str) -> Path:

@@ -162,7 +162,7 @@ def test_kernels_match_dense_on_cuda(name, kernel, dtype, n):
 
 @pytest.mark.parametrize("kernel", ALL_KERNELS)
 def test_token_mask_and_score_bias_inside_kernels(kernel):
-    """The extension points of the next issue: element masks within blocks, additive per-head biases."""
+    """Element masks within blocks (SparseBERT) and additive per-head biases (DIET) inside every kernel."""
     cfg = LAYOUTS["bigbird"]()
     n = 128
     q, k, v = _inputs(n)

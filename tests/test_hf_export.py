@@ -38,7 +38,7 @@ CUSTOM = {
         "kernel": "dense", "per_layer": [
             {"sparsity": None},
             {"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16}}]}),
-    # issue 5: DIET positional attention (every sharing mode), per-head segments, SparseBERT token masks, DAM
+    # DIET positional attention (every sharing mode), per-head segments, SparseBERT token masks, DAM
     **{f"diet_abs_{sh}": dict(_SMALL, position={"type": "diet_abs", "rank": 8, "sharing": sh})
        for sh in ("none", "layer", "head")},
     "diet_rel": dict(_SMALL, position={"type": "diet_rel", "max_distance": 8}),
@@ -290,7 +290,7 @@ def custom_exports(tmp_path_factory):
     import shutil
 
     shutil.rmtree(masks_dir)
-    for preset in _all_presets():  # every named preset (issue 5's DIET / SparseBERT presets join automatically)
+    for preset in _all_presets():  # every named preset (DIET / SparseBERT presets join automatically)
         name = f"preset_{preset}"
         cfg = _preset(preset)
         m = _model(cfg, seed=len(models))

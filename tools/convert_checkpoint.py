@@ -27,15 +27,12 @@ import torch
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import from_hf, to_hf
+from model.hf_adapter import STOCK_FIELDS
+from model.hf_adapter import stock_bert_reason as hf_stock_reason
 from pretrain.checkpoint import (COMMIT_MARKER, LATEST, CheckpointError, committed_tags, extend_position_embeddings,
                                 load_fp32_weights, model_state_file, read_client_state)
 from tools.hf_export import remote_code
 from tools.hf_export.model_card import model_card
-
-# ModelConfig fields stock Hugging Face BERT can represent; any other field away from its default needs our code.
-_STOCK_FIELDS = {"vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings", "type_vocab_size", "hidden_dropout", "attention_dropout", "layer_norm_eps",
-                 "hidden_act", "initializer_range", "pad_token_id", "nsp_head", "head_size", "attention"}
 
 class ConversionError(RuntimeError):
     """Bad input: the message names the file, tag or setting at fault and what to do."""
@@ -87,28 +84,10 @@ def check_rank_files(load_dir: str | Path, tag: str, client: dict[str, Any]) -> 
 
 
 # ----------------------------------------------------------------------------------------------- writing HF
-def stock_bert_reason(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> str | None:
-    """None if stock ``BertForMaskedLM`` reproduces the model exactly, else why it needs our code."""
-    default = ModelConfig().to_dict()
-    d = config.to_dict()
-    extra = sorted(k for k in d if k not in _STOCK_FIELDS and d[k] != default[k])
-    if extra:
-        return f"settings stock BERT lacks: {extra}"
-    if config.type_vocab_size == 0:
-        return "no segment embeddings (type_vocab_size 0; HF BERT would index an empty table)"
-    if config.attention_head_size * config.num_attention_heads != config.hidden_size:
-        return f"free head size {config.attention_head_size}"
-    for i in range(config.num_layers):
-        if config.attention.for_layer(i, config.num_attention_heads)[1] is not None:
-            return f"sparse attention (layer {i})"
-        tm = config.attention.token_mask_for_layer(i)
-        if tm is not None:
-            return f"SparseBERT token mask {tm.pattern!r} (layer {i})"
-    try:
-        to_hf(state_dict, config)
-    except ValueError as e:
-        return str(e)
-    return None
+def stock_bert_reason(config: ModelConfig, state_dict: dict[str, torch.Tensor] | None = None) -> str | None:
+    """None if stock ``BertForMaskedLM`` reproduces the model exactly, else why it needs our code (decided by
+    :func:`model.hf_adapter.stock_bert_reason`; ``state_dict`` is accepted for older callers)."""
+    return hf_stock_reason(config)
 
 
 def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespace, max_len: int) -> list[str]:
@@ -212,10 +191,6 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
                               f"{missing[:5]}, unexpected {unexpected[:5]}")
     if client.get("layout_state") is not None:
         model.load_layout_state(client["layout_state"])
-    if client.get("dam_masks") is not None:
-        print("[convert] note: the checkpoint carries DAM search masks; the export holds the learned alpha (its "
-              "gates are sigmoid(alpha / tau) in eval, as ours); to deploy the binarised mask, train stage 2 with "
-              "attention.token_mask {'pattern': 'file'} and convert that", file=sys.stderr)
     out, tmp = _fresh_dir(out_dir, overwrite)
     try:
         info = write_hf(state_dict, config, model.layout_state(), tmp, remote, remote_code.token_mask_state(model))
@@ -224,7 +199,7 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
             files = _save_tokenizer(tmp, client.get("args") or {}, tokenizer_overrides or argparse.Namespace(),
                                     config.max_position_embeddings)
         d = config.to_dict()
-        extra = {k: v for k, v in d.items() if k not in _STOCK_FIELDS}
+        extra = {k: v for k, v in d.items() if k not in STOCK_FIELDS}
         (tmp / "README.md").write_text(model_card(d, client, f"{load_dir}/{tag}", info["remote_code"], extra))
         _publish(tmp, out)
     except BaseException:

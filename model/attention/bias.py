@@ -2,7 +2,7 @@
 
 A kernel never materialises more of a bias than it computes scores for: ``dense`` asks for the full
 ``[B|1, H|1, N, N]`` tensor, ``block_gather`` for the tiles it gathered, ``flex`` for a ``score_mod``. Positional
-schemes (DIET-ABS/REL, per-head segment biases; next issue) subclass :class:`ScoreBias` and compute each form
+schemes (DIET-ABS/REL, per-head segment biases in model/positions.py) subclass :class:`ScoreBias` and compute each form
 directly from their parameters instead of from a dense tensor.
 """
 
