@@ -18,7 +18,8 @@ import platform
 
 import torch
 
-from tools.profile_memory import MB, SavedActivations, _tensor_bytes, profile, synthetic_batch, timed_steps
+from tools.measure import MB, SavedActivations, synthetic_batch, tensor_bytes, timed_steps
+from tools.profile_memory import profile
 
 
 def hf_profile(batch: int, seq_len: int, hidden: int, layers: int, heads: int, vocab: int, device: str,
@@ -41,8 +42,8 @@ def hf_profile(batch: int, seq_len: int, hidden: int, layers: int, heads: int, v
 
     step()
     params = list(model.parameters())
-    model_b = _tensor_bytes(params)
-    opt_b = model_b + sum(_tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    model_b = tensor_bytes(params)
+    opt_b = model_b + sum(tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
                           for s in opt.state.values())
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)

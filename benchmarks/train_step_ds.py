@@ -73,7 +73,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     from pretrain.args import OptimConfig
     from pretrain.ds_config import read_ds_config, resolve_batch_sizes
     from pretrain.parallelize import initialize_engine
-    from tools.profile_memory import synthetic_batch
+    from tools.measure import synthetic_batch
 
     repo = Path(__file__).resolve().parents[1]
     sparsity = VARIANTS[variant]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +23,8 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from tools.measure import MB, SavedActivations, synthetic_batch, tensor_bytes, timed_steps, train_step
 
-MB = 2 ** 20
 VARIANTS = {
     "dense": None,
     "blockbert-n2": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 64},
@@ -62,47 +61,6 @@ def model_config(variant: str, hidden: int, layers: int, heads: int, seq_len: in
                               vocab_size=vocab, attention=attention)
 
 
-def synthetic_batch(batch: int, seq_len: int, vocab: int, device: torch.device, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, vocab, (batch, seq_len), generator=g)
-    labels = torch.where(torch.rand(batch, seq_len, generator=g) < 0.15, ids, torch.full_like(ids, -100))
-    return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
-            "labels": labels.to(device)}
-
-
-def _tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-class SavedActivations:
-    """Sum of distinct storages autograd keeps for backward (parameters excluded)."""
-
-    def __init__(self, params) -> None:
-        self.param_ptrs = {p.data_ptr() for p in params}
-        self.seen: dict[int, int] = {}
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        try:
-            storage = t.untyped_storage()
-            ptr, nbytes = storage.data_ptr(), storage.nbytes()
-        except (RuntimeError, NotImplementedError):
-            return t
-        if ptr not in self.param_ptrs and ptr not in self.seen:
-            self.seen[ptr] = nbytes
-        return t
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.seen.values())
-
-
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict) -> None:
-    out = model(**batch)
-    out.loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
 def profile(variant: str, batch: int, seq_len: int, hidden: int = 192, layers: int = 2, heads: int = 12,
             kernel: str = "auto", steps: int = 3, device: str = "cpu", vocab: int = 30522) -> MemoryProfile:
     dev = torch.device(device)
@@ -113,8 +71,8 @@ def profile(variant: str, batch: int, seq_len: int, hidden: int = 192, layers: i
     data = synthetic_batch(batch, seq_len, vocab, dev)
     train_step(model, opt, data)  # warm-up: optimizer state exists, kernel plans cached
     params = list(model.parameters())
-    model_bytes = _tensor_bytes(params)
-    opt_bytes = model_bytes + sum(_tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    model_bytes = tensor_bytes(params)
+    opt_bytes = model_bytes + sum(tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
                                   for s in opt.state.values())  # gradients + moments
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -131,20 +89,6 @@ def profile(variant: str, batch: int, seq_len: int, hidden: int = 192, layers: i
         act_bytes = saved.bytes
     wall, cpu = timed_steps(lambda: train_step(model, opt, data), steps, dev)
     return MemoryProfile(variant, batch, seq_len, model_bytes / MB, opt_bytes / MB, act_bytes / MB, wall, cpu)
-
-
-def timed_steps(step, steps: int, dev: torch.device) -> tuple[float, float]:
-    """(best wall seconds, CPU seconds of that step) over `steps` runs of `step`."""
-    best = (float("inf"), 0.0)
-    for _ in range(steps):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
-    return best
 
 
 def fit_linear(ns: list[int], acts: list[float]) -> tuple[float, float]:
