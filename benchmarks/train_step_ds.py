@@ -123,7 +123,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
            "mfu": (fpt * tokens / step_s / 1e12) / peak if peak else None,
            "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
            "kernel_requested": args.kernel}
-    del engine, model, data
+    engine = model = data = None  # free them before the next variant (the closure step() holds cells, not copies)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

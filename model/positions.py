@@ -9,7 +9,7 @@ by the block-sparse kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import random
 import re
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 

@@ -76,8 +76,7 @@ def fused_op_problem(op: str) -> str | None:
 
     if installed_ops.get(op):
         return None
-    from deepspeed.ops.op_builder.builder import (CUDAMismatchException, MissingCUDAException,
-                                                  assert_no_cuda_mismatch)
+    from deepspeed.ops.op_builder.builder import CUDAMismatchException, MissingCUDAException, assert_no_cuda_mismatch
 
     try:
         assert_no_cuda_mismatch(op)

@@ -20,8 +20,15 @@ import torch.distributed as dist
 
 from pretrain import builders, checkpoint, faults, resume
 from pretrain.args import RunConfig, train_iterations, warmup_steps
-from pretrain.distributed import (DistInfo, ExitSignal, all_ranks_true, broadcast_module_state, destroy_distributed,
-                                  init_distributed, rank0_result)
+from pretrain.distributed import (
+    DistInfo,
+    ExitSignal,
+    all_ranks_true,
+    broadcast_module_state,
+    destroy_distributed,
+    init_distributed,
+    rank0_result,
+)
 from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
 from pretrain.numerics import configure_numerics
 from pretrain.parallelize import apply_activation_checkpointing, apply_compile, initialize_engine

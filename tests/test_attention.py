@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from model import attention as A
-from model.attention.kernels.block_gather import (GatherPlan, PermutationPlan, SplitPlan, make_gather_plan,
-                                                  query_tile_factor)
+from model.attention.kernels.block_gather import (
+    GatherPlan,
+    PermutationPlan,
+    SplitPlan,
+    make_gather_plan,
+    query_tile_factor,
+)
 from tests.registry_cases import ALL_KERNELS, CPU_TRAINING_KERNELS, LAYOUT_EXAMPLES, OTHER_KERNELS, cpu_trains
 
 H, D, B = 4, 16, 2

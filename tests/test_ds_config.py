@@ -10,8 +10,14 @@ import pytest
 import torch
 
 from pretrain.args import OptimConfig
-from pretrain.ds_config import (DSConfigError, apply_clip_grad, check_precision_supported, read_ds_config,
-                                resolve_batch_sizes, validate_with_deepspeed)
+from pretrain.ds_config import (
+    DSConfigError,
+    apply_clip_grad,
+    check_precision_supported,
+    read_ds_config,
+    resolve_batch_sizes,
+    validate_with_deepspeed,
+)
 from pretrain.parallelize import configure_optimizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertForPreTraining as HFBertForPreTraining
+from transformers import BertConfig, BertForMaskedLM
+from transformers import BertForPreTraining as HFBertForPreTraining
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig

@@ -15,8 +15,14 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from tools.convert_checkpoint import (ConversionError, hf_to_ds, read_hf, read_hf_token_masks, stock_bert_reason,
-                                      write_hf)
+from tools.convert_checkpoint import (
+    ConversionError,
+    hf_to_ds,
+    read_hf,
+    read_hf_token_masks,
+    stock_bert_reason,
+    write_hf,
+)
 from tools.hf_export import remote_code
 
 TOL = 1e-4

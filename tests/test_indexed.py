@@ -9,8 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipeline.indexed import (HEADER_SIZE, IndexedDataset, IndexedDatasetBuilder, IndexedDatasetError,
-                                   best_dtype, merge_shards, write_index)
+from data_pipeline.indexed import (
+    HEADER_SIZE,
+    IndexedDataset,
+    IndexedDatasetBuilder,
+    IndexedDatasetError,
+    best_dtype,
+    merge_shards,
+    write_index,
+)
 
 
 @pytest.fixture(scope="module")

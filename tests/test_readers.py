@@ -7,8 +7,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from data_pipeline.readers import BadInputLog, detect_format, expand_inputs, read_documents
 
 SAMPLE = Path(__file__).resolve().parents[1] / "run_scripts" / "sample_data" / "corpus"

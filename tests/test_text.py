@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from data_pipeline.encode import _sentences
-from data_pipeline.text import (chunk_text, sentence_starts, split_lines, split_sentences, trim_gutenberg,
-                                unwrap_paragraphs)
+from data_pipeline.text import (
+    chunk_text,
+    sentence_starts,
+    split_lines,
+    split_sentences,
+    trim_gutenberg,
+    unwrap_paragraphs,
+)
 from data_pipeline.wikitext import wikitext_to_text
 
 ABBREV = ("Dr. Smith went to Washington D.C. on Jan. 5. He arrived at 5 p.m. and met Mr. Jones, e.g. the mayor. "

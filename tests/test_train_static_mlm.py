@@ -8,7 +8,6 @@ import pytest
 from tests import train_utils as tu
 
 
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_static_gather_matches_dynamic_when_the_cap_never_binds(tmp_path):

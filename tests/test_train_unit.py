@@ -71,7 +71,6 @@ def test_scheduler_state_round_trip_continues_exactly():
 def test_activation_checkpointing_keeps_names_and_gradients():
     from model.bert import BertForPreTraining
     from model.config import ModelConfig
-
     from pretrain.parallelize import apply_activation_checkpointing
 
     cfg = ModelConfig.preset("tiny", vocab_size=50, hidden_dropout=0.1, attention_dropout=0.1)

@@ -9,7 +9,7 @@ import unicodedata
 
 import pytest
 
-from data_pipeline.encode import EncodeSettings, encode_chunk, init_worker, Chunk, Piece
+from data_pipeline.encode import Chunk, EncodeSettings, Piece, encode_chunk, init_worker
 from data_pipeline.tokenization import build_tokenizer
 from tests import train_utils as tu
 

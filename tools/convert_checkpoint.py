@@ -26,13 +26,21 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from model.hf_adapter import from_hf, to_hf
-from model.hf_adapter import STOCK_FIELDS
+from model.hf_adapter import STOCK_FIELDS, from_hf, to_hf
 from model.hf_adapter import stock_bert_reason as hf_stock_reason
-from pretrain.checkpoint import (COMMIT_MARKER, LATEST, CheckpointError, committed_tags, extend_position_embeddings,
-                                load_fp32_weights, model_state_file, read_client_state)
+from pretrain.checkpoint import (
+    COMMIT_MARKER,
+    LATEST,
+    CheckpointError,
+    committed_tags,
+    extend_position_embeddings,
+    load_fp32_weights,
+    model_state_file,
+    read_client_state,
+)
 from tools.hf_export import remote_code
 from tools.hf_export.model_card import model_card
+
 
 class ConversionError(RuntimeError):
     """Bad input: the message names the file, tag or setting at fault and what to do."""

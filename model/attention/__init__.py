@@ -1,5 +1,9 @@
 """Block-sparse attention: layouts as data, kernels in a registry, one module."""
 
+from model.attention.bert_sparse_self_attention import BertSparseSelfAttention  # noqa: F401,E402
+from model.attention.bias import DenseScoreBias, ScoreBias, SumScoreBias  # noqa: F401,E402
+from model.attention.block_sparse_ops import MatMul, Softmax  # noqa: F401,E402
+from model.attention.kernels import KERNELS, choose_kernel, get_kernel, register_kernel  # noqa: F401,E402
 from model.attention.layouts import (  # noqa: F401
     BigBirdSparsityConfig,
     BlockBERTSparsityConfig,
@@ -12,9 +16,5 @@ from model.attention.layouts import (  # noqa: F401
     from_ds_config,
     layout_density,
 )
-from model.attention.bias import DenseScoreBias, ScoreBias, SumScoreBias  # noqa: F401,E402
-from model.attention.kernels import KERNELS, choose_kernel, get_kernel, register_kernel  # noqa: F401,E402
 from model.attention.module import BlockSparseAttention, SparseSelfAttention  # noqa: F401,E402
-from model.attention.block_sparse_ops import MatMul, Softmax  # noqa: F401,E402
-from model.attention.bert_sparse_self_attention import BertSparseSelfAttention  # noqa: F401,E402
 from model.attention.sparse_attention_utils import SparseAttentionUtils  # noqa: F401,E402

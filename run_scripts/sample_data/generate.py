@@ -131,7 +131,7 @@ class Prose:
             secs = [("Course", [f"The river rises {self.c(PLACES)} at a height of {r.randint(100, 900)} m.",
                                 f"It is joined by the {self.c(RIVERS)} near {self.c(TOWNS)}, and reaches the sea at {self.c(TOWNS)}."]),
                     ("Uses", [f"Water mills on the {name} once powered {self.c(SUBJECTS)} works.",
-                              f"Today the river is used for fishing, rowing and, in dry years, for irrigation."])]
+                              "Today the river is used for fishing, rowing and, in dry years, for irrigation."])]
         elif kind == "person":
             name = self.person()
             born = r.randint(1700, 1950)

@@ -5,8 +5,8 @@ One module per backend: :mod:`.dense` (the reference), :mod:`.flex`, :mod:`.auto
 backend is one module with one ``@register_kernel`` class, imported here.
 """
 
-from model.attention.kernels.registry import KERNELS, Kernel, get_kernel, register_kernel  # noqa: F401
-from model.attention.kernels.dense import DenseKernel, DensePlan  # noqa: F401
-from model.attention.kernels.block_gather import BlockGatherKernel, GatherPlan, query_tile_factor  # noqa: F401
-from model.attention.kernels.flex import FlexKernel, FlexPlan  # noqa: F401
 from model.attention.kernels.auto import AutoKernel, AutoPlan, choose_kernel, device_capability  # noqa: F401
+from model.attention.kernels.block_gather import BlockGatherKernel, GatherPlan, query_tile_factor  # noqa: F401
+from model.attention.kernels.dense import DenseKernel, DensePlan  # noqa: F401
+from model.attention.kernels.flex import FlexKernel, FlexPlan  # noqa: F401
+from model.attention.kernels.registry import KERNELS, Kernel, get_kernel, register_kernel  # noqa: F401

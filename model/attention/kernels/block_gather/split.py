@@ -30,9 +30,8 @@ docs/model.md), so it can be turned off: ``SPARSEBERT_CPU_SPLIT=0`` makes block_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import os
+from dataclasses import dataclass
 
 import torch
 
