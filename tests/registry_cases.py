@@ -37,6 +37,8 @@ LAYOUT_EXAMPLES: dict[str, Callable[[int], SparsityConfig]] = {
     "local_uni": lambda H: A.LocalSlidingWindowSparsityConfig(H, block=16),
     "local_bi": lambda H: A.LocalSlidingWindowSparsityConfig(H, block=16, num_sliding_window_blocks=3,
                                                              attention="bidirectional"),
+    "dilated_local": lambda H: A.layouts.DilatedSlidingWindowSparsityConfig(H, block=16, num_sliding_window_blocks=3,
+                                                                           dilation=2),
     "blockbert_n2": lambda H: A.BlockBERTSparsityConfig(H, num_blocks=2, head_assignment="3:1", block=16),
     "blockbert_n3": lambda H: A.BlockBERTSparsityConfig(H, num_blocks=3, head_assignment="2:1:1", block=16),
 }

@@ -116,3 +116,25 @@ def test_from_ds_config_roundtrip_and_errors():
         A.from_ds_config({"mode": "blockbert", "num_blocks": 2, "head_assignment": "1:1", "num_local_blocks": 4}, 2)
     with pytest.raises(NotImplementedError, match="sparse_attention mode"):
         A.from_ds_config({"mode": "triangle"}, 2)
+
+
+def test_dilated_sliding_window_layout():
+    """Block i attends i + k * dilation (|k| <= w // 2, or the past w blocks when unidirectional), cut at the edges;
+    its ds_config keys come from its constructor."""
+    from model.attention.layouts import DilatedSlidingWindowSparsityConfig, accepted_keys
+
+    lay = DilatedSlidingWindowSparsityConfig(2, block=16, num_sliding_window_blocks=3, dilation=2).make_layout(128)
+    want = torch.zeros(8, 8, dtype=torch.int64)
+    for i in range(8):
+        for j in (i - 2, i, i + 2):
+            if 0 <= j < 8:
+                want[i, j] = 1
+    assert torch.equal(lay[0], want) and torch.equal(lay[1], want)
+    uni = DilatedSlidingWindowSparsityConfig(1, block=16, num_sliding_window_blocks=3, dilation=3,
+                                             attention="unidirectional").make_layout(128)[0]
+    assert uni[7].nonzero().flatten().tolist() == [1, 4, 7] and uni[0].nonzero().flatten().tolist() == [0]
+    assert A.from_ds_config({"mode": "dilated_local", "dilation": 3}, 4).dilation == 3
+    assert accepted_keys(DilatedSlidingWindowSparsityConfig) == {
+        "mode", "block", "num_sliding_window_blocks", "dilation", "attention", "seed"}
+    with pytest.raises(ValueError, match="dilation"):
+        DilatedSlidingWindowSparsityConfig(4, dilation=0)

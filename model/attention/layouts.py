@@ -29,6 +29,7 @@ __all__ = [
     "BigBirdSparsityConfig",
     "BSLongformerSparsityConfig",
     "LocalSlidingWindowSparsityConfig",
+    "DilatedSlidingWindowSparsityConfig",
     "BlockBERTSparsityConfig",
     "from_ds_config",
     "from_deepspeed_block",
@@ -486,6 +487,49 @@ class LocalSlidingWindowSparsityConfig(SparsityConfig):
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
         return self._make(seq_len, ("set_sliding_window_layout",))
+
+
+@register_layout
+class DilatedSlidingWindowSparsityConfig(SparsityConfig):
+    """Longformer's dilated sliding window at block granularity: query block i attends key blocks i + k * dilation
+    for |k| <= num_sliding_window_blocks // 2 (bidirectional), or -(num_sliding_window_blocks - 1) <= k <= 0
+    (unidirectional). Not a DeepSpeed mode (the worked example of docs/architecture.md)."""
+
+    mode = "dilated_local"
+
+    def __init__(
+        self,
+        num_heads: int,
+        block: int = 16,
+        num_sliding_window_blocks: int = 3,
+        dilation: int = 2,
+        attention: str = "bidirectional",
+        *,
+        seed: int = 0,
+    ):
+        super().__init__(num_heads, block, seed=seed)
+        if num_sliding_window_blocks < 1 or dilation < 1:
+            raise ValueError(f"num_sliding_window_blocks ({num_sliding_window_blocks}) and dilation ({dilation}) "
+                             "must be positive integers")
+        _check_attention(attention)
+        self.num_sliding_window_blocks = num_sliding_window_blocks
+        self.dilation = dilation
+        self.attention = attention
+
+    def set_dilated_window_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        """The blocks i + k * dilation of each query block i that exist."""
+        nb = layout.shape[-1]
+        w = self.num_sliding_window_blocks
+        ks = range(-(w - 1), 1) if self.attention == "unidirectional" else range(-(w // 2), w // 2 + 1)
+        i = torch.arange(nb)
+        for k in ks:
+            j = i + k * self.dilation
+            ok = (j >= 0) & (j < nb)
+            layout[h, i[ok], j[ok]] = 1
+        return layout
+
+    def make_layout(self, seq_len: int) -> torch.Tensor:
+        return self._make(seq_len, ("set_dilated_window_layout",))
 
 
 def parse_head_assignment(spec: str | Sequence[int], num_heads: int, num_blocks: int) -> list[int]:
