@@ -180,7 +180,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     series = sorted({(r["kernel"], r["layout"]) for r in rows})
-    for ax, key, label in ((axes[0], "time_ratio", "time / dense SDPA"), (axes[1], "mem_ratio", "peak memory / dense SDPA")):
+    panels = ((axes[0], "time_ratio", "time / dense SDPA"), (axes[1], "mem_ratio", "peak memory / dense SDPA"))
+    for ax, key, label in panels:
         for kern, lay in series:
             pts = sorted((r["n"], r[key]) for r in rows if r["kernel"] == kern and r["layout"] == lay)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{kern}:{lay}")
@@ -242,14 +243,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+               f"torch {torch.__version__}")
     if args.device.startswith("cuda"):
         machine = f"{torch.cuda.get_device_name()} ({machine})"
     rows = run(args)
     meta = dict(machine=machine, device=args.device, dtype=args.dtype, batch=args.batch, heads=HEADS,
                 head_dim=HEAD_DIM, repeats=args.repeats)
     (args.out_dir / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    plot(rows, args.out_dir / "attention.png", f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}")
+    plot(rows, args.out_dir / "attention.png",
+         f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}")
     (args.out_dir / "attention.md").write_text(markdown_table(dict(meta=meta, rows=rows)) + "\n")
     print(f"wrote {args.out_dir / 'attention.json'}, attention.md and attention.png")
 

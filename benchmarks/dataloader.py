@@ -74,7 +74,7 @@ def bench_index(prefix: str, files: list[Path], repeats: int = 3) -> dict:
            "read_tokens_s": min(_read_tokens_once(prefix) for _ in range(repeats))}
     for mode in ("doc-sentences", "full-sentences", "nsp"):
         for N in (128, 512):
-            cfg = SampleIndexConfig(seq_length=N, mode=mode)
+            cfg = SampleIndexConfig(seq_length=N, sample_mode=mode)
             best = float("inf")
             for _ in range(repeats):
                 t0 = time.perf_counter()
@@ -88,7 +88,7 @@ def bench_index(prefix: str, files: list[Path], repeats: int = 3) -> dict:
 
 def bench_loader(prefix: str, tokenizer, seq_length: int, mbs: int, workers: int, batches: int, mode: str,
                  wwm: bool, cache_dir: str) -> dict:
-    cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=seq_length, mode=mode,
+    cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=seq_length, sample_mode=mode,
                      whole_word_masking=wwm, cache_dir=cache_dir)
     train = build_datasets(cfg, tokenizer, num_samples=(10**9, 0, 0))[0]
     loader = build_dataloader(train, tokenizer, cfg, micro_batch_size=mbs, dp_rank=0, dp_world_size=1,

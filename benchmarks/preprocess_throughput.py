@@ -178,9 +178,10 @@ def main() -> int:
     tokens = results["runs"][f"raw encode_batch x{a.workers[0]}"]["tokens"]
 
     def ours(inp: list[str], prefix: str, workers: int, extra: list[str]) -> tuple[float, float]:
-        return _best(lambda: _run([py, "-m", "data_pipeline.preprocess", "--input", *inp, "--output-prefix", str(tmp / prefix),
-                     "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--workers",
-                     str(workers), "--no-progress", *extra], env=env, cwd=str(REPO)), a.repeat)
+        cmd = [py, "-m", "data_pipeline.preprocess", "--input", *inp, "--output-prefix", str(tmp / prefix),
+               "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--workers", str(workers),
+               "--no-progress", *extra]
+        return _best(lambda: _run(cmd, env=env, cwd=str(REPO)), a.repeat)
 
     start_ours, start_ours_cpu = ours([str(tmp / "one.jsonl")], "startup", 1, [])
     results["startup_s"] = {"ours": start_ours}
@@ -211,9 +212,10 @@ def main() -> int:
         script = str(Path(a.megatron_repo) / "tools" / "preprocess_data.py")
 
         def megatron(inp: Path, prefix: str, workers: int) -> tuple[float, float]:
-            return _best(lambda: _run([py, script, "--input", str(inp), "--output-prefix", str(tmp / prefix), "--tokenizer-type",
-                         "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--tokenizer-hf-no-include-special-tokens",
-                         "--workers", str(workers)], env=menv, cwd=str(tmp / "mwork")), a.repeat)
+            cmd = [py, script, "--input", str(inp), "--output-prefix", str(tmp / prefix), "--tokenizer-type",
+                   "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--tokenizer-hf-no-include-special-tokens",
+                   "--workers", str(workers)]
+            return _best(lambda: _run(cmd, env=menv, cwd=str(tmp / "mwork")), a.repeat)
 
         start_m, start_m_cpu = megatron(tmp / "one.jsonl", "mstartup", 1)
         results["startup_s"]["megatron"] = start_m

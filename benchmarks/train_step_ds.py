@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     result = {"device": name, "preset": args.preset, "rows": rows, "targets": targets(rows, name)}
     for t in result["targets"]:
-        print(f"target {t['target']}: {t['value']} -> {'met' if t['met'] else 'not measured' if t['met'] is None else 'MISSED'}")
+        verdict = "met" if t["met"] else "not measured" if t["met"] is None else "MISSED"
+        print(f"target {t['target']}: {t['value']} -> {verdict}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -6,9 +6,9 @@ builds it, the batch it shares, or the order of calls (exact resume, independenc
 The loader makes the key from the sample's stream position, which differs every epoch, so every epoch
 gets a fresh mask.
 
-Selection follows BERT/RoBERTa: each non-special token is chosen with probability ``mlm_probability``
+Selection follows BERT/RoBERTa: each non-special token is chosen with probability ``mask_prob``
 (Bernoulli, as RoBERTa's dynamic masking and Hugging Face's collator do); a chosen token becomes [MASK]
-with probability ``mask_prob``, a random non-special token with ``random_prob``, and is kept otherwise.
+with probability ``mask_token_prob``, a random non-special token with ``random_prob``, and is kept otherwise.
 With whole-word masking the choice is made once per word (WordPiece ``##`` continuations and
 SentencePiece pieces without ``▁`` follow their word start), and every piece of a chosen word is
 predicted.
@@ -48,9 +48,10 @@ def sample_keys(seed: int, positions: np.ndarray, salt: int = 0) -> np.ndarray:
 class MaskingConfig:
     """How tokens are chosen and replaced for masked-language-model training."""
 
-    mlm_probability: float = 0.15
-    """Probability that a non-special token (or word, with whole-word masking) is chosen for prediction."""
-    mask_prob: float = 0.8
+    mask_prob: float = 0.15
+    """Probability that a non-special token (or word, with whole-word masking) is chosen for prediction
+    (Megatron's --mask-prob)."""
+    mask_token_prob: float = 0.8
     """Of the chosen tokens, the share replaced by [MASK]."""
     random_prob: float = 0.1
     """Of the chosen tokens, the share replaced by a random non-special token; the rest stay unchanged."""
@@ -64,12 +65,13 @@ class MaskingConfig:
     def __post_init__(self) -> None:
         if self.max_predictions is not None and self.max_predictions < 1:
             raise ValueError(f"MaskingConfig.max_predictions={self.max_predictions}: must be >= 1 (or None)")
-        for name in ("mlm_probability", "mask_prob", "random_prob"):
+        for name in ("mask_prob", "mask_token_prob", "random_prob"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"MaskingConfig.{name}={v}: must be within [0, 1]")
-        if self.mask_prob + self.random_prob > 1.0 + 1e-9:
-            raise ValueError(f"MaskingConfig: mask_prob + random_prob = {self.mask_prob + self.random_prob} > 1")
+        if self.mask_token_prob + self.random_prob > 1.0 + 1e-9:
+            raise ValueError(f"MaskingConfig: mask_token_prob + random_prob = "
+                             f"{self.mask_token_prob + self.random_prob} > 1")
 
 
 def _cap_per_row(chosen_BL: np.ndarray, rank_u: np.ndarray, cap: int) -> np.ndarray:
@@ -127,9 +129,9 @@ class MLMMasker:
             self.word_start = ws | special
         else:
             self.word_start = None
-        self._t_select = np.uint64(min(int(round(config.mlm_probability * _U24)), 1 << 24))
-        self._t_mask = np.uint64(int(round(config.mask_prob * _U24)))
-        self._t_random = np.uint64(int(round((config.mask_prob + config.random_prob) * _U24)))
+        self._t_select = np.uint64(min(int(round(config.mask_prob * _U24)), 1 << 24))
+        self._t_mask = np.uint64(int(round(config.mask_token_prob * _U24)))
+        self._t_random = np.uint64(int(round((config.mask_token_prob + config.random_prob) * _U24)))
 
     @classmethod
     def from_tokenizer(cls, tokenizer, config: MaskingConfig) -> "MLMMasker":

@@ -39,7 +39,6 @@ memory-mapped when reused.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -73,7 +72,7 @@ class SampleIndexConfig:
 
     seq_length: int = 512
     """Maximum tokens per sample, [CLS]/[SEP] included."""
-    mode: str = "doc-sentences"
+    sample_mode: str = "doc-sentences"
     """One of doc-sentences, full-sentences, nsp (see module docstring)."""
     seed: int = 1234
     """Seed of the short-sequence draws and of nsp's split points and random segments."""
@@ -86,8 +85,8 @@ class SampleIndexConfig:
     books); 0.0 = every sample filled to the budget. Ignored in nsp mode (segments are whole sentences)."""
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise SampleIndexError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.sample_mode not in MODES:
+            raise SampleIndexError(f"sample_mode {self.sample_mode!r}: choose one of {', '.join(MODES)}")
         if int(self.seq_length) < 8:
             raise SampleIndexError(f"seq_length={self.seq_length}: must be at least 8")
         if not 0.0 <= self.short_seq_prob <= 1.0:
@@ -98,7 +97,7 @@ class SampleIndexConfig:
     @property
     def budget(self) -> int:
         """Tokens available to the text of a sample: N minus its [CLS]/[SEP] tokens."""
-        return self.seq_length - (3 if self.mode == "nsp" else 2)
+        return self.seq_length - (3 if self.sample_mode == "nsp" else 2)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -152,7 +151,7 @@ def _chain_open(u_start: np.ndarray, doc_first: np.ndarray, config: SampleIndexC
     (except in full-sentences mode, where packing runs across documents)."""
     bucket = u_start // (CHAIN_SAMPLES * config.budget)
     opens = np.r_[True, bucket[1:] != bucket[:-1]]
-    return opens if config.mode == "full-sentences" else opens | doc_first
+    return opens if config.sample_mode == "full-sentences" else opens | doc_first
 
 
 def _pack_tokens(u_start: np.ndarray, u_len: np.ndarray, doc_first: np.ndarray,
@@ -161,7 +160,7 @@ def _pack_tokens(u_start: np.ndarray, u_len: np.ndarray, doc_first: np.ndarray,
     before every document start), walked for all chains at once; returns ``[S, 5]``."""
     L = config.budget
     U = len(u_len)
-    full = config.mode == "full-sentences"
+    full = config.sample_mode == "full-sentences"
     k = np.cumsum(doc_first) if full else np.zeros(U, dtype=np.int64)
     vs = u_start + k                                     # virtual start of every piece
     sep_v = (vs[doc_first] - 1) if full else np.zeros(0, dtype=np.int64)
@@ -206,16 +205,16 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     L = config.budget
     # nsp: pieces of at most half the budget, so a chunk holds two pieces and B can truly follow A
     # (a shard of whole documents, one sequence each, would otherwise only make random pairs)
-    u_start, u_len, u_doc = _units(ds, doc_lo, doc_hi, max(L // 2, 1) if config.mode == "nsp" else L)
+    u_start, u_len, u_doc = _units(ds, doc_lo, doc_hi, max(L // 2, 1) if config.sample_mode == "nsp" else L)
     U = len(u_len)
     if U == 0:
         return np.zeros((0, 5), dtype=np.int64)
     doc_first = np.r_[True, u_doc[1:] != u_doc[:-1]]        # piece opens a document
-    if config.mode != "nsp":
+    if config.sample_mode != "nsp":
         return _pack_tokens(u_start, u_len, doc_first, config)
 
     idx = np.arange(U, dtype=np.int64)
-    rng = np.random.default_rng([config.seed, MODES.index(config.mode), config.seq_length, INDEX_VERSION])
+    rng = np.random.default_rng([config.seed, MODES.index(config.sample_mode), config.seq_length, INDEX_VERSION])
     target = _short_targets(config, idx, 2)
     doc_start_units = np.flatnonzero(doc_first)
     doc_end_units = np.r_[doc_start_units[1:], U]
@@ -278,11 +277,19 @@ def _shard_identity(prefix: str) -> dict:
     return out
 
 
+def cache_identity(config: SampleIndexConfig) -> dict:
+    """The settings hashed into a cache name, under the names they had when the cache format was fixed
+    (``sample_mode`` is stored as ``mode``), so renaming a field never orphans existing caches."""
+    d = asdict(config)
+    d["mode"] = d.pop("sample_mode")
+    return d
+
+
 def index_cache_path(prefix: str, doc_range: tuple[int, int], config: SampleIndexConfig,
                      cache_dir: str | None = None) -> tuple[Path, dict]:
     """Where the index for these parameters lives, and the description hashed into its name."""
     desc = {"version": INDEX_VERSION, "shard": _shard_identity(prefix), "doc_range": list(map(int, doc_range)),
-            **asdict(config)}
+            **cache_identity(config)}
     digest = hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
     return cache_base(prefix, cache_dir).with_name(f"{Path(prefix).name}_samples_{digest}.npy"), desc
 
@@ -393,82 +400,7 @@ def shard_max_token_id(ds: IndexedDataset, cache_dir: str | None = None) -> int:
     return m
 
 
-# ---------------------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------------------
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.samples",
-                                description="Build (and cache) the sample index of shards; print statistics.")
-    p.add_argument("--data-path", nargs="+", required=True,
-                   help="shard prefix, or weights and prefixes: 0.25 books_prefix 0.75 wiki_prefix")
-    p.add_argument("--split", default="949,50,1", help="train,valid,test proportions of documents")
-    p.add_argument("--split-name", default="train", choices=("train", "valid", "test"),
-                   help="which split to describe")
-    p.add_argument("--seq-length", type=int, default=512)
-    p.add_argument("--mode", default="doc-sentences", choices=MODES)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--cut-fraction", type=float, default=0.1,
-                   help="doc/full-sentences: cut a sentence to fill a sample when more than this fraction of "
-                        "N would stay empty (1.0 = whole sentences only)")
-    p.add_argument("--mlm-probability", type=float, default=0.15)
-    p.add_argument("--whole-word-masking", action="store_true")
-    p.add_argument("--pad-to-multiple-of", type=int, default=None)
-    p.add_argument("--tokenizer-type", required=True)
-    p.add_argument("--vocab-file", default=None)
-    p.add_argument("--tokenizer-model", default=None)
-    p.add_argument("--cache-dir", default=None, help="where to cache indices (default: cache/ beside the shards)")
-    p.add_argument("--stats", action="store_true", help="print statistics as JSON")
-    p.add_argument("--stats-samples", type=int, default=20000,
-                   help="how many samples to mask for the masking statistics (fill ratio uses all)")
-    p.add_argument("--show", type=int, default=0, metavar="K", help="decode K masked samples")
-    return p.parse_args(argv)
+if __name__ == "__main__":  # the CLI lives in tools/inspect_dataset.py; this spelling keeps working
+    from tools.inspect_dataset import samples_main
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
-    from data_pipeline.loader import DataConfig, build_datasets, Collator, dataset_stats
-    from data_pipeline.tokenization import build_tokenizer
-
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
-    try:
-        config = DataConfig(data_path=args.data_path, split=args.split, seq_length=args.seq_length, mode=args.mode,
-                            seed=args.seed, short_seq_prob=args.short_seq_prob, cut_fraction=args.cut_fraction,
-                            mlm_probability=args.mlm_probability, whole_word_masking=args.whole_word_masking,
-                            pad_to_multiple_of=args.pad_to_multiple_of, cache_dir=args.cache_dir)
-        t0 = time.perf_counter()
-        splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer)))
-        build_s = time.perf_counter() - t0
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    ds = splits[args.split_name]
-    if ds is None:
-        print(f"error: the {args.split_name} split is empty with --split {args.split}", file=sys.stderr)
-        return 2
-    collator = Collator(tokenizer, config)
-    if args.stats:
-        stats = dataset_stats(ds, collator, max_masked_samples=args.stats_samples)
-        stats["index_seconds"] = round(build_s, 4)
-        print(json.dumps(stats, indent=1))
-    if args.show:
-        batch = collator(ds.__getitems__(list(range(min(args.show, len(ds))))))
-        for row in range(batch["input_ids"].shape[0]):
-            ids = batch["input_ids"][row]
-            labels = batch["labels"][row]
-            n = int(batch["attention_mask"][row].sum())
-            pieces = []
-            for pos in range(n):
-                tok = tokenizer.id_to_token(int(ids[pos]))
-                if int(labels[pos]) != -100:
-                    orig = tokenizer.id_to_token(int(labels[pos]))
-                    tok = f"<<{tok}|{orig}>>" if tok != orig else f"<<={tok}>>"
-                pieces.append(tok)
-            extra = f" next_sentence_label={int(batch['next_sentence_label'][row])}" if "next_sentence_label" in batch else ""
-            print(f"--- sample {row} ({n} tokens){extra}")
-            print(" ".join(pieces))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(samples_main(sys.argv[1:]))

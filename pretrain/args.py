@@ -9,10 +9,12 @@ import argparse
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from pretrain.cli import HelpFormatter, _base_type, add_flags, build, cli, field_docs
+from data_pipeline.data_config import DataConfig, DataConfigError
+from pretrain.cli import HelpFormatter, _base_type, add_flags, build, cli, cli_fields, field_docs, flag_name
 
 
 class ArgsError(ValueError):
@@ -264,27 +266,12 @@ class ModelArgs:
 
 
 @dataclass
-class DataArgs:
-    """Tokenizer and loader flags (become data_pipeline.loader.DataConfig)."""
+class DataArgs(DataConfig):
+    """The trainer's data settings: :class:`data_pipeline.data_config.DataConfig` (same field names, the same checks)
+    plus the tokenizer. Its seed is --seed."""
 
     data_path: list[str] = field(default_factory=list)
     """Megatron-style prefixes with optional weights: `0.3 books 0.7 wiki` or `prefix`."""
-    split: str = "949,50,1"
-    """train,valid,test proportions."""
-    seq_length: int = 512
-    """Tokens per sample N."""
-    sample_mode: str = "doc-sentences"
-    """'doc-sentences' (RoBERTa-1seq), 'full-sentences' or 'nsp'."""
-    short_seq_prob: float = 0.1
-    """Probability of a shorter sample (BERT-style)."""
-    mask_prob: float = 0.15
-    """MLM masking probability."""
-    whole_word_masking: bool = False
-    """Mask whole words."""
-    max_predictions_per_seq: int | None = None
-    """At most this many predicted tokens per sample (BERT's max_predictions_per_seq, e.g. 20 at N=128, 80 at
-    N=512); the MLM head then gathers a fixed number of positions per batch (static shapes, no host sync: what
-    CUDA graphs and --compile need). None: every chosen token is predicted (dynamic shapes)."""
     tokenizer_type: str = "BertWordPieceLowerCase"
     """data_pipeline.tokenization type."""
     vocab_file: str | None = None
@@ -292,14 +279,19 @@ class DataArgs:
     tokenizer_model: str | None = None
     """SentencePiece / HF tokenizer model."""
 
+    CLI_SKIP = ("seed", "cut_fraction", "pad_to_multiple_of", "dynamic_padding", "cache_dir")
+    """DataConfig fields that are not trainer flags (the seed is --seed; the others keep their defaults)."""
+
     def __post_init__(self) -> None:
         if not self.data_path:
             raise ArgsError("--data-path is required (one prefix, or weight prefix pairs)")
-        if self.max_predictions_per_seq is not None and not 0 < self.max_predictions_per_seq <= self.seq_length:
-            raise ArgsError(f"--max-predictions-per-seq must be in [1, --seq-length {self.seq_length}], got "
-                            f"{self.max_predictions_per_seq}")
-        if self.sample_mode not in ("doc-sentences", "full-sentences", "nsp"):
-            raise ArgsError(f"--sample-mode must be doc-sentences, full-sentences or nsp, got {self.sample_mode!r}")
+        try:
+            super().__post_init__()
+        except DataConfigError as e:  # the data code names its field; the trainer's user typed a flag
+            msg = str(e)
+            for f in cli_fields(type(self)):
+                msg = re.sub(rf"(?<![\w-]){f.name}(?!\w)", flag_name(f), msg, count=1)
+            raise ArgsError(msg) from None
 
 
 @dataclass
@@ -357,7 +349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     return RunConfig(
         optim=build(OptimConfig, ns), loop=build(LoopConfig, ns), checkpoint=build(CheckpointConfig, ns),
         logging=build(LoggingConfig, ns), system=build(SystemConfig, ns),
-        model=build(ModelArgs, ns, overrides=overrides), data=build(DataArgs, ns),
+        model=build(ModelArgs, ns, overrides=overrides), data=build(DataArgs, ns, seed=ns.seed),
     )
 
 

@@ -60,12 +60,8 @@ def build_model(model_config):
 
 
 def data_config(run: RunConfig):
-    from data_pipeline.loader import DataConfig
-
-    d = run.data
-    return DataConfig(data_path=list(d.data_path), split=d.split, seq_length=d.seq_length, mode=d.sample_mode,
-                      seed=run.loop.seed, short_seq_prob=d.short_seq_prob, mlm_probability=d.mask_prob,
-                      whole_word_masking=d.whole_word_masking, max_predictions_per_seq=d.max_predictions_per_seq)
+    """The data settings: ``run.data`` is a DataConfig already (its seed is --seed)."""
+    return run.data
 
 
 def build_datasets(run: RunConfig, tokenizer, train_samples: int, train_iters: int, global_batch: int):

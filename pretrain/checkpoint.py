@@ -147,7 +147,8 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def architecture_differences(saved: dict[str, Any], current: dict[str, Any], allow: set[str] = frozenset()) -> list[str]:
+def architecture_differences(saved: dict[str, Any], current: dict[str, Any],
+                             allow: set[str] = frozenset()) -> list[str]:
     """Human-readable 'key: saved -> current' lines for model settings that differ (minus the free ones)."""
     a, b = _flatten(saved), _flatten(current)
     diffs = []

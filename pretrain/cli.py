@@ -68,7 +68,8 @@ def flag_name(f: dataclasses.Field) -> str:
 
 def cli_fields(cls: type) -> list[dataclasses.Field]:
     """The fields of ``cls`` that are flags."""
-    return [f for f in dataclasses.fields(cls) if not f.metadata.get(CLI, {}).get("skip")]
+    skip = set(getattr(cls, "CLI_SKIP", ()))  # inherited fields a subclass keeps off the command line
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get(CLI, {}).get("skip") and f.name not in skip]
 
 
 def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str = "") -> None:
@@ -83,7 +84,7 @@ def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str 
             raise TypeError(f"{cls.__name__}.{f.name} has no docstring: it would be an undocumented flag")
         tp = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
-        kw: dict[str, Any] = {"dest": f.name, "help": text}
+        kw: dict[str, Any] = {"dest": f.name, "help": text.replace("%", "%%")}  # argparse %-formats help
         if tp is bool:
             kw.update(action="store_false" if default is True else "store_true", default=bool(default))
         elif typing.get_origin(tp) is list:

@@ -80,8 +80,9 @@ def test_main_exits_1_when_a_step_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(gc, "environment_report", lambda: ("fake GPU", {"gpus": []}, []))
-    monkeypatch.setattr(gc, "plan", lambda out, gpus: [gc.Step("fine", 30, [sys.executable, "-c", "pass"]),
-                                                       gc.Step("boom", 30, [sys.executable, "-c", "raise SystemExit(1)"])])
+    steps = [gc.Step("fine", 30, [sys.executable, "-c", "pass"]),
+             gc.Step("boom", 30, [sys.executable, "-c", "raise SystemExit(1)"])]
+    monkeypatch.setattr(gc, "plan", lambda out, gpus: steps)
     ds = Path(sys.executable).parent / "ds_report"
     if not ds.exists():
         pytest.skip("ds_report not installed next to this python")

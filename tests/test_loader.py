@@ -60,7 +60,7 @@ def assert_batches_equal(xs, ys):
 
 @pytest.mark.parametrize("mode", ["doc-sentences", "full-sentences", "nsp"])
 def test_batch_format(shards, mode):
-    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=48, mode=mode, seed=1)
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=48, sample_mode=mode, seed=1)
     train, valid, test = build_datasets(cfg, TOK)
     assert valid is None and test is None
     batch = next(iter(build_dataloader(train, TOK, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1,
@@ -102,7 +102,7 @@ def test_padding_to_block_multiple(shards):
 
 @pytest.mark.timeout(180)
 def test_resume_equals_uninterrupted_run_whatever_num_workers(shards):
-    cfg = DataConfig(data_path=["0.3", shards[0], "0.7", shards[1]], split="1,0,0", seq_length=40, mode="nsp")
+    cfg = DataConfig(data_path=["0.3", shards[0], "0.7", shards[1]], split="1,0,0", seq_length=40, sample_mode="nsp")
     train = build_datasets(cfg, TOK, num_samples=(600, 0, 0))[0]
     mbs, world = 4, 2
     full = {r: collect(build_dataloader(train, TOK, cfg, mbs, r, world, num_workers=0), 12) for r in range(world)}
@@ -122,7 +122,7 @@ def test_resume_equals_uninterrupted_run_whatever_num_workers(shards):
 @pytest.mark.timeout(120)
 def test_loader_leaves_torch_global_rng_alone(shards):
     """The model's dropout stream must not depend on when the loader starts (exact resume)."""
-    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40, mode="doc-sentences")
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40, sample_mode="doc-sentences")
     train = build_datasets(cfg, TOK, num_samples=(64, 0, 0))[0]
     for workers in (0, 2):
         torch.manual_seed(123)
@@ -248,7 +248,7 @@ def test_config_errors(shards, tmp_path):
     # nsp needs two non-empty documents per split, checked before any index is built
     synthetic_shard(tmp_path / "onedoc", [[10, 10], [0]])
     with pytest.raises(DataConfigError, match=r"onedoc\.idx.*nsp mode needs at least 2"):
-        build_datasets(DataConfig(data_path=[str(tmp_path / "onedoc")], split="1,0,0", mode="nsp"), TOK)
+        build_datasets(DataConfig(data_path=[str(tmp_path / "onedoc")], split="1,0,0", sample_mode="nsp"), TOK)
     assert not list(tmp_path.rglob("*_samples_*")), "an index was built before the error"
 
 
@@ -264,7 +264,7 @@ def test_shards_written_by_megatron(corpus, bert_uncased_vocab, tmp_path):
         # index in memory; a writable one caches it
         (tmp_path / "a_file").write_text("")
         for cache in (str(tmp_path / "a_file" / "cache"), str(tmp_path)):
-            cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=128, mode=mode, cache_dir=cache)
+            cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=128, sample_mode=mode, cache_dir=cache)
             train = build_datasets(cfg, tok)[0]
         assert list(tmp_path.glob(f"{name}_samples_*.npy")) and list(tmp_path.glob(f"{name}_maxid_*.json"))
         comp = train.components[0]
@@ -297,7 +297,7 @@ def test_stats_read_exactly_the_dataset_not_the_next_epoch(shards):
     batch stops at the dataset's end (it used to run into the next epoch's samples)."""
     from data_pipeline.loader import Collator, dataset_stats
 
-    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40, mode="nsp")
+    cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40, sample_mode="nsp")
     ds = build_datasets(cfg, TOK, num_samples=(37, 0, 0))[0]
     assert len(ds) == 37
     asked = []

@@ -54,7 +54,7 @@ def test_proportions_within_binomial_bounds_and_specials_untouched():
 
 def test_other_probabilities():
     rng = np.random.default_rng(1)
-    masker = MLMMasker(MaskingConfig(mlm_probability=0.4, mask_prob=0.5, random_prob=0.25), VOCAB, MASK, SPECIALS)
+    masker = MLMMasker(MaskingConfig(mask_prob=0.4, mask_token_prob=0.5, random_prob=0.25), VOCAB, MASK, SPECIALS)
     ids = random_batch(rng)
     out, labels = masker(ids, sample_keys(3, np.arange(len(ids))))
     chosen = labels != IGNORE_INDEX
@@ -149,10 +149,10 @@ def test_whole_word_masking_sentencepiece(tmp_path, corpus):
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="mlm_probability"):
-        MaskingConfig(mlm_probability=1.5)
     with pytest.raises(ValueError, match="mask_prob"):
-        MaskingConfig(mask_prob=0.95, random_prob=0.1)
+        MaskingConfig(mask_prob=1.5)
+    with pytest.raises(ValueError, match="mask_token_prob"):
+        MaskingConfig(mask_token_prob=0.95, random_prob=0.1)
     with pytest.raises(ValueError, match="word_start"):
         MLMMasker(MaskingConfig(whole_word_masking=True), VOCAB, MASK, SPECIALS)
 

@@ -29,7 +29,8 @@ def test_presets_and_strict_dicts():
     base = ModelConfig.preset("bert-base")
     assert (base.hidden_size, base.num_layers, base.num_attention_heads) == (768, 12, 12)
     large = ModelConfig.preset("bert-large")
-    assert (large.hidden_size, large.num_layers, large.num_attention_heads, large.intermediate_size) == (1024, 24, 16, 4096)
+    sizes = (large.hidden_size, large.num_layers, large.num_attention_heads, large.intermediate_size)
+    assert sizes == (1024, 24, 16, 4096)
     bb = ModelConfig.preset("blockbert-base-n3")
     assert bb.attention.sparsity["head_assignment"] == "8:2:2"
     assert ModelConfig.from_dict(bb.to_dict()) == bb

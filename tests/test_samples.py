@@ -11,7 +11,8 @@ import pytest
 
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder
 from data_pipeline.samples import (A_END, A_START, B_END, B_START, NSP_LABEL, SampleIndexConfig, SampleIndexError,
-                                   build_sample_index, index_cache_path, load_or_build_index, main)
+                                   build_sample_index, index_cache_path, load_or_build_index)
+from tools.inspect_dataset import samples_main as main
 from tests.samples_helpers import books_shard, synthetic_shard
 
 
@@ -49,7 +50,7 @@ def sentence_bounds(ds):
 @pytest.mark.parametrize("cut", [1.0, 0.05, 0.0])
 def test_packing_covers_every_token_once_within_budget(shard, mode, cut):
     N = 64
-    cfg = SampleIndexConfig(seq_length=N, mode=mode, seed=3, short_seq_prob=0.1, cut_fraction=cut)
+    cfg = SampleIndexConfig(seq_length=N, sample_mode=mode, seed=3, short_seq_prob=0.1, cut_fraction=cut)
     idx = build_sample_index(shard, (0, shard.num_documents), cfg)
     # contiguous partition of the token stream: nothing dropped (long sentences included), nothing repeated
     assert idx[0, A_START] == 0 and idx[-1, A_END] == shard.num_tokens
@@ -76,7 +77,7 @@ def test_packing_covers_every_token_once_within_budget(shard, mode, cut):
 def test_samples_decode_to_the_right_tokens(shard):
     from data_pipeline.loader import ShardSplit
 
-    cfg = SampleIndexConfig(seq_length=32, mode="full-sentences", seed=1)
+    cfg = SampleIndexConfig(seq_length=32, sample_mode="full-sentences", seed=1)
     idx = build_sample_index(shard, (0, shard.num_documents), cfg)
     sp = ShardSplit(shard.prefix, (0, shard.num_documents), idx, "full-sentences", cls_id=101, sep_id=102)
     flat = np.asarray(shard.tokens)
@@ -91,7 +92,7 @@ def test_samples_decode_to_the_right_tokens(shard):
 
 def test_nsp_recipe(shard):
     N = 64
-    cfg = SampleIndexConfig(seq_length=N, mode="nsp", seed=5, short_seq_prob=0.1)
+    cfg = SampleIndexConfig(seq_length=N, sample_mode="nsp", seed=5, short_seq_prob=0.1)
     idx = build_sample_index(shard, (0, shard.num_documents), cfg)
     la, lb = idx[:, A_END] - idx[:, A_START], idx[:, B_END] - idx[:, B_START]
     assert (la > 0).all() and (lb > 0).all() and (la + lb + 3 <= N).all()
@@ -118,7 +119,7 @@ def test_long_sentences_split_not_dropped(tmp_path):
     prefix = synthetic_shard(tmp_path / "long", [[5, 1000, 7], [3]])
     ds = IndexedDataset(prefix)
     for mode in ("doc-sentences", "full-sentences", "nsp"):
-        idx = build_sample_index(ds, (0, 2), SampleIndexConfig(seq_length=16, mode=mode, seed=0, short_seq_prob=0))
+        idx = build_sample_index(ds, (0, 2), SampleIndexConfig(seq_length=16, sample_mode=mode, seed=0, short_seq_prob=0))
         covered = np.zeros(ds.num_tokens, dtype=int)
         for r in idx:
             covered[r[A_START]:r[A_END]] += 1
@@ -134,7 +135,7 @@ def test_short_seq_prob_rate(tmp_path):
     prefix = synthetic_shard(tmp_path / "one", [[10] * 20000])
     ds = IndexedDataset(prefix)
     N, p = 64, 0.2
-    idx = build_sample_index(ds, (0, 1), SampleIndexConfig(seq_length=N, mode="doc-sentences", seed=2,
+    idx = build_sample_index(ds, (0, 1), SampleIndexConfig(seq_length=N, sample_mode="doc-sentences", seed=2,
                                                            short_seq_prob=p, cut_fraction=0.0))
     lens = idx[:-1, A_END] - idx[:-1, A_START]  # last one ends with the document
     short = lens < N - 2
@@ -143,22 +144,22 @@ def test_short_seq_prob_rate(tmp_path):
 
 
 def test_deterministic_and_seed_dependent(shard):
-    cfg = SampleIndexConfig(seq_length=48, mode="nsp", seed=9)
+    cfg = SampleIndexConfig(seq_length=48, sample_mode="nsp", seed=9)
     a = build_sample_index(shard, (0, shard.num_documents), cfg)
     b = build_sample_index(shard, (0, shard.num_documents), cfg)
     np.testing.assert_array_equal(a, b)
-    c = build_sample_index(shard, (0, shard.num_documents), SampleIndexConfig(seq_length=48, mode="nsp", seed=10))
+    c = build_sample_index(shard, (0, shard.num_documents), SampleIndexConfig(seq_length=48, sample_mode="nsp", seed=10))
     assert a.shape != c.shape or (a != c).any()
 
 
 def test_cache_name_hashes_parameters_and_reuses_memmap(shard, tmp_path):
-    cfg = SampleIndexConfig(seq_length=48, mode="doc-sentences", seed=1)
+    cfg = SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1)
     p1, _ = index_cache_path(shard.prefix, (0, 10), cfg, str(tmp_path))
-    for other in (SampleIndexConfig(seq_length=64, mode="doc-sentences", seed=1),
-                  SampleIndexConfig(seq_length=48, mode="full-sentences", seed=1),
-                  SampleIndexConfig(seq_length=48, mode="doc-sentences", seed=2),
-                  SampleIndexConfig(seq_length=48, mode="doc-sentences", seed=1, short_seq_prob=0.2),
-                  SampleIndexConfig(seq_length=48, mode="doc-sentences", seed=1, cut_fraction=1.0)):
+    for other in (SampleIndexConfig(seq_length=64, sample_mode="doc-sentences", seed=1),
+                  SampleIndexConfig(seq_length=48, sample_mode="full-sentences", seed=1),
+                  SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=2),
+                  SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1, short_seq_prob=0.2),
+                  SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1, cut_fraction=1.0)):
         assert index_cache_path(shard.prefix, (0, 10), other, str(tmp_path))[0] != p1
     assert index_cache_path(shard.prefix, (0, 11), cfg, str(tmp_path))[0] != p1
     first = load_or_build_index(shard, (0, 10), cfg, str(tmp_path))
@@ -170,11 +171,27 @@ def test_cache_name_hashes_parameters_and_reuses_memmap(shard, tmp_path):
     np.testing.assert_array_equal(again, build_sample_index(shard, (0, 10), cfg))
 
 
+def test_cache_name_is_the_one_existing_caches_have(shard, tmp_path):
+    """The name hashes the settings under their original keys (``mode``, not the renamed ``sample_mode``): caches
+    written before the rename, e.g. next to shared shards, are found again instead of rebuilt."""
+    import hashlib
+
+    from data_pipeline.samples import INDEX_VERSION, _shard_identity
+
+    cfg = SampleIndexConfig(seq_length=48, sample_mode="full-sentences", seed=3, short_seq_prob=0.2,
+                            cut_fraction=0.5)
+    path, desc = index_cache_path(shard.prefix, (0, 10), cfg, str(tmp_path))
+    old_desc = {"version": INDEX_VERSION, "shard": _shard_identity(shard.prefix), "doc_range": [0, 10],
+                "seq_length": 48, "mode": "full-sentences", "seed": 3, "short_seq_prob": 0.2, "cut_fraction": 0.5}
+    digest = hashlib.sha1(json.dumps(old_desc, sort_keys=True).encode()).hexdigest()[:16]
+    assert desc == old_desc and path.name == f"{os.path.basename(shard.prefix)}_samples_{digest}.npy"
+
+
 def test_bad_settings():
     with pytest.raises(SampleIndexError, match="seq_length"):
         SampleIndexConfig(seq_length=7)
     with pytest.raises(SampleIndexError, match="mode"):
-        SampleIndexConfig(mode="sentences")
+        SampleIndexConfig(sample_mode="sentences")
     with pytest.raises(SampleIndexError, match="short_seq_prob"):
         SampleIndexConfig(short_seq_prob=2)
 
@@ -182,7 +199,7 @@ def test_bad_settings():
 def test_nsp_needs_two_documents(tmp_path):
     ds = IndexedDataset(synthetic_shard(tmp_path / "single", [[10, 10, 10]]))
     with pytest.raises(SampleIndexError, match="at least 2 non-empty documents"):
-        build_sample_index(ds, (0, 1), SampleIndexConfig(seq_length=16, mode="nsp"))
+        build_sample_index(ds, (0, 1), SampleIndexConfig(seq_length=16, sample_mode="nsp"))
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +215,7 @@ def books(tmp_path_factory, corpus, bert_uncased_vocab):
 def test_doc_sentences_fill_ratio_on_books(books):
     prefix, _ = books
     ds = IndexedDataset(prefix)
-    cfg = SampleIndexConfig(seq_length=128, mode="doc-sentences")  # defaults: short_seq_prob 0.1, cut 0.1
+    cfg = SampleIndexConfig(seq_length=128, sample_mode="doc-sentences")  # defaults: short_seq_prob 0.1, cut 0.1
     idx = build_sample_index(ds, (0, ds.num_documents), cfg)
     fill = ((idx[:, A_END] - idx[:, A_START] + 2) / 128).mean()
     assert fill >= 0.9, f"doc-sentences fill ratio {fill:.3f} < 0.9 at N=128"
@@ -238,7 +255,7 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, bert_uncased_vocab, capsys):
 
 def _build_in_process(prefix: str, cache_dir: str) -> int:
     ds = IndexedDataset(prefix)
-    cfg = SampleIndexConfig(seq_length=32, mode="full-sentences", seed=77)
+    cfg = SampleIndexConfig(seq_length=32, sample_mode="full-sentences", seed=77)
     return len(load_or_build_index(ds, (0, ds.num_documents), cfg, cache_dir))
 
 
@@ -253,7 +270,7 @@ def test_concurrent_builders_never_see_a_partial_cache(tmp_path):
     with ctx.Pool(3) as pool:
         sizes = pool.starmap(_build_in_process, [(prefix, str(tmp_path / "cache"))] * 6, chunksize=1)
     ds = IndexedDataset(prefix)
-    expect = build_sample_index(ds, (0, ds.num_documents), SampleIndexConfig(seq_length=32, mode="full-sentences",
+    expect = build_sample_index(ds, (0, ds.num_documents), SampleIndexConfig(seq_length=32, sample_mode="full-sentences",
                                                                             seed=77))
     assert sizes == [len(expect)] * 6
     files = list((tmp_path / "cache").iterdir())

@@ -77,7 +77,7 @@ def trainer_table() -> str:
         out += [f"#### {group.title}", "", "| flag | default | meaning |", "|---|---|---|"]
         for a in actions:
             flags = ", ".join(f"`{o}`" for o in a.option_strings)
-            meaning = a.help or ""
+            meaning = (a.help or "").replace("%%", "%")
             if a.choices:
                 meaning = f"{meaning} (one of {', '.join(map(str, a.choices))})".strip()
             unset = a.default is None or a.default is False or a.dest == "pre_layer_norm"

@@ -5,8 +5,8 @@
                                        [--sparsity '{"mode": "blockbert", "num_blocks": 2, ...}']
 
 ZeRO 1/2/3 shards of any number of ranks (fp32, fp16, bf16) are consolidated to fp32 by DeepSpeed's own
-zero_to_fp32; ZeRO-0 fp16/bf16 checkpoints give the optimizer's fp32 master weights. Models that stock BERT can express become a plain ``BertForMaskedLM``
-directory (names mapped by model/hf_adapter.py); the others carry our own model code (tools/hf_export) and load
+zero_to_fp32; ZeRO-0 fp16/bf16 checkpoints give the optimizer's fp32 master weights. Models that stock BERT can
+express (decided by model.hf_adapter.stock_bert_reason) become a plain ``BertForMaskedLM`` directory (names mapped by model/hf_adapter.py); the others carry our own model code (tools/hf_export) and load
 with ``trust_remote_code=True``. Output directories are written to a temporary sibling and renamed at the end, so a
 failed conversion leaves nothing half-written.
 """
@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in info["extended"]:
                 print(f"[convert] extended {line}")
             print(f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
-                  f"pretrain/train.py --load {info['out']} --finetune --model-config {info['out']}/model_config.json ...")
+                  f"pretrain/train.py --load {info['out']} --finetune --model-config "
+                  f"{info['out']}/model_config.json ...")
     except (ConversionError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -270,7 +270,8 @@ def environment_report() -> tuple[str, dict, list[str]]:
         if f"sm_{major}{minor}" not in data["arch_list"] and not any(
                 a.startswith(f"sm_{major}") for a in data["arch_list"]):
             problems.append(f"GPU {i} {name} (sm_{major}{minor}) has no kernels in this torch build "
-                            f"({' '.join(data['arch_list'])}): re-run run_scripts/setup_env.sh (docs/troubleshooting.md)")
+                            f"({' '.join(data['arch_list'])}): re-run run_scripts/setup_env.sh "
+                            "(docs/troubleshooting.md)")
     gpus = "; ".join(f"{g['index']}: {g['name']} (sm {g['capability']})" for g in data["gpus"])
     md = (f"torch {data['torch']}, CUDA {data['cuda']}, driver {data['driver']}; arch list "
           f"{' '.join(data['arch_list'])}; GPUs: {gpus}")

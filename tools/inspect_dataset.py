@@ -1,4 +1,6 @@
 """``python -m tools.inspect_dataset PREFIX [PREFIX ...]``: what is in a Megatron shard.
+``python -m tools.inspect_dataset samples --data-path ... --tokenizer-type ...``: the training samples built from
+shards (sample index, fill ratio, masking statistics, decoded masked samples; docs/samples.md).
 
 Prints counts (documents, sequences, tokens), length histograms of sequences and documents, and
 decodes the first few documents back to text (with a tokenizer: ``--vocab-file`` or
@@ -8,12 +10,19 @@ decodes the first few documents back to text (with a tokenizer: ``--vocab-file``
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from typing import Sequence
 
 import numpy as np
 
+from data_pipeline.collate import Collator
+from data_pipeline.data_config import DataConfig
+from data_pipeline.datasets import build_datasets
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetError
+from data_pipeline.samples import MODES
+from data_pipeline.stats import dataset_stats
 from data_pipeline.tokenization import TOKENIZER_TYPES, TokenizerError, build_tokenizer
 
 
@@ -62,10 +71,14 @@ def describe(prefix: str, tokenizer=None, num_docs: int = 2, max_chars: int = 40
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["samples"]:
+        return samples_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m tools.inspect_dataset", description=__doc__.split("\n\n")[0])
     p.add_argument("prefix", nargs="+", help="shard prefix (path without .bin/.idx)")
     p.add_argument("--tokenizer-type", default=None, choices=TOKENIZER_TYPES,
-                   help="default: BertWordPieceLowerCase with --vocab-file, SentencePieceTokenizer with --tokenizer-model")
+                   help="default: BertWordPieceLowerCase with --vocab-file, SentencePieceTokenizer with "
+                        "--tokenizer-model")
     p.add_argument("--vocab-file", default=None)
     p.add_argument("--tokenizer-model", default=None)
     p.add_argument("--num-docs", type=int, default=2, help="documents to decode")
@@ -84,6 +97,81 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (IndexedDatasetError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _samples_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tools.inspect_dataset samples",
+                                description="Build (and cache) the sample index of shards; print statistics.")
+    p.add_argument("--data-path", nargs="+", required=True,
+                   help="shard prefix, or weights and prefixes: 0.25 books_prefix 0.75 wiki_prefix")
+    p.add_argument("--split", default="949,50,1", help="train,valid,test proportions of documents")
+    p.add_argument("--split-name", default="train", choices=("train", "valid", "test"),
+                   help="which split to describe")
+    p.add_argument("--seq-length", type=int, default=512)
+    p.add_argument("--sample-mode", "--mode", dest="sample_mode", default="doc-sentences", choices=MODES)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--cut-fraction", type=float, default=0.1,
+                   help="doc/full-sentences: cut a sentence to fill a sample when more than this fraction of "
+                        "N would stay empty (1.0 = whole sentences only)")
+    p.add_argument("--mask-prob", "--mlm-probability", dest="mask_prob", type=float, default=0.15,
+                   help="share of tokens chosen for prediction")
+    p.add_argument("--whole-word-masking", action="store_true")
+    p.add_argument("--pad-to-multiple-of", type=int, default=None)
+    p.add_argument("--tokenizer-type", required=True)
+    p.add_argument("--vocab-file", default=None)
+    p.add_argument("--tokenizer-model", default=None)
+    p.add_argument("--cache-dir", default=None, help="where to cache indices (default: cache/ beside the shards)")
+    p.add_argument("--stats", action="store_true", help="print statistics as JSON")
+    p.add_argument("--stats-samples", type=int, default=20000,
+                   help="how many samples to mask for the masking statistics (fill ratio uses all)")
+    p.add_argument("--show", type=int, default=0, metavar="K", help="decode K masked samples")
+    return p.parse_args(argv)
+
+
+def samples_main(argv: Sequence[str] | None = None) -> int:
+    """``samples``: build (and cache) the sample index of shards; print statistics or decoded masked samples."""
+    args = _samples_args(argv)
+
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
+    try:
+        config = DataConfig(data_path=args.data_path, split=args.split, seq_length=args.seq_length, sample_mode=args.sample_mode,
+                            seed=args.seed, short_seq_prob=args.short_seq_prob, cut_fraction=args.cut_fraction,
+                            mask_prob=args.mask_prob, whole_word_masking=args.whole_word_masking,
+                            pad_to_multiple_of=args.pad_to_multiple_of, cache_dir=args.cache_dir)
+        t0 = time.perf_counter()
+        splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer)))
+        build_s = time.perf_counter() - t0
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ds = splits[args.split_name]
+    if ds is None:
+        print(f"error: the {args.split_name} split is empty with --split {args.split}", file=sys.stderr)
+        return 2
+    collator = Collator(tokenizer, config)
+    if args.stats:
+        stats = dataset_stats(ds, collator, max_masked_samples=args.stats_samples)
+        stats["index_seconds"] = round(build_s, 4)
+        print(json.dumps(stats, indent=1))
+    if args.show:
+        batch = collator(ds.__getitems__(list(range(min(args.show, len(ds))))))
+        for row in range(batch["input_ids"].shape[0]):
+            ids = batch["input_ids"][row]
+            labels = batch["labels"][row]
+            n = int(batch["attention_mask"][row].sum())
+            pieces = []
+            for pos in range(n):
+                tok = tokenizer.id_to_token(int(ids[pos]))
+                if int(labels[pos]) != -100:
+                    orig = tokenizer.id_to_token(int(labels[pos]))
+                    tok = f"<<{tok}|{orig}>>" if tok != orig else f"<<={tok}>>"
+                pieces.append(tok)
+            nsp = batch.get("next_sentence_label")
+            extra = "" if nsp is None else f" next_sentence_label={int(nsp[row])}"
+            print(f"--- sample {row} ({n} tokens){extra}")
+            print(" ".join(pieces))
     return 0
 
 

@@ -545,7 +545,8 @@ def parse_head_assignment(spec: str | Sequence[int], num_heads: int, num_blocks:
         raise ValueError(f"head_assignment {spec!r} must be non-negative counts summing to num_heads={num_heads}")
     if len(counts) > num_blocks:
         raise ValueError(
-            f"head_assignment {spec!r} has {len(counts)} groups but num_blocks={num_blocks} allows shifts 0..{num_blocks - 1}"
+            f"head_assignment {spec!r} has {len(counts)} groups but num_blocks={num_blocks} allows shifts "
+            f"0..{num_blocks - 1}"
         )
     return counts
 
@@ -573,8 +574,10 @@ class BlockBERTSparsityConfig(SparsityConfig):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.shifts = [k for k, c in enumerate(parse_head_assignment(head_assignment, num_heads, num_blocks)) for _ in range(c)]
-        self.head_assignment = head_assignment if isinstance(head_assignment, str) else ":".join(map(str, head_assignment))
+        counts = parse_head_assignment(head_assignment, num_heads, num_blocks)
+        self.shifts = [k for k, c in enumerate(counts) for _ in range(c)]
+        self.head_assignment = (head_assignment if isinstance(head_assignment, str)
+                                else ":".join(map(str, head_assignment)))
 
     def padded_length(self, seq_len: int) -> int:
         unit = self.num_blocks * self.block
@@ -583,7 +586,8 @@ class BlockBERTSparsityConfig(SparsityConfig):
     def make_layout(self, seq_len: int) -> torch.Tensor:
         if seq_len % (self.num_blocks * self.block):
             raise ValueError(
-                f"BlockBERT needs seq_len divisible by num_blocks*block = {self.num_blocks * self.block}; got {seq_len}. "
+                f"BlockBERT needs seq_len divisible by num_blocks*block = {self.num_blocks * self.block}; "
+                f"got {seq_len}. "
                 f"Pad to padded_length({seq_len}) = {self.padded_length(seq_len)} (SparseSelfAttention does this)."
             )
         layout = self.setup_layout(seq_len)
@@ -637,7 +641,8 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
     Unknown keys raise with their names; keys DeepSpeed knew but this mode does not use are ignored, as DeepSpeed did.
     """
     if not isinstance(cfg, dict) or "mode" not in cfg:
-        raise ValueError(f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(SPARSITY_MODES)}); got {cfg!r}")
+        raise ValueError(f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(SPARSITY_MODES)});"
+                         f" got {cfg!r}")
     mode = cfg["mode"]
     if mode not in SPARSITY_MODES:
         raise NotImplementedError(
@@ -647,7 +652,8 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
     tolerated = set() if mode == "blockbert" else _OLD_DS_KEYS  # BlockBERT was never a DeepSpeed mode: strict
     unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in sparse_attention config for mode {mode!r}; allowed: {sorted(allowed)}")
+        raise ValueError(f"unknown key(s) {unknown} in sparse_attention config for mode {mode!r}; "
+                         f"allowed: {sorted(allowed)}")
     kwargs = {k: v for k, v in cfg.items() if k in allowed and k != "mode"}
     return SPARSITY_MODES[mode](num_heads=num_heads, **kwargs)
 

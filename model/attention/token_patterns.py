@@ -71,7 +71,7 @@ def _check(cond: bool, message: str) -> None:
         raise ValueError(f"attention.token_mask.{message}")
 
 
-# -- parameter dataclasses ----------------------------------------------------------------------------------------------
+# -- parameter dataclasses ---------------------------------------------------------------------------------------------
 @dataclass
 class NoParams:
     """The pattern takes no parameters."""
@@ -144,7 +144,7 @@ class FileParams:
         _check(bool(self.path), "path: pattern 'file' needs 'path' (a mask file from DAM export)")
 
 
-# -- the config ---------------------------------------------------------------------------------------------------------
+# -- the config --------------------------------------------------------------------------------------------------------
 @dataclass
 class TokenMaskConfig:
     """One token-level mask (JSON: ``attention.token_mask``): the settings every pattern has, plus the chosen
@@ -208,7 +208,7 @@ def _params_from_dict(pattern: str, d: dict[str, Any], where: str) -> Any:
     return kind(**d)
 
 
-# -- fixed patterns (all bidirectional, as BERT is) ----------------------------------------------------------------------
+# -- fixed patterns (all bidirectional, as BERT is) --------------------------------------------------------------------
 def _offsets(n: int) -> torch.Tensor:
     i = torch.arange(n)
     return i[None, :] - i[:, None]  # [i, j] = j - i
@@ -340,7 +340,7 @@ def sparsity_table(n: int = 128, num_heads: int = 12) -> dict[str, dict[str, flo
     return out
 
 
-# -- mask files ---------------------------------------------------------------------------------------------------------
+# -- mask files --------------------------------------------------------------------------------------------------------
 def save_masks(path: str, masks: dict[str, torch.Tensor]) -> None:
     """Write ``{"layer{i}": bool [H, n, n]}`` (e.g. :meth:`BertForPreTraining.export_learned_masks`) for
     ``{"pattern": "file", "path": ...}``; written to a temporary name first, so a crash leaves no half file."""

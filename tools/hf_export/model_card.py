@@ -103,12 +103,15 @@ def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str
     lines += [
         "", "## Training", "",
         f"- iterations: {client.get('iteration', 'unknown')}, samples consumed: "
-        f"{client.get('consumed_train_samples', 'unknown')}, data-parallel ranks: {client.get('world_size', 'unknown')}",
-        f"- sequence length {data.get('seq_length', 'unknown')}, micro batch {loop.get('micro_batch_size', 'unknown')}, "
+        f"{client.get('consumed_train_samples', 'unknown')}, "
+        f"data-parallel ranks: {client.get('world_size', 'unknown')}",
+        f"- sequence length {data.get('seq_length', 'unknown')}, "
+        f"micro batch {loop.get('micro_batch_size', 'unknown')}, "
         f"global batch {loop.get('global_batch_size') or client.get('global_batch') or 'unknown'}, "
         f"peak LR {optim.get('lr', 'unknown')}",
         f"- data: {data.get('data_path', 'unknown')} (sample mode {data.get('sample_mode', 'unknown')}, "
-        f"mask prob {data.get('mask_prob', 'unknown')}, whole-word masking {data.get('whole_word_masking', 'unknown')})",
+        f"mask prob {data.get('mask_prob', 'unknown')}, "
+        f"whole-word masking {data.get('whole_word_masking', 'unknown')})",
         f"- tokenizer: {data.get('tokenizer_type', 'unknown')} "
         f"({data.get('vocab_file') or data.get('tokenizer_model') or 'unknown'})",
         f"- DeepSpeed: {client.get('ds_summary', 'unknown')}",

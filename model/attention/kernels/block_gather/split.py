@@ -1,4 +1,5 @@
-"""block_gather's split plan, a CPU optimisation: a layout cut into up to three pieces, each computed the cheap way, merged exactly.
+"""block_gather's split plan, a CPU optimisation: a layout cut into up to three pieces, each computed the cheap
+way, merged exactly.
 
 The general gather path hands every query tile its own gathered copy of every key block it attends: key blocks
 that all rows attend (global columns of Fixed, BigBird, BSLongformer, Variable) are copied once per tile (Fixed,
@@ -378,10 +379,11 @@ class _SplitAttention(torch.autograd.Function):
             outs = []
             for g, (ts, fs), (mask, row_any) in zip(rp.groups, _group_slices(rp), meta["R"]):
                 G, K = g.k_index_GK.shape
-                o, l = _fwd(qR[:, ts], kR[:, fs].view(B, G, K, D), vR[:, fs].view(B, G, K, Dv), mask, row_any, scale)
+                o, lse_g = _fwd(qR[:, ts], kR[:, fs].view(B, G, K, D), vR[:, fs].view(B, G, K, Dv), mask, row_any,
+                                scale)
                 if full is None:
-                    full = l.new_full((B, rp.plan.num_tiles, TR), neg)
-                full.index_copy_(1, rp.tiles[ts], l)
+                    full = lse_g.new_full((B, rp.plan.num_tiles, TR), neg)
+                full.index_copy_(1, rp.tiles[ts], lse_g)
                 outs.append(o)
             pieces.append(("R", outs, full.view(B, H, N)))
         lse = pieces[0][2]
@@ -390,8 +392,8 @@ class _SplitAttention(torch.autograd.Function):
         lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # rows with no key anywhere: all weights 0, P = 0
         acc = torch.promote_types(q.dtype, lse.dtype)
         out = None
-        for name, o, l in pieces:
-            wgt = torch.exp(l - lse)
+        for name, o, lse_p in pieces:
+            wgt = torch.exp(lse_p - lse)
             if name == "A":  # first, covers every row: the product is the (contiguous) accumulator
                 out = torch.mul(o, wgt.unsqueeze(-1), out=q.new_empty(B, H, N, Dv, dtype=acc))
                 continue
@@ -502,7 +504,6 @@ def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Te
                     key_padding_mask_BN: torch.Tensor | None, token_mask: torch.Tensor | None,
                     scale: float | None) -> torch.Tensor:
     B, H, N, D = q_BHND.shape
-    Dv = v_BHND.shape[-1]
     dtype = q_BHND.dtype
     meta = {"plan": plan, "scale": scale, "xw": _fold_bh}
     if plan.shared_index_HS is not None:  # piece A: all queries against the shared blocks
