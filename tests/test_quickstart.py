@@ -19,12 +19,13 @@ def tiny_hf(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hf")
     vocab = out / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    tok = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)  # transformers 5 ignores vocab_file=
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
                                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=32))
     model.save_pretrained(out)
     tok.save_pretrained(out)
+    assert len(tok) == 5 + len(WORDS)  # the vocabulary really loaded (else --expect would pass trivially)
     return out
 
 
@@ -64,7 +65,8 @@ def test_fill_mask_cli_expect_and_errors(tiny_hf: Path, capsys) -> None:
 
 
 def test_quickstart_script_steps_use_real_entry_points() -> None:
-    """Every `python -m` module and repo path the quickstart runs exists (running it all is the main job, not a test)."""
+    """Every `python -m` module and repo path the quickstart runs exists (running it all is the main job, not a
+    test)."""
     text = (REPO / "run_scripts" / "quickstart.sh").read_text()
     modules = re.findall(r"\$PY -m ([\w.]+)", text)
     assert {"data_pipeline.train_tokenizer", "data_pipeline.preprocess", "tools.convert_checkpoint",

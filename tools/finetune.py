@@ -23,7 +23,6 @@ import argparse
 import collections
 import json
 import math
-import random
 import re
 import string
 import sys
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 
@@ -69,7 +69,9 @@ class FinetuneConfig:
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     batch_size: int = 16
-    """Examples (QA: windows) per step (the paper: 16 or 32)."""
+    """Examples (QA: windows) per forward pass (the paper: 16 or 32 per step)."""
+    gradient_accumulation_steps: int = 1
+    """Forward passes per optimizer step (examples per step = batch_size x this)."""
     lr: float = 3e-5
     """Peak learning rate (the paper grid-searches 5e-6 .. 5e-5)."""
     warmup_fraction: float = 0.1
@@ -91,7 +93,8 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if self.task not in ("classification", "qa"):
             raise ValueError(f"--task must be classification or qa, got {self.task!r}")
-        for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best", "batch_size"):
+        for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best", "batch_size",
+                     "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_length is not None and self.max_length < 8:
@@ -316,25 +319,32 @@ def _pad(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
     return torch.tensor([list(r) + [value] * (n - len(r)) for r in rows], dtype=torch.long)
 
 
-def _batches(n: int, size: int, shuffle: bool, rng: random.Random) -> Iterator[list[int]]:
-    order = list(range(n))
-    if shuffle:
-        rng.shuffle(order)
-    for i in range(0, n, size):
-        yield order[i:i + size]
+class _Rows(torch.utils.data.Dataset):
+    """Encoded examples (QA: windows) as dicts of lists; the collator pads them per batch."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.rows[i]
 
 
-def _optimizer(model: torch.nn.Module, cfg: FinetuneConfig, total_steps: int):
-    from transformers import get_linear_schedule_with_warmup
+def _collator(pad_id: int):
+    """Pads ids with the tokenizer's pad id, segment ids with 0, and stacks the labels the task has."""
 
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_fraction * total_steps), total_steps)
-    return opt, sched
+    def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        ids = [r["input_ids"] for r in rows]
+        out = {"input_ids": _pad(ids, pad_id), "token_type_ids": _pad([r["token_type_ids"] for r in rows], 0),
+               "attention_mask": _pad([[1] * len(r) for r in ids], 0)}
+        for key in ("labels", "start_positions", "end_positions"):
+            if key in rows[0]:
+                out[key] = torch.tensor([r[key] for r in rows])
+        return out
+
+    return collate
 
 
 def _needs_remote_code(model_dir: str) -> bool:
@@ -342,50 +352,51 @@ def _needs_remote_code(model_dir: str) -> bool:
     return cfg.is_file() and "auto_map" in json.loads(cfg.read_text())
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+def _trainer(model, train_rows: list[dict[str, Any]], pad_id: int, cfg: FinetuneConfig, device: torch.device,
+             dtype: torch.dtype | None, out: Path):
+    """transformers' Trainer with the paper's protocol: AdamW (no decay on biases and LayerNorm weights), linear
+    warmup over ``warmup_fraction`` of the steps then linear decay to 0, gradient clipping at 1.0; autocast and the
+    fp16 gradient scaler from ``precision``; nothing saved or reported by the Trainer itself."""
+    from transformers import Trainer, TrainingArguments
+
+    per_step = cfg.batch_size * cfg.gradient_accumulation_steps
+    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * math.ceil(len(train_rows) / per_step)))
+    args = TrainingArguments(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        max_steps=total, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
+        warmup_steps=int(cfg.warmup_fraction * total), lr_scheduler_type="linear", max_grad_norm=1.0,
+        optim="adamw_torch", seed=cfg.seed, data_seed=cfg.seed, bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16, use_cpu=device.type == "cpu", report_to="none", save_strategy="no",
+        logging_strategy="steps", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+        remove_unused_columns=False)
+    return Trainer(model=model, args=args, train_dataset=_Rows(train_rows), data_collator=_collator(pad_id))
 
 
-def _train(model, batches_per_epoch: int, make_batch, n_items: int, cfg: FinetuneConfig,
-           rng: random.Random, device: torch.device, dtype: torch.dtype | None) -> dict[str, float]:
-    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * batches_per_epoch))
-    opt, sched = _optimizer(model, cfg, total)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # fp16 gradients underflow
-    model.train()
-    step, losses, t0 = 0, [], time.time()
-    while step < total:
-        for idx in _batches(n_items, cfg.batch_size, True, rng):
-            with _autocast(device, dtype):
-                loss = model(**_to(make_batch(idx), device)).loss
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-            step += 1
-            if step >= total:
-                break
-    return {"steps": step, "train_loss_first": losses[0], "train_loss_last": losses[-1],
+def _train(trainer) -> dict[str, float]:
+    t0 = time.time()
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    return {"steps": trainer.state.global_step, "train_loss_first": losses[0], "train_loss_last": losses[-1],
             "train_seconds": time.time() - t0}
 
 
-def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
-    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
-        AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     from tools.device import precision_name, resolve_device, resolve_precision
 
     device = resolve_device(cfg.device)
     dtype = resolve_precision(cfg.precision, device)
+    if device.type == "cuda" and device.index not in (None, 0):
+        raise DataError(f"--device {cfg.device}: the Trainer uses the first visible GPU; pick GPU {device.index} "
+                        f"with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
     torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
     remote = _needs_remote_code(cfg.model)
     if remote and not cfg.trust_remote_code:
         raise DataError(f"--model {cfg.model} ships custom modeling code (auto_map in config.json); "
@@ -405,13 +416,8 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
-    def tensors(ids_rows, tt_rows):
-        ids = _pad(ids_rows, pad)
-        return {"input_ids": ids, "token_type_ids": _pad(tt_rows, 0),
-                "attention_mask": _pad([[1] * len(r) for r in ids_rows], 0)}
-
     result: dict[str, Any] = {"task": cfg.task, "model": cfg.model, "max_length": max_len, "device": str(device),
-                              "precision": precision_name(dtype)}
+                              "precision": precision_name(dtype), "trainer": "transformers.Trainer"}
     if cfg.task == "classification":
         train, dev = read_classification(cfg.train), read_classification(cfg.dev)
         labels = sorted({e.label for e in train}, key=lambda x: (str(type(x)), x))
@@ -421,7 +427,8 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
             raise DataError(f"{cfg.dev}: labels {unknown} never occur in {cfg.train}")
         model = AutoModelForSequenceClassification.from_pretrained(
             cfg.model, num_labels=len(labels), trust_remote_code=remote,
-            id2label={i: str(lab) for i, lab in enumerate(labels)}, label2id={str(lab): i for i, lab in enumerate(labels)})
+            id2label={i: str(lab) for i, lab in enumerate(labels)},
+            label2id={str(lab): i for i, lab in enumerate(labels)})
 
         def encode(exs):
             enc = tok([e.text_a for e in exs], [e.text_b for e in exs] if any(e.text_b for e in exs) else None,
@@ -430,23 +437,13 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
             return enc["input_ids"], tts
 
         tr_ids, tr_tt = encode(train)
-        y = torch.tensor([index[e.label] for e in train])
-
-        def make_batch(idx):
-            b = tensors([tr_ids[i] for i in idx], [tr_tt[i] for i in idx])
-            b["labels"] = y[idx]
-            return b
-
-        model.to(device)
-        result.update(_train(model, math.ceil(len(train) / cfg.batch_size), make_batch, len(train), cfg, rng,
-                             device, dtype))
-        model.eval()
+        trainer = _trainer(model, [{"input_ids": a, "token_type_ids": b, "labels": index[e.label]}
+                                   for a, b, e in zip(tr_ids, tr_tt, train)], pad, cfg, device, dtype, out)
+        result.update(_train(trainer))
         dv_ids, dv_tt = encode(dev)
-        preds = []
-        with torch.no_grad(), _autocast(device, dtype):
-            for idx in _batches(len(dev), cfg.batch_size, False, rng):
-                b = _to(tensors([dv_ids[i] for i in idx], [dv_tt[i] for i in idx]), device)
-                preds += model(**b).logits.argmax(-1).tolist()
+        pred = trainer.predict(_Rows([{"input_ids": a, "token_type_ids": b} for a, b in zip(dv_ids, dv_tt)]))
+        logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
+        preds = np.asarray(logits).argmax(-1).tolist()
         gold = [index[e.label] for e in dev]
         result["accuracy"] = accuracy(preds, gold)
         with open(out / "predictions.jsonl", "w") as f:
@@ -458,23 +455,14 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         tr_f = qa_features(tok, train, max_len, cfg.doc_stride, cfg.max_query_length)
         dv_f = qa_features(tok, dev, max_len, cfg.doc_stride, cfg.max_query_length)
 
-        def make_batch(idx):
-            b = tensors([tr_f[i].input_ids for i in idx], [tr_f[i].token_type_ids for i in idx])
-            b["start_positions"] = torch.tensor([tr_f[i].start for i in idx])
-            b["end_positions"] = torch.tensor([tr_f[i].end for i in idx])
-            return b
-
-        model.to(device)
-        result.update(_train(model, math.ceil(len(tr_f) / cfg.batch_size), make_batch, len(tr_f), cfg, rng,
-                             device, dtype))
-        model.eval()
-        starts, ends = [None] * len(dv_f), [None] * len(dv_f)
-        with torch.no_grad(), _autocast(device, dtype):
-            for idx in _batches(len(dv_f), cfg.batch_size, False, rng):
-                o = model(**_to(tensors([dv_f[i].input_ids for i in idx], [dv_f[i].token_type_ids for i in idx]),
-                                device))
-                for j, i in enumerate(idx):
-                    starts[i], ends[i] = o.start_logits[j].float().tolist(), o.end_logits[j].float().tolist()
+        trainer = _trainer(model, [{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids,
+                                    "start_positions": f.start, "end_positions": f.end} for f in tr_f],
+                           pad, cfg, device, dtype, out)
+        result.update(_train(trainer))
+        pred = trainer.predict(_Rows([{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids} for f in dv_f]))
+        start_logits, end_logits = (np.asarray(x, dtype=np.float32) for x in pred.predictions[:2])
+        starts = [start_logits[i, :len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
+        ends = [end_logits[i, :len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
         preds = decode_qa(dv_f, starts, ends, dev, cfg.n_best, cfg.max_answer_length)
         result.update(squad_metrics(preds, {e.qid: e.answers for e in dev}))
         result.update(train_windows=len(tr_f), dev_windows=len(dv_f))
@@ -505,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=float, default=4.0)
     p.add_argument("--max-steps", type=int)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--gradient-accumulation-steps", type=int, default=1)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--warmup-fraction", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.01)
