@@ -27,8 +27,16 @@ import torch
 from data_pipeline.blending import BlendSchedule
 from data_pipeline.data_config import SPLIT_NAMES, DataConfig, DataConfigError, split_document_ranges
 from data_pipeline.indexed import IndexedDataset, index_file_path
-from data_pipeline.samples import (A_END, A_START, B_END, B_START, NSP_LABEL, SampleIndexError, load_or_build_index,
-                                   shard_max_token_id)
+from data_pipeline.samples import (
+    A_END,
+    A_START,
+    B_END,
+    B_START,
+    NSP_LABEL,
+    SampleIndexError,
+    load_or_build_index,
+    shard_max_token_id,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------

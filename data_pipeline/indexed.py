@@ -308,7 +308,8 @@ class IndexedDataset:
 
         if d < 1 or self.document_indices[0] != 0 or self.document_indices[-1] != n:
             raise IndexedDatasetError(f"{idx_path}: document index must start at 0 and end at {n} "
-                                      f"(found {self.document_indices[:1].tolist()}..{self.document_indices[-1:].tolist()})")
+                                      f"(found {self.document_indices[:1].tolist()}.."
+                                      f"{self.document_indices[-1:].tolist()})")
         if d > 1 and np.any(np.diff(self.document_indices) < 0):
             raise IndexedDatasetError(f"{idx_path}: document index is not non-decreasing")
         if n and self.sequence_lengths.min() < 0:

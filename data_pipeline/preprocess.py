@@ -321,7 +321,8 @@ def _mpi_comm():
 
 
 def _process_parts(cfg: PreprocessConfig, layout: rs.RunLayout, todo: list[tuple[int, str]], tokenizer: Tokenizer,
-                   settings: EncodeSettings, shash: str, progress: _Progress, done_before: int, use_spawn: bool) -> None:
+                   settings: EncodeSettings, shash: str, progress: _Progress, done_before: int,
+                   use_spawn: bool) -> None:
     dtype = np.dtype(settings.dtype)
     eod = tokenizer.eod_id if cfg.append_eod else None
     if not todo:
@@ -485,9 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(cfg)
     except Exception as e:  # clear one-line error for known failure kinds
-        from data_pipeline.tokenization import TokenizerError
-
         from data_pipeline.indexed import IndexedDatasetError
+        from data_pipeline.tokenization import TokenizerError
 
         if isinstance(e, (IndexedDatasetError, TokenizerError, rs.ResumeError, OSError)):
             print(f"error: {e}", file=sys.stderr)

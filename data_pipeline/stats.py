@@ -10,6 +10,7 @@ from data_pipeline.datasets import PretrainingDataset
 from data_pipeline.masking import IGNORE_INDEX
 from data_pipeline.samples import A_START
 
+
 # ---------------------------------------------------------------------------------------------------------
 # statistics (CLI, docs)
 # ---------------------------------------------------------------------------------------------------------
@@ -25,7 +26,7 @@ def dataset_stats(dataset: PretrainingDataset, collator: Collator, max_masked_sa
         "num_samples_per_dataset": {c.prefix: int(len(c)) for c in dataset.components},
         "seq_length": N,
         "mean_fill_ratio": float(all_len.mean() / N),
-        "mean_fill_ratio_per_dataset": {c.prefix: float(l.mean() / N) for c, l in zip(dataset.components, lengths)},
+        "mean_fill_ratio_per_dataset": {c.prefix: float(n.mean() / N) for c, n in zip(dataset.components, lengths)},
         # the price of cut_fraction < 1: samples whose text starts inside a sentence
         "mid_sentence_start_fraction": float(np.mean(np.concatenate([
             ~np.isin(np.asarray(c.index)[:, A_START], np.asarray(c.shard.sequence_pointers) // c.shard.dtype.itemsize)

@@ -229,8 +229,8 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
             entries = [line.rstrip("\n") for line in f]
         missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in set(entries)]
         if missing:
-            raise TokenizerError(f"--vocab-file {vocab_file}: no {', '.join(missing)} entry; a BERT WordPiece vocab.txt "
-                                 f"lists them (train one with `python -m data_pipeline.train_tokenizer`)")
+            raise TokenizerError(f"--vocab-file {vocab_file}: no {', '.join(missing)} entry; a BERT WordPiece "
+                                 f"vocab.txt lists them (train one with `python -m data_pipeline.train_tokenizer`)")
         # exactly the pipeline BertTokenizerFast(vocab, do_lower_case=lower) builds (parity is tested)
         backend = BertWordPieceTokenizer(vocab_file, clean_text=True, handle_chinese_chars=True, strip_accents=None,
                                          lowercase=lower)._tokenizer

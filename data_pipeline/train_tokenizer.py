@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
-from data_pipeline.readers import BadInputLog, expand_inputs, read_documents, FORMATS, KIND_WIKITEXT
+from data_pipeline.readers import FORMATS, KIND_WIKITEXT, BadInputLog, expand_inputs, read_documents
 from data_pipeline.text import split_lines
 from data_pipeline.wikitext import wikitext_to_text
 

@@ -11,7 +11,7 @@ import html
 import re
 
 import mwparserfromhell
-from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink, ExternalLink
+from mwparserfromhell.nodes import Comment, ExternalLink, Heading, Tag, Template, Wikilink
 
 _DROP_TAGS = {"ref", "references", "table", "gallery", "math", "timeline", "imagemap", "syntaxhighlight",
               "source", "score", "graph", "templatedata", "noinclude", "code", "pre", "chem"}

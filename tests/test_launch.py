@@ -1,5 +1,6 @@
 """The launch paths other than `deepspeed --num_gpus` (covered by the resume and fault tests): torchrun, mpirun
-(mpi4py discovery) and `deepspeed --hostfile` with the OpenMPI launcher, each training 2 CPU ranks (on CUDA: one per GPU, up to 2) for 2 steps."""
+(mpi4py discovery) and `deepspeed --hostfile` with the OpenMPI launcher, each training 2 CPU ranks (on CUDA: one
+per GPU, up to 2) for 2 steps."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder
-from data_pipeline.loader import (DataConfig, DataConfigError, build_dataloader, build_datasets,
-                                  split_document_ranges)
+from data_pipeline.loader import DataConfig, DataConfigError, build_dataloader, build_datasets, split_document_ranges
 from tests.samples_helpers import FIRST_ID, synthetic_shard
 
 

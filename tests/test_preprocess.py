@@ -50,7 +50,8 @@ def test_sentence_level_tokens_equal_hf_per_document(megatron, bert_uncased_voca
     ours = IndexedDataset(tmp_path / "s_text_sentence")
     ref = IndexedDataset(megatron / "wiki60_text_sentence")  # Megatron's own (punkt) sentence shard
     hf = BertTokenizerFast(str(bert_uncased_vocab), do_lower_case=True)
-    texts = [json.loads(l)["text"] for l in (megatron / "wiki60.jsonl").read_text(encoding="utf-8").splitlines()]
+    texts = [json.loads(line)["text"]
+             for line in (megatron / "wiki60.jsonl").read_text(encoding="utf-8").splitlines()]
     assert ours.num_documents == 60
     for d, text in enumerate(texts):
         expect = hf(text, add_special_tokens=False).input_ids
@@ -102,7 +103,7 @@ def test_parquet_and_jsonl_give_the_same_shard(bert_uncased_vocab, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [json.loads(l) for l in (SAMPLE / "jsonl" / "articles.jsonl").read_text(encoding="utf-8").splitlines()]
+    rows = [json.loads(line) for line in (SAMPLE / "jsonl" / "articles.jsonl").read_text(encoding="utf-8").splitlines()]
     pq.write_table(pa.table({"text": [r["text"] for r in rows], "title": [r["title"] for r in rows]}),
                    tmp_path / "a.parquet", row_group_size=17)
     common = ["--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, "--json-keys",
@@ -219,7 +220,7 @@ def test_empty_documents_stay_as_megatron_writes_them(bert_uncased_vocab, tmp_pa
                "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, *flags) == 0
     hf = BertTokenizerFast(str(bert_uncased_vocab), do_lower_case=True)
     level = "sentence" if split else "document"
-    ref = IndexedDatasetBuilder(str(tmp_path / f"ref.bin"), dtype=np.uint16)
+    ref = IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=np.uint16)
     for t in texts:
         ids = hf(t, add_special_tokens=False).input_ids
         if ids and eod:

@@ -29,7 +29,8 @@ def test_mpirun_two_ranks_equals_single_process(bert_uncased_vocab, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "rank 1/2" in r.stderr  # both ranks really worked
     for ext in (".bin", ".idx"):
-        assert (tmp_path / f"one_text_sentence{ext}").read_bytes() == (tmp_path / f"two_text_sentence{ext}").read_bytes()
+        one, two = tmp_path / f"one_text_sentence{ext}", tmp_path / f"two_text_sentence{ext}"
+        assert one.read_bytes() == two.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == [
         "two_text_sentence.bin", "two_text_sentence.idx"]
     assert (tmp_path / "reports" / "two.report.json").is_file()

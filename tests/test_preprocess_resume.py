@@ -26,7 +26,7 @@ def many_inputs(tmp_path_factory) -> Path:
         src = srcs[i % len(srcs)]
         text = src.read_text(encoding="utf-8")
         if src.suffix == ".jsonl":
-            rows = [json.loads(l) for l in text.splitlines()]
+            rows = [json.loads(line) for line in text.splitlines()]
             text = "".join(json.dumps({"text": f"Copy {i}. " + r["text"]}) + "\n" for r in rows)
         else:
             text = text.replace("CHAPTER 1.", f"CHAPTER 1. Copy {i}.")

@@ -10,10 +10,20 @@ import numpy as np
 import pytest
 
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder
-from data_pipeline.samples import (A_END, A_START, B_END, B_START, NSP_LABEL, SampleIndexConfig, SampleIndexError,
-                                   build_sample_index, index_cache_path, load_or_build_index)
-from tools.inspect_dataset import samples_main as main
+from data_pipeline.samples import (
+    A_END,
+    A_START,
+    B_END,
+    B_START,
+    NSP_LABEL,
+    SampleIndexConfig,
+    SampleIndexError,
+    build_sample_index,
+    index_cache_path,
+    load_or_build_index,
+)
 from tests.samples_helpers import books_shard, synthetic_shard
+from tools.inspect_dataset import samples_main as main
 
 
 def random_docs(seed: int, n_docs: int = 40, long_every: int = 0) -> list[list[int]]:
@@ -119,7 +129,8 @@ def test_long_sentences_split_not_dropped(tmp_path):
     prefix = synthetic_shard(tmp_path / "long", [[5, 1000, 7], [3]])
     ds = IndexedDataset(prefix)
     for mode in ("doc-sentences", "full-sentences", "nsp"):
-        idx = build_sample_index(ds, (0, 2), SampleIndexConfig(seq_length=16, sample_mode=mode, seed=0, short_seq_prob=0))
+        cfg = SampleIndexConfig(seq_length=16, sample_mode=mode, seed=0, short_seq_prob=0)
+        idx = build_sample_index(ds, (0, 2), cfg)
         covered = np.zeros(ds.num_tokens, dtype=int)
         for r in idx:
             covered[r[A_START]:r[A_END]] += 1
@@ -148,7 +159,8 @@ def test_deterministic_and_seed_dependent(shard):
     a = build_sample_index(shard, (0, shard.num_documents), cfg)
     b = build_sample_index(shard, (0, shard.num_documents), cfg)
     np.testing.assert_array_equal(a, b)
-    c = build_sample_index(shard, (0, shard.num_documents), SampleIndexConfig(seq_length=48, sample_mode="nsp", seed=10))
+    c = build_sample_index(shard, (0, shard.num_documents),
+                           SampleIndexConfig(seq_length=48, sample_mode="nsp", seed=10))
     assert a.shape != c.shape or (a != c).any()
 
 
@@ -270,8 +282,8 @@ def test_concurrent_builders_never_see_a_partial_cache(tmp_path):
     with ctx.Pool(3) as pool:
         sizes = pool.starmap(_build_in_process, [(prefix, str(tmp_path / "cache"))] * 6, chunksize=1)
     ds = IndexedDataset(prefix)
-    expect = build_sample_index(ds, (0, ds.num_documents), SampleIndexConfig(seq_length=32, sample_mode="full-sentences",
-                                                                            seed=77))
+    expect = build_sample_index(ds, (0, ds.num_documents),
+                                SampleIndexConfig(seq_length=32, sample_mode="full-sentences", seed=77))
     assert sizes == [len(expect)] * 6
     files = list((tmp_path / "cache").iterdir())
     assert sorted(f.suffix for f in files) == [".json", ".npy"], files

@@ -32,7 +32,7 @@ def test_ids_equal_tokenizers_library_and_transformers(uncased, bert_uncased_voc
     ref = BertWordPieceTokenizer(str(bert_uncased_vocab), lowercase=True)
     hf = BertTokenizerFast(str(bert_uncased_vocab), do_lower_case=True)
     lines = (corpus / "megatron-shards" / "wiki60.jsonl").read_text(encoding="utf-8").splitlines()[:5]
-    texts = TEXTS + [json.loads(l)["text"] for l in lines]
+    texts = TEXTS + [json.loads(line)["text"] for line in lines]
     ours = uncased.encode_batch(texts)
     assert ours == [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
     assert ours == [hf(t, add_special_tokens=False).input_ids for t in texts]

@@ -1,6 +1,6 @@
 """Two CPU ranks (gloo) under the deepspeed launcher (on CUDA: one rank per GPU up to two, with --deterministic),
-ZeRO-2 fp32 with gradient accumulation and dropout: 6 iterations straight must equal 3 + stop + --load + 3 bitwise at every step. The same runs feed the TensorBoard
-read-back, keep-last-k and changed-architecture checks."""
+ZeRO-2 fp32 with gradient accumulation and dropout: 6 iterations straight must equal 3 + stop + --load + 3 bitwise
+at every step. The same runs feed the TensorBoard read-back, keep-last-k and changed-architecture checks."""
 
 from __future__ import annotations
 

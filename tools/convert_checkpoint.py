@@ -6,7 +6,8 @@
 
 ZeRO 1/2/3 shards of any number of ranks (fp32, fp16, bf16) are consolidated to fp32 by DeepSpeed's own
 zero_to_fp32; ZeRO-0 fp16/bf16 checkpoints give the optimizer's fp32 master weights. Models that stock BERT can
-express (decided by model.hf_adapter.stock_bert_reason) become a plain ``BertForMaskedLM`` directory (names mapped by model/hf_adapter.py); the others carry our own model code (tools/hf_export) and load
+express (decided by model.hf_adapter.stock_bert_reason) become a plain ``BertForMaskedLM`` directory (names
+mapped by model/hf_adapter.py); the others carry our own model code (tools/hf_export) and load
 with ``trust_remote_code=True``. Output directories are written to a temporary sibling and renamed at the end, so a
 failed conversion leaves nothing half-written.
 """

@@ -136,7 +136,8 @@ def samples_main(argv: Sequence[str] | None = None) -> int:
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
     try:
-        config = DataConfig(data_path=args.data_path, split=args.split, seq_length=args.seq_length, sample_mode=args.sample_mode,
+        config = DataConfig(data_path=args.data_path, split=args.split, seq_length=args.seq_length,
+                            sample_mode=args.sample_mode,
                             seed=args.seed, short_seq_prob=args.short_seq_prob, cut_fraction=args.cut_fraction,
                             mask_prob=args.mask_prob, whole_word_masking=args.whole_word_masking,
                             pad_to_multiple_of=args.pad_to_multiple_of, cache_dir=args.cache_dir)
