@@ -51,6 +51,17 @@ READ_ONLY_INPUTS = (CORPUS, REPO / "run_scripts" / "sample_data")
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """Removes DeepSpeed CPU all-reduce buffers (/dev/shm, RAM) that runs of this session left: the trainer unlinks
+    its own once mapped, but a rank killed during initialisation (the fault tests) cannot."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("deepspeed_allreduce_buffer_*")) if shm.is_dir() else set()
+    yield
+    for p in (set(shm.glob("deepspeed_allreduce_buffer_*")) if shm.is_dir() else set()) - before:
+        p.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def inputs_stay_untouched():
     """Fails the session if any test wrote into, changed or deleted from an input directory (caches and outputs
     belong in temporary directories)."""
