@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.attention.bias import ScoreBias
-from model.attention.kernels.registry import Kernel, register_kernel
+from model.attention.kernels.registry import Call, Kernel, register_kernel
 from model.attention.kernels.sdpa import sdpa_with_allow
 
 
@@ -17,9 +16,8 @@ class DensePlan:
 
     allow_HNN: torch.Tensor | None
 
-    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
-            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
-            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
+        key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
         N = q_BHND.shape[2]
         allow = self.allow_HNN
         if token_mask is not None:

@@ -9,9 +9,8 @@ from typing import Any, Callable
 
 import torch
 
-from model.attention.bias import ScoreBias
 from model.attention.kernels.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
-from model.attention.kernels.registry import Kernel, register_kernel
+from model.attention.kernels.registry import Call, Kernel, register_kernel
 
 _compiled_flex: dict[str, Callable] = {}
 
@@ -84,9 +83,8 @@ class FlexPlan:
         B = None if kpm is None else kpm.shape[0]
         return create_block_mask(mask_mod, B, lay.shape[0], self.seq_len, self.seq_len, device=lay.device)
 
-    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
-            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
-            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
+        key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
         dev = q_BHND.device
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_BHND, k_BHND, v_BHND))
         if dev.type == "cpu" and needs_grad:

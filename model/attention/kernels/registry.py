@@ -5,7 +5,8 @@
 - ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device, token_mask=None)`` and is cached by
   the caller per (layout, N, device); ``layout_HMM`` None means full attention. A fixed ``token_mask`` (bool
   ``[H|1, N, N]``, e.g. a SparseBERT pattern) given here is folded into the plan once instead of being re-applied
-  every call. A plan object runs itself (``plan.run(q, k, v, ...)``), so a kernel never dispatches on plan types.
+  every call. A plan object runs itself (``plan.run(q, k, v, call)`` with the per-call inputs in a :class:`Call`),
+  so a kernel never dispatches on plan types.
 - ``key_padding_mask_BN``: bool, True = key may be attended. ``token_mask``: bool broadcastable to ``[H, N, N]``,
   True = allowed, combined (AND) with the block layout. ``score_bias``: a :class:`~model.attention.bias.ScoreBias`.
 - Rows with nothing to attend to return zeros (and zero gradients), never NaN.
@@ -16,11 +17,33 @@ kernels from :data:`KERNELS`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from model.attention.bias import ScoreBias
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one attention call passes to a plan besides q/k/v (every plan's ``run(q, k, v, call)``)."""
+
+    key_padding_mask_BN: torch.Tensor | None = None
+    """bool, True = key may be attended."""
+    token_mask: torch.Tensor | None = None
+    """bool broadcastable to ``[H, N, N]``, True = allowed; ANDed with the layout and the plan's fixed mask."""
+    score_bias: ScoreBias | None = None
+    """Additive score bias (DIET), applied by each plan in its own tiling."""
+    dropout_p: float = 0.0
+    """Attention dropout of this call (0 outside training)."""
+    scale: float | None = None
+    """Score scale (None: 1/sqrt(head size))."""
+
+    def __iter__(self):
+        """Unpacks in field order without copying (``dataclasses.astuple`` would deep-copy the tensors)."""
+        return iter((self.key_padding_mask_BN, self.token_mask, self.score_bias, self.dropout_p, self.scale))
+
 
 KERNELS: dict[str, "Kernel"] = {}
 """Registered kernels by name (one instance each); ``--attention-kernel`` choices and the tests come from here."""
@@ -72,5 +95,5 @@ class Kernel:
         scale: float | None = None,
         training: bool = False,
     ) -> torch.Tensor:
-        return plan.run(q_BHND, k_BHND, v_BHND, key_padding_mask_BN=key_padding_mask_BN, token_mask=token_mask,
-                        score_bias=score_bias, dropout_p=dropout_p if training else 0.0, scale=scale)
+        return plan.run(q_BHND, k_BHND, v_BHND, Call(key_padding_mask_BN, token_mask, score_bias,
+                                                     dropout_p if training else 0.0, scale))

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from model.attention.bias import ScoreBias
 from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
+from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
 
 
@@ -38,9 +38,8 @@ class GatherPlan:
     flat_index: torch.Tensor  # all groups' key rows into k.reshape(B, H*N, D), concatenated
     density: float
 
-    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
-            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
-            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
+        key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
         T = self.tile

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-from model.attention.bias import ScoreBias
 from model.attention.kernels.block_gather.gather import make_gather_plan
 from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
+from model.attention.kernels.registry import Call
 
 SWITCH = "SPARSEBERT_CPU_SPLIT"
 """Environment variable: ``0`` turns the split plan off (block_gather then uses the general gather plan)."""
@@ -105,13 +105,11 @@ class SplitPlan:
     fallback: object  # GatherPlan of the whole layout: dropout, score biases, non-CPU devices
     density: float
 
-    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, *,
-            key_padding_mask_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None,
-            score_bias: ScoreBias | None = None, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
+        key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
         if dropout_p == 0.0 and score_bias is None and q_BHND.device.type == "cpu":
             return split_attention(q_BHND, k_BHND, v_BHND, self, key_padding_mask_BN, token_mask, scale)
-        return self.fallback.run(q_BHND, k_BHND, v_BHND, key_padding_mask_BN=key_padding_mask_BN,
-                                 token_mask=token_mask, score_bias=score_bias, dropout_p=dropout_p, scale=scale)
+        return self.fallback.run(q_BHND, k_BHND, v_BHND, call)
 
 
 def shared_blocks(lay_HMM: torch.Tensor) -> torch.Tensor | None:
