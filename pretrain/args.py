@@ -204,7 +204,14 @@ class DataArgs:
     data_path: list[str] = field(default_factory=list)
     """Megatron-style prefixes with optional weights: `0.3 books 0.7 wiki` or `prefix`."""
     split: str = "949,50,1"
-    """train,valid,test proportions."""
+    """train,valid,test proportions of each shard's documents (contiguous whole-document ranges); ignored when
+    --valid-data-path is given (then every --data-path document trains)."""
+    valid_data_path: list[str] = field(default_factory=list)
+    """Separate validation shards (Megatron's --valid-data-path): held-out documents, e.g. whole books, used whole
+    for validation; prefixes with optional weights, like --data-path."""
+    valid_seed: int | None = None
+    """Seeds the validation samples and masks (default: --seed). Fix it to evaluate runs with different --seed on
+    identical held-out batches."""
     seq_length: int = 512
     """Tokens per sample N."""
     sample_mode: str = "doc-sentences"
@@ -281,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=[])
     g.add_argument("--split", default="949,50,1")
+    g.add_argument("--valid-data-path", nargs="+", default=[])
+    g.add_argument("--valid-seed", type=int)
     g.add_argument("--seq-length", type=int, default=512)
     g.add_argument("--sample-mode", default="doc-sentences")
     g.add_argument("--short-seq-prob", type=float, default=0.1)
@@ -410,7 +419,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
                       sample_mode=ns.sample_mode, short_seq_prob=ns.short_seq_prob, mask_prob=ns.mask_prob,
                       whole_word_masking=ns.whole_word_masking,
                       max_predictions_per_seq=ns.max_predictions_per_seq, tokenizer_type=ns.tokenizer_type,
-                      vocab_file=ns.vocab_file, tokenizer_model=ns.tokenizer_model),
+                      vocab_file=ns.vocab_file, tokenizer_model=ns.tokenizer_model,
+                      valid_data_path=list(ns.valid_data_path), valid_seed=ns.valid_seed),
     )
 
 

@@ -59,12 +59,23 @@ def build_model(model_config):
     return BertForPreTraining(model_config)
 
 
-def data_config(run: RunConfig):
+_ALL_TRAIN = "1,0,0"  # a split that gives every document of a shard to its first dataset
+
+
+def data_config(run: RunConfig, valid: bool = False):
+    """The loader's DataConfig for training, or (``valid``) for validation: the --valid-data-path shards (whole,
+    hence split 1,0,0) or the --data-path shards' valid split, sampled and masked with --valid-seed."""
     from data_pipeline.loader import DataConfig
 
     d = run.data
-    return DataConfig(data_path=list(d.data_path), split=d.split, seq_length=d.seq_length, mode=d.sample_mode,
-                      seed=run.loop.seed, short_seq_prob=d.short_seq_prob, mlm_probability=d.mask_prob,
+    seed = run.loop.seed
+    data_path, split = list(d.data_path), d.split
+    if d.valid_data_path:
+        data_path, split = (list(d.valid_data_path), _ALL_TRAIN) if valid else (data_path, _ALL_TRAIN)
+    if valid and d.valid_seed is not None:
+        seed = d.valid_seed
+    return DataConfig(data_path=data_path, split=split, seq_length=d.seq_length, mode=d.sample_mode,
+                      seed=seed, short_seq_prob=d.short_seq_prob, mlm_probability=d.mask_prob,
                       whole_word_masking=d.whole_word_masking, max_predictions_per_seq=d.max_predictions_per_seq)
 
 
@@ -75,15 +86,23 @@ def build_datasets(run: RunConfig, tokenizer, train_samples: int, train_iters: i
     samples of the remaining steps; train_iters x global batch for a straight run)."""
     from data_pipeline.loader import build_datasets as _build
 
-    loop = run.loop
+    loop, d = run.loop, run.data
     evals = (train_iters // loop.eval_interval + 1) if loop.eval_interval else 0
     num = (train_samples, evals * loop.eval_iters * global_batch, loop.eval_iters * global_batch)
-    return _build(data_config(run), tokenizer, num_samples=num)
+    if not d.valid_data_path and d.valid_seed in (None, run.loop.seed):
+        return _build(data_config(run), tokenizer, num_samples=num)
+    train, valid, test = _build(data_config(run), tokenizer, num_samples=num)
+    if d.valid_data_path:  # held-out shards, whole: the first (all-document) dataset of a 1,0,0 split
+        valid = _build(data_config(run, valid=True), tokenizer, num_samples=(num[1], 0, 0))[0]
+    else:  # the same valid split, drawn with --valid-seed
+        valid = _build(data_config(run, valid=True), tokenizer, num_samples=num)[1]
+    return train, valid, test
 
 
 def build_dataloader(run: RunConfig, dataset, tokenizer, micro_batch: int, dp_rank: int, dp_world: int,
-                     consumed_samples: int, num_workers: int):
+                     consumed_samples: int, num_workers: int, valid: bool = False):
+    """``valid``: masks drawn with the validation seed (--valid-seed), as the validation dataset was built."""
     from data_pipeline.loader import build_dataloader as _build
 
-    return _build(dataset, tokenizer, data_config(run), micro_batch_size=micro_batch, dp_rank=dp_rank,
+    return _build(dataset, tokenizer, data_config(run, valid), micro_batch_size=micro_batch, dp_rank=dp_rank,
                   dp_world_size=dp_world, consumed_samples=consumed_samples, num_workers=num_workers)
