@@ -70,10 +70,10 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=128, seq_length=128,
                    micro_batch_size=2, global_batch_size=None, train_iters=6, eval_interval=3, eval_iters=2,
                    log_interval=1, lr=1e-3, ds_config="ds_configs/zero2_fp32.json", strided_stride=16),
-    # the committed CPU comparison (docs/results.md): ~3 s per step on the 2-core dev box
-    "cpu-small": Preset(num_layers=4, hidden_size=256, num_heads=4, ffn_hidden_size=1024, seq_length=512,
-                        micro_batch_size=4, global_batch_size=None, train_iters=200, eval_interval=25,
-                        eval_iters=6, log_interval=5, lr=1e-3, ds_config="ds_configs/zero2_fp32.json",
+    # the committed CPU comparison (docs/results.md): ~1 s per step on the 2-core dev box (2 ranks x 4 x 512)
+    "cpu-small": Preset(num_layers=4, hidden_size=128, num_heads=4, ffn_hidden_size=512, seq_length=512,
+                        micro_batch_size=4, global_batch_size=None, train_iters=500, eval_interval=50,
+                        eval_iters=8, log_interval=10, lr=2e-3, ds_config="ds_configs/zero2_fp32.json",
                         strided_stride=80),
     # BERT-base at N=512 with the blockwise paper's batch (131,072 tokens) for a GPU node; set --train-iters
     "bert-base": Preset(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, seq_length=512,
@@ -616,7 +616,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return ns
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGHUP (e.g. `kill` of a nohup'ed comparison): unwind like Ctrl-C, so the ranks are stopped too."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         ns = parse(argv)
         preset = PRESETS[ns.preset]
@@ -663,6 +669,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CompareError as e:
         print(f"[compare] error: {e}", file=sys.stderr)
         return 2
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def test_head_assignment_scales_the_paper_split() -> None:
 @pytest.mark.parametrize("config", pc.CONFIG_NAMES)
 def test_every_config_is_a_valid_model(config: str) -> None:
     d = pc.model_config_dict(config, pc.PRESETS["cpu-small"])
-    assert (d["num_layers"], d["hidden_size"], d["num_attention_heads"]) == (4, 256, 4)
+    assert (d["num_layers"], d["hidden_size"], d["num_attention_heads"]) == (4, 128, 4)
     assert d["max_position_embeddings"] == 512
 
 
