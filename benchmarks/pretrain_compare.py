@@ -261,7 +261,7 @@ def train_run(ns: argparse.Namespace, spec: RunSpec, run_dir: Path) -> bool:
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     env["PYTHONUNBUFFERED"] = "1"
     start = time.time()
-    with open(run_dir / "stdout.log", "a") as log:
+    with open(run_dir / "stdout.log", "a", buffering=1) as log:  # line-buffered: tail -f works
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -535,8 +535,24 @@ def report(ns: argparse.Namespace, specs: list[RunSpec], preset_name: str, prese
                "machine": machine_info(), "launcher": ns.launcher, "nproc": ns.nproc,
                "same_validation_batches": len(fingerprints) <= 1, "runs": runs, "summary": summarize(runs)}
     (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "table.md").write_text(markdown_table(results))
     results["plots"] = [str(p) for p in plot(results, out)]
     return results
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The summary as a markdown table (docs/results.md pastes it): mean ± std over seeds where there are several."""
+    def pm(d: dict[str, float], fmt: str) -> str:
+        return format(d["mean"], fmt) + (f" ± {format(d['std'], fmt)}" if d["n"] > 1 else "")
+
+    rows = ["| config | seeds | step | valid loss | valid ppl | MLM acc | step time (s) | vs dense | peak RSS rank 0 (MB) "
+            "| vs dense |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for config, s in results["summary"].items():
+        rows.append(f"| {config} | {len(s['seeds'])} | {s['final_iteration']} | {pm(s['loss'], '.3f')} | "
+                    f"{pm(s['perplexity'], '.1f')} | {pm(s['mlm_accuracy'], '.4f')} | {pm(s['step_time_s'], '.3f')} | "
+                    f"{s.get('time_vs_dense', float('nan')):.2f}x | {pm(s['peak_memory_mb'], '.0f')} | "
+                    f"{s.get('memory_vs_dense', float('nan')):.2f}x |")
+    return "\n".join(rows) + "\n"
 
 
 def print_table(results: dict[str, Any]) -> None:

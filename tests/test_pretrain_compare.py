@@ -111,6 +111,7 @@ def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -
     assert results["same_validation_batches"]
     assert len({r["valid_fingerprint"] for r in results["runs"].values()}) == 1
     assert set(results["summary"]) == {"dense", "blockbert_n2"}
+    assert "| dense | 1 | 6 |" in (out / "table.md").read_text()
     for name in ("ppl_vs_step.png", "ppl_vs_time.png", "ppl_vs_tokens.png", "cost.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
