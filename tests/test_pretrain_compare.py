@@ -77,7 +77,9 @@ def test_bad_invocations_are_refused(tmp_path: Path, vocab: Path) -> None:
     assert pc.main(["--out", str(tmp_path), "--train-inputs", "a", "--vocab-file", str(vocab)]) == 2  # no held-out
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
 def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -> None:
     out = tmp_path / "cmp"
     # sitting 1: rank 1 dies at iteration 5 of the first run (after the checkpoint of iteration 3)
