@@ -72,7 +72,7 @@ def test_log_reading_keeps_the_resumed_records(tmp_path: Path) -> None:
 
 
 def test_bad_invocations_are_refused(tmp_path: Path, vocab: Path) -> None:
-    assert pc.main(["--out", str(REPO / "out_x"), "--data-path", "x", "--vocab-file", str(vocab)]) == 2
+    assert pc.main(["--out", str(tmp_path), "--data-path", "x", "--vocab-file", str(tmp_path / "none")]) == 2
     assert pc.main(["--out", str(tmp_path), "--vocab-file", str(vocab)]) == 2  # no data
     assert pc.main(["--out", str(tmp_path), "--train-inputs", "a", "--vocab-file", str(vocab)]) == 2  # no held-out
 
