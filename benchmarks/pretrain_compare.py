@@ -472,6 +472,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     runs = results["runs"]
     configs = list(dict.fromkeys(r["config"] for r in runs.values()))
@@ -492,6 +493,10 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
             ax.plot(xs, ys, styles[seeds.index(r["seed"]) % len(styles)], color=colors[r["config"]], marker=".",
                     label=f"{r['config']} (seed {r['seed']})", linewidth=1.2)
         ax.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.set_xlabel(label)
         ax.set_ylabel("validation MLM perplexity (held-out documents)")
         ax.grid(True, which="both", alpha=0.3)
