@@ -369,26 +369,39 @@ def evaluate_checkpoint(spec: RunSpec, run_dir: Path, world_size: int) -> dict[s
 
 
 # --------------------------------------------------------------------------------------------------- results
+STALL_FACTOR = 10.0
+"""A log window slower than this many times the run's median step is a stall of the machine (a suspended VM, a
+descheduled job), not the model's cost: the training-time axis counts it at the median step time and the run
+lists it under ``stalls``."""
+
+
 def summarize_run(spec: RunSpec, run_dir: Path, seq_length: int) -> dict[str, Any]:
     """A run's curve and costs from its own logs: training time and tokens are accumulated from the trainer's
     log windows (evaluation, checkpointing and start-up excluded), so a resumed run counts each step once."""
     train, valid = read_log(run_dir / "log.jsonl")
-    gbs = None
-    times, tokens, steps = {0: 0.0}, {0: 0.0}, []
-    prev, t_acc, tok_acc = 0, 0.0, 0.0
+    windows = []  # (iteration, steps, seconds, real tokens)
+    prev = 0
     for rec in train:
         it = int(rec["iteration"])
         n = it - prev
         if n <= 0 or not rec.get("samples_per_s"):
             continue
-        if gbs is None and it > 0:
-            gbs = rec["consumed_samples"] / it
+        gbs = rec["consumed_samples"] / it
         dt = n * gbs / rec["samples_per_s"]
-        t_acc += dt
-        tok_acc += rec["tokens_per_s"] * dt
-        times[it], tokens[it] = t_acc, tok_acc
-        steps.append((it, dt / n))
+        windows.append((it, n, dt, rec["tokens_per_s"] * dt))
         prev = it
+    # the first window holds loader warm-up
+    step_times = [dt / n for _, n, dt, _ in windows[1:]] or [dt / n for _, n, dt, _ in windows]
+    median = statistics.median(step_times) if step_times else None
+    times, tokens, stalls = {0: 0.0}, {0: 0.0}, []
+    t_acc = tok_acc = 0.0
+    for it, n, dt, tok in windows:
+        if median and dt / n > STALL_FACTOR * median:
+            stalls.append({"iteration": it, "steps": n, "seconds": round(dt, 1)})
+            dt = n * median
+        t_acc += dt
+        tok_acc += tok
+        times[it], tokens[it] = t_acc, tok_acc
     evals = []
     for rec in valid:
         it = int(rec["iteration"])
@@ -396,14 +409,13 @@ def summarize_run(spec: RunSpec, run_dir: Path, seq_length: int) -> dict[str, An
             continue
         evals.append({"iteration": it, "train_time_s": round(times[it], 3), "tokens": int(tokens[it]),
                       **{k: float(v) for k, v in rec["valid"].items()}})
-    step_times = [s for it, s in steps[1:]] or [s for _, s in steps]  # the first window holds loader warm-up
     launches = []
     if (run_dir / "launches.jsonl").exists():
         launches = [json.loads(x) for x in (run_dir / "launches.jsonl").read_text().splitlines() if x.strip()]
     return {
         "config": spec.config, "seed": spec.seed, "iterations": train[-1]["iteration"] if train else 0,
         "evals": evals, "final": evals[-1] if evals else None,
-        "step_time_s": statistics.median(step_times) if step_times else None,
+        "step_time_s": median, "stalls": stalls,
         "train_time_s": round(t_acc, 3), "tokens": int(tok_acc),
         "peak_memory_mb": max((r["memory"] for r in train), default=None),
         "launch_wall_s": round(sum(x["wall_s"] for x in launches), 1), "launches": len(launches),

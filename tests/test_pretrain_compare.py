@@ -68,7 +68,17 @@ def test_log_reading_keeps_the_resumed_records(tmp_path: Path) -> None:
     assert [e["iteration"] for e in s["evals"]] == [4]
     assert s["train_time_s"] == pytest.approx(2 * 2 / 2.0 + 2 * 2 / 4.0)  # 2 s + 1 s
     assert s["tokens"] == pytest.approx(20.0 * 2 + 40.0 * 1)
-    assert s["peak_memory_mb"] == 12.0
+    assert s["peak_memory_mb"] == 12.0 and s["stalls"] == []
+
+
+def test_a_stalled_window_is_counted_at_the_median_step(tmp_path: Path) -> None:
+    recs = [{"iteration": i, "loss": 5.0, "samples_per_s": 2.0 if i != 8 else 0.01, "tokens_per_s": 20.0,
+             "consumed_samples": 2 * i, "memory": 10.0} for i in (2, 4, 6, 8, 10)]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    s = pc.summarize_run(pc.RunSpec("dense_s1", "dense", 1, [], {}), tmp_path, 8)
+    assert s["step_time_s"] == pytest.approx(1.0)
+    assert s["stalls"] == [{"iteration": 8, "steps": 2, "seconds": 400.0}]
+    assert s["train_time_s"] == pytest.approx(10.0)  # 5 windows of 2 steps at 1 s, the stall included
 
 
 def test_bad_invocations_are_refused(tmp_path: Path, vocab: Path) -> None:
