@@ -272,6 +272,13 @@ class DataArgs(DataConfig):
 
     data_path: list[str] = field(default_factory=list)
     """Megatron-style prefixes with optional weights: `0.3 books 0.7 wiki` or `prefix`."""
+    valid_data_path: list[str] = field(default_factory=list)
+    """Separate validation shards (Megatron's --valid-data-path): held-out documents, e.g. whole books, used whole
+    for validation; prefixes with optional weights, like --data-path. With it, --split is not used: every
+    --data-path document trains."""
+    valid_seed: int | None = None
+    """Seeds the validation samples and masks (default: --seed). Fix it to evaluate runs with different --seed on
+    identical held-out batches."""
     tokenizer_type: str = "BertWordPieceLowerCase"
     """data_pipeline.tokenization type."""
     vocab_file: str | None = None

@@ -59,9 +59,22 @@ def build_model(model_config):
     return BertForPreTraining(model_config)
 
 
-def data_config(run: RunConfig):
-    """The data settings: ``run.data`` is a DataConfig already (its seed is --seed)."""
-    return run.data
+_ALL_TRAIN = "1,0,0"  # a split that gives every document of a shard to its first dataset
+
+
+def data_config(run: RunConfig, valid: bool = False):
+    """The loader's settings for training, or (``valid``) for validation: ``run.data`` (a DataConfig, seed --seed),
+    with the --valid-data-path shards used whole (split 1,0,0; the training shards then train whole too) and the
+    validation samples and masks drawn with --valid-seed."""
+    d = run.data
+    changes: dict = {}
+    if d.valid_data_path:
+        changes["split"] = _ALL_TRAIN
+        if valid:
+            changes["data_path"] = list(d.valid_data_path)
+    if valid and d.valid_seed is not None:
+        changes["seed"] = d.valid_seed
+    return dataclasses.replace(d, **changes) if changes else d
 
 
 def build_datasets(run: RunConfig, tokenizer, train_samples: int, train_iters: int, global_batch: int):
@@ -71,15 +84,23 @@ def build_datasets(run: RunConfig, tokenizer, train_samples: int, train_iters: i
     samples of the remaining steps; train_iters x global batch for a straight run)."""
     from data_pipeline.loader import build_datasets as _build
 
-    loop = run.loop
+    loop, d = run.loop, run.data
     evals = (train_iters // loop.eval_interval + 1) if loop.eval_interval else 0
     num = (train_samples, evals * loop.eval_iters * global_batch, loop.eval_iters * global_batch)
-    return _build(data_config(run), tokenizer, num_samples=num)
+    if not d.valid_data_path and d.valid_seed in (None, run.loop.seed):
+        return _build(data_config(run), tokenizer, num_samples=num)
+    train, valid, test = _build(data_config(run), tokenizer, num_samples=num)
+    if d.valid_data_path:  # held-out shards, whole: the first (all-document) dataset of a 1,0,0 split
+        valid = _build(data_config(run, valid=True), tokenizer, num_samples=(num[1], 0, 0))[0]
+    else:  # the same valid split, drawn with --valid-seed
+        valid = _build(data_config(run, valid=True), tokenizer, num_samples=num)[1]
+    return train, valid, test
 
 
 def build_dataloader(run: RunConfig, dataset, tokenizer, micro_batch: int, dp_rank: int, dp_world: int,
-                     consumed_samples: int, num_workers: int):
+                     consumed_samples: int, num_workers: int, valid: bool = False):
+    """``valid``: masks drawn with the validation seed (--valid-seed), as the validation dataset was built."""
     from data_pipeline.loader import build_dataloader as _build
 
-    return _build(dataset, tokenizer, data_config(run), micro_batch_size=micro_batch, dp_rank=dp_rank,
+    return _build(dataset, tokenizer, data_config(run, valid), micro_batch_size=micro_batch, dp_rank=dp_rank,
                   dp_world_size=dp_world, consumed_samples=consumed_samples, num_workers=num_workers)

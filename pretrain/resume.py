@@ -38,6 +38,7 @@ SCHEDULE_SETTINGS = (
 STREAM_SETTINGS = (
     ("data", "data_path", "--data-path"),
     ("data", "split", "--split"),
+    ("data", "valid_data_path", "--valid-data-path"),
     ("data", "sample_mode", "--sample-mode"),
     ("data", "short_seq_prob", "--short-seq-prob"),
     ("data", "mask_prob", "--mask-prob"),

@@ -166,11 +166,12 @@ class Trainer:
         if self.rank0:
             print(f"[pretrain] {msg}", flush=True)
 
-    def _loader(self, dataset, consumed: int, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
+    def _loader(self, dataset, consumed: int, num_workers: int,
+                valid: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's batches from sample ``consumed`` on (the loader draws nothing from torch's global RNG, so
         restoring the RNG on resume and building the loader commute)."""
         return iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
-                                              self.dist.world_size, consumed, num_workers))
+                                              self.dist.world_size, consumed, num_workers, valid=valid))
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The model's inputs on this rank's device. Decisions that need the values are made here, on the host
@@ -289,7 +290,7 @@ class Trainer:
         self.engine.eval()
         # mlm loss x count, mlm correct, mlm count, nsp correct, nsp count
         sums = torch.zeros(5, dtype=torch.float64, device=self.dist.device)
-        it = self._loader(self.valid_ds, 0, 0)
+        it = self._loader(self.valid_ds, 0, 0, valid=True)
         for _ in range(self.run.loop.eval_iters):
             try:
                 batch = self._to_device(next(it))
@@ -341,6 +342,7 @@ class Trainer:
             if self.iteration % loop.log_interval == 0 or self.iteration == self.train_iters:
                 self._log(step, window_start, window_tokens, window_iters)
                 window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
+            paused = time.perf_counter()
             if loop.eval_interval and self.iteration % loop.eval_interval == 0:
                 self._log_eval(self.evaluate())
             done = self.iteration == self.train_iters
@@ -349,6 +351,9 @@ class Trainer:
             if ckpt.save and (done or stop or signalled or
                               (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)):
                 self.save()
+            # evaluation and checkpointing are not training: keep them out of the window's tokens/s (as
+            # Megatron-LM stops its interval timer around evaluation)
+            window_start += time.perf_counter() - paused
             if signalled:
                 saved = f"saved {ckpt.save}; run the same command with --load {ckpt.save}" if ckpt.save else \
                     "nothing saved (no --save)"

@@ -146,3 +146,43 @@ def test_every_flag_is_generated_from_a_documented_field():
     assert sorted(by_dest["attention_kernel"].choices) == sorted(KERNELS)
     text = parser.format_help()
     assert "--lr-warmup-iters" in text and "Warmup length in optimizer steps" in text
+
+
+def _valid_ids(args: list[str]) -> list[list[int]]:
+    """Input ids + labels of the validation batches the trainer's evaluate() would see (rank 0 of 1)."""
+    from pretrain import builders
+
+    run = parse_args(args)
+    tok = builders.build_tokenizer(run.data)
+    train, valid, _ = builders.build_datasets(run, tok, 40, 20, 2)
+    it = iter(builders.build_dataloader(run, valid, tok, 2, 0, 1, 0, 0, valid=True))
+    out = [b["input_ids"].flatten().tolist() + b["labels"].flatten().tolist() for b, _ in zip(it, range(3))]
+    assert len(out) == 3
+    return out
+
+
+def test_valid_data_path_and_valid_seed(tmp_path):
+    """--valid-data-path: held-out shards used whole (every --data-path document trains); --valid-seed: the same
+    validation samples and masks whatever --seed is."""
+    from pretrain import builders
+    from tests.train_utils import prepare, train_args, write_shard
+
+    prepare(tmp_path)
+    write_shard(tmp_path / "held_out", num_docs=12, seed=3)
+    base = train_args(tmp_path, "zero2_fp32.json", 20) + ["--eval-interval", "5", "--eval-iters", "3"]
+    held = ["--valid-data-path", str(tmp_path / "held_out")]
+    run = parse_args(base + held)
+    tok = builders.build_tokenizer(run.data)
+    train, valid, test = builders.build_datasets(run, tok, 40, 20, 2)
+    assert test is None
+    assert [c.doc_range for c in train.components] == [(0, 60)]  # --split ignored: all 60 documents train
+    assert [(c.prefix, c.doc_range) for c in valid.components] == [(str(tmp_path / "held_out"), (0, 12))]
+
+    def seed(s: int, *extra: str) -> list[str]:
+        return base + ["--seed", str(s), *extra]  # the later --seed wins
+
+    assert _valid_ids(seed(1, *held, "--valid-seed", "5")) == _valid_ids(seed(2, *held, "--valid-seed", "5"))
+    assert _valid_ids(seed(1, *held)) != _valid_ids(seed(2, *held))
+    # without held-out shards: the whole-document valid split, drawn with --valid-seed
+    assert _valid_ids(seed(1, "--valid-seed", "5")) == _valid_ids(seed(2, "--valid-seed", "5"))
+    assert _valid_ids(seed(5)) == _valid_ids(seed(1, "--valid-seed", "5"))
