@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system packages (OpenMPI for mpi4py), a virtualenv in .venv, and requirements.txt.
+# Idempotent set-up: system packages (OpenMPI for mpi4py, pdsh, Slurm + munge for the Slurm tests), a virtualenv in .venv, and requirements.txt.
 # Every other script sources this first, so a fresh machine needs nothing installed by hand.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,6 +9,12 @@ need_apt=()
 command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 [ -e /usr/include/x86_64-linux-gnu/openmpi ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include ] || need_apt+=(libopenmpi-dev)
 command -v pdsh >/dev/null 2>&1 || need_apt+=(pdsh)
+# Slurm and munge: tests/test_slurm.py starts a one-node cluster from them (its own config in a temp dir; the
+# packages' own services are not configured or started here)
+[ -x /usr/sbin/slurmctld ] || need_apt+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need_apt+=(slurmd)
+command -v srun >/dev/null 2>&1 || need_apt+=(slurm-client)
+[ -x /usr/sbin/munged ] || need_apt+=(munge)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "[setup] apt-get install ${need_apt[*]}"
