@@ -2,12 +2,13 @@
 
 Flags mirror Megatron-LM's ``tools/preprocess_data.py`` (``--input --output-prefix --json-keys
 --split-sentences --keep-newlines --tokenizer-type --vocab-file --tokenizer-model --append-eod
---workers``) and add input formats, resume, a bad-input report and MPI. See docs/data_pipeline.md.
+--workers``) and add input formats, resume, a bad-input report, and several ranks under mpirun or srun. See docs/data_pipeline.md.
 
 Flow: inputs are expanded and sorted; the reader of each file (parent) cuts documents into pieces,
 batches them into chunks; workers tokenise chunks (bounded, ordered map); the parent appends results
 to one *part* shard per input file; at the end part shards are merged in input order. Output bytes
-therefore do not depend on ``--workers``, the chunk size, or the number of MPI ranks.
+therefore do not depend on ``--workers``, the chunk size, or the number of ranks (``mpirun -np K`` or
+``srun -n K``: data_pipeline/coordination.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
+from data_pipeline import coordination
 from data_pipeline import resume as rs
 from data_pipeline.encode import Chunk, ChunkResult, EncodeSettings, Piece, encode_chunk, init_worker
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder, best_dtype
@@ -310,16 +312,6 @@ class _Progress:
             self.bar.close()
 
 
-def _mpi_comm():
-    """MPI_COMM_WORLD when started by mpirun/srun with several ranks, else None."""
-    if not any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")):
-        return None
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    return comm if comm.Get_size() > 1 else None
-
-
 def _process_parts(cfg: PreprocessConfig, layout: rs.RunLayout, todo: list[tuple[int, str]], tokenizer: Tokenizer,
                    settings: EncodeSettings, shash: str, progress: _Progress, done_before: int,
                    use_spawn: bool) -> None:
@@ -363,9 +355,21 @@ def _process_parts(cfg: PreprocessConfig, layout: rs.RunLayout, todo: list[tuple
 
 def run(cfg: PreprocessConfig) -> int:
     """Run the whole pipeline; returns the process exit code (0 ok, 1 bad input with --strict, 2 error)."""
-    comm = _mpi_comm()
-    rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
+    comm = coordination.detect(cfg.output_prefix)
+    rank, size = (comm.rank, comm.size) if comm else (0, 1)
     tag = f" rank {rank}/{size}" if comm else ""
+    try:
+        code = _run(cfg, comm, rank, size, tag)
+    except BaseException:
+        if comm is not None:
+            comm.close(ok=False)
+        raise
+    if comm is not None:
+        comm.close()
+    return code
+
+
+def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
     layout = rs.RunLayout(cfg.output_prefix)
 
     expand_log = BadInputLog()
@@ -389,7 +393,7 @@ def run(cfg: PreprocessConfig) -> int:
             except rs.ResumeError as e:
                 err = str(e)
     if comm:
-        err = comm.bcast(err, root=0)
+        err = comm.bcast(err)
     if err:
         if rank == 0:
             print(f"error: {err}", file=sys.stderr)
@@ -410,7 +414,8 @@ def run(cfg: PreprocessConfig) -> int:
     t0 = time.time()
     local_err = None
     try:
-        _process_parts(cfg, layout, todo, tokenizer, settings, shash, progress, skipped, use_spawn=comm is not None)
+        _process_parts(cfg, layout, todo, tokenizer, settings, shash, progress, skipped,
+                       use_spawn=comm is not None and comm.kind == "mpi")  # fork after MPI_Init is unsafe
     except Exception as e:  # reported below, after the other ranks are told
         local_err = f"rank {rank}: {type(e).__name__}: {e}"
         if comm is None:
@@ -418,14 +423,14 @@ def run(cfg: PreprocessConfig) -> int:
             raise
     progress.close()
     if comm:
-        errs = comm.gather(local_err, root=0)
+        errs = comm.gather(local_err)
         code = 0
         if rank == 0:
             errs = [e for e in errs if e]
             code = _finish(cfg, layout, files, shash, expand_log, t0) if not errs else 2
             for e in errs:
                 print(f"error: {e}", file=sys.stderr)
-        return comm.bcast(code, root=0)
+        return comm.bcast(code)
     return _finish(cfg, layout, files, shash, expand_log, t0)
 
 

@@ -3,9 +3,12 @@
 - `deepspeed pretrain/train.py` (single node or --hostfile/pdsh): RANK/WORLD_SIZE/MASTER_* and --local_rank set.
 - `torchrun`: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set.
 - `mpirun -np K python -m pretrain.train`: only OMPI_* set; deepspeed.init_distributed's MPI discovery (mpi4py)
-  fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/PORT.
+  fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/PORT, unless MASTER_ADDR is exported to the ranks (mpirun_env:
+  then mpirun's own OMPI_COMM_WORLD_* numbering and the given MASTER_ADDR/MASTER_PORT are used).
 - `srun python -m pretrain.train` (one task per GPU): SLURM_PROCID/SLURM_STEP_NUM_TASKS/SLURM_LOCALID and the
-  first host of the node list (slurm_env).
+  first host of the node list (slurm_env), whatever srun's --mpi plugin: PMI/PMIx variables that agree with the
+  step's task ids come from srun itself, and no MPI is initialised for them (Debian's Open MPI aborts in MPI_Init
+  under --mpi=pmi2).
 - plain `python -m pretrain.train`: one rank; we fill the env for a world of one.
 Backend: NCCL on GPUs, gloo on CPU (DeepSpeed's accelerator decides). The timeout bounds how long a rank waits for
 a dead peer inside a collective.
@@ -27,6 +30,9 @@ import torch.distributed as dist
 
 T = TypeVar("T")
 _LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+#: set by a launcher that starts the ranks itself (deepspeed/torchrun, mpirun's orted, MPICH's hydra), also when
+#: it runs inside a Slurm allocation, where its ranks inherit the Slurm variables of the launcher's own step
+_RANK_LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS")
 
 
 @dataclass
@@ -40,7 +46,18 @@ class DistInfo:
     local_rank: int
     """Rank on this node (picks the GPU)."""
     device: torch.device
-    """cuda:<local_rank> when CUDA is available, else cpu."""
+    """cuda:<cuda_device_index(local_rank, visible GPUs)> when CUDA is available, else cpu."""
+
+
+def cuda_device_index(local_rank: int, device_count: int) -> int:
+    """The GPU a rank uses among those it sees: ``local_rank mod device_count``.
+
+    With every GPU of the node visible (deepspeed, torchrun, ``srun --gpus-per-node=G``) that is the local rank;
+    with ``srun --gpus-per-task=1`` (or one CUDA_VISIBLE_DEVICES entry per rank) each task sees only its own GPU,
+    as cuda:0, while its local rank goes up to G - 1."""
+    if device_count < 1:
+        raise RuntimeError("no CUDA device visible to this rank")
+    return local_rank % device_count
 
 
 def _free_port() -> int:
@@ -70,10 +87,20 @@ def slurm_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     the port is derived from the job id (10000 + id mod 50000) so two jobs sharing a node do not collide. Set
     MASTER_ADDR / MASTER_PORT to override (e.g. another network interface). Only a job *step* counts
     (``SLURM_STEP_NUM_TASKS``): a plain python inside an sbatch script is one process, whatever the allocation.
+    Ranks numbered by another launcher running inside the job (RANK from deepspeed/torchrun, mpirun's
+    OMPI_COMM_WORLD_RANK, hydra's MPI_LOCALNRANKS, PMI ranks that differ from the task id) are not srun's tasks:
+    None then too.
     """
     env = os.environ if environ is None else environ
     if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
         return None
+    if any(v in env for v in _RANK_LAUNCHER_VARS):
+        return None  # another launcher inside the job numbered the ranks
+    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", None)):
+        if rank_var in env and (env[rank_var] != env["SLURM_PROCID"] or
+                                (size_var and env.get(size_var, env["SLURM_STEP_NUM_TASKS"]) !=
+                                 env["SLURM_STEP_NUM_TASKS"])):
+            return None  # a PMI world other than this step's tasks (mpiexec's proxies started by srun)
     out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
            "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
@@ -83,23 +110,41 @@ def slurm_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     return out
 
 
+def mpirun_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
+    """torch.distributed's variables for a rank started by Open MPI's mpirun when MASTER_ADDR is given (None
+    otherwise: then DeepSpeed's MPI discovery runs, which takes rank 0's first `hostname -I` address and port 29500,
+    overwriting any MASTER_ADDR/MASTER_PORT). mpirun numbers the ranks itself (OMPI_COMM_WORLD_RANK/SIZE/
+    LOCAL_RANK), so with the master's address known no MPI call is needed; MASTER_PORT defaults to 29500.
+    This is how ``-x MASTER_ADDR -x MASTER_PORT`` (e.g. from the Slurm templates) pick the interface and port."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env or "OMPI_COMM_WORLD_RANK" not in env or not env.get("MASTER_ADDR"):
+        return None
+    return {"RANK": env["OMPI_COMM_WORLD_RANK"], "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
+            "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"), "MASTER_ADDR": env["MASTER_ADDR"],
+            "MASTER_PORT": env.get("MASTER_PORT") or "29500"}
+
+
 def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> DistInfo:
     import deepspeed
 
-    slurm = None if any(v in os.environ for v in _LAUNCHER_VARS) else slurm_env()
-    if slurm is not None:  # srun: no launcher set torch's variables; Slurm's say who we are
-        os.environ.update(slurm)
+    found = slurm_env() or mpirun_env()
+    if found is not None:  # srun, or mpirun with a known master: the launcher's variables say who we are
+        os.environ.update(found)
     elif not any(v in os.environ for v in _LAUNCHER_VARS):
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=True,
+                               distributed_port=int(os.environ.get("MASTER_PORT") or 29500),
                                timeout=timedelta(minutes=timeout_minutes))
     unlink_shm_buffers()
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        index = cuda_device_index(local_rank, torch.cuda.device_count())
+        if index != local_rank:  # srun --gpus-per-task=1: DeepSpeed's engine and ZeRO index GPUs by LOCAL_RANK
+            os.environ["LOCAL_RANK"] = str(index)
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)

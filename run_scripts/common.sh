@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Shared settings for the paper set-ups. Source it, set MODEL_ARGS/DATA_ARGS/..., then call `launch ARGS...`.
+# Run it as a script (`bash run_scripts/common.sh TRAIN_ARGS...`) to launch a custom run the same way.
 #
 # Environment knobs (all optional):
 #   LAUNCHER   deepspeed (default, one node) | hostfile (deepspeed --hostfile $HOSTFILE, pdsh) |
-#              hostfile-openmpi (deepspeed --hostfile --launcher openmpi) | mpirun | torchrun
+#              hostfile-openmpi (deepspeed --hostfile --launcher openmpi) | mpirun | torchrun |
+#              srun (inside a Slurm allocation: `srun $SRUN_ARGS python -m pretrain.train`, one task per rank;
+#              the allocation's tasks decide the world, NPROC is unused; see run_scripts/slurm/)
 #   NPROC      ranks per node (default: GPUs found, else 2 CPU ranks)      HOSTFILE  (default run_scripts/hostfile)
+#   DS_ARGS    extra flags for the deepspeed runner of the hostfile launchers (e.g. --force_multi --no_ssh_check
+#              --master_addr HOST --master_port PORT)
+#   SRUN_ARGS  srun flags for LAUNCHER=srun (default --kill-on-bad-exit=0: after the exit signal the ranks leave
+#              with code 4 one after the other, and srun must not kill the last ones as they finish; a rank that
+#              dies makes the others fail in their next collective, or after --distributed-timeout-minutes)
+#   EXIT_SIGNAL e.g. SIGUSR1: adds --exit-signal-handler --exit-signal $EXIT_SIGNAL (on that signal every rank saves
+#              and exits with code 4; the Slurm templates send it before the time limit and requeue)
 #   SCALE      multiplies the paper's step counts (warmup and total); e.g. SCALE=0.001 for a smoke run
 #   BATCH_SCALE multiplies the paper's global batch (tokens per batch B*N = 131,072 at BATCH_SCALE=1)
 #   MICRO_BATCH per-rank micro batch (default 8: the paper's 32 V100s at N=512); accumulation is derived
@@ -20,7 +30,7 @@ PY="${PY:-$ROOT/.venv/bin/python}"
 BIN="$(dirname "$PY")"
 
 LAUNCHER="${LAUNCHER:-deepspeed}"
-if [ -z "${NPROC:-}" ]; then
+if [ -z "${NPROC:-}" ] && [ "$LAUNCHER" != srun ]; then
   NPROC="$("$PY" -c 'import torch; print(torch.cuda.device_count() or 2)')"
 fi
 HOSTFILE="${HOSTFILE:-$ROOT/run_scripts/hostfile}"
@@ -54,20 +64,28 @@ launch() {  # launch TRAIN_ARGS...
   mkdir -p "$out"
   # resume from our own checkpoints unless LOAD names another directory (phase 2 of a two-phase run)
   local common=(--save "$out/ckpt" --load "${LOAD:-$out/ckpt}" --tensorboard-dir "$out/tb" --log-json "$out/log.jsonl")
+  if [ -n "${EXIT_SIGNAL:-}" ]; then
+    common+=(--exit-signal-handler --exit-signal "$EXIT_SIGNAL")
+  fi
+  local ds_args=()
+  read -r -a ds_args <<< "${DS_ARGS:-}"
   case "$LAUNCHER" in
     deepspeed)
       "$BIN/deepspeed" --num_gpus "$NPROC" pretrain/train.py "$@" "${common[@]}" ;;
     hostfile)
-      "$BIN/deepspeed" --hostfile "$HOSTFILE" pretrain/train.py "$@" "${common[@]}" ;;
+      "$BIN/deepspeed" --hostfile "$HOSTFILE" "${ds_args[@]}" pretrain/train.py "$@" "${common[@]}" ;;
     hostfile-openmpi)
-      "$BIN/deepspeed" --hostfile "$HOSTFILE" --launcher openmpi \
+      "$BIN/deepspeed" --hostfile "$HOSTFILE" "${ds_args[@]}" --launcher openmpi \
         --launcher_args "${MPI_ARGS:---allow-run-as-root}" pretrain/train.py "$@" "${common[@]}" ;;
+    srun)
+      srun ${SRUN_ARGS:---kill-on-bad-exit=0} --export=ALL,PYTHONPATH="$ROOT" \
+        "$PY" -m pretrain.train "$@" "${common[@]}" ;;
     mpirun)
       mpirun ${MPI_ARGS:---allow-run-as-root --oversubscribe} -np "$NPROC" -x PYTHONPATH="$ROOT" \
         "$PY" -m pretrain.train "$@" "${common[@]}" ;;
     torchrun)
       "$BIN/torchrun" --nproc_per_node "$NPROC" ${TORCHRUN_ARGS:-} pretrain/train.py "$@" "${common[@]}" ;;
-    *) echo "LAUNCHER=$LAUNCHER: use deepspeed, hostfile, hostfile-openmpi, mpirun or torchrun" >&2; exit 2 ;;
+    *) echo "LAUNCHER=$LAUNCHER: use deepspeed, hostfile, hostfile-openmpi, mpirun, torchrun or srun" >&2; exit 2 ;;
   esac
 }
 
@@ -88,3 +106,7 @@ with open(path, "w") as f:
     json.dump(ModelConfig.from_dict(d).to_dict(), f, indent=1)
 PYEOF
 }
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then  # run as a script: launch the given trainer flags
+  launch "$@"
+fi

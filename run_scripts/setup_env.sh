@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system packages (OpenMPI for mpi4py), a virtualenv in .venv, and requirements.txt.
+# Idempotent set-up: system packages (OpenMPI for mpi4py, pdsh, Slurm + munge for the Slurm tests), a virtualenv in .venv, and requirements.txt.
 # Every other script sources this first, so a fresh machine needs nothing installed by hand.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,6 +14,28 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[setup] apt-get install ${need_apt[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# Slurm and munge, optional: tests/test_slurm.py starts a one-node cluster from them (its own slurm.conf, munge key
+# and daemons in a temp dir; the packages' own services are neither configured nor started here). Installed only as
+# root, since the test cluster's daemons run as root anyway; where apt-get is missing or fails, the set-up goes on
+# and the Slurm tests skip, naming what is missing.
+need_slurm=()
+[ -x /usr/sbin/slurmctld ] || need_slurm+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need_slurm+=(slurmd)
+command -v srun >/dev/null 2>&1 || need_slurm+=(slurm-client)
+[ -x /usr/sbin/munged ] || need_slurm+=(munge)
+if [ ${#need_slurm[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "[setup] not root: ${need_slurm[*]} not installed (the Slurm tests will skip)"
+  elif ! command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] no apt-get: ${need_slurm[*]} not installed (the Slurm tests will skip)"
+  else
+    echo "[setup] apt-get install ${need_slurm[*]}"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_slurm[@]}" >/dev/null; }; then
+      echo "[setup] apt-get install ${need_slurm[*]} failed: going on without them (the Slurm tests will skip)"
+    fi
+  fi
 fi
 
 PY="${PYTHON:-python3}"

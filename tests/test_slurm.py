@@ -1,0 +1,256 @@
+"""Slurm, tested against a real one-node cluster (tests/slurm_cluster.py: Debian's munge, slurmctld, slurmd as root):
+2 srun tasks train in one world; the sbatch templates of run_scripts/slurm/ run, stop on the time-limit signal with a
+committed checkpoint, requeue themselves and resume to the same losses as a straight run; preprocessing under
+`srun -n 2` writes the bytes of one process. Plus the rank-discovery rules as unit tests (no cluster needed)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from data_pipeline import coordination
+from pretrain.distributed import cuda_device_index, mpirun_env, slurm_env
+from tests import train_utils as tu
+from tests.slurm_cluster import SlurmCluster, Unavailable
+
+REPO = tu.REPO
+SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
+TEMPLATES = REPO / "run_scripts" / "slurm"
+
+
+# ---------------------------------------------------------------------------------------------------------- cluster
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start(timeout=60)
+    except Unavailable as e:
+        pytest.skip(f"no test Slurm cluster: {e}")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tu.prepare(tmp_path_factory.mktemp("slurm_data"))
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    return {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+ITERS = 40
+
+
+def template_args(data: Path) -> list[str]:
+    # a custom run through the template (`args` + trainer flags); --save/--load/--log-json come from OUT
+    return ["args", *tu.train_args(data, "zero2_fp32.json", ITERS, *tu.DETERMINISTIC, global_batch=4)]
+
+
+def submit(cluster: SlurmCluster, template: str, args: list[str], out: Path, **env: str) -> str:
+    return cluster.sbatch(["-N1", "--ntasks-per-node=2", "-o", str(out), str(TEMPLATES / template), *args],
+                          env=job_env(**env), cwd=REPO)
+
+
+def wait_for_log_lines(path: Path, n: int, cluster: SlurmCluster, job: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.is_file() and len(path.read_text().splitlines()) >= n:
+            return
+        if cluster.job(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            break
+        time.sleep(0.1)
+    raise AssertionError(f"job {job}: fewer than {n} log lines in {path}\n{cluster.job(job)}")
+
+
+@pytest.fixture(scope="module")
+def straight(cluster, data, tmp_path_factory):
+    """Template (a), uninterrupted: the reference losses, and the job's output."""
+    out = tmp_path_factory.mktemp("straight")
+    # through submit.sh: resources from knobs, no GPU option (GPUS unset)
+    p = cluster.run(["bash", str(TEMPLATES / "submit.sh"), "pretrain_srun", *template_args(data)], cwd=REPO,
+                    env=job_env(OUT=str(out / "run"), NODES="1", TASKS_PER_NODE="2", TIME="10",
+                                SBATCH_ARGS=f"-o {out / 'job.out'}"))
+    job = re.search(r"Submitted batch job (\d+)", p.stdout).group(1)
+    info = cluster.wait_job(job, timeout=240)
+    text = (out / "job.out").read_text()
+    return {"info": info, "text": text, "losses": [r["loss"] for r in tu.train_records(out / "run" / "log.jsonl")]}
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_srun_two_tasks_train_in_one_world(cluster, data, tmp_path):
+    log = tmp_path / "log.jsonl"
+    p = cluster.run(["srun", "-n2", "--kill-on-bad-exit=0", sys.executable, "-m", "pretrain.train",
+                     *tu.train_args(data, "zero1_fp32.json", 2), "--log-json", str(log)],
+                    env=job_env(), cwd=REPO, timeout=280, check=False)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "[pretrain] 2 rank(s), backend gloo" in p.stdout
+    recs = tu.train_records(log)
+    assert [r["iteration"] for r in recs] == [1, 2] and all(r["loss"] > 0 for r in recs)
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_sbatch_srun_template_trains(straight):
+    assert straight["info"]["JobState"] == "COMPLETED" and straight["info"]["ExitCode"] == "0:0", straight["text"]
+    assert straight["info"]["TimeLimit"] == "00:10:00" and straight["info"]["NumTasks"] == "2"  # submit.sh's knobs
+    assert "[pretrain] 2 rank(s), backend gloo" in straight["text"]
+    assert f"iteration {ITERS}/{ITERS}" in straight["text"] and "[slurm] done, exit code 0" in straight["text"]
+    assert len(straight["losses"]) == ITERS
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.timeout(600)
+def test_time_limit_signal_saves_requeues_and_resumes_exactly(cluster, data, straight, tmp_path):
+    run = tmp_path / "run"
+    job = submit(cluster, "pretrain_srun.sbatch", template_args(data), tmp_path / "job.out", OUT=str(run))
+    wait_for_log_lines(run / "log.jsonl", 3, cluster, job, timeout=240)
+    # what `#SBATCH --signal=USR1@120` does before the time limit: SIGUSR1 to the tasks of the job's steps
+    cluster.run(["scancel", "--signal=USR1", job])
+    info = cluster.wait_job(job, timeout=120, until=lambda j: j.get("Restarts") == "1")
+    text = (tmp_path / "job.out").read_text()
+    assert "SIGUSR1 received: stopping at iteration" in text, text[-3000:]
+    assert "[slurm] the trainer saved and stopped on SIGUSR1: requeueing job" in text
+    stopped = int((run / "ckpt" / "latest").read_text().removeprefix("iter_"))
+    assert 3 <= stopped < ITERS and (run / "ckpt" / f"iter_{stopped:07d}" / "commit.json").is_file()
+    # Slurm holds a requeued job back (Reason=BeginTime, about 2 minutes); start it now
+    if cluster.job(job).get("JobState") == "PENDING":
+        cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    info = cluster.wait_job(job, timeout=300)
+    text = (tmp_path / "job.out").read_text()  # --open-mode=append: both runs
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    assert f"job {job} (restart 1)" in text and f"resumed from {run}/ckpt/iter_{stopped:07d}" in text
+    recs = tu.train_records(run / "log.jsonl")
+    assert [r["iteration"] for r in recs] == list(range(1, ITERS + 1))
+    assert [r["loss"] for r in recs] == straight["losses"]  # exact
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not Path("/usr/bin/mpirun").exists(), reason="mpirun not installed (run_scripts/setup_env.sh)")
+def test_deepspeed_template_forwards_the_batch_signal_and_requeues(cluster, data, tmp_path):
+    run = tmp_path / "run"
+    job = submit(cluster, "pretrain_deepspeed.sbatch", template_args(data), tmp_path / "job.out", OUT=str(run),
+                 MPI_ARGS="--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo")
+    wait_for_log_lines(run / "log.jsonl", 3, cluster, job, timeout=300)
+    # `#SBATCH --signal=B:USR1@120`: the batch shell only; its trap passes the signal to mpirun, mpirun to the ranks
+    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    try:
+        cluster.wait_job(job, timeout=120, until=lambda j: j.get("Restarts") == "1")
+    finally:
+        cluster.run(["scancel", job], check=False)  # the resume is the srun template's test
+    text = (tmp_path / "job.out").read_text()
+    assert "[slurm] hostfile" in text and "1 node(s) x 2 slot(s)" in text, text[-3000:]
+    assert "[pretrain] 2 rank(s), backend gloo" in text and "forwarding it to the ranks" in text
+    assert "SIGUSR1 received: stopping at iteration" in text and "requeueing job" in text
+    assert (run / "ckpt" / (run / "ckpt" / "latest").read_text() / "commit.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, tmp_path):
+    args = ["-m", "data_pipeline.preprocess", "--input", str(SAMPLE), "--tokenizer-type", "BertWordPieceLowerCase",
+            "--vocab-file", str(bert_uncased_vocab), "--split-sentences", "--workers", "1", "--no-progress"]
+    subprocess.run([sys.executable, *args, "--output-prefix", str(tmp_path / "one")], cwd=REPO, check=True,
+                   capture_output=True)
+    p = cluster.run(["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, *args, "--output-prefix",
+                     str(tmp_path / "two")], env=job_env(), cwd=REPO, timeout=200, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rank 1/2" in p.stderr  # both tasks really worked
+    # the template: two tasks again, through sbatch
+    job = cluster.sbatch(["-n2", "-o", str(tmp_path / "job.out"), str(TEMPLATES / "preprocess.sbatch"), *args[2:],
+                          "--output-prefix", str(tmp_path / "three")], env=job_env(), cwd=REPO)
+    info = cluster.wait_job(job, timeout=200)
+    assert info["ExitCode"] == "0:0", (tmp_path / "job.out").read_text()
+    for ext in (".bin", ".idx"):
+        one = (tmp_path / f"one_text_sentence{ext}").read_bytes()
+        assert one == (tmp_path / f"two_text_sentence{ext}").read_bytes()
+        assert one == (tmp_path / f"three_text_sentence{ext}").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == [
+        "two.report.json", "two_text_sentence.bin", "two_text_sentence.idx"]  # no rendezvous left behind
+
+
+# ---------------------------------------------------------------------------------------------------------- units
+STEP = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0", "MASTER_ADDR": "n1"}
+
+
+def test_slurm_env_with_srun_pmi_plugins_and_other_launchers():
+    assert slurm_env(STEP)["RANK"] == "1"
+    assert slurm_env({**STEP, "PMI_RANK": "1", "PMI_SIZE": "2"})["WORLD_SIZE"] == "2"  # srun --mpi=pmi2
+    assert slurm_env({**STEP, "PMIX_RANK": "1"})["RANK"] == "1"  # srun --mpi=pmix
+    assert slurm_env({**STEP, "PMI_RANK": "5", "PMI_SIZE": "8"}) is None  # hydra's proxy step, 8 ranks
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS"):  # deepspeed/torchrun, mpirun, hydra
+        assert slurm_env({**STEP, var: "3"}) is None
+
+
+def test_mpirun_env_uses_a_given_master():
+    ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    assert mpirun_env(ompi) is None  # no master given: DeepSpeed's MPI discovery
+    assert mpirun_env({**ompi, "MASTER_ADDR": "n1", "MASTER_PORT": "10077"}) == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "10077"}
+    assert mpirun_env({**ompi, "MASTER_ADDR": "n1"})["MASTER_PORT"] == "29500"
+
+
+def test_cuda_device_index_with_gpus_per_task():
+    assert [cuda_device_index(r, 8) for r in range(8)] == list(range(8))  # every GPU of the node visible
+    assert [cuda_device_index(r, 1) for r in range(8)] == [0] * 8  # --gpus-per-task=1: its own GPU is cuda:0
+    assert [cuda_device_index(r, 2) for r in range(4)] == [0, 1, 0, 1]  # --gpus-per-task=2
+    with pytest.raises(RuntimeError):
+        cuda_device_index(0, 0)
+
+
+def test_coordination_detect_rules(tmp_path):
+    prefix = str(tmp_path / "out")
+    assert coordination.detect(prefix, {}) is None
+    assert coordination.detect(prefix, {**STEP, "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is None
+    assert coordination.slurm_step({**STEP, "SLURM_RESTART_COUNT": "2"}) == (1, 2, "77.0.r2")
+    w = coordination.detect(prefix, {**STEP, "SLURM_PROCID": "0", "PMI_SIZE": "2"})  # srun --mpi=pmi2: no MPI_Init
+    assert isinstance(w, coordination.FileWorld) and (w.rank, w.size) == (0, 2)
+
+
+def _file_rank(directory: str, rank: int, q) -> None:
+    w = coordination.FileWorld(directory, rank, 3, poll=0.01)
+    got = w.bcast("from 0" if rank == 0 else None)
+    gathered = w.gather(rank * 10)
+    w.close()
+    q.put((rank, got, gathered))
+
+
+def test_file_world_bcast_gather_and_cleanup(tmp_path):
+    d = str(tmp_path / "rv")
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_file_rank, args=(d, r, q)) for r in (2, 1, 0)]
+    for p in procs:
+        p.start()
+    res = sorted(q.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(10)
+    assert res == [(0, "from 0", [0, 10, 20]), (1, "from 0", None), (2, "from 0", None)]
+    assert not Path(d).exists()
+
+
+def test_file_world_abort_reaches_waiting_ranks(tmp_path):
+    d = str(tmp_path / "rv")
+    zero = coordination.FileWorld(d, 0, 2, poll=0.01)
+    one = coordination.FileWorld(d, 1, 2, poll=0.01)
+    one.close(ok=False)  # rank 1 failed outside the collectives
+    with pytest.raises(RuntimeError, match="another rank failed"):
+        zero.gather("x")
+    assert json.loads((Path(d) / "abort.json").read_text())["why"].startswith("rank 1")
