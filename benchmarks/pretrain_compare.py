@@ -644,7 +644,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         raise CompareError("give either --data-path or --train-inputs, not both")
     if not Path(ns.vocab_file).is_file():
         raise CompareError(f"--vocab-file {ns.vocab_file}: no such file")
+    # the ranks and the preprocessor run in the repository root, and a run directory's spec.json must not depend on
+    # the directory the comparison was started from: every path becomes absolute
+    ns.vocab_file = os.path.abspath(ns.vocab_file)
+    for name in ("data_path", "valid_data_path", "train_inputs", "valid_inputs"):
+        if getattr(ns, name) is not None:
+            setattr(ns, name, [item if _is_weight(item) else os.path.abspath(item) for item in getattr(ns, name)])
     return ns
+
+
+def _is_weight(item: str) -> bool:
+    try:
+        float(item)
+    except ValueError:
+        return False
+    return True
 
 
 def _terminate(signum: int, frame: Any) -> None:

@@ -5,10 +5,10 @@ rank) and ``gather`` (every rank's outcome to rank 0). Two implementations:
 
 - :class:`MpiWorld`: mpi4py's ``COMM_WORLD`` (mpirun / mpiexec, which set OMPI_COMM_WORLD_SIZE or
   MPI_LOCALNRANKS; or a PMI/PMIx world outside Slurm).
-- :class:`FileWorld`: a task of a Slurm job step (``srun -n K``: SLURM_PROCID / SLURM_STEP_NUM_TASKS). The ranks
-  exchange small JSON files in a rendezvous directory next to the output (which every rank must see anyway: rank 0
-  merges the part shards the others wrote). No MPI is initialised, so this works whatever ``--mpi`` plugin srun
-  uses (none, pmix, pmi2), with or without an MPI that matches the cluster's PMI.
+- :class:`TorchWorld`: a task of a Slurm job step (``srun -n K``: SLURM_PROCID / SLURM_STEP_NUM_TASKS). The ranks
+  form a torch.distributed gloo group that meets through a file next to the output (which every rank must see
+  anyway: rank 0 merges the part shards the others wrote). No MPI is initialised, so this works whatever ``--mpi``
+  plugin srun uses (none, pmix, pmi2), with or without an MPI that matches the cluster's PMI.
 
 :func:`detect` picks one: an mpirun launch wins (it may itself run inside a Slurm allocation, where its ranks
 inherit the variables of the launcher's own step), then a Slurm step of more than one task, then PMI variables.
@@ -16,11 +16,8 @@ inherit the variables of the launcher's own step), then a Slurm step of more tha
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import sys
-import time
+from datetime import timedelta
 from typing import Any
 
 #: set by mpirun / mpiexec themselves (Open MPI's orted, MPICH's hydra), never by srun
@@ -65,104 +62,55 @@ def slurm_step(environ: dict[str, str] | None = None) -> tuple[int, int, str] | 
     return rank, size, step
 
 
-class FileWorld:
-    """Ranks of a Slurm job step meeting in a directory of the shared file system.
+class TorchWorld:
+    """The tasks of a Slurm job step as a torch.distributed gloo group.
 
-    Each collective is numbered; ``bcast`` is one file written by rank 0, ``gather`` one file per rank. Files are
-    written to a temporary name and renamed, so a reader never sees half of one. Rank 0 removes the directory
-    after every rank has said goodbye (``close``). A rank that dies leaves the others waiting: run srun with
-    ``--kill-on-bad-exit=1`` (the templates do) so the step ends with it; every ``report_every`` seconds a waiting
-    rank says what it waits for.
+    They meet through torch's ``FileStore`` in a file next to the output, which every rank must see anyway (rank 0
+    merges the part shards the others wrote): no MPI, so any ``--mpi`` plugin works, and no port, so jobs sharing a
+    node cannot collide. torch removes the file when the last rank leaves. A rank that dies closes its gloo sockets,
+    so the others fail in their next collective; ``srun --kill-on-bad-exit=1`` (the template's) ends the step at
+    once. Ranks may wait long for the slowest one (its share of the corpus), hence the long default timeout.
     """
 
     kind = "slurm"
 
-    def __init__(self, directory: str, rank: int, size: int, poll: float = 0.05, report_every: float = 60.0) -> None:
-        self.dir, self.rank, self.size = directory, rank, size
-        self.poll, self.report_every = poll, report_every
-        self._n = 0
-        if rank == 0:
-            if os.path.isdir(directory):  # left by a killed step with the same id: never trusted
-                shutil.rmtree(directory)
-            os.makedirs(directory + ".tmp", exist_ok=True)
-            self._write(os.path.join(directory + ".tmp", "size"), {"size": size})
-            os.replace(directory + ".tmp", directory)  # the directory appears complete, with its size file
-        else:
-            meta = self._read(os.path.join(directory, "size"))
-            if meta["size"] != size:
-                raise RuntimeError(f"rank {rank}: rendezvous {directory} is for {meta['size']} ranks, this step has "
-                                   f"{size}")
-        # claim our rank: two tasks with one SLURM_PROCID (e.g. a mis-set environment) would corrupt the output
-        try:
-            fd = os.open(os.path.join(directory, f"rank-{rank}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            os.close(fd)
-        except FileExistsError:
-            raise RuntimeError(f"two tasks claim rank {rank} in {directory}") from None
+    def __init__(self, path: str, rank: int, size: int, timeout: timedelta = timedelta(days=2)) -> None:
+        import torch.distributed as dist
 
-    def _path(self, name: str) -> str:
-        return os.path.join(self.dir, name)
-
-    @staticmethod
-    def _write(path: str, obj: Any) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
-
-    def _read(self, path: str) -> Any:
-        t0 = last = time.time()
-        while True:
-            try:
-                with open(path) as f:
-                    return json.load(f)
-            except FileNotFoundError:
-                pass
-            if os.path.exists(self._path("abort.json")):
-                with open(self._path("abort.json")) as f:
-                    raise RuntimeError(f"rank {self.rank}: stopping, another rank failed: {json.load(f)['why']}")
-            now = time.time()
-            if now - last >= self.report_every:
-                last = now
-                print(f"[preprocess rank {self.rank}/{self.size}] still waiting for {path} after {now - t0:.0f} s "
-                      "(is every rank alive and on the same shared file system?)", file=sys.stderr, flush=True)
-            time.sleep(self.poll)
+        self.rank, self.size = rank, size
+        dist.init_process_group("gloo", init_method=f"file://{os.path.abspath(path)}", rank=rank, world_size=size,
+                                timeout=timeout)
 
     def bcast(self, obj: Any) -> Any:
-        self._n += 1
-        path = self._path(f"bcast-{self._n}.json")
-        if self.rank == 0:
-            self._write(path, {"v": obj})
-            return obj
-        return self._read(path)["v"]
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def gather(self, obj: Any) -> list | None:
-        self._n += 1
-        self._write(self._path(f"gather-{self._n}-{self.rank}.json"), {"v": obj})
-        if self.rank != 0:
-            return None
-        return [self._read(self._path(f"gather-{self._n}-{r}.json"))["v"] for r in range(self.size)]
+        import torch.distributed as dist
+
+        out = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
 
     def close(self, ok: bool = True) -> None:
-        """Rank 0 waits for everyone's goodbye, then removes the directory. After a failure outside the collectives
-        (``ok=False``) a rank writes ``abort.json`` instead, which makes every waiting rank raise; the directory is
-        then left for inspection."""
-        if not ok:
-            self._write(self._path("abort.json"), {"why": f"rank {self.rank} failed (see its output)"})
-            return
-        self._write(self._path(f"bye-{self.rank}"), None)
-        if self.rank == 0:
-            for r in range(1, self.size):
-                self._read(self._path(f"bye-{r}"))
-            shutil.rmtree(self.dir, ignore_errors=True)
+        """Leave the group. After a failure outside the collectives (``ok=False``) the process just exits: its
+        closed sockets stop the ranks waiting for it."""
+        import torch.distributed as dist
+
+        if ok and dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def detect(output_prefix: str, environ: dict[str, str] | None = None) -> MpiWorld | FileWorld | None:
+def detect(output_prefix: str, environ: dict[str, str] | None = None) -> MpiWorld | TorchWorld | None:
     """The world this process belongs to (None: a single process)."""
     env = os.environ if environ is None else environ
     step = None if any(v in env for v in MPIRUN_VARS) else slurm_step(env)
     if step is not None:
         rank, size, step_id = step
-        return FileWorld(f"{output_prefix}.rendezvous-{step_id}", rank, size)
+        return TorchWorld(f"{output_prefix}.rendezvous-{step_id}", rank, size)
     if not any(v in env for v in MPIRUN_VARS + PMI_VARS):
         return None
     from mpi4py import MPI

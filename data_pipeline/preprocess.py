@@ -2,7 +2,8 @@
 
 Flags mirror Megatron-LM's ``tools/preprocess_data.py`` (``--input --output-prefix --json-keys
 --split-sentences --keep-newlines --tokenizer-type --vocab-file --tokenizer-model --append-eod
---workers``) and add input formats, resume, a bad-input report, and several ranks under mpirun or srun. See docs/data_pipeline.md.
+--workers``) and add input formats, resume, a bad-input report, and several ranks under mpirun or srun.
+See docs/data_pipeline.md.
 
 Flow: inputs are expanded and sorted; the reader of each file (parent) cuts documents into pieces,
 batches them into chunks; workers tokenise chunks (bounded, ordered map); the parent appends results
@@ -415,7 +416,7 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
     local_err = None
     try:
         _process_parts(cfg, layout, todo, tokenizer, settings, shash, progress, skipped,
-                       use_spawn=comm is not None and comm.kind == "mpi")  # fork after MPI_Init is unsafe
+                       use_spawn=comm is not None)  # no fork after MPI_Init or with gloo threads running
     except Exception as e:  # reported below, after the other ranks are told
         local_err = f"rank {rank}: {type(e).__name__}: {e}"
         if comm is None:

@@ -112,7 +112,7 @@ SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={r}/munge/munge.socket
+AuthInfo=socket={r}/munge/munge.socket,cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 ProctrackType=proctrack/linuxproc

@@ -5,8 +5,8 @@ committed checkpoint, requeue themselves and resume to the same losses as a stra
 
 from __future__ import annotations
 
-import json
 import multiprocessing
+import os
 import re
 import subprocess
 import sys
@@ -126,9 +126,8 @@ def test_time_limit_signal_saves_requeues_and_resumes_exactly(cluster, data, str
     assert "[slurm] the trainer saved and stopped on SIGUSR1: requeueing job" in text
     stopped = int((run / "ckpt" / "latest").read_text().removeprefix("iter_"))
     assert 3 <= stopped < ITERS and (run / "ckpt" / f"iter_{stopped:07d}" / "commit.json").is_file()
-    # Slurm holds a requeued job back (Reason=BeginTime, about 2 minutes); start it now
-    if cluster.job(job).get("JobState") == "PENDING":
-        cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    # Slurm holds a requeued job back for the credential lifetime (Reason=BeginTime; cred_expire, 10 s on the test
+    # cluster, 120 s by default); starting it earlier by hand fails with "Job credential revoked"
     info = cluster.wait_job(job, timeout=300)
     text = (tmp_path / "job.out").read_text()  # --open-mode=append: both runs
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
@@ -182,7 +181,8 @@ def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, t
         assert one == (tmp_path / f"two_text_sentence{ext}").read_bytes()
         assert one == (tmp_path / f"three_text_sentence{ext}").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == [
-        "two.report.json", "two_text_sentence.bin", "two_text_sentence.idx"]  # no rendezvous left behind
+        "two_text_sentence.bin", "two_text_sentence.idx"]  # no rendezvous left behind
+    assert (tmp_path / "reports" / "two.report.json").is_file()
 
 
 # ---------------------------------------------------------------------------------------------------------- units
@@ -215,42 +215,57 @@ def test_cuda_device_index_with_gpus_per_task():
         cuda_device_index(0, 0)
 
 
-def test_coordination_detect_rules(tmp_path):
+def test_coordination_detect_rules(tmp_path, monkeypatch):
     prefix = str(tmp_path / "out")
     assert coordination.detect(prefix, {}) is None
     assert coordination.detect(prefix, {**STEP, "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is None
     assert coordination.slurm_step({**STEP, "SLURM_RESTART_COUNT": "2"}) == (1, 2, "77.0.r2")
-    w = coordination.detect(prefix, {**STEP, "SLURM_PROCID": "0", "PMI_SIZE": "2"})  # srun --mpi=pmi2: no MPI_Init
-    assert isinstance(w, coordination.FileWorld) and (w.rank, w.size) == (0, 2)
+    monkeypatch.setattr(coordination, "TorchWorld", lambda *a: ("torch", *a))  # records, joins no group
+    # srun --mpi=pmi2 sets PMI variables: still the step's own group, no MPI_Init
+    assert coordination.detect(prefix, {**STEP, "SLURM_PROCID": "0", "PMI_SIZE": "2"}) == (
+        "torch", f"{prefix}.rendezvous-77.0", 0, 2)
 
 
-def _file_rank(directory: str, rank: int, q) -> None:
-    w = coordination.FileWorld(directory, rank, 3, poll=0.01)
+def _torch_rank(path: str, rank: int, fail: bool, q) -> None:
+    from datetime import timedelta
+
+    w = coordination.TorchWorld(path, rank, 3, timeout=timedelta(seconds=60))
     got = w.bcast("from 0" if rank == 0 else None)
-    gathered = w.gather(rank * 10)
+    if fail:  # a rank that fails outside the collectives: exits without leaving the group
+        w.close(ok=False)
+        q.put((rank, got, "exited"))
+        q.close()
+        q.join_thread()  # flushed before the hard exit
+        os._exit(1)
+    try:
+        gathered = w.gather(rank * 10)
+    except RuntimeError as e:
+        gathered = f"error: {e}"
     w.close()
     q.put((rank, got, gathered))
 
 
-def test_file_world_bcast_gather_and_cleanup(tmp_path):
-    d = str(tmp_path / "rv")
-    ctx = multiprocessing.get_context("fork")
+def _run_ranks(path: str, fail_rank: int | None) -> list:
+    ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_file_rank, args=(d, r, q)) for r in (2, 1, 0)]
+    procs = [ctx.Process(target=_torch_rank, args=(path, r, r == fail_rank, q)) for r in (2, 1, 0)]
     for p in procs:
         p.start()
-    res = sorted(q.get(timeout=30) for _ in procs)
+    res = sorted(q.get(timeout=120) for _ in procs)
     for p in procs:
-        p.join(10)
-    assert res == [(0, "from 0", [0, 10, 20]), (1, "from 0", None), (2, "from 0", None)]
-    assert not Path(d).exists()
+        p.join(30)
+    return res
 
 
-def test_file_world_abort_reaches_waiting_ranks(tmp_path):
-    d = str(tmp_path / "rv")
-    zero = coordination.FileWorld(d, 0, 2, poll=0.01)
-    one = coordination.FileWorld(d, 1, 2, poll=0.01)
-    one.close(ok=False)  # rank 1 failed outside the collectives
-    with pytest.raises(RuntimeError, match="another rank failed"):
-        zero.gather("x")
-    assert json.loads((Path(d) / "abort.json").read_text())["why"].startswith("rank 1")
+@pytest.mark.timeout(200)
+def test_torch_world_bcast_gather_and_cleanup(tmp_path):
+    path = str(tmp_path / "out.rendezvous-1.0")
+    assert _run_ranks(path, None) == [(0, "from 0", [0, 10, 20]), (1, "from 0", None), (2, "from 0", None)]
+    assert not Path(path).exists()  # torch's FileStore removes its file when the last rank leaves
+
+
+@pytest.mark.timeout(200)
+def test_torch_world_failed_rank_stops_the_waiting_ones(tmp_path):
+    res = _run_ranks(str(tmp_path / "out.rendezvous-1.0"), fail_rank=2)
+    assert res[2] == (2, "from 0", "exited")
+    assert isinstance(res[0][2], str) and res[0][2].startswith("error: "), res  # rank 0 does not wait for ever
