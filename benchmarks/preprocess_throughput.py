@@ -142,13 +142,13 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
 
     # the cleaned documents, as our readers produce them: the raw tokenizer's input and the shared jsonl
-    from data_pipeline.encode import _doc_text
+    from data_pipeline.encode import doc_text
     from data_pipeline.readers import BadInputLog, read_documents
 
     texts = []
     for f in inputs:
         for d in read_documents(str(f), "auto", ["text"], BadInputLog()):
-            t = _doc_text(d.texts["text"], d.kind)
+            t = doc_text(d.texts["text"], d.kind)
             if t:
                 texts.append(t)
     (tmp / "texts.json").write_text(json.dumps(texts))

@@ -80,7 +80,7 @@ def init_worker(settings: EncodeSettings, tokenizer: Tokenizer | None = None) ->
                                                       settings.tokenizer_model)
 
 
-def _doc_text(text: str, kind: str) -> str:
+def doc_text(text: str, kind: str) -> str:
     """Cleaned document text: paragraphs, one per line."""
     if kind == KIND_WIKITEXT:
         text = wikitext_to_text(text)
@@ -135,7 +135,7 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     dtype = np.dtype(st.dtype)
     keys: dict[str, KeyResult] = {}
     for key in st.json_keys:
-        docs = [_doc_text(p.texts[key], p.kind) if p.texts.get(key) else "" for p in chunk.pieces]
+        docs = [doc_text(p.texts[key], p.kind) if p.texts.get(key) else "" for p in chunk.pieces]
         tokens, lengths, upp = _encode_key(tok, docs, st.split_sentences, st.keep_newlines, dtype)
         keys[key] = KeyResult(tokens, lengths, upp)
     return ChunkResult(chunk.file_idx, keys, chunk.last, chunk.reader_log, chunk.nchars, len(chunk.pieces),
