@@ -496,7 +496,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
                                      ("train_time_s", "training time (min, evaluation excluded)",
                                       "ppl_vs_time.png", 1 / 60),
                                      ("tokens", "training tokens (millions)", "ppl_vs_tokens.png", 1e-6)):
-        fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=90)
+        fig, ax = plt.subplots(figsize=(8.4, 4.6), dpi=90)
         for name, r in runs.items():
             if not r["evals"]:
                 continue
@@ -512,7 +512,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xlabel(label)
         ax.set_ylabel("validation MLM perplexity (held-out documents)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, not over them
         fig.tight_layout()
         fig.savefig(out_dir / fname)
         plt.close(fig)

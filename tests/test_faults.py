@@ -51,13 +51,14 @@ def test_fp16_overflow_logic_on_any_cpu(data, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks CPU ranks (a CUDA machine runs fp16 on the GPU)")
 def test_fp16_on_a_cpu_without_it_fails_before_any_work_with_one_line(data, tmp_path):
-    """Every rank exits 2 with the same one line naming the file, the missing CPU feature and the configs to use,
-    before the process group or the model exist (no DeepSpeed traceback)."""
+    """The ranks exit 2 with the same one line naming the file, the missing CPU feature and the configs to use,
+    before the process group or the model exist (no DeepSpeed traceback). DeepSpeed's launcher ends the other ranks
+    as soon as one exits non-zero, so on a busy machine a slower rank may be stopped before it prints its line."""
     args = tu.train_args(data, "zero2_fp16.json", 2, global_batch=4)
     p = tu.launch("deepspeed", args, timeout=120, entry=tu.fp16_policy_entry(tmp_path, supported=False))
     assert p.returncode == 2, p.stdout[-4000:]
     errors = [line for line in p.stdout.splitlines() if "pretrain: error:" in line]
-    assert len(errors) == tu.NPROCS and len({e.split("pretrain: error:")[1] for e in errors}) == 1
+    assert 1 <= len(errors) <= tu.NPROCS and len({e.split("pretrain: error:")[1] for e in errors}) == 1
     assert "zero2_fp16.json enables fp16" in errors[0] and "AVX512-FP16 or AMX" in errors[0]
     assert "zero2_bf16.json or " in errors[0] and "zero2_fp32.json" in errors[0]
     assert "Traceback" not in p.stdout and "rank(s), backend" not in p.stdout
