@@ -71,8 +71,9 @@ def peak_memory_mib(step: Callable[[], None], device: torch.device) -> float:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     cur = peak = 0
     for e in events:
         cur += e.nbytes()
@@ -80,8 +81,9 @@ def peak_memory_mib(step: Callable[[], None], device: torch.device) -> float:
     return peak / 2**20
 
 
-def paired_times(step: Callable[[], None], baseline: Callable[[], None], device: torch.device,
-                 repeats: int) -> dict[str, float]:
+def paired_times(
+    step: Callable[[], None], baseline: Callable[[], None], device: torch.device, repeats: int
+) -> dict[str, float]:
     """Median and best (minimum) seconds of ``step`` and of ``baseline``, run alternately so that load from other
     processes on a shared machine hits both alike. The best-of-N ratio is the least noisy estimate on a loaded box
     (load only ever adds time); the median ratio is reported next to it."""
@@ -95,8 +97,9 @@ def paired_times(step: Callable[[], None], baseline: Callable[[], None], device:
             fn()
             _sync(device)
             acc.append(time.perf_counter() - t0)
-    return dict(time_s=statistics.median(ts), dense_time_s=statistics.median(tb), time_best_s=min(ts),
-                dense_time_best_s=min(tb))
+    return dict(
+        time_s=statistics.median(ts), dense_time_s=statistics.median(tb), time_best_s=min(ts), dense_time_best_s=min(tb)
+    )
 
 
 def make_step(fn: Callable, q, k, v) -> Callable[[], None]:
@@ -117,8 +120,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     for n in args.seq_lens:
         g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(args.batch, HEADS, n, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(args.batch, HEADS, n, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
+            for _ in range(3)
+        )
         dense = make_step(F.scaled_dot_product_attention, q, k, v)
         m_dense = peak_memory_mib(dense, device)
         candidates = []
@@ -131,6 +136,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
             candidates.append(("sdpa_math", "none", None, math_sdpa))
         if args.folded_baseline:
+
             def folded_sdpa(q, k, v):  # the same dense attention with heads moved to SDPA's batch axis
                 return F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
 
@@ -157,17 +163,29 @@ def run(args: argparse.Namespace) -> list[dict]:
             except RuntimeError as e:  # out of memory etc.: record, keep going
                 print(f"N={n:5d} {kname:12s} {lname:16s} failed: {e}", flush=True)
                 continue
-            row = dict(kernel=kname, layout=lname, n=n, density=density, **times, mem_mib=m,
-                       dense_mem_mib=m_dense, time_ratio=times["time_best_s"] / times["dense_time_best_s"],
-                       median_time_ratio=times["time_s"] / times["dense_time_s"], mem_ratio=m / m_dense,
-                       target=args.target_factor * density)
+            row = dict(
+                kernel=kname,
+                layout=lname,
+                n=n,
+                density=density,
+                **times,
+                mem_mib=m,
+                dense_mem_mib=m_dense,
+                time_ratio=times["time_best_s"] / times["dense_time_best_s"],
+                median_time_ratio=times["time_s"] / times["dense_time_s"],
+                mem_ratio=m / m_dense,
+                target=args.target_factor * density,
+            )
             row["meets_time"] = row["time_ratio"] <= row["target"]
             row["meets_mem"] = row["mem_ratio"] <= row["target"]
             rows.append(row)
-            print(f"N={n:5d} {kname:12s} {lname:16s} density {density:5.3f}: best {times['time_best_s'] * 1e3:9.1f} ms "
-                  f"vs dense {times['dense_time_best_s'] * 1e3:8.1f} ms = {row['time_ratio']:.2f}x (median "
-                  f"{row['median_time_ratio']:.2f}x; target <= {row['target']:.2f}x); "
-                  f"{m:8.1f} MiB vs {m_dense:7.1f} MiB = {row['mem_ratio']:.2f}x", flush=True)
+            print(
+                f"N={n:5d} {kname:12s} {lname:16s} density {density:5.3f}: best {times['time_best_s'] * 1e3:9.1f} ms "
+                f"vs dense {times['dense_time_best_s'] * 1e3:8.1f} ms = {row['time_ratio']:.2f}x (median "
+                f"{row['median_time_ratio']:.2f}x; target <= {row['target']:.2f}x); "
+                f"{m:8.1f} MiB vs {m_dense:7.1f} MiB = {row['mem_ratio']:.2f}x",
+                flush=True,
+            )
         del q, k, v
     return rows
 
@@ -199,20 +217,25 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def markdown_table(result: dict) -> str:
     """The JSON result as the Markdown table recorded in docs/model.md."""
-    lines = [f"Machine: {result['meta']['machine']}; {result['meta']['dtype']}, batch {result['meta']['batch']}, "
-             f"{result['meta']['heads']} heads x {result['meta']['head_dim']}, fwd+bwd, "
-             f"{result['meta']['repeats']} runs alternated with the dense baseline; time ratio = best / best "
-             "(median / median next to it).", "",
-             "| N | kernel | layout | density | best ms | dense best ms | time ratio | median ratio | target | mem MiB "
-             "| dense MiB | mem ratio |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Machine: {result['meta']['machine']}; {result['meta']['dtype']}, batch {result['meta']['batch']}, "
+        f"{result['meta']['heads']} heads x {result['meta']['head_dim']}, fwd+bwd, "
+        f"{result['meta']['repeats']} runs alternated with the dense baseline; time ratio = best / best "
+        "(median / median next to it).",
+        "",
+        "| N | kernel | layout | density | best ms | dense best ms | time ratio | median ratio | target | mem MiB "
+        "| dense MiB | mem ratio |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["rows"]:
         ok = "" if r["layout"] == "none" else (" ✓" if r["meets_time"] else " ✗")
         okm = "" if r["layout"] == "none" else (" ✓" if r["meets_mem"] else " ✗")
-        lines.append(f"| {r['n']} | {r['kernel']} | {r['layout']} | {r['density']:.3f} | "
-                     f"{r['time_best_s'] * 1e3:.0f} | {r['dense_time_best_s'] * 1e3:.0f} | {r['time_ratio']:.2f}{ok} | "
-                     f"{r['median_time_ratio']:.2f} | {r['target']:.2f} | "
-                     f"{r['mem_mib']:.1f} | {r['dense_mem_mib']:.1f} | {r['mem_ratio']:.2f}{okm} |")
+        lines.append(
+            f"| {r['n']} | {r['kernel']} | {r['layout']} | {r['density']:.3f} | "
+            f"{r['time_best_s'] * 1e3:.0f} | {r['dense_time_best_s'] * 1e3:.0f} | {r['time_ratio']:.2f}{ok} | "
+            f"{r['median_time_ratio']:.2f} | {r['target']:.2f} | "
+            f"{r['mem_mib']:.1f} | {r['dense_mem_mib']:.1f} | {r['mem_ratio']:.2f}{okm} |"
+        )
     return "\n".join(lines)
 
 
@@ -227,15 +250,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kernels", nargs="+", default=["block_gather", "flex"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--math-baseline", action="store_true", help="also time SDPA's math backend (N^2 scores kept)")
-    p.add_argument("--folded-baseline", action="store_true",
-                   help="also time dense SDPA on [H, B, N, D] (heads as batch), the call layout block_gather uses")
+    p.add_argument(
+        "--folded-baseline",
+        action="store_true",
+        help="also time dense SDPA on [H, B, N, D] (heads as batch), the call layout block_gather uses",
+    )
     p.add_argument("--math-max-n", type=int, default=2048, help="largest N for --math-baseline")
     p.add_argument("--max-dense-masked-n", type=int, default=2048, help="skip the masked 'dense' kernel above this N")
     p.add_argument("--table", type=Path, help="only print the Markdown table of an existing attention.json")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--target-factor", type=float, default=1.15,
-                   help="target: time and memory <= this x density x the dense baseline (1.15; gpu_check uses 1.3 "
-                        "for flex on GPUs)")
+    p.add_argument(
+        "--target-factor",
+        type=float,
+        default=1.15,
+        help="target: time and memory <= this x density x the dense baseline (1.15; gpu_check uses 1.3 "
+        "for flex on GPUs)",
+    )
     args = p.parse_args(argv)
     if args.table:
         print(markdown_table(json.loads(args.table.read_text())))
@@ -243,16 +273,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-               f"torch {torch.__version__}")
+    machine = (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     if args.device.startswith("cuda"):
         machine = f"{torch.cuda.get_device_name()} ({machine})"
     rows = run(args)
-    meta = dict(machine=machine, device=args.device, dtype=args.dtype, batch=args.batch, heads=HEADS,
-                head_dim=HEAD_DIM, repeats=args.repeats)
+    meta = dict(
+        machine=machine,
+        device=args.device,
+        dtype=args.dtype,
+        batch=args.batch,
+        heads=HEADS,
+        head_dim=HEAD_DIM,
+        repeats=args.repeats,
+    )
     (args.out_dir / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    plot(rows, args.out_dir / "attention.png",
-         f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}")
+    plot(
+        rows, args.out_dir / "attention.png", f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}"
+    )
     (args.out_dir / "attention.md").write_text(markdown_table(dict(meta=meta, rows=rows)) + "\n")
     print(f"wrote {args.out_dir / 'attention.json'}, attention.md and attention.png")
 

@@ -40,10 +40,30 @@ def _corpus_shards(work_dir: Path, vocab_file: str) -> dict[str, tuple[str, list
         prefix = work_dir / f"{name}_text_sentence"
         if not shard_exists(prefix):
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input", *map(str, files),
-                            "--input-format", fmt, "--split-sentences", "--tokenizer-type", "BertWordPieceLowerCase",
-                            "--vocab-file", vocab_file, "--output-prefix", str(work_dir / name), "--workers", "2",
-                            "--no-progress"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "data_pipeline.preprocess",
+                    "--input",
+                    *map(str, files),
+                    "--input-format",
+                    fmt,
+                    "--split-sentences",
+                    "--tokenizer-type",
+                    "BertWordPieceLowerCase",
+                    "--vocab-file",
+                    vocab_file,
+                    "--output-prefix",
+                    str(work_dir / name),
+                    "--workers",
+                    "2",
+                    "--no-progress",
+                ],
+                check=True,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+            )
             print(f"[bench] preprocessed {name} into {prefix} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         out[name] = (str(prefix), files)
     return out
@@ -63,15 +83,19 @@ def _read_tokens_once(prefix: str) -> float:
     total = 0
     step = 1 << 22
     for i in range(0, ds.num_tokens, step):
-        total += int(np.asarray(ds.tokens[i:i + step], dtype=np.int64).sum())
+        total += int(np.asarray(ds.tokens[i : i + step], dtype=np.int64).sum())
     return time.perf_counter() - t0
 
 
 def bench_index(prefix: str, files: list[Path], repeats: int = 3) -> dict:
     ds = IndexedDataset(prefix)
-    res = {"tokens": ds.num_tokens, "sentences": len(ds), "documents": ds.num_documents,
-           "read_text_s": min(_read_text_once(files) for _ in range(repeats)) if files else None,
-           "read_tokens_s": min(_read_tokens_once(prefix) for _ in range(repeats))}
+    res = {
+        "tokens": ds.num_tokens,
+        "sentences": len(ds),
+        "documents": ds.num_documents,
+        "read_text_s": min(_read_text_once(files) for _ in range(repeats)) if files else None,
+        "read_tokens_s": min(_read_tokens_once(prefix) for _ in range(repeats)),
+    }
     for mode in ("doc-sentences", "full-sentences", "nsp"):
         for N in (128, 512):
             cfg = SampleIndexConfig(seq_length=N, sample_mode=mode)
@@ -81,18 +105,29 @@ def bench_index(prefix: str, files: list[Path], repeats: int = 3) -> dict:
                 idx = build_sample_index(ds, (0, ds.num_documents), cfg)
                 best = min(best, time.perf_counter() - t0)
             lens = idx[:, 1] - idx[:, 0] + idx[:, 3] - idx[:, 2] + (3 if mode == "nsp" else 2)
-            res[f"{mode}@{N}"] = {"samples": int(len(idx)), "build_s": round(best, 4),
-                                  "fill": round(float(lens.mean() / N), 4)}
+            res[f"{mode}@{N}"] = {
+                "samples": int(len(idx)),
+                "build_s": round(best, 4),
+                "fill": round(float(lens.mean() / N), 4),
+            }
     return res
 
 
-def bench_loader(prefix: str, tokenizer, seq_length: int, mbs: int, workers: int, batches: int, mode: str,
-                 wwm: bool, cache_dir: str) -> dict:
-    cfg = DataConfig(data_path=[prefix], split="1,0,0", seq_length=seq_length, sample_mode=mode,
-                     whole_word_masking=wwm, cache_dir=cache_dir)
+def bench_loader(
+    prefix: str, tokenizer, seq_length: int, mbs: int, workers: int, batches: int, mode: str, wwm: bool, cache_dir: str
+) -> dict:
+    cfg = DataConfig(
+        data_path=[prefix],
+        split="1,0,0",
+        seq_length=seq_length,
+        sample_mode=mode,
+        whole_word_masking=wwm,
+        cache_dir=cache_dir,
+    )
     train = build_datasets(cfg, tokenizer, num_samples=(10**9, 0, 0))[0]
-    loader = build_dataloader(train, tokenizer, cfg, micro_batch_size=mbs, dp_rank=0, dp_world_size=1,
-                              num_workers=workers)
+    loader = build_dataloader(
+        train, tokenizer, cfg, micro_batch_size=mbs, dp_rank=0, dp_world_size=1, num_workers=workers
+    )
     cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     it = iter(loader)
@@ -107,14 +142,22 @@ def bench_loader(prefix: str, tokenizer, seq_length: int, mbs: int, workers: int
     t2 = time.perf_counter()
     it.close()  # shuts the workers down, so their CPU time is counted
     import gc
+
     gc.collect()
     cpu = _cpu_seconds() - cpu0
     per_sample = cpu / ((warm + batches) * mbs)
-    return {"mode": mode, "whole_word_masking": wwm, "seq_length": seq_length, "micro_batch": mbs,
-            "workers": workers, "samples_per_s": round(n / (t2 - t1)), "startup_s": round(t1 - t0, 2),
-            "cpu_us_per_sample": round(per_sample * 1e6, 1),
-            # what 2 dedicated cores would sustain if the CPU were not shared (all processes' CPU time)
-            "samples_per_s_per_2_cpu_s": round(2 / per_sample)}
+    return {
+        "mode": mode,
+        "whole_word_masking": wwm,
+        "seq_length": seq_length,
+        "micro_batch": mbs,
+        "workers": workers,
+        "samples_per_s": round(n / (t2 - t1)),
+        "startup_s": round(t1 - t0, 2),
+        "cpu_us_per_sample": round(per_sample * 1e6, 1),
+        # what 2 dedicated cores would sustain if the CPU were not shared (all processes' CPU time)
+        "samples_per_s_per_2_cpu_s": round(2 / per_sample),
+    }
 
 
 def _cpu_seconds() -> float:
@@ -148,12 +191,16 @@ def main() -> None:
     prefix = shards.get("wiki", shards.get("given"))[0]
     cache = str(Path(args.work_dir) / "cache")
     result["loader"] = [
-        bench_loader(prefix, tok, args.seq_length, args.micro_batch_size, args.num_workers, args.batches,
-                     mode, wwm, cache)
+        bench_loader(
+            prefix, tok, args.seq_length, args.micro_batch_size, args.num_workers, args.batches, mode, wwm, cache
+        )
         for mode, wwm in (("doc-sentences", False), ("doc-sentences", True), ("nsp", False))
     ]
-    result["loader"].append(bench_loader(prefix, tok, args.seq_length, args.micro_batch_size, 0,
-                                         args.batches // 2, "doc-sentences", False, cache))
+    result["loader"].append(
+        bench_loader(
+            prefix, tok, args.seq_length, args.micro_batch_size, 0, args.batches // 2, "doc-sentences", False, cache
+        )
+    )
     result["load_average_after"] = os.getloadavg()
     print(json.dumps(result, indent=1))
 

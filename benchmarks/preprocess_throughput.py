@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-_SHIM = '''
+_SHIM = """
 import importlib.abc, importlib.machinery, sys, types, typing
 if not hasattr(typing, "override"):
     typing.override = lambda f: f
@@ -70,9 +70,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, _Finder())
-'''
+"""
 
-_RAW = '''
+_RAW = """
 import json, os, sys, time
 texts = json.load(open(sys.argv[1]))
 from tokenizers import BertWordPieceTokenizer
@@ -89,7 +89,7 @@ for name in ("encode_batch", "encode_batch_fast"):
         best = (dt, cpu) if best is None else (min(best[0], dt), min(best[1], cpu))
     out[name] = {"seconds": best[0], "cpu": best[1], "tokens": n}
 print(json.dumps(out))
-'''
+"""
 
 
 def _run(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, float]:
@@ -159,28 +159,60 @@ def main() -> int:
         f.write(json.dumps({"text": texts[0][:2000]}) + "\n")
     text_bytes = sum(len(t.encode("utf-8")) for t in texts)
     jsonl_bytes = (tmp / "docs.jsonl").stat().st_size
-    print(f"input: {len(books)} books + {len(wiki)} WikiExtractor files = {in_bytes / 1e6:.1f} MB raw, "
-          f"{len(texts)} documents, {text_bytes / 1e6:.1f} MB of cleaned text", flush=True)
+    print(
+        f"input: {len(books)} books + {len(wiki)} WikiExtractor files = {in_bytes / 1e6:.1f} MB raw, "
+        f"{len(texts)} documents, {text_bytes / 1e6:.1f} MB of cleaned text",
+        flush=True,
+    )
 
-    results: dict = {"machine": "2-core CPU dev box, shared, no GPU", "input_files": [str(f) for f in inputs],
-                     "input_mb": in_bytes / 1e6, "text_mb": text_bytes / 1e6, "documents": len(texts), "runs": {}}
+    results: dict = {
+        "machine": "2-core CPU dev box, shared, no GPU",
+        "input_files": [str(f) for f in inputs],
+        "input_mb": in_bytes / 1e6,
+        "text_mb": text_bytes / 1e6,
+        "documents": len(texts),
+        "runs": {},
+    }
 
     # raw tokenizer, 1 and 2 threads
     for threads in a.workers:
-        tenv = dict(env, TOKENIZERS_PARALLELISM="true" if threads > 1 else "false", RAYON_NUM_THREADS=str(threads),
-                    RAYON_RS_NUM_CPUS=str(threads))
-        r = subprocess.run([py, "-c", _RAW, str(tmp / "texts.json"), str(vocab)], env=tenv, capture_output=True,
-                           text=True, check=True)
+        tenv = dict(
+            env,
+            TOKENIZERS_PARALLELISM="true" if threads > 1 else "false",
+            RAYON_NUM_THREADS=str(threads),
+            RAYON_RS_NUM_CPUS=str(threads),
+        )
+        r = subprocess.run(
+            [py, "-c", _RAW, str(tmp / "texts.json"), str(vocab)], env=tenv, capture_output=True, text=True, check=True
+        )
         for name, v in json.loads(r.stdout).items():
-            results["runs"][f"raw {name} x{threads}"] = {"net_s": v["seconds"], "net_cpu_s": v["cpu"],
-                                                          "tokens": v["tokens"], "mb": text_bytes / 1e6}
+            results["runs"][f"raw {name} x{threads}"] = {
+                "net_s": v["seconds"],
+                "net_cpu_s": v["cpu"],
+                "tokens": v["tokens"],
+                "mb": text_bytes / 1e6,
+            }
         print(f"raw tokenizer x{threads}: done", flush=True)
     tokens = results["runs"][f"raw encode_batch x{a.workers[0]}"]["tokens"]
 
     def ours(inp: list[str], prefix: str, workers: int, extra: list[str]) -> tuple[float, float]:
-        cmd = [py, "-m", "data_pipeline.preprocess", "--input", *inp, "--output-prefix", str(tmp / prefix),
-               "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--workers", str(workers),
-               "--no-progress", *extra]
+        cmd = [
+            py,
+            "-m",
+            "data_pipeline.preprocess",
+            "--input",
+            *inp,
+            "--output-prefix",
+            str(tmp / prefix),
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            str(vocab),
+            "--workers",
+            str(workers),
+            "--no-progress",
+            *extra,
+        ]
         return _best(lambda: _run(cmd, env=env, cwd=str(REPO)), a.repeat)
 
     start_ours, start_ours_cpu = ours([str(tmp / "one.jsonl")], "startup", 1, [])
@@ -189,14 +221,24 @@ def main() -> int:
         for w in a.workers:
             wall, cpu = ours([str(f) for f in inputs], f"raw_{level}_{w}", w, extra)
             results["runs"][f"ours raw files {level} w{w}"] = {
-                "wall_s": wall, "net_s": wall - start_ours, "cpu_s": cpu, "net_cpu_s": cpu - start_ours_cpu * w,
-                "tokens": tokens, "mb": in_bytes / 1e6}
+                "wall_s": wall,
+                "net_s": wall - start_ours,
+                "cpu_s": cpu,
+                "net_cpu_s": cpu - start_ours_cpu * w,
+                "tokens": tokens,
+                "mb": in_bytes / 1e6,
+            }
             print(f"ours {level} w{w}: {wall:.1f}s wall, {cpu:.1f}s CPU", flush=True)
     for w in a.workers:
         wall, cpu = ours([str(tmp / "docs.jsonl")], f"jsonl_{w}", w, [])
-        results["runs"][f"ours jsonl document w{w}"] = {"wall_s": wall, "net_s": wall - start_ours, "cpu_s": cpu,
-                                                       "net_cpu_s": cpu - start_ours_cpu * w,
-                                                       "tokens": tokens, "mb": jsonl_bytes / 1e6}
+        results["runs"][f"ours jsonl document w{w}"] = {
+            "wall_s": wall,
+            "net_s": wall - start_ours,
+            "cpu_s": cpu,
+            "net_cpu_s": cpu - start_ours_cpu * w,
+            "tokens": tokens,
+            "mb": jsonl_bytes / 1e6,
+        }
 
     if a.megatron_repo:
         shim = tmp / "shim"
@@ -207,14 +249,27 @@ def main() -> int:
         shutil.copy(vocab, hub / "vocab.txt")
         (hub / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
         (hub / "config.json").write_text(json.dumps({"model_type": "bert"}))
-        menv = dict(os.environ, PYTHONPATH=f"{a.megatron_repo}:{shim}", HF_HUB_OFFLINE="1",
-                    TOKENIZERS_PARALLELISM="false")
+        menv = dict(
+            os.environ, PYTHONPATH=f"{a.megatron_repo}:{shim}", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+        )
         script = str(Path(a.megatron_repo) / "tools" / "preprocess_data.py")
 
         def megatron(inp: Path, prefix: str, workers: int) -> tuple[float, float]:
-            cmd = [py, script, "--input", str(inp), "--output-prefix", str(tmp / prefix), "--tokenizer-type",
-                   "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--tokenizer-hf-no-include-special-tokens",
-                   "--workers", str(workers)]
+            cmd = [
+                py,
+                script,
+                "--input",
+                str(inp),
+                "--output-prefix",
+                str(tmp / prefix),
+                "--tokenizer-type",
+                "BertWordPieceLowerCase",
+                "--vocab-file",
+                str(vocab),
+                "--tokenizer-hf-no-include-special-tokens",
+                "--workers",
+                str(workers),
+            ]
             return _best(lambda: _run(cmd, env=menv, cwd=str(tmp / "mwork")), a.repeat)
 
         start_m, start_m_cpu = megatron(tmp / "one.jsonl", "mstartup", 1)
@@ -222,10 +277,18 @@ def main() -> int:
         for w in a.workers:
             wall, cpu = megatron(tmp / "docs.jsonl", f"megatron_{w}", w)
             results["runs"][f"megatron jsonl document w{w}"] = {
-                "wall_s": wall, "net_s": wall - start_m, "cpu_s": cpu, "net_cpu_s": cpu - start_m_cpu,
-                "tokens": tokens, "mb": jsonl_bytes / 1e6}
-            same = all((tmp / f"megatron_{w}_text_document{e}").read_bytes() ==
-                       (tmp / f"jsonl_{w}_text_document{e}").read_bytes() for e in (".bin", ".idx"))
+                "wall_s": wall,
+                "net_s": wall - start_m,
+                "cpu_s": cpu,
+                "net_cpu_s": cpu - start_m_cpu,
+                "tokens": tokens,
+                "mb": jsonl_bytes / 1e6,
+            }
+            same = all(
+                (tmp / f"megatron_{w}_text_document{e}").read_bytes()
+                == (tmp / f"jsonl_{w}_text_document{e}").read_bytes()
+                for e in (".bin", ".idx")
+            )
             results["runs"][f"megatron jsonl document w{w}"]["identical_to_ours"] = same
             print(f"megatron w{w}: {wall:.1f}s (output identical to ours: {same})", flush=True)
 
@@ -236,8 +299,10 @@ def main() -> int:
         r["tokens_per_s"] = r["tokens"] / r["net_s"]
         r["tokens_per_cpu_s"] = r["tokens"] / r["net_cpu_s"]
         wall = f"{r['wall_s']:.1f}" if "wall_s" in r else "-"
-        print(f"{name:36s} {wall:>7s} {r['net_s']:7.2f} {r['net_cpu_s']:7.2f} {r['mb_per_s']:6.2f} "
-              f"{r['tokens_per_s']:9,.0f} {r['tokens_per_cpu_s']:10,.0f}")
+        print(
+            f"{name:36s} {wall:>7s} {r['net_s']:7.2f} {r['net_cpu_s']:7.2f} {r['mb_per_s']:6.2f} "
+            f"{r['tokens_per_s']:9,.0f} {r['tokens_per_cpu_s']:10,.0f}"
+        )
     print("\nratios (tokens/s on net wall time; and tokens per CPU-second, which a shared box does not distort):")
     ratios = {}
     runs = results["runs"]

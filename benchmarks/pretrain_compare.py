@@ -67,19 +67,56 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # the test's scale: seconds per run on 2 CPU cores
-    "tiny": Preset(num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=128, seq_length=128,
-                   micro_batch_size=2, global_batch_size=None, train_iters=6, eval_interval=3, eval_iters=2,
-                   log_interval=1, lr=1e-3, ds_config="ds_configs/zero2_fp32.json", strided_stride=16),
+    "tiny": Preset(
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        ffn_hidden_size=128,
+        seq_length=128,
+        micro_batch_size=2,
+        global_batch_size=None,
+        train_iters=6,
+        eval_interval=3,
+        eval_iters=2,
+        log_interval=1,
+        lr=1e-3,
+        ds_config="ds_configs/zero2_fp32.json",
+        strided_stride=16,
+    ),
     # the committed CPU comparison (docs/results.md): ~1 s per step on the 2-core dev box (2 ranks x 4 x 512)
-    "cpu-small": Preset(num_layers=4, hidden_size=128, num_heads=4, ffn_hidden_size=512, seq_length=512,
-                        micro_batch_size=4, global_batch_size=None, train_iters=500, eval_interval=50,
-                        eval_iters=8, log_interval=10, lr=2e-3, ds_config="ds_configs/zero2_fp32.json",
-                        strided_stride=80),
+    "cpu-small": Preset(
+        num_layers=4,
+        hidden_size=128,
+        num_heads=4,
+        ffn_hidden_size=512,
+        seq_length=512,
+        micro_batch_size=4,
+        global_batch_size=None,
+        train_iters=500,
+        eval_interval=50,
+        eval_iters=8,
+        log_interval=10,
+        lr=2e-3,
+        ds_config="ds_configs/zero2_fp32.json",
+        strided_stride=80,
+    ),
     # BERT-base at N=512 with the blockwise paper's batch (131,072 tokens) for a GPU node; set --train-iters
-    "bert-base": Preset(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, seq_length=512,
-                        micro_batch_size=32, global_batch_size=256, train_iters=20000, eval_interval=1000,
-                        eval_iters=50, log_interval=100, lr=5e-4, ds_config="ds_configs/zero2_bf16.json",
-                        strided_stride=80),
+    "bert-base": Preset(
+        num_layers=12,
+        hidden_size=768,
+        num_heads=12,
+        ffn_hidden_size=3072,
+        seq_length=512,
+        micro_batch_size=32,
+        global_batch_size=256,
+        train_iters=20000,
+        eval_interval=1000,
+        eval_iters=50,
+        log_interval=100,
+        lr=5e-4,
+        ds_config="ds_configs/zero2_bf16.json",
+        strided_stride=80,
+    ),
 }
 
 CONFIG_NAMES = ("dense", "blockbert_n2", "blockbert_n3", "sparsebert_strided", "diet_rel", "diet_abs")
@@ -103,11 +140,20 @@ def attention_and_position(config: str, preset: Preset) -> tuple[dict[str, Any],
         return {"kernel": "dense"}, None
     if config in ("blockbert_n2", "blockbert_n3"):
         blocks = int(config[-1])
-        return {"kernel": "auto", "sparsity": {"mode": "blockbert", "num_blocks": blocks, "block": 16,
-                                               "head_assignment": head_assignment(preset.num_heads, blocks)}}, None
+        return {
+            "kernel": "auto",
+            "sparsity": {
+                "mode": "blockbert",
+                "num_blocks": blocks,
+                "block": 16,
+                "head_assignment": head_assignment(preset.num_heads, blocks),
+            },
+        }, None
     if config == "sparsebert_strided":
-        return {"kernel": "auto", "token_mask": {"pattern": "strided", "stride": preset.strided_stride,
-                                                 "seq_len": n}}, None
+        return {
+            "kernel": "auto",
+            "token_mask": {"pattern": "strided", "stride": preset.strided_stride, "seq_len": n},
+        }, None
     if config == "diet_rel":
         return {"kernel": "auto"}, {"type": "diet_rel", "max_distance": min(128, n), "sharing": "none"}
     if config == "diet_abs":
@@ -119,9 +165,14 @@ def model_config_dict(config: str, preset: Preset) -> dict[str, Any]:
     """The full ModelConfig (validated by ModelConfig.from_dict) a run trains; vocab comes from the tokenizer."""
     from model.config import ModelConfig
 
-    d = ModelConfig.preset("bert-base", num_layers=preset.num_layers, hidden_size=preset.hidden_size,
-                           num_attention_heads=preset.num_heads, intermediate_size=preset.ffn_hidden_size,
-                           max_position_embeddings=preset.seq_length).to_dict()
+    d = ModelConfig.preset(
+        "bert-base",
+        num_layers=preset.num_layers,
+        hidden_size=preset.hidden_size,
+        num_attention_heads=preset.num_heads,
+        intermediate_size=preset.ffn_hidden_size,
+        max_position_embeddings=preset.seq_length,
+    ).to_dict()
     attention, position = attention_and_position(config, preset)
     d["attention"].update(attention)
     if position is not None:
@@ -143,18 +194,50 @@ class RunSpec:
 def run_specs(ns: argparse.Namespace, preset: Preset) -> list[RunSpec]:
     """Every (config, seed) run, in the order they train: all configs at the first seed, then the extra seeds."""
     common = [
-        "--deepspeed_config", ns.ds_config or preset.ds_config,
-        "--seq-length", str(preset.seq_length), "--micro-batch-size", str(preset.micro_batch_size),
-        "--train-iters", str(ns.train_iters or preset.train_iters),
-        "--lr", str(ns.lr or preset.lr), "--min-lr", "0", "--lr-warmup-fraction", str(ns.warmup_fraction),
-        "--lr-decay-style", "linear", "--weight-decay", "0.01", "--adam-beta1", "0.9", "--adam-beta2", "0.999",
-        "--adam-eps", "1e-8", "--clip-grad", "1.0",
-        "--sample-mode", "doc-sentences", "--tokenizer-type", ns.tokenizer_type, "--vocab-file", ns.vocab_file,
-        "--data-path", *ns.data_path,
-        "--eval-interval", str(ns.eval_interval or preset.eval_interval),
-        "--eval-iters", str(ns.eval_iters or preset.eval_iters),
-        "--log-interval", str(ns.log_interval or preset.log_interval),
-        "--valid-seed", str(ns.valid_seed), "--num-workers", str(ns.num_workers),
+        "--deepspeed_config",
+        ns.ds_config or preset.ds_config,
+        "--seq-length",
+        str(preset.seq_length),
+        "--micro-batch-size",
+        str(preset.micro_batch_size),
+        "--train-iters",
+        str(ns.train_iters or preset.train_iters),
+        "--lr",
+        str(ns.lr or preset.lr),
+        "--min-lr",
+        "0",
+        "--lr-warmup-fraction",
+        str(ns.warmup_fraction),
+        "--lr-decay-style",
+        "linear",
+        "--weight-decay",
+        "0.01",
+        "--adam-beta1",
+        "0.9",
+        "--adam-beta2",
+        "0.999",
+        "--adam-eps",
+        "1e-8",
+        "--clip-grad",
+        "1.0",
+        "--sample-mode",
+        "doc-sentences",
+        "--tokenizer-type",
+        ns.tokenizer_type,
+        "--vocab-file",
+        ns.vocab_file,
+        "--data-path",
+        *ns.data_path,
+        "--eval-interval",
+        str(ns.eval_interval or preset.eval_interval),
+        "--eval-iters",
+        str(ns.eval_iters or preset.eval_iters),
+        "--log-interval",
+        str(ns.log_interval or preset.log_interval),
+        "--valid-seed",
+        str(ns.valid_seed),
+        "--num-workers",
+        str(ns.num_workers),
     ]
     gbs = ns.global_batch_size or preset.global_batch_size
     if gbs:
@@ -166,15 +249,27 @@ def run_specs(ns: argparse.Namespace, preset: Preset) -> list[RunSpec]:
         for config in ns.configs:
             if k > 0 and config not in ns.seeded_configs:
                 continue
-            specs.append(RunSpec(name=f"{config}_s{seed}", config=config, seed=seed,
-                                 train_args=common + ["--seed", str(seed)] + list(ns.train_arg),
-                                 model_config=model_config_dict(config, preset)))
+            specs.append(
+                RunSpec(
+                    name=f"{config}_s{seed}",
+                    config=config,
+                    seed=seed,
+                    train_args=common + ["--seed", str(seed)] + list(ns.train_arg),
+                    model_config=model_config_dict(config, preset),
+                )
+            )
     return specs
 
 
 # --------------------------------------------------------------------------------------------------- data
-def prepare_data(out: Path, train_inputs: Sequence[str], valid_inputs: Sequence[str], vocab_file: str,
-                 tokenizer_type: str, workers: int) -> tuple[list[str], list[str]]:
+def prepare_data(
+    out: Path,
+    train_inputs: Sequence[str],
+    valid_inputs: Sequence[str],
+    vocab_file: str,
+    tokenizer_type: str,
+    workers: int,
+) -> tuple[list[str], list[str]]:
     """Preprocess raw train and held-out inputs (files, dirs, globs) with data_pipeline.preprocess into
     ``out/data``; a shard that already exists is reused. Held-out documents never enter the training shard."""
     data = out / "data"
@@ -183,9 +278,22 @@ def prepare_data(out: Path, train_inputs: Sequence[str], valid_inputs: Sequence[
         prefix = data / name
         shard = Path(f"{prefix}_text_sentence")
         if not Path(f"{shard}.idx").exists():
-            cmd = [sys.executable, "-m", "data_pipeline.preprocess", "--input", *inputs, "--output-prefix",
-                   str(prefix), "--tokenizer-type", tokenizer_type, "--vocab-file", vocab_file,
-                   "--split-sentences", "--workers", str(workers)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "data_pipeline.preprocess",
+                "--input",
+                *inputs,
+                "--output-prefix",
+                str(prefix),
+                "--tokenizer-type",
+                tokenizer_type,
+                "--vocab-file",
+                vocab_file,
+                "--split-sentences",
+                "--workers",
+                str(workers),
+            ]
             print(f"[compare] preprocess {name}: {' '.join(cmd)}", flush=True)
             subprocess.run(cmd, cwd=REPO, check=True)
         prefixes.append(str(shard))
@@ -209,8 +317,7 @@ def launcher_command(ns: argparse.Namespace) -> list[str]:
     if ns.launcher == "hostfile":
         return [str(bindir / "deepspeed"), "--hostfile", ns.hostfile, "--master_port", port, *ns.launcher_arg]
     if ns.launcher == "torchrun":
-        return [str(bindir / "torchrun"), "--nproc_per_node", str(ns.nproc), "--master_port", port,
-                *ns.launcher_arg]
+        return [str(bindir / "torchrun"), "--nproc_per_node", str(ns.nproc), "--master_port", port, *ns.launcher_arg]
     raise CompareError(f"--launcher {ns.launcher}: use deepspeed, hostfile or torchrun")
 
 
@@ -229,8 +336,13 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def _spec_json(spec: RunSpec) -> dict[str, Any]:
-    return {"name": spec.name, "config": spec.config, "seed": spec.seed, "train_args": spec.train_args,
-            "model_config": spec.model_config}
+    return {
+        "name": spec.name,
+        "config": spec.config,
+        "seed": spec.seed,
+        "train_args": spec.train_args,
+        "model_config": spec.model_config,
+    }
 
 
 def _check_spec(run_dir: Path, spec: RunSpec) -> None:
@@ -240,8 +352,10 @@ def _check_spec(run_dir: Path, spec: RunSpec) -> None:
         old = json.loads(path.read_text())
         if old != _spec_json(spec):
             diff = [k for k in old if old.get(k) != _spec_json(spec).get(k)]
-            raise CompareError(f"{run_dir} was started with other settings ({', '.join(diff)} differ); use another "
-                               f"--out, or delete that run directory to retrain it")
+            raise CompareError(
+                f"{run_dir} was started with other settings ({', '.join(diff)} differ); use another "
+                f"--out, or delete that run directory to retrain it"
+            )
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_spec_json(spec), indent=1))
@@ -253,10 +367,22 @@ def train_run(ns: argparse.Namespace, spec: RunSpec, run_dir: Path) -> bool:
     (run_dir / "model.json").write_text(json.dumps(spec.model_config, indent=1))
     ckpt = run_dir / "ckpt"
     eval_interval = int(spec.train_args[spec.train_args.index("--eval-interval") + 1])
-    cmd = launcher_command(ns) + ["pretrain/train.py", *spec.train_args,
-                                  "--model-config", str(run_dir / "model.json"),
-                                  "--save", str(ckpt), "--load", str(ckpt), "--save-interval", str(eval_interval),
-                                  "--keep-last", "1", "--log-json", str(run_dir / "log.jsonl")]
+    cmd = launcher_command(ns) + [
+        "pretrain/train.py",
+        *spec.train_args,
+        "--model-config",
+        str(run_dir / "model.json"),
+        "--save",
+        str(ckpt),
+        "--load",
+        str(ckpt),
+        "--save-interval",
+        str(eval_interval),
+        "--keep-last",
+        "1",
+        "--log-json",
+        str(run_dir / "log.jsonl"),
+    ]
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     env["PYTHONUNBUFFERED"] = "1"
@@ -264,13 +390,15 @@ def train_run(ns: argparse.Namespace, spec: RunSpec, run_dir: Path) -> bool:
     with open(run_dir / "stdout.log", "a", buffering=1) as log:  # line-buffered: tail -f works
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         try:
             for line in proc.stdout:
                 log.write(line)
-                if line.startswith("[pretrain]") and ("validation" in line or "resumed" in line or
-                                                      "iteration" in line and ns.verbose):
+                if line.startswith("[pretrain]") and (
+                    "validation" in line or "resumed" in line or "iteration" in line and ns.verbose
+                ):
                     print(f"[compare] {spec.name}: {line[11:].rstrip()}", flush=True)
             rc = proc.wait()
         except BaseException:  # Ctrl-C or a kill: take the ranks down with us, the checkpoint stays
@@ -304,8 +432,9 @@ def valid_batches(spec: RunSpec, run_dir: Path, world_size: int):
 
     run = _run_config(spec, run_dir)
     tok = builders.build_tokenizer(run.data)
-    micro, _, gbs = resolve_batch_sizes(read_ds_config(run.system.deepspeed_config), run.loop.micro_batch_size,
-                                        run.loop.global_batch_size, world_size)
+    micro, _, gbs = resolve_batch_sizes(
+        read_ds_config(run.system.deepspeed_config), run.loop.micro_batch_size, run.loop.global_batch_size, world_size
+    )
     iters = train_iterations(run.loop, gbs)
     _, valid, _ = builders.build_datasets(run, tok, iters * gbs, iters, gbs)
     if valid is None:
@@ -364,8 +493,12 @@ def evaluate_checkpoint(spec: RunSpec, run_dir: Path, world_size: int) -> dict[s
             correct += float(out.mlm_correct)
             count += float(out.mlm_count)
     loss = loss_sum / max(count, 1.0)
-    return {"iteration": int(client["iteration"]), "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
-            "mlm_accuracy": correct / max(count, 1.0)}
+    return {
+        "iteration": int(client["iteration"]),
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "mlm_accuracy": correct / max(count, 1.0),
+    }
 
 
 # --------------------------------------------------------------------------------------------------- results
@@ -407,20 +540,33 @@ def summarize_run(spec: RunSpec, run_dir: Path, seq_length: int) -> dict[str, An
         it = int(rec["iteration"])
         if it not in times:
             continue
-        evals.append({"iteration": it, "train_time_s": round(times[it], 3), "tokens": int(tokens[it]),
-                      **{k: float(v) for k, v in rec["valid"].items()}})
+        evals.append(
+            {
+                "iteration": it,
+                "train_time_s": round(times[it], 3),
+                "tokens": int(tokens[it]),
+                **{k: float(v) for k, v in rec["valid"].items()},
+            }
+        )
     launches = []
     if (run_dir / "launches.jsonl").exists():
         launches = [json.loads(x) for x in (run_dir / "launches.jsonl").read_text().splitlines() if x.strip()]
     return {
-        "config": spec.config, "seed": spec.seed, "iterations": train[-1]["iteration"] if train else 0,
-        "evals": evals, "final": evals[-1] if evals else None,
-        "step_time_s": median, "stalls": stalls,
-        "train_time_s": round(t_acc, 3), "tokens": int(tok_acc),
+        "config": spec.config,
+        "seed": spec.seed,
+        "iterations": train[-1]["iteration"] if train else 0,
+        "evals": evals,
+        "final": evals[-1] if evals else None,
+        "step_time_s": median,
+        "stalls": stalls,
+        "train_time_s": round(t_acc, 3),
+        "tokens": int(tok_acc),
         "peak_memory_mb": max((r["memory"] for r in train), default=None),
-        "launch_wall_s": round(sum(x["wall_s"] for x in launches), 1), "launches": len(launches),
+        "launch_wall_s": round(sum(x["wall_s"] for x in launches), 1),
+        "launches": len(launches),
         "final_train_loss": train[-1]["loss"] if train else None,
-        "seq_length": seq_length, "done": (run_dir / "done.json").exists(),
+        "seq_length": seq_length,
+        "done": (run_dir / "done.json").exists(),
     }
 
 
@@ -467,8 +613,13 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    info = {"cpu": cpu, "cpu_cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    info = {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
     try:
         import deepspeed
 
@@ -492,18 +643,26 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     seeds = sorted({r["seed"] for r in runs.values()})
     styles = ["-", "--", ":", "-."]
     paths = []
-    for key, label, fname, scale in (("iteration", "optimizer step", "ppl_vs_step.png", 1.0),
-                                     ("train_time_s", "training time (min, evaluation excluded)",
-                                      "ppl_vs_time.png", 1 / 60),
-                                     ("tokens", "training tokens (millions)", "ppl_vs_tokens.png", 1e-6)):
+    for key, label, fname, scale in (
+        ("iteration", "optimizer step", "ppl_vs_step.png", 1.0),
+        ("train_time_s", "training time (min, evaluation excluded)", "ppl_vs_time.png", 1 / 60),
+        ("tokens", "training tokens (millions)", "ppl_vs_tokens.png", 1e-6),
+    ):
         fig, ax = plt.subplots(figsize=(8.4, 4.6), dpi=90)
         for name, r in runs.items():
             if not r["evals"]:
                 continue
             xs = [e[key] * scale for e in r["evals"]]
             ys = [e["perplexity"] for e in r["evals"]]
-            ax.plot(xs, ys, styles[seeds.index(r["seed"]) % len(styles)], color=colors[r["config"]], marker=".",
-                    label=f"{r['config']} (seed {r['seed']})", linewidth=1.2)
+            ax.plot(
+                xs,
+                ys,
+                styles[seeds.index(r["seed"]) % len(styles)],
+                color=colors[r["config"]],
+                marker=".",
+                label=f"{r['config']} (seed {r['seed']})",
+                linewidth=1.2,
+            )
         ax.set_yscale("log")
         plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
         ax.yaxis.set_major_formatter(plain)
@@ -521,8 +680,10 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     if summary:
         names = list(summary)
         fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.6), dpi=90)
-        for ax, key, label, k in ((axes[0], "step_time_s", "median step time (s)", 1.0),
-                                  (axes[1], "peak_memory_mb", "peak memory, rank 0 (MB)", 1.0)):
+        for ax, key, label, k in (
+            (axes[0], "step_time_s", "median step time (s)", 1.0),
+            (axes[1], "peak_memory_mb", "peak memory, rank 0 (MB)", 1.0),
+        ):
             means = [summary[c][key]["mean"] * k for c in names]
             stds = [summary[c][key]["std"] * k for c in names]
             ax.bar(range(len(names)), means, yerr=stds, color=[colors.get(c, "gray") for c in names])
@@ -546,13 +707,21 @@ def report(ns: argparse.Namespace, specs: list[RunSpec], preset_name: str, prese
             runs[spec.name] = summarize_run(spec, run_dir, preset.seq_length)
             done = run_dir / "done.json"
             if done.exists():
-                runs[spec.name].update({k: v for k, v in json.loads(done.read_text()).items()
-                                        if k in ("valid_fingerprint", "recheck")})
+                runs[spec.name].update(
+                    {k: v for k, v in json.loads(done.read_text()).items() if k in ("valid_fingerprint", "recheck")}
+                )
     fingerprints = {r.get("valid_fingerprint") for r in runs.values() if r.get("valid_fingerprint")}
-    results = {"preset": preset_name, "settings": dataclasses.asdict(preset),
-               "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.pretrain_compare", *ns.argv]),
-               "machine": machine_info(), "launcher": ns.launcher, "nproc": ns.nproc,
-               "same_validation_batches": len(fingerprints) <= 1, "runs": runs, "summary": summarize(runs)}
+    results = {
+        "preset": preset_name,
+        "settings": dataclasses.asdict(preset),
+        "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.pretrain_compare", *ns.argv]),
+        "machine": machine_info(),
+        "launcher": ns.launcher,
+        "nproc": ns.nproc,
+        "same_validation_batches": len(fingerprints) <= 1,
+        "runs": runs,
+        "summary": summarize(runs),
+    }
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "table.md").write_text(markdown_table(results))
     results["plots"] = [str(p) for p in plot(results, out)]
@@ -561,38 +730,53 @@ def report(ns: argparse.Namespace, specs: list[RunSpec], preset_name: str, prese
 
 def markdown_table(results: dict[str, Any]) -> str:
     """The summary as a markdown table (docs/results.md pastes it): mean ± std over seeds where there are several."""
+
     def pm(d: dict[str, float], fmt: str) -> str:
         return format(d["mean"], fmt) + (f" ± {format(d['std'], fmt)}" if d["n"] > 1 else "")
 
-    rows = ["| config | seeds | step | valid loss | valid ppl | MLM acc | step time (s) | vs dense "
-            "| peak RSS rank 0 (MB) | vs dense |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| config | seeds | step | valid loss | valid ppl | MLM acc | step time (s) | vs dense "
+        "| peak RSS rank 0 (MB) | vs dense |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for config, s in results["summary"].items():
-        rows.append(f"| {config} | {len(s['seeds'])} | {s['final_iteration']} | {pm(s['loss'], '.3f')} | "
-                    f"{pm(s['perplexity'], '.1f')} | {pm(s['mlm_accuracy'], '.4f')} | {pm(s['step_time_s'], '.3f')} | "
-                    f"{s.get('time_vs_dense', float('nan')):.2f}x | {pm(s['peak_memory_mb'], '.0f')} | "
-                    f"{s.get('memory_vs_dense', float('nan')):.2f}x |")
+        rows.append(
+            f"| {config} | {len(s['seeds'])} | {s['final_iteration']} | {pm(s['loss'], '.3f')} | "
+            f"{pm(s['perplexity'], '.1f')} | {pm(s['mlm_accuracy'], '.4f')} | {pm(s['step_time_s'], '.3f')} | "
+            f"{s.get('time_vs_dense', float('nan')):.2f}x | {pm(s['peak_memory_mb'], '.0f')} | "
+            f"{s.get('memory_vs_dense', float('nan')):.2f}x |"
+        )
     return "\n".join(rows) + "\n"
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print("[compare] config              seeds  step  final ppl (mean±std)  mlm acc  step s  vs dense  peak MB"
-          "  vs dense")
+    print(
+        "[compare] config              seeds  step  final ppl (mean±std)  mlm acc  step s  vs dense  peak MB  vs dense"
+    )
     for config, s in results["summary"].items():
-        print(f"[compare] {config:<20} {len(s['seeds']):>5} {s['final_iteration']:>5}  "
-              f"{s['perplexity']['mean']:>9.2f} ± {s['perplexity']['std']:<7.2f}  {s['mlm_accuracy']['mean']:.4f}  "
-              f"{s['step_time_s']['mean']:6.3f}  {s.get('time_vs_dense', float('nan')):8.3f}  "
-              f"{s['peak_memory_mb']['mean']:7.0f}  {s.get('memory_vs_dense', float('nan')):8.3f}")
+        print(
+            f"[compare] {config:<20} {len(s['seeds']):>5} {s['final_iteration']:>5}  "
+            f"{s['perplexity']['mean']:>9.2f} ± {s['perplexity']['std']:<7.2f}  {s['mlm_accuracy']['mean']:.4f}  "
+            f"{s['step_time_s']['mean']:6.3f}  {s.get('time_vs_dense', float('nan')):8.3f}  "
+            f"{s['peak_memory_mb']['mean']:7.0f}  {s.get('memory_vs_dense', float('nan')):8.3f}"
+        )
 
 
 # --------------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="benchmarks.pretrain_compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmarks.pretrain_compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", required=True, help="comparison directory (runs/, results.json, table.md, plots)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu-small")
     p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=CONFIG_NAMES)
-    p.add_argument("--seeds", nargs="+", type=int, default=[1234, 1235],
-                   help="the first seed trains every config; later seeds only --seeded-configs")
+    p.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[1234, 1235],
+        help="the first seed trains every config; later seeds only --seeded-configs",
+    )
     p.add_argument("--seeded-configs", nargs="*", default=["dense", "blockbert_n2"])
     p.add_argument("--valid-seed", type=int, default=4321, help="one seed for the held-out samples and masks")
     d = p.add_argument_group("data (shards, or raw inputs preprocessed into OUT/data)")
@@ -614,8 +798,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup-fraction", type=float, default=0.1)
     t.add_argument("--ds-config", help="DeepSpeed config (default: the preset's, ZeRO-2)")
     t.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
-    t.add_argument("--train-arg", action="append", default=[],
-                   help="extra trainer flag, repeatable (--train-arg=--checkpoint-activations)")
+    t.add_argument(
+        "--train-arg",
+        action="append",
+        default=[],
+        help="extra trainer flag, repeatable (--train-arg=--checkpoint-activations)",
+    )
     la = p.add_argument_group("launcher")
     la.add_argument("--launcher", choices=["deepspeed", "hostfile", "torchrun"], default="deepspeed")
     la.add_argument("--nproc", type=int, default=2, help="ranks (GPUs, or CPU ranks on gloo without GPUs)")
@@ -625,10 +813,16 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("sittings")
     r.add_argument("--stop-after", type=int, help="stop after this many runs trained in this sitting")
     r.add_argument("--report-only", action="store_true", help="write results.json and plots, train nothing")
-    r.add_argument("--recheck", action="store_true",
-                   help="re-evaluate each finished run's final checkpoint in-process (reproducibility check)")
-    r.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep finished runs' checkpoints (default: deleted once the run is done and checked)")
+    r.add_argument(
+        "--recheck",
+        action="store_true",
+        help="re-evaluate each finished run's final checkpoint in-process (reproducibility check)",
+    )
+    r.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep finished runs' checkpoints (default: deleted once the run is done and checked)",
+    )
     p.add_argument("--verbose", action="store_true", help="echo every training log line")
     return p
 
@@ -674,8 +868,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(ns.out)
         out.mkdir(parents=True, exist_ok=True)
         if ns.train_inputs is not None:
-            ns.data_path, ns.valid_data_path = prepare_data(out, ns.train_inputs, ns.valid_inputs, ns.vocab_file,
-                                                            ns.tokenizer_type, ns.preprocess_workers)
+            ns.data_path, ns.valid_data_path = prepare_data(
+                out, ns.train_inputs, ns.valid_inputs, ns.vocab_file, ns.tokenizer_type, ns.preprocess_workers
+            )
         specs = run_specs(ns, preset)
         world = ns.nproc
         trained = 0
@@ -686,15 +881,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[compare] {spec.name}: done, skipped", flush=True)
                 continue
             if ns.stop_after is not None and trained >= ns.stop_after:
-                print(f"[compare] --stop-after {ns.stop_after}: stopping; run the same command to continue",
-                      flush=True)
+                print(f"[compare] --stop-after {ns.stop_after}: stopping; run the same command to continue", flush=True)
                 break
             print(f"[compare] {spec.name}: training ({spec.config}, seed {spec.seed})", flush=True)
             complete = train_run(ns, spec, run_dir)
             trained += 1
             if not complete:
-                print(f"[compare] {spec.name}: the trainer stopped early; run the same command to continue",
-                      flush=True)
+                print(f"[compare] {spec.name}: the trainer stopped early; run the same command to continue", flush=True)
                 break
             done: dict[str, Any] = {"valid_fingerprint": valid_fingerprint(spec, run_dir, world)}
             if ns.recheck:

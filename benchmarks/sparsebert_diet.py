@@ -63,17 +63,31 @@ def main(argv: list[str] | None = None) -> None:
             out = f()
             torch.autograd.grad(out, (q, k, v), go)
             return out
+
         return run
 
     base_fn = step(lambda: F.scaled_dot_product_attention(q, k, v))
     rows = []
 
-    def add(name: str, kernel: str, f: Callable[[], torch.Tensor], sparsity: float | None = None,
-            block_density: float | None = None) -> None:
+    def add(
+        name: str,
+        kernel: str,
+        f: Callable[[], torch.Tensor],
+        sparsity: float | None = None,
+        block_density: float | None = None,
+    ) -> None:
         t, base = _time_paired(step(f), base_fn, a.repeats)
-        rows.append({"case": name, "kernel": kernel, "time_s": round(t, 4), "dense_sdpa_s": round(base, 4),
-                     "ratio_vs_dense_sdpa": round(t / base, 3), "mask_sparsity": sparsity,
-                     "block_density": block_density})
+        rows.append(
+            {
+                "case": name,
+                "kernel": kernel,
+                "time_s": round(t, 4),
+                "dense_sdpa_s": round(base, 4),
+                "ratio_vs_dense_sdpa": round(t / base, 3),
+                "mask_sparsity": sparsity,
+                "block_density": block_density,
+            }
+        )
         print(f"{name:28s} {kernel:13s} {t * 1e3:8.1f} ms  x{t / base:5.2f}", flush=True)
 
     for pattern in a.patterns:
@@ -83,11 +97,13 @@ def main(argv: list[str] | None = None) -> None:
             mod = BlockSparseAttention(None, kernel, n, fixed_token_mask=m, mask_block=16)
             add(f"mask:{pattern}", kernel, lambda mod=mod: mod(q, k, v), round(S.sparsity(m), 4), round(bd, 4))
     seg = torch.zeros(B, n, dtype=torch.long)
-    seg[:, n // 2:] = 1
+    seg[:, n // 2 :] = 1
     star = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="star")), HEADS, n)
-    biases = [("diet_abs(128)", PositionConfig(type="diet_abs", rank=128), "input"),
-              ("diet_rel(128)", PositionConfig(type="diet_rel"), "input"),
-              ("segment_per_head", PositionConfig(), "per_head")]
+    biases = [
+        ("diet_abs(128)", PositionConfig(type="diet_abs", rank=128), "input"),
+        ("diet_rel(128)", PositionConfig(type="diet_rel"), "input"),
+        ("segment_per_head", PositionConfig(), "per_head"),
+    ]
     for label, pos, segment in [] if a.masks_only else biases:
         pa = PositionalAttention(pos, segment, 1, HEADS, n, 2)
         for kernel, mask in (("dense", None), ("block_gather", star)):
@@ -97,10 +113,18 @@ def main(argv: list[str] | None = None) -> None:
     if not a.masks_only:
         dam = S.DAMMask(S.DAMConfig(), 1, HEADS, n).train()
         add("dam_search(gated)", "gated", lambda: S.gated_attention(q, k, v, dam()[0], None, 0.0, None))
-    result = {"machine": "2-core CPU dev box, shared, no GPU" if not torch.cuda.is_available() else "cuda",
-              "platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "seq_len": n, "batch": B, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32",
-              "rows": rows}
+    result = {
+        "machine": "2-core CPU dev box, shared, no GPU" if not torch.cuda.is_available() else "cuda",
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "seq_len": n,
+        "batch": B,
+        "heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "dtype": "float32",
+        "rows": rows,
+    }
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(result, indent=1))

@@ -22,15 +22,22 @@ from tools.measure import MB, SavedActivations, synthetic_batch, tensor_bytes, t
 from tools.profile_memory import profile
 
 
-def hf_profile(batch: int, seq_len: int, hidden: int, layers: int, heads: int, vocab: int, device: str,
-               rounds: int) -> dict:
+def hf_profile(
+    batch: int, seq_len: int, hidden: int, layers: int, heads: int, vocab: int, device: str, rounds: int
+) -> dict:
     from transformers import BertConfig, BertForMaskedLM
 
     dev = torch.device(device)
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                     intermediate_size=4 * hidden, max_position_embeddings=max(seq_len, 512),
-                     attn_implementation="sdpa")
+    cfg = BertConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=max(seq_len, 512),
+        attn_implementation="sdpa",
+    )
     model = BertForMaskedLM(cfg).to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = synthetic_batch(batch, seq_len, vocab, dev)
@@ -43,8 +50,9 @@ def hf_profile(batch: int, seq_len: int, hidden: int, layers: int, heads: int, v
     step()
     params = list(model.parameters())
     model_b = tensor_bytes(params)
-    opt_b = model_b + sum(tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
-                          for s in opt.state.values())
+    opt_b = model_b + sum(
+        tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0) for s in opt.state.values()
+    )
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
         step()
@@ -62,8 +70,11 @@ def hf_profile(batch: int, seq_len: int, hidden: int, layers: int, heads: int, v
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.train_step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--preset", choices=["narrow", "bert-base"], default="narrow")
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=2)
@@ -80,11 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset == "bert-base":
         args.hidden, args.layers, args.heads = 768, 12, 12
     variants = ["dense", "blockbert-n2", "blockbert-n3"]
-    shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, kernel=args.kernel, device=args.device,
-                 vocab=args.vocab)
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, device "
-          f"{args.device}, threads {torch.get_num_threads()}; model hidden {args.hidden} x {args.layers} layers x "
-          f"{args.heads} heads; b x N = {args.tokens}")
+    shape = dict(
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kernel=args.kernel,
+        device=args.device,
+        vocab=args.vocab,
+    )
+    print(
+        f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, device "
+        f"{args.device}, threads {torch.get_num_threads()}; model hidden {args.hidden} x {args.layers} layers x "
+        f"{args.heads} heads; b x N = {args.tokens}"
+    )
     results: dict = {}
     for n in args.seq_lens:
         b = max(1, args.tokens // n)
@@ -99,25 +118,40 @@ def main(argv: list[str] | None = None) -> int:
         for v in variants:
             rs = per[v]
             best = min(rs, key=lambda r: r.step_s)
-            res[v] = {"total_mb": rs[0].total_mb, "activation_mb": rs[0].activation_mb, "step_s": best.step_s,
-                      "cpu_s": best.cpu_s, "batch": b}
+            res[v] = {
+                "total_mb": rs[0].total_mb,
+                "activation_mb": rs[0].activation_mb,
+                "step_s": best.step_s,
+                "cpu_s": best.cpu_s,
+                "batch": b,
+            }
         if hf_runs:
             best = min(hf_runs, key=lambda r: r["step_s"])
-            res["hf-sdpa"] = {"total_mb": hf_runs[0]["total_mb"], "activation_mb": hf_runs[0]["activation_mb"],
-                              "step_s": best["step_s"], "cpu_s": best["cpu_s"], "batch": b}
+            res["hf-sdpa"] = {
+                "total_mb": hf_runs[0]["total_mb"],
+                "activation_mb": hf_runs[0]["activation_mb"],
+                "step_s": best["step_s"],
+                "cpu_s": best["cpu_s"],
+                "batch": b,
+            }
         results[n] = res
         dense = res["dense"]
         print(f"\nN={n}, b={b}")
         print("| model | step wall (s) | x dense | step CPU (s) | x dense | memory (MB) | x dense | activations (MB) |")
         print("|---|---|---|---|---|---|---|---|")
         for name, r in res.items():
-            print(f"| {name} | {r['step_s']:.3f} | {r['step_s'] / dense['step_s']:.2f} | {r['cpu_s']:.3f} | "
-                  f"{r['cpu_s'] / dense['cpu_s']:.2f} | {r['total_mb']:.0f} | "
-                  f"{r['total_mb'] / dense['total_mb']:.2f} | {r['activation_mb']:.0f} |", flush=True)
+            print(
+                f"| {name} | {r['step_s']:.3f} | {r['step_s'] / dense['step_s']:.2f} | {r['cpu_s']:.3f} | "
+                f"{r['cpu_s'] / dense['cpu_s']:.2f} | {r['total_mb']:.0f} | "
+                f"{r['total_mb'] / dense['total_mb']:.2f} | {r['activation_mb']:.0f} |",
+                flush=True,
+            )
         if "hf-sdpa" in res:
             hf = res["hf-sdpa"]
-            print(f"HF BertForMaskedLM (SDPA) step / our dense step: wall {hf['step_s'] / dense['step_s']:.2f}x, "
-                  f"CPU {hf['cpu_s'] / dense['cpu_s']:.2f}x")
+            print(
+                f"HF BertForMaskedLM (SDPA) step / our dense step: wall {hf['step_s'] / dense['step_s']:.2f}x, "
+                f"CPU {hf['cpu_s'] / dense['cpu_s']:.2f}x"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)

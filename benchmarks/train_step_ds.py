@@ -28,13 +28,23 @@ from pathlib import Path
 
 import torch
 
-PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("A100", 312.0),
-               ("V100", 125.0))
-PRESETS = {"bert-base": dict(hidden=768, layers=12, heads=12, tokens=16384),
-           "tiny": dict(hidden=64, layers=2, heads=4, tokens=256)}
-VARIANTS = {"dense": None,
-            "blockbert-n2": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2"},
-            "blockbert-n3": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2"}}
+PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("A100", 312.0),
+    ("V100", 125.0),
+)
+PRESETS = {
+    "bert-base": dict(hidden=768, layers=12, heads=12, tokens=16384),
+    "tiny": dict(hidden=64, layers=2, heads=4, tokens=256),
+}
+VARIANTS = {
+    "dense": None,
+    "blockbert-n2": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2"},
+    "blockbert-n3": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2"},
+}
 
 
 def peak_tflops(name: str) -> float | None:
@@ -47,9 +57,9 @@ def peak_tflops(name: str) -> float | None:
 
 def flops_per_token(hidden: int, layers: int, seq_len: int, vocab: int, density: float, predicted: float) -> float:
     """Model FLOPs per trained token (see the module docstring)."""
-    encoder = 6 * 12 * layers * hidden ** 2
+    encoder = 6 * 12 * layers * hidden**2
     attention = 12 * layers * seq_len * hidden * density
-    head = 6 * (hidden ** 2 + vocab * hidden) * predicted
+    head = 6 * (hidden**2 + vocab * hidden) * predicted
     return encoder + attention + head
 
 
@@ -80,10 +90,18 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     if sparsity is not None:
         sparsity = dict(sparsity, head_assignment=_head_assignment(sparsity["head_assignment"], args.heads))
     attention = {"kernel": args.kernel, "sparsity": sparsity}
-    cfg = ModelConfig.preset("bert-base", vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
-                             num_attention_heads=args.heads, intermediate_size=4 * args.hidden,
-                             max_position_embeddings=max(512, seq_len), hidden_dropout=0.1, attention_dropout=0.0,
-                             attention=attention)
+    cfg = ModelConfig.preset(
+        "bert-base",
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_attention_heads=args.heads,
+        intermediate_size=4 * args.hidden,
+        max_position_embeddings=max(512, seq_len),
+        hidden_dropout=0.1,
+        attention_dropout=0.0,
+        attention=attention,
+    )
     torch.manual_seed(0)
     model = BertForPreTraining(cfg)
     batch = max(1, args.tokens // seq_len)
@@ -118,11 +136,19 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     tokens = batch * seq_len
     fpt = flops_per_token(args.hidden, args.layers, seq_len, args.vocab, density, predicted)
     peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    row = {"variant": variant, "precision": precision, "seq_len": seq_len, "batch": batch, "density": density,
-           "step_s": step_s, "tokens_per_s": tokens / step_s, "tflops": fpt * tokens / step_s / 1e12,
-           "mfu": (fpt * tokens / step_s / 1e12) / peak if peak else None,
-           "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-           "kernel_requested": args.kernel}
+    row = {
+        "variant": variant,
+        "precision": precision,
+        "seq_len": seq_len,
+        "batch": batch,
+        "density": density,
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "tflops": fpt * tokens / step_s / 1e12,
+        "mfu": (fpt * tokens / step_s / 1e12) / peak if peak else None,
+        "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "kernel_requested": args.kernel,
+    }
     engine = model = data = None  # free them before the next variant (the closure step() holds cells, not copies)
     gc.collect()
     if device.type == "cuda":
@@ -132,6 +158,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
 
 def targets(rows: list[dict], device_name: str) -> list[dict]:
     """The issue's targets, each met / missed / not measured, with the numbers."""
+
     def find(v, p, n):
         return next((r for r in rows if (r["variant"], r["precision"], r["seq_len"]) == (v, p, n)), None)
 
@@ -139,21 +166,34 @@ def targets(rows: list[dict], device_name: str) -> list[dict]:
     dense = find("dense", "bf16", 1024) or find("dense", "fp16", 1024)
     d512 = find("dense", "bf16", 512)
     mfu = max((r["mfu"] for r in (d512, find("dense", "bf16", 1024)) if r and r["mfu"] is not None), default=None)
-    out.append({"target": "dense bert-base bf16 MFU >= 45% (H100)", "value": mfu,
-                "met": None if mfu is None or "H100" not in device_name else mfu >= 0.45})
+    out.append(
+        {
+            "target": "dense bert-base bf16 MFU >= 45% (H100)",
+            "value": mfu,
+            "met": None if mfu is None or "H100" not in device_name else mfu >= 0.45,
+        }
+    )
     n2 = find("blockbert-n2", dense["precision"], 1024) if dense else None
     for key, limit, label in (("step_s", 0.78, "step time"), ("peak_memory_mib", 0.70, "peak memory")):
         ratio = None
         if dense and n2 and dense.get(key) and n2.get(key):
             ratio = n2[key] / dense[key]
-        out.append({"target": f"BlockBERT n=2 {label} <= {limit}x dense at N=1024", "value": ratio,
-                    "met": None if ratio is None else ratio <= limit})
+        out.append(
+            {
+                "target": f"BlockBERT n=2 {label} <= {limit}x dense at N=1024",
+                "value": ratio,
+                "met": None if ratio is None else ratio <= limit,
+            }
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.train_step_ds", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.train_step_ds",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), default="bert-base")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
@@ -173,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     device = _init_single_rank()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"device {name}; torch {torch.__version__}; {args.preset}: hidden {args.hidden} x {args.layers} layers x "
-          f"{args.heads} heads; b x N = {args.tokens}; ZeRO-1", flush=True)
+    print(
+        f"device {name}; torch {torch.__version__}; {args.preset}: hidden {args.hidden} x {args.layers} layers x "
+        f"{args.heads} heads; b x N = {args.tokens}; ZeRO-1",
+        flush=True,
+    )
     rows = []
     for precision in args.precisions:
         for n in args.seq_lens:
@@ -189,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
                 mem = "n/a" if row["peak_memory_mib"] is None else f"{row['peak_memory_mib']:.0f} MiB"
-                print(f"{precision} N={n} {v:13s} b={row['batch']:3d} step {row['step_s'] * 1e3:8.1f} ms "
-                      f"{row['tokens_per_s']:10.0f} tok/s {row['tflops']:7.1f} TFLOP/s MFU {mfu} peak {mem}",
-                      flush=True)
+                print(
+                    f"{precision} N={n} {v:13s} b={row['batch']:3d} step {row['step_s'] * 1e3:8.1f} ms "
+                    f"{row['tokens_per_s']:10.0f} tok/s {row['tflops']:7.1f} TFLOP/s MFU {mfu} peak {mem}",
+                    flush=True,
+                )
     result = {"device": name, "preset": args.preset, "rows": rows, "targets": targets(rows, name)}
     for t in result["targets"]:
         verdict = "met" if t["met"] else "not measured" if t["met"] is None else "MISSED"

@@ -17,11 +17,14 @@ class DistributedBatchSampler:
     """Positions of this rank's micro-batches: step t serves global batch
     ``[consumed + t*G, consumed + (t+1)*G)`` with G = micro_batch * world; rank r takes slice r of it."""
 
-    def __init__(self, total: int | None, consumed_samples: int, micro_batch_size: int, dp_rank: int,
-                 dp_world_size: int) -> None:
+    def __init__(
+        self, total: int | None, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_world_size: int
+    ) -> None:
         if micro_batch_size < 1 or dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
-            raise DataConfigError(f"micro_batch_size={micro_batch_size}, dp_rank={dp_rank}, "
-                                  f"dp_world_size={dp_world_size}: need mbs >= 1 and 0 <= rank < world")
+            raise DataConfigError(
+                f"micro_batch_size={micro_batch_size}, dp_rank={dp_rank}, "
+                f"dp_world_size={dp_world_size}: need mbs >= 1 and 0 <= rank < world"
+            )
         if consumed_samples < 0:
             raise DataConfigError(f"consumed_samples={consumed_samples}: must be >= 0")
         self.total, self.consumed = total, int(consumed_samples)
@@ -47,8 +50,9 @@ class DistributedBatchSampler:
 class PretrainingLoader:
     """Iterable of batches for one rank; a fresh iteration restarts at ``consumed_samples``."""
 
-    def __init__(self, dataset: PretrainingDataset, collator: Collator, sampler: DistributedBatchSampler,
-                 num_workers: int) -> None:
+    def __init__(
+        self, dataset: PretrainingDataset, collator: Collator, sampler: DistributedBatchSampler, num_workers: int
+    ) -> None:
         self.dataset, self.collator, self.sampler, self.num_workers = dataset, collator, sampler, num_workers
 
     def __len__(self) -> int:
@@ -60,20 +64,35 @@ class PretrainingLoader:
         # would shift the model's dropout stream and break exact resume).
         generator = torch.Generator().manual_seed(0)
         if self.num_workers == 0:
-            loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler,
-                                                 collate_fn=self.collator, num_workers=0, generator=generator)
+            loader = torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=self.sampler, collate_fn=self.collator, num_workers=0, generator=generator
+            )
             yield from loader
             return
-        loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler,
-                                             collate_fn=self.collator.compact,
-                                             num_workers=self.num_workers, prefetch_factor=4, generator=generator)
+        loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_sampler=self.sampler,
+            collate_fn=self.collator.compact,
+            num_workers=self.num_workers,
+            prefetch_factor=4,
+            generator=generator,
+        )
         for flat in loader:
             yield self.collator.expand(flat)
 
 
-def build_dataloader(dataset: PretrainingDataset, tokenizer, config: DataConfig, micro_batch_size: int,
-                     dp_rank: int, dp_world_size: int, consumed_samples: int = 0, num_workers: int = 2,
-                     epoch_seed: int | None = None, cyclic: bool = False) -> Iterable[dict[str, torch.Tensor]]:
+def build_dataloader(
+    dataset: PretrainingDataset,
+    tokenizer,
+    config: DataConfig,
+    micro_batch_size: int,
+    dp_rank: int,
+    dp_world_size: int,
+    consumed_samples: int = 0,
+    num_workers: int = 2,
+    epoch_seed: int | None = None,
+    cyclic: bool = False,
+) -> Iterable[dict[str, torch.Tensor]]:
     """Batches of ``micro_batch_size`` for ``dp_rank``, starting after ``consumed_samples`` (global count).
 
     Stops when the next global batch would pass ``len(dataset)``, or never with ``cyclic=True``.
@@ -82,7 +101,7 @@ def build_dataloader(dataset: PretrainingDataset, tokenizer, config: DataConfig,
     if dataset is None:
         raise DataConfigError(f"build_dataloader: no dataset (the split is empty with split={config.split!r})")
     collator = Collator(tokenizer, config, mask_salt=0 if epoch_seed is None else int(epoch_seed) + 1)
-    sampler = DistributedBatchSampler(None if cyclic else len(dataset), consumed_samples, micro_batch_size,
-                                      dp_rank, dp_world_size)
+    sampler = DistributedBatchSampler(
+        None if cyclic else len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_world_size
+    )
     return PretrainingLoader(dataset, collator, sampler, num_workers)
-

@@ -42,13 +42,13 @@ class Collator:
         L = self.padded_length(int(lens.max()) if B else 0)
         ids_BL = np.full((B, L), self.pad_id, dtype=np.int64)
         for b, it in enumerate(items):
-            ids_BL[b, :lens[b]] = it[0]
+            ids_BL[b, : lens[b]] = it[0]
         positions = np.fromiter((it[3] for it in items), dtype=np.int64, count=B)
         masked_BL, labels_BL = self.masker(ids_BL, sample_keys(self.seed, positions, self.salt))
         out = np.empty(2 * B * L + 3 * B + 2, dtype=np.int32)
-        out[:B * L] = masked_BL.ravel()
-        out[B * L:2 * B * L] = labels_BL.ravel()
-        meta = out[2 * B * L:2 * B * L + 3 * B].reshape(3, B)
+        out[: B * L] = masked_BL.ravel()
+        out[B * L : 2 * B * L] = labels_BL.ravel()
+        meta = out[2 * B * L : 2 * B * L + 3 * B].reshape(3, B)
         meta[0] = lens
         meta[1] = np.fromiter((it[1] for it in items), dtype=np.int64, count=B)
         meta[2] = np.fromiter((it[2] for it in items), dtype=np.int64, count=B)
@@ -59,9 +59,9 @@ class Collator:
         """The batch dict from ``compact``'s array (cheap: a few broadcasts, run in the consuming process)."""
         flat = torch.from_numpy(compact)
         B, L = int(flat[-2]), int(flat[-1])
-        ids = flat[:B * L].view(B, L).long()
-        labels = flat[B * L:2 * B * L].view(B, L).long()
-        meta = flat[2 * B * L:2 * B * L + 3 * B].view(3, B).long()
+        ids = flat[: B * L].view(B, L).long()
+        labels = flat[B * L : 2 * B * L].view(B, L).long()
+        meta = flat[2 * B * L : 2 * B * L + 3 * B].view(3, B).long()
         pos_L = torch.arange(L)
         attention = pos_L[None, :] < meta[0][:, None]
         out = {"input_ids": ids, "attention_mask": attention.long()}
@@ -75,4 +75,3 @@ class Collator:
 
     def __call__(self, items: list[tuple[np.ndarray, int, int, int]]) -> dict[str, torch.Tensor]:
         return self.expand(self.compact(items))
-

@@ -78,8 +78,9 @@ class TorchWorld:
         import torch.distributed as dist
 
         self.rank, self.size = rank, size
-        dist.init_process_group("gloo", init_method=f"file://{os.path.abspath(path)}", rank=rank, world_size=size,
-                                timeout=timeout)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{os.path.abspath(path)}", rank=rank, world_size=size, timeout=timeout
+        )
 
     def bcast(self, obj: Any) -> Any:
         import torch.distributed as dist

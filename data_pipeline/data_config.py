@@ -38,9 +38,11 @@ def parse_data_path(data_path: Sequence[str] | str) -> list[tuple[float | None, 
     if not any(numeric):
         return [(None, p) for p in items]
     if len(items) % 2 or not all(numeric[0::2]) or any(numeric[1::2]):
-        raise DataConfigError(f"data_path {items}: weights do not match paths; expected "
-                              f"'weight1 prefix1 weight2 prefix2 ...' (e.g. 0.25 books 0.75 wiki), or prefixes "
-                              f"without any weight")
+        raise DataConfigError(
+            f"data_path {items}: weights do not match paths; expected "
+            f"'weight1 prefix1 weight2 prefix2 ...' (e.g. 0.25 books 0.75 wiki), or prefixes "
+            f"without any weight"
+        )
     pairs = [(float(w), p) for w, p in zip(items[0::2], items[1::2])]
     if any(not np.isfinite(w) or w < 0 for w, _ in pairs) or sum(w for w, _ in pairs) <= 0:
         raise DataConfigError(f"data_path weights {[w for w, _ in pairs]}: must be non-negative and not all zero")
@@ -111,12 +113,14 @@ class DataConfig:
         self.blend = parse_data_path(self.data_path)
         parse_split(self.split)
         if self.max_predictions_per_seq is not None and not 0 < self.max_predictions_per_seq <= self.seq_length:
-            raise DataConfigError(f"max_predictions_per_seq={self.max_predictions_per_seq}: must be in [1, "
-                                  f"seq_length {self.seq_length}]")
+            raise DataConfigError(
+                f"max_predictions_per_seq={self.max_predictions_per_seq}: must be in [1, seq_length {self.seq_length}]"
+            )
         if not 0.0 < self.mask_prob < 1.0:  # stricter than MaskingConfig's [0, 1]: training needs both kinds
             raise DataConfigError(f"mask_prob={self.mask_prob}: must be within (0, 1)")
-        if self.pad_to_multiple_of is not None and (not isinstance(self.pad_to_multiple_of, int)
-                                                    or self.pad_to_multiple_of < 1):
+        if self.pad_to_multiple_of is not None and (
+            not isinstance(self.pad_to_multiple_of, int) or self.pad_to_multiple_of < 1
+        ):
             raise DataConfigError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be a positive integer or None")
         try:  # the sample-index and masking settings are checked by the configs they become
             self.index_config, self.masking_config = self._index_config(), self._masking_config()
@@ -136,10 +140,17 @@ class DataConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def _index_config(self) -> SampleIndexConfig:
-        return SampleIndexConfig(seq_length=self.seq_length, sample_mode=self.sample_mode, seed=self.seed,
-                                 short_seq_prob=self.short_seq_prob, cut_fraction=self.cut_fraction)
+        return SampleIndexConfig(
+            seq_length=self.seq_length,
+            sample_mode=self.sample_mode,
+            seed=self.seed,
+            short_seq_prob=self.short_seq_prob,
+            cut_fraction=self.cut_fraction,
+        )
 
     def _masking_config(self) -> MaskingConfig:
-        return MaskingConfig(mask_prob=self.mask_prob, whole_word_masking=self.whole_word_masking,
-                             max_predictions=self.max_predictions_per_seq)
-
+        return MaskingConfig(
+            mask_prob=self.mask_prob,
+            whole_word_masking=self.whole_word_masking,
+            max_predictions=self.max_predictions_per_seq,
+        )

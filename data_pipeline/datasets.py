@@ -45,8 +45,9 @@ from data_pipeline.samples import (
 class ShardSplit:
     """The samples of one split (a document range) of one shard. Opens the shard lazily in each process."""
 
-    def __init__(self, prefix: str, doc_range: tuple[int, int], index: np.ndarray, mode: str,
-                 cls_id: int, sep_id: int) -> None:
+    def __init__(
+        self, prefix: str, doc_range: tuple[int, int], index: np.ndarray, mode: str, cls_id: int, sep_id: int
+    ) -> None:
         self.prefix = prefix
         self.doc_range = doc_range
         self.index = index
@@ -86,10 +87,13 @@ class ShardSplit:
         """Token offsets where documents of the split start (full-sentences inserts [SEP] there)."""
         if self._doc_bounds is None:
             ds = self.shard
-            seq = np.asarray(ds.document_indices[self.doc_range[0]:self.doc_range[1] + 1], dtype=np.int64)
+            seq = np.asarray(ds.document_indices[self.doc_range[0] : self.doc_range[1] + 1], dtype=np.int64)
             n = len(ds)
-            ptr = np.where(seq < n, np.asarray(ds.sequence_pointers)[np.minimum(seq, max(n - 1, 0))]
-                           // ds.dtype.itemsize, ds.num_tokens)
+            ptr = np.where(
+                seq < n,
+                np.asarray(ds.sequence_pointers)[np.minimum(seq, max(n - 1, 0))] // ds.dtype.itemsize,
+                ds.num_tokens,
+            )
             self._doc_bounds = np.unique(ptr)
         return self._doc_bounds
 
@@ -111,14 +115,14 @@ class ShardSplit:
             self._rows = np.asarray(self.index)
         row = self._rows[s]
         flat = self._flat
-        a = np.asarray(flat[row[A_START]:row[A_END]], dtype=np.int64)
+        a = np.asarray(flat[row[A_START] : row[A_END]], dtype=np.int64)
         if self.mode == "full-sentences":
             b = self.doc_bounds
             lo, hi = np.searchsorted(b, row[A_START], "right"), np.searchsorted(b, row[A_END], "left")
             if hi > lo:
                 a = np.insert(a, b[lo:hi] - row[A_START], self.sep_id)
         if self.mode == "nsp":
-            bseg = np.asarray(flat[row[B_START]:row[B_END]], dtype=np.int64)
+            bseg = np.asarray(flat[row[B_START] : row[B_END]], dtype=np.int64)
             ids = np.concatenate(([self.cls_id], a, [self.sep_id], bseg, [self.sep_id]))
             return ids, len(a) + 2, int(row[NSP_LABEL])
         ids = np.concatenate(([self.cls_id], a, [self.sep_id]))
@@ -136,8 +140,14 @@ class PretrainingDataset(torch.utils.data.Dataset):
     Items are ``(token ids, first-segment length, nsp label, position)``; ``Collator`` pads and masks.
     """
 
-    def __init__(self, components: list[ShardSplit], weights: list[float], seed: int,
-                 num_samples: int | None = None, name: str = "train") -> None:
+    def __init__(
+        self,
+        components: list[ShardSplit],
+        weights: list[float],
+        seed: int,
+        num_samples: int | None = None,
+        name: str = "train",
+    ) -> None:
         self.components = components
         self.schedule = BlendSchedule(weights)
         self.seed = int(seed)
@@ -200,25 +210,30 @@ def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int, cache_dir: str 
         raise DataConfigError(f"{idx}: token dtype {ds.dtype} is not an integer type; not a token shard")
     top = int(np.iinfo(ds.dtype).max)
     if top < vocab_size - 1:
-        raise DataConfigError(f"{idx}: dtype {ds.dtype} holds ids up to {top} but the tokenizer has {vocab_size} "
-                              f"entries; this shard was made with another tokenizer (re-run preprocess with "
-                              f"this tokenizer, which picks {np.dtype(np.uint16) if vocab_size < 65500 else 'int32'})")
+        raise DataConfigError(
+            f"{idx}: dtype {ds.dtype} holds ids up to {top} but the tokenizer has {vocab_size} "
+            f"entries; this shard was made with another tokenizer (re-run preprocess with "
+            f"this tokenizer, which picks {np.dtype(np.uint16) if vocab_size < 65500 else 'int32'})"
+        )
     if ds.num_tokens == 0:
         raise DataConfigError(f"{idx}: the shard holds no tokens (empty dataset)")
     m = shard_max_token_id(ds, cache_dir)
-    if m >= vocab_size or int(np.asarray(ds.tokens[:1 << 16]).min()) < 0:
-        raise DataConfigError(f"{idx}: token id {m} >= tokenizer vocab_size {vocab_size}; the shard was "
-                              f"tokenized with a different vocabulary")
+    if m >= vocab_size or int(np.asarray(ds.tokens[: 1 << 16]).min()) < 0:
+        raise DataConfigError(
+            f"{idx}: token id {m} >= tokenizer vocab_size {vocab_size}; the shard was "
+            f"tokenized with a different vocabulary"
+        )
 
 
 def _non_empty_documents(ds: IndexedDataset, lo: int, hi: int) -> int:
-    seq = np.asarray(ds.document_indices[lo:hi + 1], dtype=np.int64)
-    cum = np.r_[0, np.cumsum(np.asarray(ds.sequence_lengths[seq[0]:seq[-1]], dtype=np.int64))]
+    seq = np.asarray(ds.document_indices[lo : hi + 1], dtype=np.int64)
+    cum = np.r_[0, np.cumsum(np.asarray(ds.sequence_lengths[seq[0] : seq[-1]], dtype=np.int64))]
     return int((np.diff(cum[seq - seq[0]]) > 0).sum())
 
 
-def build_datasets(config: DataConfig, tokenizer, num_samples: tuple[int, int, int] | None = None,
-                   verbose: bool = False) -> tuple[PretrainingDataset | None, ...]:
+def build_datasets(
+    config: DataConfig, tokenizer, num_samples: tuple[int, int, int] | None = None, verbose: bool = False
+) -> tuple[PretrainingDataset | None, ...]:
     """Train/valid/test datasets (None where a split is empty), blended per the data_path weights.
 
     Every check (shard files, dtype vs vocabulary, token ids, empty splits) runs before any index is built.
@@ -235,14 +250,18 @@ def build_datasets(config: DataConfig, tokenizer, num_samples: tuple[int, int, i
     for weight, ds, ranges in shards:
         lo, hi = ranges[0]
         if hi <= lo and weight != 0:
-            raise DataConfigError(f"{index_file_path(ds.prefix)}: the train split '{config.split}' of its "
-                                  f"{ds.num_documents} documents is empty; give it more documents or change split")
+            raise DataConfigError(
+                f"{index_file_path(ds.prefix)}: the train split '{config.split}' of its "
+                f"{ds.num_documents} documents is empty; give it more documents or change split"
+            )
         if config.sample_mode == "nsp":
             for k, (lo, hi) in enumerate(ranges):
                 if hi > lo and _non_empty_documents(ds, lo, hi) < 2:
-                    raise DataConfigError(f"{index_file_path(ds.prefix)}: nsp mode needs at least 2 non-empty "
-                                          f"documents in the {SPLIT_NAMES[k]} split (documents {lo}..{hi - 1}); "
-                                          f"use doc-sentences or change split")
+                    raise DataConfigError(
+                        f"{index_file_path(ds.prefix)}: nsp mode needs at least 2 non-empty "
+                        f"documents in the {SPLIT_NAMES[k]} split (documents {lo}..{hi - 1}); "
+                        f"use doc-sentences or change split"
+                    )
     out: list[PretrainingDataset | None] = []
     for k, name in enumerate(SPLIT_NAMES):
         comps, weights = [], []
@@ -256,11 +275,15 @@ def build_datasets(config: DataConfig, tokenizer, num_samples: tuple[int, int, i
                 raise DataConfigError(f"{name} split: {e}") from None
             if len(index) == 0:
                 if name == "train":
-                    raise DataConfigError(f"{index_file_path(ds.prefix)}: documents {lo}..{hi - 1} (train split) "
-                                          f"yield no samples (all sentences empty?)")
+                    raise DataConfigError(
+                        f"{index_file_path(ds.prefix)}: documents {lo}..{hi - 1} (train split) "
+                        f"yield no samples (all sentences empty?)"
+                    )
                 if verbose:
-                    print(f"[loader] {name}: {ds.prefix} documents {lo}..{hi - 1} yield no samples; skipped",
-                          file=sys.stderr)
+                    print(
+                        f"[loader] {name}: {ds.prefix} documents {lo}..{hi - 1} yield no samples; skipped",
+                        file=sys.stderr,
+                    )
                 continue
             comps.append(ShardSplit(ds.prefix, (lo, hi), index, config.sample_mode, tokenizer.cls_id, tokenizer.sep_id))
             weights.append(float(len(index)) if weight is None else weight)

@@ -76,8 +76,9 @@ _STATE: dict = {}
 def init_worker(settings: EncodeSettings, tokenizer: Tokenizer | None = None) -> None:
     """Pool initializer (also called in-process for ``--workers 1``)."""
     _STATE["settings"] = settings
-    _STATE["tokenizer"] = tokenizer or build_tokenizer(settings.tokenizer_type, settings.vocab_file,
-                                                      settings.tokenizer_model)
+    _STATE["tokenizer"] = tokenizer or build_tokenizer(
+        settings.tokenizer_type, settings.vocab_file, settings.tokenizer_model
+    )
 
 
 def doc_text(text: str, kind: str) -> str:
@@ -102,8 +103,9 @@ def _sentences(doc: str, keep_newlines: bool) -> list[str]:
     return out
 
 
-def _encode_key(tok: Tokenizer, docs: list[str], split: bool, keep_newlines: bool,
-                dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _encode_key(
+    tok: Tokenizer, docs: list[str], split: bool, keep_newlines: bool, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens, unit lengths, units per doc) for one key of a chunk: one ``encode_batch`` call over all
     documents (or all sentences) of the chunk."""
     if split:
@@ -138,5 +140,13 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
         docs = [doc_text(p.texts[key], p.kind) if p.texts.get(key) else "" for p in chunk.pieces]
         tokens, lengths, upp = _encode_key(tok, docs, st.split_sentences, st.keep_newlines, dtype)
         keys[key] = KeyResult(tokens, lengths, upp)
-    return ChunkResult(chunk.file_idx, keys, chunk.last, chunk.reader_log, chunk.nchars, len(chunk.pieces),
-                       [p.doc_end for p in chunk.pieces], [p.where for p in chunk.pieces])
+    return ChunkResult(
+        chunk.file_idx,
+        keys,
+        chunk.last,
+        chunk.reader_log,
+        chunk.nchars,
+        len(chunk.pieces),
+        [p.doc_end for p in chunk.pieces],
+        [p.where for p in chunk.pieces],
+    )

@@ -62,8 +62,10 @@ def dtype_code(dtype: np.dtype | type) -> int:
     try:
         return _CODE_OF[np.dtype(dtype)]
     except KeyError:
-        raise ValueError(f"dtype {np.dtype(dtype)} has no Megatron code; use one of "
-                         f"{sorted(str(np.dtype(d)) for d in DTYPE_CODES.values())}") from None
+        raise ValueError(
+            f"dtype {np.dtype(dtype)} has no Megatron code; use one of "
+            f"{sorted(str(np.dtype(d)) for d in DTYPE_CODES.values())}"
+        ) from None
 
 
 def data_file_path(prefix: str | os.PathLike) -> str:
@@ -78,8 +80,7 @@ def shard_exists(prefix: str | os.PathLike) -> bool:
     return os.path.isfile(index_file_path(prefix)) and os.path.isfile(data_file_path(prefix))
 
 
-def write_index(path: str | os.PathLike, dtype: np.dtype, lengths: np.ndarray,
-                document_indices: np.ndarray) -> None:
+def write_index(path: str | os.PathLike, dtype: np.dtype, lengths: np.ndarray, document_indices: np.ndarray) -> None:
     """Write a complete ``.idx`` file from in-memory arrays (used for small files and tests)."""
     lengths = np.asarray(lengths, dtype=np.int32)
     document_indices = np.asarray(document_indices, dtype=np.int64)
@@ -133,8 +134,10 @@ class IndexedDatasetBuilder:
         if arr.size and np.issubdtype(arr.dtype, np.integer):
             info = np.iinfo(self.dtype) if np.issubdtype(self.dtype, np.integer) else None
             if info is not None and (arr.min() < info.min or arr.max() > info.max):
-                raise ValueError(f"token id out of range for {self.dtype} in {self.prefix}: "
-                                 f"[{arr.min()}, {arr.max()}]; use a wider dtype")
+                raise ValueError(
+                    f"token id out of range for {self.dtype} in {self.prefix}: "
+                    f"[{arr.min()}, {arr.max()}]; use a wider dtype"
+                )
         self._bin.write(arr.astype(self.dtype, copy=False).tobytes(order="C"))
         self._lengths.write(struct.pack("<i", arr.size))
         self.num_sequences += 1
@@ -184,15 +187,17 @@ class IndexedDatasetBuilder:
         """Append every document of another shard (same dtype), streaming."""
         other = IndexedDataset(prefix)
         if other.dtype != self.dtype:
-            raise IndexedDatasetError(f"cannot merge {index_file_path(prefix)}: dtype {other.dtype} "
-                                      f"differs from {self.dtype} of {self.prefix}")
+            raise IndexedDatasetError(
+                f"cannot merge {index_file_path(prefix)}: dtype {other.dtype} "
+                f"differs from {self.dtype} of {self.prefix}"
+            )
         if self.num_sequences != self._seq_at_doc_start:
             raise ValueError("merge_file called inside an open document; call end_document first")
         with open(data_file_path(prefix), "rb") as src:
             shutil.copyfileobj(src, self._bin, 16 << 20)
         n = len(other)
         for start in range(0, n, self._CHUNK):
-            self._lengths.write(np.asarray(other.sequence_lengths[start:start + self._CHUNK], dtype="<i4").tobytes())
+            self._lengths.write(np.asarray(other.sequence_lengths[start : start + self._CHUNK], dtype="<i4").tobytes())
         docs = np.asarray(other.document_indices[1:], dtype=np.int64) + self.num_sequences
         self._docs.write(docs.astype("<i8").tobytes())
         self.num_sequences += n
@@ -219,10 +224,10 @@ class IndexedDatasetBuilder:
             f.write(struct.pack("<Q", self.num_sequences))
             f.write(struct.pack("<Q", len(docs)))
             for start in range(0, self.num_sequences, self._CHUNK):
-                f.write(np.asarray(lengths[start:start + self._CHUNK]).tobytes())
+                f.write(np.asarray(lengths[start : start + self._CHUNK]).tobytes())
             offset = 0
             for start in range(0, self.num_sequences, self._CHUNK):
-                chunk = np.asarray(lengths[start:start + self._CHUNK], dtype=np.int64) * itemsize
+                chunk = np.asarray(lengths[start : start + self._CHUNK], dtype=np.int64) * itemsize
                 ptr = np.empty_like(chunk)
                 ptr[0] = offset
                 if len(chunk) > 1:
@@ -269,16 +274,18 @@ class IndexedDataset:
         idx_path, bin_path = index_file_path(prefix), data_file_path(prefix)
         for p in (idx_path, bin_path):
             if not os.path.isfile(p):
-                raise IndexedDatasetError(f"{p}: file not found (expected a Megatron shard pair "
-                                          f"{self.prefix}.bin/.idx)")
+                raise IndexedDatasetError(
+                    f"{p}: file not found (expected a Megatron shard pair {self.prefix}.bin/.idx)"
+                )
         idx_size = os.path.getsize(idx_path)
         if idx_size < HEADER_SIZE:
             raise IndexedDatasetError(f"{idx_path}: truncated index ({idx_size} bytes, header needs {HEADER_SIZE})")
         with open(idx_path, "rb") as f:
             header = f.read(HEADER_SIZE)
         if header[:9] != MAGIC:
-            raise IndexedDatasetError(f"{idx_path}: wrong magic {header[:9]!r} (expected {MAGIC!r}); "
-                                      f"not a Megatron MMapIndexedDataset index")
+            raise IndexedDatasetError(
+                f"{idx_path}: wrong magic {header[:9]!r} (expected {MAGIC!r}); not a Megatron MMapIndexedDataset index"
+            )
         (version,) = struct.unpack("<Q", header[9:17])
         if version != VERSION:
             raise IndexedDatasetError(f"{idx_path}: unsupported index version {version} (expected {VERSION})")
@@ -293,9 +300,11 @@ class IndexedDataset:
         elif idx_size == HEADER_SIZE + body + n:
             self.multimodal = True
         else:
-            raise IndexedDatasetError(f"{idx_path}: size {idx_size} does not match its header "
-                                      f"({n} sequences, {d} document-index entries need {HEADER_SIZE + body} bytes); "
-                                      f"the index is truncated or corrupt")
+            raise IndexedDatasetError(
+                f"{idx_path}: size {idx_size} does not match its header "
+                f"({n} sequences, {d} document-index entries need {HEADER_SIZE + body} bytes); "
+                f"the index is truncated or corrupt"
+            )
         self._idx = np.memmap(idx_path, dtype=np.uint8, mode="r")
         off = HEADER_SIZE
         self.sequence_lengths = np.frombuffer(self._idx, dtype="<i4", count=n, offset=off)
@@ -307,9 +316,11 @@ class IndexedDataset:
         self.sequence_modes = np.frombuffer(self._idx, dtype="<i1", count=n, offset=off) if self.multimodal else None
 
         if d < 1 or self.document_indices[0] != 0 or self.document_indices[-1] != n:
-            raise IndexedDatasetError(f"{idx_path}: document index must start at 0 and end at {n} "
-                                      f"(found {self.document_indices[:1].tolist()}.."
-                                      f"{self.document_indices[-1:].tolist()})")
+            raise IndexedDatasetError(
+                f"{idx_path}: document index must start at 0 and end at {n} "
+                f"(found {self.document_indices[:1].tolist()}.."
+                f"{self.document_indices[-1:].tolist()})"
+            )
         if d > 1 and np.any(np.diff(self.document_indices) < 0):
             raise IndexedDatasetError(f"{idx_path}: document index is not non-decreasing")
         if n and self.sequence_lengths.min() < 0:
@@ -318,9 +329,11 @@ class IndexedDataset:
         expected_bin = self.num_tokens * self.dtype.itemsize
         bin_size = os.path.getsize(bin_path)
         if bin_size != expected_bin:
-            raise IndexedDatasetError(f"{bin_path}: size {bin_size} bytes does not match {idx_path} "
-                                      f"({self.num_tokens} tokens x {self.dtype.itemsize} bytes = {expected_bin}); "
-                                      f"the pair is truncated or mismatched")
+            raise IndexedDatasetError(
+                f"{bin_path}: size {bin_size} bytes does not match {idx_path} "
+                f"({self.num_tokens} tokens x {self.dtype.itemsize} bytes = {expected_bin}); "
+                f"the pair is truncated or mismatched"
+            )
         if n:
             expect_ptr = np.zeros(n, dtype=np.int64)
             np.cumsum(self.sequence_lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=expect_ptr[1:])
@@ -347,7 +360,7 @@ class IndexedDataset:
         if not 0 <= i < len(self):
             raise IndexError(f"sequence {i} out of range for {self.prefix} ({len(self)} sequences)")
         start = self._start(i)
-        return self._bin[start:start + int(self.sequence_lengths[i])]
+        return self._bin[start : start + int(self.sequence_lengths[i])]
 
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``[offset, offset+length)`` of sequence ``i`` (Megatron's ``get``)."""

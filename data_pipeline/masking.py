@@ -70,8 +70,9 @@ class MaskingConfig:
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"MaskingConfig.{name}={v}: must be within [0, 1]")
         if self.mask_token_prob + self.random_prob > 1.0 + 1e-9:
-            raise ValueError(f"MaskingConfig: mask_token_prob + random_prob = "
-                             f"{self.mask_token_prob + self.random_prob} > 1")
+            raise ValueError(
+                f"MaskingConfig: mask_token_prob + random_prob = {self.mask_token_prob + self.random_prob} > 1"
+            )
 
 
 def _cap_per_row(chosen_BL: np.ndarray, rank_u: np.ndarray, cap: int) -> np.ndarray:
@@ -110,8 +111,14 @@ class MLMMasker:
     into dataloader workers).
     """
 
-    def __init__(self, config: MaskingConfig, vocab_size: int, mask_id: int, special_ids: np.ndarray,
-                 word_start: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        config: MaskingConfig,
+        vocab_size: int,
+        mask_id: int,
+        special_ids: np.ndarray,
+        word_start: np.ndarray | None = None,
+    ) -> None:
         self.config = config
         self.vocab_size = int(vocab_size)
         self.mask_id = int(mask_id)
@@ -149,8 +156,8 @@ class MLMMasker:
             return ids_BL.copy(), np.full_like(ids_BL, IGNORE_INDEX)
         pos_L = np.arange(L, dtype=np.uint64)
         h_BL = splitmix64(keys.astype(np.uint64)[:, None] ^ (pos_L[None, :] * _GOLDEN))
-        sel_u = h_BL & np.uint64(0xFFFFFF)                      # 24-bit uniform: is this token chosen?
-        act_u = (h_BL >> np.uint64(24)) & np.uint64(0xFFFFFF)   # 24-bit uniform: [MASK] / random / keep
+        sel_u = h_BL & np.uint64(0xFFFFFF)  # 24-bit uniform: is this token chosen?
+        act_u = (h_BL >> np.uint64(24)) & np.uint64(0xFFFFFF)  # 24-bit uniform: [MASK] / random / keep
         special_BL = self.is_special[ids_BL]
 
         if self.word_start is None:
@@ -162,7 +169,7 @@ class MLMMasker:
             start_BL[:, 1:] |= special_BL[:, :-1]
             start_BL[:, 0] = True
             idx_BL = np.where(start_BL, np.arange(L, dtype=np.int64)[None, :], 0)
-            np.maximum.accumulate(idx_BL, axis=1, out=idx_BL)   # position of each token's word start
+            np.maximum.accumulate(idx_BL, axis=1, out=idx_BL)  # position of each token's word start
             word_u = np.take_along_axis(sel_u, idx_BL, axis=1)
             chosen_BL = (word_u < self._t_select) & ~special_BL
         if self.config.max_predictions is not None:

@@ -104,17 +104,25 @@ class PreprocessConfig:
         """What defines the output bytes (the resume hash): not workers, chunk size or progress."""
         return {
             "tokenizer_type": self.tokenizer_type,
-            "vocab": rs.file_digest(self.vocab_file), "model": rs.file_digest(self.tokenizer_model),
-            "json_keys": self.json_keys, "input_format": self.input_format,
-            "split_sentences": self.split_sentences, "keep_newlines": self.keep_newlines,
-            "append_eod": self.append_eod, "max_document_chars": self.max_document_chars,
-            "piece_chars": PIECE_CHARS, "format_version": 1,
+            "vocab": rs.file_digest(self.vocab_file),
+            "model": rs.file_digest(self.tokenizer_model),
+            "json_keys": self.json_keys,
+            "input_format": self.input_format,
+            "split_sentences": self.split_sentences,
+            "keep_newlines": self.keep_newlines,
+            "append_eod": self.append_eod,
+            "max_document_chars": self.max_document_chars,
+            "piece_chars": PIECE_CHARS,
+            "format_version": 1,
         }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.preprocess", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_pipeline.preprocess",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     g = p.add_argument_group("input data")
     g.add_argument("--input", nargs="+", required=True, help="files, directories and globs")
     g.add_argument("--input-format", default="auto", choices=FORMATS)
@@ -126,8 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--tokenizer-model", default=None)
     g.add_argument("--append-eod", action="store_true")
-    g.add_argument("--tokenizer-hf-no-include-special-tokens", action="store_true",
-                   help="accepted for Megatron compatibility; we never wrap sentences in [CLS]/[SEP]")
+    g.add_argument(
+        "--tokenizer-hf-no-include-special-tokens",
+        action="store_true",
+        help="accepted for Megatron compatibility; we never wrap sentences in [CLS]/[SEP]",
+    )
     g = p.add_argument_group("output data")
     g.add_argument("--output-prefix", required=True)
     g = p.add_argument_group("runtime")
@@ -138,8 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true")
     g.add_argument("--progress", dest="progress", action="store_true", default=None)
     g.add_argument("--no-progress", dest="progress", action="store_false")
-    g.add_argument("--log-interval", type=int, default=0,
-                   help="accepted for Megatron command lines; progress is shown by --progress instead")
+    g.add_argument(
+        "--log-interval",
+        type=int,
+        default=0,
+        help="accepted for Megatron command lines; progress is shown by --progress instead",
+    )
     return p
 
 
@@ -160,10 +175,14 @@ def chunk_stream(cfg: PreprocessConfig, files: Sequence[tuple[int, str]]) -> Ite
         for doc in read_documents(path, cfg.input_format, cfg.json_keys, log):
             size = max(len(t) for t in doc.texts.values()) if doc.texts else 0
             if size > cfg.max_document_chars:
-                log.add("oversized_document", path, doc.where,
-                        f"{size:,} characters > --max-document-chars {cfg.max_document_chars:,}; kept, in pieces")
+                log.add(
+                    "oversized_document",
+                    path,
+                    doc.where,
+                    f"{size:,} characters > --max-document-chars {cfg.max_document_chars:,}; kept, in pieces",
+                )
             if doc.kind == KIND_LINES and len(doc.texts) == 1 and size > PIECE_CHARS:
-                (key, text), = doc.texts.items()
+                ((key, text),) = doc.texts.items()
                 parts = chunk_text(text, PIECE_CHARS)
                 new = [Piece({key: t}, doc.kind, i == len(parts) - 1, doc.where) for i, t in enumerate(parts)]
             else:
@@ -193,8 +212,9 @@ def ordered_map(pool, fn, items: Iterable, window: int) -> Iterator:
 class _KeyWriter:
     """Turns piece results of one key into documents of one shard; documents may span chunks."""
 
-    def __init__(self, prefix: str, dtype: np.dtype, split: bool, eod: int | None, path: str, log: BadInputLog,
-                 key: str) -> None:
+    def __init__(
+        self, prefix: str, dtype: np.dtype, split: bool, eod: int | None, path: str, log: BadInputLog, key: str
+    ) -> None:
         self.b = IndexedDatasetBuilder(prefix, dtype)
         self.split, self.eod, self.path, self.log, self.key = split, eod, path, log, key
         self.pending: np.ndarray | None = None  # last sentence of the open document (eod may join it)
@@ -216,9 +236,13 @@ class _KeyWriter:
             self.doc_tokens += int(lengths.sum())
         if doc_end:
             if self.doc_units == 0:  # kept as a document of no sequences, as Megatron's add_document does
-                self.log.add("empty_document", self.path, where,
-                             "no text left after cleaning; kept as a zero-length document"
-                             + (f" (key {self.key!r})" if self.key != "text" else ""))
+                self.log.add(
+                    "empty_document",
+                    self.path,
+                    where,
+                    "no text left after cleaning; kept as a zero-length document"
+                    + (f" (key {self.key!r})" if self.key != "text" else ""),
+                )
                 self.b.end_document()
             else:
                 if self.split:
@@ -238,13 +262,16 @@ class _KeyWriter:
 class PartWriter:
     """All keys' shards of one input file."""
 
-    def __init__(self, cfg: PreprocessConfig, layout: rs.RunLayout, idx: int, path: str, dtype: np.dtype,
-                 eod: int | None) -> None:
+    def __init__(
+        self, cfg: PreprocessConfig, layout: rs.RunLayout, idx: int, path: str, dtype: np.dtype, eod: int | None
+    ) -> None:
         self.cfg, self.layout, self.idx, self.path = cfg, layout, idx, path
         self.stamp = rs.input_stamp(path)  # before reading: a file changed mid-run is redone on resume
         self.log = BadInputLog()
-        self.writers = {k: _KeyWriter(layout.part_prefix(idx, k, cfg.level), dtype, cfg.split_sentences, eod, path,
-                                      self.log, k) for k in cfg.json_keys}
+        self.writers = {
+            k: _KeyWriter(layout.part_prefix(idx, k, cfg.level), dtype, cfg.split_sentences, eod, path, self.log, k)
+            for k in cfg.json_keys
+        }
         self.nchars = 0
         self.t0 = time.time()
 
@@ -255,7 +282,7 @@ class PartWriter:
             t0 = u0 = 0
             for i in range(res.npieces):
                 n = int(kr.units_per_piece[i])
-                lens = kr.lengths[u0:u0 + n]
+                lens = kr.lengths[u0 : u0 + n]
                 t1 = t0 + int(lens.sum())
                 w.add(kr.tokens[t0:t1], lens, res.doc_ends[i], res.wheres[i])
                 t0, u0 = t1, u0 + n
@@ -267,8 +294,14 @@ class PartWriter:
         for key, w in self.writers.items():
             w.b.finalize()
             stats[key] = {"documents": w.b.num_documents, "sequences": w.b.num_sequences, "tokens": w.b.num_tokens}
-        marker = {"settings_hash": shash, "input": self.stamp, "stats": stats, "chars": self.nchars,
-                  "bad_input": self.log.to_dict(), "seconds": round(time.time() - self.t0, 3)}
+        marker = {
+            "settings_hash": shash,
+            "input": self.stamp,
+            "stats": stats,
+            "chars": self.nchars,
+            "bad_input": self.log.to_dict(),
+            "seconds": round(time.time() - self.t0, 3),
+        }
         rs.write_json_atomic(self.layout.part_marker(self.idx), marker)
         return marker
 
@@ -302,20 +335,36 @@ class _Progress:
 
     def part_done(self, done: int, path: str, marker: dict, skipped: bool = False) -> None:
         if self.bar is None:
-            what = "skipped (already done)" if skipped else (
-                f"{sum(s['documents'] for s in marker['stats'].values()):,} docs, "
-                f"{sum(s['tokens'] for s in marker['stats'].values()):,} tokens")
-            print(f"[preprocess{self.tag}] {done}/{self.nfiles} {os.path.basename(path)}: {what}",
-                  file=sys.stderr, flush=True)
+            what = (
+                "skipped (already done)"
+                if skipped
+                else (
+                    f"{sum(s['documents'] for s in marker['stats'].values()):,} docs, "
+                    f"{sum(s['tokens'] for s in marker['stats'].values()):,} tokens"
+                )
+            )
+            print(
+                f"[preprocess{self.tag}] {done}/{self.nfiles} {os.path.basename(path)}: {what}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _process_parts(cfg: PreprocessConfig, layout: rs.RunLayout, todo: list[tuple[int, str]], tokenizer: Tokenizer,
-                   settings: EncodeSettings, shash: str, progress: _Progress, done_before: int,
-                   use_spawn: bool) -> None:
+def _process_parts(
+    cfg: PreprocessConfig,
+    layout: rs.RunLayout,
+    todo: list[tuple[int, str]],
+    tokenizer: Tokenizer,
+    settings: EncodeSettings,
+    shash: str,
+    progress: _Progress,
+    done_before: int,
+    use_spawn: bool,
+) -> None:
     dtype = np.dtype(settings.dtype)
     eod = tokenizer.eod_id if cfg.append_eod else None
     if not todo:
@@ -377,8 +426,15 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
     files = expand_inputs(cfg.input, expand_log)
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.tokenizer_model)
     dtype = best_dtype(tokenizer.vocab_size)
-    settings = EncodeSettings(cfg.tokenizer_type, cfg.vocab_file, cfg.tokenizer_model, tuple(cfg.json_keys),
-                              cfg.split_sentences, cfg.keep_newlines, dtype.str)
+    settings = EncodeSettings(
+        cfg.tokenizer_type,
+        cfg.vocab_file,
+        cfg.tokenizer_model,
+        tuple(cfg.json_keys),
+        cfg.split_sentences,
+        cfg.keep_newlines,
+        dtype.str,
+    )
     shash = rs.settings_hash(cfg.output_settings())
 
     # rank 0 checks / creates the manifest; everyone learns the outcome
@@ -410,13 +466,15 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
     show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     progress = _Progress(bool(show) and rank == 0, len(mine), tag)
     if skipped:
-        print(f"[preprocess{tag}] --resume: {skipped} of {len(mine)} input file(s) already done, skipped",
-              file=sys.stderr)
+        print(
+            f"[preprocess{tag}] --resume: {skipped} of {len(mine)} input file(s) already done, skipped", file=sys.stderr
+        )
     t0 = time.time()
     local_err = None
     try:
-        _process_parts(cfg, layout, todo, tokenizer, settings, shash, progress, skipped,
-                       use_spawn=comm is not None)  # no fork after MPI_Init or with gloo threads running
+        _process_parts(
+            cfg, layout, todo, tokenizer, settings, shash, progress, skipped, use_spawn=comm is not None
+        )  # no fork after MPI_Init or with gloo threads running
     except Exception as e:  # reported below, after the other ranks are told
         local_err = f"rank {rank}: {type(e).__name__}: {e}"
         if comm is None:
@@ -435,8 +493,9 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
     return _finish(cfg, layout, files, shash, expand_log, t0)
 
 
-def _finish(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash: str, expand_log: BadInputLog,
-            t0: float) -> int:
+def _finish(
+    cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash: str, expand_log: BadInputLog, t0: float
+) -> int:
     """Rank 0: gather part markers, write the report, merge parts in input order (or refuse with --strict)."""
     log = BadInputLog()
     log.merge(expand_log)
@@ -445,8 +504,7 @@ def _finish(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash
     for i, p in enumerate(files):
         marker = rs.completed_marker(layout, i, p, shash, cfg.json_keys, cfg.level)
         if marker is None:
-            print(f"error: part {i} ({p}) is missing or stale after processing; rerun with --resume",
-                  file=sys.stderr)
+            print(f"error: part {i} ({p}) is missing or stale after processing; rerun with --resume", file=sys.stderr)
             return 2
         log.merge(marker["bad_input"])
         chars += marker["chars"]
@@ -454,8 +512,15 @@ def _finish(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash
             for f, v in s.items():
                 totals[k][f] += v
     outputs = {k: layout.final_prefix(k, cfg.level) for k in cfg.json_keys}
-    report = {"inputs": len(files), "outputs": outputs, "totals": totals, "characters": chars,
-              "bad_input": log.to_dict(), "strict": cfg.strict, "seconds": round(time.time() - t0, 3)}
+    report = {
+        "inputs": len(files),
+        "outputs": outputs,
+        "totals": totals,
+        "characters": chars,
+        "bad_input": log.to_dict(),
+        "strict": cfg.strict,
+        "seconds": round(time.time() - t0, 3),
+    }
     failed = cfg.strict and log.total > 0
     report["status"] = "failed: bad input with --strict, no shards written" if failed else "ok"
     os.makedirs(os.path.dirname(layout.report) or ".", exist_ok=True)
@@ -463,8 +528,10 @@ def _finish(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash
     print(log.format(), file=sys.stderr)
     if failed:
         rs.finish(layout)
-        print(f"error: --strict: {log.total} bad input problem(s); no shards written (report: {layout.report})",
-              file=sys.stderr)
+        print(
+            f"error: --strict: {log.total} bad input problem(s); no shards written (report: {layout.report})",
+            file=sys.stderr,
+        )
         return 1
     dtype = None
     for k, prefix in outputs.items():
@@ -477,9 +544,12 @@ def _finish(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash
     rs.finish(layout)
     dt = time.time() - t0
     for k, t in totals.items():
-        print(f"[preprocess] {outputs[k]}.bin/.idx: {t['documents']:,} documents, {t['sequences']:,} "
-              f"{cfg.level}s, {t['tokens']:,} tokens ({chars / 1e6 / max(dt, 1e-9):.2f} MB/s, "
-              f"{t['tokens'] / max(dt, 1e-9):,.0f} tokens/s); report: {layout.report}", file=sys.stderr)
+        print(
+            f"[preprocess] {outputs[k]}.bin/.idx: {t['documents']:,} documents, {t['sequences']:,} "
+            f"{cfg.level}s, {t['tokens']:,} tokens ({chars / 1e6 / max(dt, 1e-9):.2f} MB/s, "
+            f"{t['tokens'] / max(dt, 1e-9):,.0f} tokens/s); report: {layout.report}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -63,8 +63,7 @@ class BadInputLog:
         return sum(self.counts.values())
 
     def to_dict(self) -> dict:
-        return {cat: {"count": self.counts[cat], "examples": self.examples.get(cat, [])}
-                for cat in sorted(self.counts)}
+        return {cat: {"count": self.counts[cat], "examples": self.examples.get(cat, [])} for cat in sorted(self.counts)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BadInputLog":
@@ -107,8 +106,9 @@ def expand_inputs(specs: Sequence[str], log: BadInputLog) -> list[str]:
                 # skip hidden entries and our own outputs (shards, reports, a run's .parts/ bookkeeping)
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not d.endswith(".parts"))
                 for f in files:
-                    if not f.startswith(".") and not f.endswith((".bin", ".idx", ".progress.json", ".report.json",
-                                                                  ".done.json", ".tmp")):
+                    if not f.startswith(".") and not f.endswith(
+                        (".bin", ".idx", ".progress.json", ".report.json", ".done.json", ".tmp")
+                    ):
                         found.append(os.path.join(root, f))
             if not found:
                 log.add("missing_input", spec, "directory", "directory holds no input files")
@@ -173,7 +173,7 @@ def _decode(raw: bytes, path: str, where: str, log: BadInputLog) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        log.add("invalid_utf8", path, where, f"byte {e.start}: {raw[e.start:e.start + 4]!r}; replaced with U+FFFD")
+        log.add("invalid_utf8", path, where, f"byte {e.start}: {raw[e.start : e.start + 4]!r}; replaced with U+FFFD")
         return raw.decode("utf-8", errors="replace")
 
 
@@ -232,7 +232,7 @@ def read_wikiextractor(path: str, keys: Sequence[str], log: BadInputLog) -> Iter
             if s.startswith("<doc") and s.endswith(">"):
                 body, start = [], lineno
                 t = s.find('title="')
-                title = s[t + 7:s.find('"', t + 7)] if t >= 0 else ""
+                title = s[t + 7 : s.find('"', t + 7)] if t >= 0 else ""
                 title = html.unescape(title)
             elif s:
                 log.add("malformed_doc", path, f"line {lineno}", "text outside <doc>...</doc>")

@@ -26,8 +26,7 @@ def file_digest(path: str | None) -> str | None:
     if not path:
         return None
     h = hashlib.sha256()
-    paths = [path] if os.path.isfile(path) else sorted(
-        os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs)
+    paths = [path] if os.path.isfile(path) else sorted(os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs)
     for p in paths:
         h.update(os.path.relpath(p, path).encode() if p != path else b"")
         with open(p, "rb") as f:
@@ -92,23 +91,30 @@ def prepare(layout: RunLayout, shash: str, inputs: list[str], resume: bool) -> b
     """Check or create the manifest. Returns True when resuming an interrupted run."""
     if os.path.exists(layout.manifest):
         if not resume:
-            raise ResumeError(f"{layout.manifest} exists: a previous run with this --output-prefix was interrupted. "
-                              f"Pass --resume to continue it, or delete {layout.manifest} and {layout.parts_dir}/ "
-                              f"to start over.")
+            raise ResumeError(
+                f"{layout.manifest} exists: a previous run with this --output-prefix was interrupted. "
+                f"Pass --resume to continue it, or delete {layout.manifest} and {layout.parts_dir}/ "
+                f"to start over."
+            )
         with open(layout.manifest) as f:
             try:
                 man = json.load(f)
             except json.JSONDecodeError as e:
-                raise ResumeError(f"{layout.manifest}: unreadable ({e}); delete it and {layout.parts_dir}/ "
-                                  f"to start over") from None
+                raise ResumeError(
+                    f"{layout.manifest}: unreadable ({e}); delete it and {layout.parts_dir}/ to start over"
+                ) from None
         if man.get("settings_hash") != shash:
-            raise ResumeError(f"{layout.manifest}: the interrupted run used different settings (tokenizer, vocab, "
-                              f"keys, sentence splitting, ...); rerun with the same flags, or delete it and "
-                              f"{layout.parts_dir}/ to start over")
+            raise ResumeError(
+                f"{layout.manifest}: the interrupted run used different settings (tokenizer, vocab, "
+                f"keys, sentence splitting, ...); rerun with the same flags, or delete it and "
+                f"{layout.parts_dir}/ to start over"
+            )
         if man.get("inputs") != inputs:
-            raise ResumeError(f"{layout.manifest}: the interrupted run had a different input list "
-                              f"({len(man.get('inputs', []))} files, now {len(inputs)}); rerun with the same --input, "
-                              f"or delete it and {layout.parts_dir}/ to start over")
+            raise ResumeError(
+                f"{layout.manifest}: the interrupted run had a different input list "
+                f"({len(man.get('inputs', []))} files, now {len(inputs)}); rerun with the same --input, "
+                f"or delete it and {layout.parts_dir}/ to start over"
+            )
         os.makedirs(layout.parts_dir, exist_ok=True)
         return True
     if os.path.isdir(layout.parts_dir):  # left-overs without a manifest are never trusted
@@ -146,5 +152,14 @@ def finish(layout: RunLayout) -> None:
     shutil.rmtree(layout.parts_dir, ignore_errors=True)
 
 
-__all__ = ["RunLayout", "ResumeError", "prepare", "completed_marker", "finish", "file_digest", "settings_hash",
-           "input_stamp", "write_json_atomic"]
+__all__ = [
+    "RunLayout",
+    "ResumeError",
+    "prepare",
+    "completed_marker",
+    "finish",
+    "file_digest",
+    "settings_hash",
+    "input_stamp",
+    "write_json_atomic",
+]

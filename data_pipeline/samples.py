@@ -108,8 +108,10 @@ def _units(ds: IndexedDataset, doc_lo: int, doc_hi: int, budget: int):
     s_lo, s_hi = int(ds.document_indices[doc_lo]), int(ds.document_indices[doc_hi])
     lengths = np.asarray(ds.sequence_lengths[s_lo:s_hi], dtype=np.int64)
     starts = np.asarray(ds.sequence_pointers[s_lo:s_hi], dtype=np.int64) // ds.dtype.itemsize
-    docs_of_seq = np.repeat(np.arange(doc_lo, doc_hi, dtype=np.int64),
-                            np.diff(np.asarray(ds.document_indices[doc_lo:doc_hi + 1], dtype=np.int64)))
+    docs_of_seq = np.repeat(
+        np.arange(doc_lo, doc_hi, dtype=np.int64),
+        np.diff(np.asarray(ds.document_indices[doc_lo : doc_hi + 1], dtype=np.int64)),
+    )
     keep = lengths > 0
     lengths, starts, docs_of_seq = lengths[keep], starts[keep], docs_of_seq[keep]
     pieces = (lengths + budget - 1) // budget
@@ -154,21 +156,22 @@ def _chain_open(u_start: np.ndarray, doc_first: np.ndarray, config: SampleIndexC
     return opens if config.sample_mode == "full-sentences" else opens | doc_first
 
 
-def _pack_tokens(u_start: np.ndarray, u_len: np.ndarray, doc_first: np.ndarray,
-                 config: SampleIndexConfig) -> np.ndarray:
+def _pack_tokens(
+    u_start: np.ndarray, u_len: np.ndarray, doc_first: np.ndarray, config: SampleIndexConfig
+) -> np.ndarray:
     """doc-sentences / full-sentences packing on a virtual token axis (full-sentences: one [SEP] slot
     before every document start), walked for all chains at once; returns ``[S, 5]``."""
     L = config.budget
     U = len(u_len)
     full = config.sample_mode == "full-sentences"
     k = np.cumsum(doc_first) if full else np.zeros(U, dtype=np.int64)
-    vs = u_start + k                                     # virtual start of every piece
+    vs = u_start + k  # virtual start of every piece
     sep_v = (vs[doc_first] - 1) if full else np.zeros(0, dtype=np.int64)
-    ve = vs + u_len                                      # virtual end of every piece
+    ve = vs + u_len  # virtual end of every piece
     starts_u = np.flatnonzero(_chain_open(u_start, doc_first, config))
     chain_v0 = vs[starts_u]
     chain_v1 = ve[np.r_[starts_u[1:], U] - 1]
-    bnd = np.sort(np.concatenate([vs, chain_v1]))        # where a sample may end without a cut
+    bnd = np.sort(np.concatenate([vs, chain_v1]))  # where a sample may end without a cut
     cut = int(np.floor(config.cut_fraction * L))
     rec_lo, rec_hi = [], []
     cur, end, cid = chain_v0.copy(), chain_v1.copy(), np.arange(len(chain_v0), dtype=np.int64)
@@ -195,7 +198,7 @@ def _pack_tokens(u_start: np.ndarray, u_len: np.ndarray, doc_first: np.ndarray,
     out[:, A_START] = v0 - np.searchsorted(sep_v, v0, side="left")
     out[:, A_END] = v1 - np.searchsorted(sep_v, v1, side="left")
     out[:, NSP_LABEL] = -1
-    keep = out[:, A_END] > out[:, A_START]             # a sample that would hold only a [SEP] slot
+    keep = out[:, A_END] > out[:, A_START]  # a sample that would hold only a [SEP] slot
     return out[keep]
 
 
@@ -209,7 +212,7 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     U = len(u_len)
     if U == 0:
         return np.zeros((0, 5), dtype=np.int64)
-    doc_first = np.r_[True, u_doc[1:] != u_doc[:-1]]        # piece opens a document
+    doc_first = np.r_[True, u_doc[1:] != u_doc[:-1]]  # piece opens a document
     if config.sample_mode != "nsp":
         return _pack_tokens(u_start, u_len, doc_first, config)
 
@@ -218,7 +221,7 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     target = _short_targets(config, idx, 2)
     doc_start_units = np.flatnonzero(doc_first)
     doc_end_units = np.r_[doc_start_units[1:], U]
-    doc_ord = np.cumsum(doc_first) - 1                          # rank of the piece's document among non-empty ones
+    doc_ord = np.cumsum(doc_first) - 1  # rank of the piece's document among non-empty ones
     opens = _chain_open(u_start, doc_first, config)
     chain_starts = np.flatnonzero(opens)
     chain_ends = np.r_[chain_starts[1:], U]
@@ -230,14 +233,16 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     # ---- nsp: split point, random-next decision and random segment, all drawn per piece --------------
     n_docs = len(doc_start_units)
     if n_docs < 2:
-        raise SampleIndexError(f"{ds.prefix}: nsp mode needs at least 2 non-empty documents in the split "
-                               f"(documents {doc_lo}..{doc_hi - 1} have {n_docs})")
+        raise SampleIndexError(
+            f"{ds.prefix}: nsp mode needs at least 2 non-empty documents in the split "
+            f"(documents {doc_lo}..{doc_hi - 1} have {n_docs})"
+        )
     k = pack_end - idx
     split = idx + 1 + np.floor(rng.random(U) * np.maximum(k - 1, 1)).astype(np.int64)
     split = np.minimum(split, pack_end)
     is_random = (rng.random(U) < 0.5) | (k == 1)
-    u_other, u_first = rng.random(U), rng.random(U)             # drawn per piece: order-free, like the rest
-    nxt = np.where(is_random, split, pack_end)                  # random B: the unused sentences go back
+    u_other, u_first = rng.random(U), rng.random(U)  # drawn per piece: order-free, like the rest
+    nxt = np.where(is_random, split, pack_end)  # random B: the unused sentences go back
 
     starts = _walk(nxt, chain_starts, chain_ends)
     s, r = split[starts], is_random[starts]
@@ -285,11 +290,16 @@ def cache_identity(config: SampleIndexConfig) -> dict:
     return d
 
 
-def index_cache_path(prefix: str, doc_range: tuple[int, int], config: SampleIndexConfig,
-                     cache_dir: str | None = None) -> tuple[Path, dict]:
+def index_cache_path(
+    prefix: str, doc_range: tuple[int, int], config: SampleIndexConfig, cache_dir: str | None = None
+) -> tuple[Path, dict]:
     """Where the index for these parameters lives, and the description hashed into its name."""
-    desc = {"version": INDEX_VERSION, "shard": _shard_identity(prefix), "doc_range": list(map(int, doc_range)),
-            **cache_identity(config)}
+    desc = {
+        "version": INDEX_VERSION,
+        "shard": _shard_identity(prefix),
+        "doc_range": list(map(int, doc_range)),
+        **cache_identity(config),
+    }
     digest = hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
     return cache_base(prefix, cache_dir).with_name(f"{Path(prefix).name}_samples_{digest}.npy"), desc
 
@@ -346,8 +356,13 @@ def _build_lock(path: Path):
         fh.close()
 
 
-def load_or_build_index(ds: IndexedDataset, doc_range: tuple[int, int], config: SampleIndexConfig,
-                        cache_dir: str | None = None, verbose: bool = False) -> np.ndarray:
+def load_or_build_index(
+    ds: IndexedDataset,
+    doc_range: tuple[int, int],
+    config: SampleIndexConfig,
+    cache_dir: str | None = None,
+    verbose: bool = False,
+) -> np.ndarray:
     """The cached index (memory-mapped) if present, else build it, save it atomically and return it."""
     path, desc = index_cache_path(ds.prefix, doc_range, config, cache_dir)
     arr = _try_load(path)
@@ -368,12 +383,16 @@ def load_or_build_index(ds: IndexedDataset, doc_range: tuple[int, int], config: 
             release()
         except OSError as e:
             if verbose:
-                print(f"[samples] could not cache the index at {path} ({e}); set cache_dir to a writable folder",
-                      file=sys.stderr)
+                print(
+                    f"[samples] could not cache the index at {path} ({e}); set cache_dir to a writable folder",
+                    file=sys.stderr,
+                )
             return arr
     if verbose:
-        print(f"[samples] built {len(arr)} samples for {ds.prefix} documents {doc_range} in {seconds:.3f}s "
-              f"-> {path}", file=sys.stderr)
+        print(
+            f"[samples] built {len(arr)} samples for {ds.prefix} documents {doc_range} in {seconds:.3f}s -> {path}",
+            file=sys.stderr,
+        )
     return np.load(path, mmap_mode="r")
 
 
@@ -391,7 +410,7 @@ def shard_max_token_id(ds: IndexedDataset, cache_dir: str | None = None) -> int:
     m = -1
     step = 1 << 24
     for i in range(0, len(tokens), step):
-        m = max(m, int(np.asarray(tokens[i:i + step]).max()))
+        m = max(m, int(np.asarray(tokens[i : i + step]).max()))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _atomic_save(path, lambda f: f.write(json.dumps({"max_token_id": m, "shard": ident}).encode()))

@@ -14,8 +14,9 @@ from data_pipeline.samples import A_START
 # ---------------------------------------------------------------------------------------------------------
 # statistics (CLI, docs)
 # ---------------------------------------------------------------------------------------------------------
-def dataset_stats(dataset: PretrainingDataset, collator: Collator, max_masked_samples: int = 20000,
-                  batch_size: int = 256) -> dict:
+def dataset_stats(
+    dataset: PretrainingDataset, collator: Collator, max_masked_samples: int = 20000, batch_size: int = 256
+) -> dict:
     """Sample count, fill ratio (all samples), masked fraction and [MASK]/random/kept split (first positions)."""
     N = collator.seq_length
     lengths = [c.sample_lengths() for c in dataset.components]
@@ -28,9 +29,19 @@ def dataset_stats(dataset: PretrainingDataset, collator: Collator, max_masked_sa
         "mean_fill_ratio": float(all_len.mean() / N),
         "mean_fill_ratio_per_dataset": {c.prefix: float(n.mean() / N) for c, n in zip(dataset.components, lengths)},
         # the price of cut_fraction < 1: samples whose text starts inside a sentence
-        "mid_sentence_start_fraction": float(np.mean(np.concatenate([
-            ~np.isin(np.asarray(c.index)[:, A_START], np.asarray(c.shard.sequence_pointers) // c.shard.dtype.itemsize)
-            for c in dataset.components]))),
+        "mid_sentence_start_fraction": float(
+            np.mean(
+                np.concatenate(
+                    [
+                        ~np.isin(
+                            np.asarray(c.index)[:, A_START],
+                            np.asarray(c.shard.sequence_pointers) // c.shard.dtype.itemsize,
+                        )
+                        for c in dataset.components
+                    ]
+                )
+            )
+        ),
     }
     n_pred = n_cand = n_mask = n_rand = n_kept = 0
     nsp_pos = nsp_total = 0
@@ -43,7 +54,7 @@ def dataset_stats(dataset: PretrainingDataset, collator: Collator, max_masked_sa
         ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
         orig = np.full_like(ids, collator.pad_id)
         for b, it in enumerate(items):
-            orig[b, :len(it[0])] = it[0]
+            orig[b, : len(it[0])] = it[0]
         pred = labels != IGNORE_INDEX
         n_cand += int((~special[orig] & (batch["attention_mask"].numpy() > 0)).sum())
         n_pred += int(pred.sum())
@@ -53,13 +64,17 @@ def dataset_stats(dataset: PretrainingDataset, collator: Collator, max_masked_sa
         if "next_sentence_label" in batch:
             nsp_pos += int(batch["next_sentence_label"].sum())
             nsp_total += len(items)
-    stats.update({
-        "masked_samples": int(min(max_masked_samples, len(dataset))),
-        "masked_fraction": n_pred / max(n_cand, 1),
-        "mask_split": {"mask": n_mask / max(n_pred, 1), "random": n_rand / max(n_pred, 1),
-                       "kept": n_kept / max(n_pred, 1)},
-    })
+    stats.update(
+        {
+            "masked_samples": int(min(max_masked_samples, len(dataset))),
+            "masked_fraction": n_pred / max(n_cand, 1),
+            "mask_split": {
+                "mask": n_mask / max(n_pred, 1),
+                "random": n_rand / max(n_pred, 1),
+                "kept": n_kept / max(n_pred, 1),
+            },
+        }
+    )
     if nsp_total:
         stats["random_next_fraction"] = nsp_pos / nsp_total
     return stats
-

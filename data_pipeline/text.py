@@ -37,12 +37,12 @@ def trim_gutenberg(text: str) -> tuple[str, bool]:
     found = False
     m = _PG_START.search(text)
     if m:
-        text = text[m.end():]
+        text = text[m.end() :]
         found = True
     # "End of the Project Gutenberg EBook of X" often precedes the "*** END OF ..." marker: cut at the first
     ends = [m.start() for m in (_PG_END.search(text), _PG_END_OLD.search(text)) if m]
     if ends:
-        text = text[:min(ends)]
+        text = text[: min(ends)]
         found = True
     return text, found
 
@@ -114,8 +114,14 @@ def sentence_starts(doc: str) -> np.ndarray:
     out = ctypes.create_string_buffer(cap)
     starts = np.zeros(cap, dtype=np.int32)
     ends = np.zeros(cap, dtype=np.int32)
-    o_len = _BF_SENT_OFFSETS(data, n, out, starts.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                             ends.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), cap)
+    o_len = _BF_SENT_OFFSETS(
+        data,
+        n,
+        out,
+        starts.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        ends.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        cap,
+    )
     if o_len < 0 or o_len > cap:
         bstarts = np.zeros(0, dtype=np.int64)
     else:

@@ -103,8 +103,10 @@ def _find_special(lookup, vocab_desc: str) -> SpecialIds:
                 found[key] = i
                 break
         else:
-            raise TokenizerError(f"{vocab_desc}: no {key.upper()} token (looked for {', '.join(spellings)}); "
-                                 f"train one with `python -m data_pipeline.train_tokenizer`, which adds them")
+            raise TokenizerError(
+                f"{vocab_desc}: no {key.upper()} token (looked for {', '.join(spellings)}); "
+                f"train one with `python -m data_pipeline.train_tokenizer`, which adds them"
+            )
     return SpecialIds(found["cls"], found["sep"], found["pad"], found["mask"], found["unk"])
 
 
@@ -126,7 +128,12 @@ class HFTokenizer(Tokenizer):
         self.vocab_size = len(hf_tokenizer) if hf_tokenizer is not None else len(vocab)
         sp = _find_special(vocab.get, source)
         self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
-            sp.cls_id, sp.sep_id, sp.pad_id, sp.mask_id, sp.unk_id)
+            sp.cls_id,
+            sp.sep_id,
+            sp.pad_id,
+            sp.mask_id,
+            sp.unk_id,
+        )
         self._id_to_token = [""] * self.vocab_size
         for tok, i in vocab.items():
             if i < self.vocab_size:
@@ -189,7 +196,12 @@ class SentencePieceTokenizer(Tokenizer):
 
         sp = _find_special(lookup, model_file)
         self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
-            sp.cls_id, sp.sep_id, sp.pad_id, sp.mask_id, sp.unk_id)
+            sp.cls_id,
+            sp.sep_id,
+            sp.pad_id,
+            sp.mask_id,
+            sp.unk_id,
+        )
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self.sp.encode(list(texts), out_type=int)
@@ -215,13 +227,16 @@ class SentencePieceTokenizer(Tokenizer):
         return ["spm.model"]
 
 
-def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
-                    tokenizer_model: str | None = None) -> Tokenizer:
+def build_tokenizer(
+    tokenizer_type: str, vocab_file: str | None = None, tokenizer_model: str | None = None
+) -> Tokenizer:
     """Build a tokenizer from Megatron-style arguments (``--tokenizer-type`` and its file flag)."""
     if tokenizer_type in ("BertWordPieceLowerCase", "BertWordPieceCase"):
         if not vocab_file or not os.path.isfile(vocab_file):
-            raise TokenizerError(f"--tokenizer-type {tokenizer_type} needs --vocab-file (a WordPiece vocab.txt); "
-                                 f"got {vocab_file!r}, which does not exist")
+            raise TokenizerError(
+                f"--tokenizer-type {tokenizer_type} needs --vocab-file (a WordPiece vocab.txt); "
+                f"got {vocab_file!r}, which does not exist"
+            )
         from tokenizers import BertWordPieceTokenizer
 
         lower = tokenizer_type == "BertWordPieceLowerCase"
@@ -229,14 +244,19 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
             entries = [line.rstrip("\n") for line in f]
         missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in set(entries)]
         if missing:
-            raise TokenizerError(f"--vocab-file {vocab_file}: no {', '.join(missing)} entry; a BERT WordPiece "
-                                 f"vocab.txt lists them (train one with `python -m data_pipeline.train_tokenizer`)")
+            raise TokenizerError(
+                f"--vocab-file {vocab_file}: no {', '.join(missing)} entry; a BERT WordPiece "
+                f"vocab.txt lists them (train one with `python -m data_pipeline.train_tokenizer`)"
+            )
         # exactly the pipeline BertTokenizerFast(vocab, do_lower_case=lower) builds (parity is tested)
-        backend = BertWordPieceTokenizer(vocab_file, clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                                         lowercase=lower)._tokenizer
+        backend = BertWordPieceTokenizer(
+            vocab_file, clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lower
+        )._tokenizer
         if backend.get_vocab_size(with_added_tokens=True) != len(entries):
-            raise TokenizerError(f"--vocab-file {vocab_file}: loaded {backend.get_vocab_size()} tokens from "
-                                 f"{len(entries)} lines; duplicate lines or not a WordPiece vocab.txt")
+            raise TokenizerError(
+                f"--vocab-file {vocab_file}: loaded {backend.get_vocab_size()} tokens from "
+                f"{len(entries)} lines; duplicate lines or not a WordPiece vocab.txt"
+            )
 
         def make_hf():
             from transformers import BertTokenizerFast
@@ -250,8 +270,10 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
         return SentencePieceTokenizer(tokenizer_model)
     if tokenizer_type == "HuggingFaceTokenizer":
         if not tokenizer_model or not os.path.exists(tokenizer_model):
-            raise TokenizerError(f"--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a local "
-                                 f"tokenizer directory or tokenizer.json); got {tokenizer_model!r}")
+            raise TokenizerError(
+                f"--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a local "
+                f"tokenizer directory or tokenizer.json); got {tokenizer_model!r}"
+            )
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         if os.path.isdir(tokenizer_model):

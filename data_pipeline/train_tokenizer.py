@@ -79,10 +79,17 @@ def iter_paragraphs(cfg: TrainTokenizerConfig, log: BadInputLog) -> Iterator[str
 def train_wordpiece(cfg: TrainTokenizerConfig, texts: Iterator[str]) -> str:
     from tokenizers import BertWordPieceTokenizer
 
-    tok = BertWordPieceTokenizer(lowercase=cfg.lowercase, strip_accents=cfg.lowercase or None,
-                                 clean_text=True, handle_chinese_chars=True)
-    tok.train_from_iterator(texts, vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                            special_tokens=SPECIAL_TOKENS, limit_alphabet=1000, wordpieces_prefix="##")
+    tok = BertWordPieceTokenizer(
+        lowercase=cfg.lowercase, strip_accents=cfg.lowercase or None, clean_text=True, handle_chinese_chars=True
+    )
+    tok.train_from_iterator(
+        texts,
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        limit_alphabet=1000,
+        wordpieces_prefix="##",
+    )
     os.makedirs(cfg.output_dir, exist_ok=True)
     tok.save_model(cfg.output_dir)  # vocab.txt, one token per line in id order
     return os.path.join(cfg.output_dir, "vocab.txt")
@@ -94,10 +101,23 @@ def train_sentencepiece(cfg: TrainTokenizerConfig, texts: Iterator[str]) -> str:
     os.makedirs(cfg.output_dir, exist_ok=True)
     prefix = os.path.join(cfg.output_dir, "spm")
     spm.SentencePieceTrainer.train(
-        sentence_iterator=texts, model_prefix=prefix, model_type=cfg.model_type, vocab_size=cfg.vocab_size,
-        character_coverage=cfg.character_coverage, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
-        pad_piece="[PAD]", unk_piece="[UNK]", control_symbols=["[CLS]", "[SEP]", "[MASK]"],
-        hard_vocab_limit=False, minloglevel=2, num_threads=1, max_sentence_length=1 << 16)
+        sentence_iterator=texts,
+        model_prefix=prefix,
+        model_type=cfg.model_type,
+        vocab_size=cfg.vocab_size,
+        character_coverage=cfg.character_coverage,
+        pad_id=0,
+        unk_id=1,
+        bos_id=-1,
+        eos_id=-1,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+        max_sentence_length=1 << 16,
+    )
     return prefix + ".model"
 
 
@@ -106,10 +126,18 @@ def train(cfg: TrainTokenizerConfig) -> str:
     log = BadInputLog()
     texts = iter_paragraphs(cfg, log)
     out = train_wordpiece(cfg, texts) if cfg.model_type == "wordpiece" else train_sentencepiece(cfg, texts)
-    meta = {"config": asdict(cfg), "file": os.path.basename(out), "bad_input": log.to_dict(),
-            "use_with": ("--tokenizer-type " + ("BertWordPieceLowerCase" if cfg.lowercase else "BertWordPieceCase")
-                         + f" --vocab-file {out}") if cfg.model_type == "wordpiece"
-            else f"--tokenizer-type SentencePieceTokenizer --tokenizer-model {out}"}
+    meta = {
+        "config": asdict(cfg),
+        "file": os.path.basename(out),
+        "bad_input": log.to_dict(),
+        "use_with": (
+            "--tokenizer-type "
+            + ("BertWordPieceLowerCase" if cfg.lowercase else "BertWordPieceCase")
+            + f" --vocab-file {out}"
+        )
+        if cfg.model_type == "wordpiece"
+        else f"--tokenizer-type SentencePieceTokenizer --tokenizer-model {out}",
+    }
     with open(os.path.join(cfg.output_dir, "tokenizer_meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     if log.total:
@@ -118,8 +146,11 @@ def train(cfg: TrainTokenizerConfig) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.train_tokenizer", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_pipeline.train_tokenizer",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--input", nargs="+", required=True)
     p.add_argument("--output-dir", required=True)
     p.add_argument("--model-type", default="wordpiece", choices=MODEL_TYPES)

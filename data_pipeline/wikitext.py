@@ -13,8 +13,24 @@ import re
 import mwparserfromhell
 from mwparserfromhell.nodes import Comment, ExternalLink, Heading, Tag, Template, Wikilink
 
-_DROP_TAGS = {"ref", "references", "table", "gallery", "math", "timeline", "imagemap", "syntaxhighlight",
-              "source", "score", "graph", "templatedata", "noinclude", "code", "pre", "chem"}
+_DROP_TAGS = {
+    "ref",
+    "references",
+    "table",
+    "gallery",
+    "math",
+    "timeline",
+    "imagemap",
+    "syntaxhighlight",
+    "source",
+    "score",
+    "graph",
+    "templatedata",
+    "noinclude",
+    "code",
+    "pre",
+    "chem",
+}
 _DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:", "wikt:", "wiktionary:", ":category:")
 _INTERWIKI = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
 _MULTISPACE = re.compile(r"[ \t]+")

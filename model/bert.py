@@ -37,10 +37,14 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
         # DIET: positions (and per-head segments) enter the attention logits only, not the input
-        self.position_embeddings = (AbsolutePositionEmbedding(c.max_position_embeddings, c.hidden_size)
-                                    if c.position.type == "absolute" else None)
-        self.token_type_embeddings = (nn.Embedding(c.type_vocab_size, c.hidden_size)
-                                      if c.type_vocab_size and c.segment == "input" else None)
+        self.position_embeddings = (
+            AbsolutePositionEmbedding(c.max_position_embeddings, c.hidden_size)
+            if c.position.type == "absolute"
+            else None
+        )
+        self.token_type_embeddings = (
+            nn.Embedding(c.type_vocab_size, c.hidden_size) if c.type_vocab_size and c.segment == "input" else None
+        )
         self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.hidden_dropout)
 
@@ -68,23 +72,34 @@ class BertSelfAttention(nn.Module):
         tm_cfg = c.attention.token_mask_for_layer(index)
         n_mask = c.max_position_embeddings if tm_cfg is None or tm_cfg.seq_len is None else tm_cfg.seq_len
         if n_mask > c.max_position_embeddings:
-            raise ValueError(f"attention.token_mask.seq_len {n_mask} exceeds max_position_embeddings "
-                             f"{c.max_position_embeddings}")
+            raise ValueError(
+                f"attention.token_mask.seq_len {n_mask} exceeds max_position_embeddings {c.max_position_embeddings}"
+            )
         token_mask = build_token_mask(tm_cfg, self.num_heads, n_mask, index)
-        self.core = BlockSparseAttention(sparsity, kernel, c.max_position_embeddings, c.attention_dropout,
-                                         fixed_token_mask=token_mask, mask_block=16 if tm_cfg is None else tm_cfg.block)
+        self.core = BlockSparseAttention(
+            sparsity,
+            kernel,
+            c.max_position_embeddings,
+            c.attention_dropout,
+            fixed_token_mask=token_mask,
+            mask_block=16 if tm_cfg is None else tm_cfg.block,
+        )
         self.out_proj = nn.Linear(inner, c.hidden_size)
 
-    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None,
-                score_bias=None, gate_HNN: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x_BND: torch.Tensor,
+        key_padding_mask_BN: torch.Tensor | None,
+        score_bias=None,
+        gate_HNN: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         B, N, _ = x_BND.shape
         qkv = self.qkv(x_BND).view(B, N, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
         if gate_HNN is not None:  # DAM search: probabilities gated by the soft mask (dense by nature)
             drop = self.core.dropout_p if self.training else 0.0
             ctx_BHND = gated_attention(qkv[0], qkv[1], qkv[2], gate_HNN, key_padding_mask_BN, drop, None, score_bias)
         else:
-            ctx_BHND = self.core(qkv[0], qkv[1], qkv[2], key_padding_mask_BN=key_padding_mask_BN,
-                                 score_bias=score_bias)
+            ctx_BHND = self.core(qkv[0], qkv[1], qkv[2], key_padding_mask_BN=key_padding_mask_BN, score_bias=score_bias)
         return self.out_proj(ctx_BHND.transpose(1, 2).reshape(B, N, -1))
 
 
@@ -103,14 +118,21 @@ class BertLayer(nn.Module):
         self.dropout = nn.Dropout(c.hidden_dropout)
         self.act = _ACT[c.hidden_act]
 
-    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None = None, score_bias=None,
-                gate_HNN: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x_BND: torch.Tensor,
+        key_padding_mask_BN: torch.Tensor | None = None,
+        score_bias=None,
+        gate_HNN: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if self.pre_ln:
-            x_BND = x_BND + self.dropout(self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN, score_bias,
-                                                        gate_HNN))
+            x_BND = x_BND + self.dropout(
+                self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN, score_bias, gate_HNN)
+            )
             return x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(self.ffn_layer_norm(x_BND)))))
-        x_BND = self.attn_layer_norm(x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN, score_bias,
-                                                                         gate_HNN)))
+        x_BND = self.attn_layer_norm(
+            x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN, score_bias, gate_HNN))
+        )
         return self.ffn_layer_norm(x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(x_BND)))))
 
 
@@ -120,8 +142,13 @@ class BertEncoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(c, i) for i in range(c.num_layers))
         self.final_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.pre_layer_norm else None
 
-    def forward(self, x_BND: torch.Tensor, key_padding_mask_BN: torch.Tensor | None, biases=None,
-                gates_LHNN: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x_BND: torch.Tensor,
+        key_padding_mask_BN: torch.Tensor | None,
+        biases=None,
+        gates_LHNN: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             gate = None if gates_LHNN is None else gates_LHNN[0 if gates_LHNN.shape[0] == 1 else i]
             x_BND = layer(x_BND, key_padding_mask_BN, None if biases is None else biases[i], gate)
@@ -135,9 +162,15 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(c)
         self.positional_attention = None
         if c.position.type != "absolute" or c.segment == "per_head":
-            self.positional_attention = PositionalAttention(c.position, c.segment, c.num_layers,
-                                                            c.num_attention_heads, c.max_position_embeddings,
-                                                            c.type_vocab_size, c.initializer_range)
+            self.positional_attention = PositionalAttention(
+                c.position,
+                c.segment,
+                c.num_layers,
+                c.num_attention_heads,
+                c.max_position_embeddings,
+                c.type_vocab_size,
+                c.initializer_range,
+            )
         self.dam = None
         dam = c.attention.dam()
         if dam is not None:
@@ -157,8 +190,9 @@ class BertModel(nn.Module):
         gates = None
         if self.dam is not None:
             if N > self.dam.n:
-                raise ValueError(f"sequence length {N} exceeds the DAM mask length {self.dam.n}; raise "
-                                 "attention.token_mask.seq_len")
+                raise ValueError(
+                    f"sequence length {N} exceeds the DAM mask length {self.dam.n}; raise attention.token_mask.seq_len"
+                )
             gates = self.dam()
         return self.encoder(self.embeddings(input_ids, token_type_ids), kpm, biases, gates)
 
@@ -232,8 +266,15 @@ class BertForPreTraining(nn.Module):
         correct = ((logits_BkV.detach().argmax(-1) == targets_Bk) & valid_Bk).sum()
         return loss, correct, count, logits_BkV  # [B, k, V]: slots past a row's labels are padding
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                next_sentence_label=None, max_predictions: int | None = None) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        labels=None,
+        next_sentence_label=None,
+        max_predictions: int | None = None,
+    ) -> PreTrainingOutput:
         """``max_predictions``: at most this many labelled positions per row (the data pipeline's
         max_predictions_per_seq). Given, the MLM head gathers exactly B x max_predictions positions (static
         shapes, no host sync: CUDA graphs and compile can capture it); without it, the labelled positions are

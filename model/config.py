@@ -61,8 +61,10 @@ class AttentionConfig:
         top = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
         self._dam = top if top is not None and top.pattern == "dam" else None
         if self._dam is not None and (self.sparsity is not None or self.per_layer is not None):
-            raise ValueError("attention.token_mask pattern 'dam' searches all n x n positions: it cannot be combined "
-                             "with attention.sparsity or attention.per_layer (export the mask, then use 'file')")
+            raise ValueError(
+                "attention.token_mask pattern 'dam' searches all n x n positions: it cannot be combined "
+                "with attention.sparsity or attention.per_layer (export the mask, then use 'file')"
+            )
         self._default = LayerAttention(self.kernel, self.sparsity, "attention.sparsity", top)
         self._layers: list[LayerAttention] | None = None
         if self.per_layer is not None:
@@ -164,8 +166,14 @@ class ModelConfig:
             raise ValueError(f"segment must be one of {list(SEGMENT_TYPES)}, got {self.segment!r}")
         if self.segment == "per_head" and self.type_vocab_size < 1:
             raise ValueError("segment 'per_head' needs type_vocab_size >= 1")
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.type_vocab_size < 0:
@@ -214,15 +222,32 @@ class ModelConfig:
         return cls.from_dict(d) if isinstance(d.get("attention"), dict) else cls(**d)
 
 
-_BASE = dict(vocab_size=30522, hidden_size=768, num_layers=12, num_attention_heads=12, intermediate_size=3072,
-             max_position_embeddings=512, type_vocab_size=2)
+_BASE = dict(
+    vocab_size=30522,
+    hidden_size=768,
+    num_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+)
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base": dict(_BASE),
     "bert-large": dict(_BASE, hidden_size=1024, num_layers=24, num_attention_heads=16, intermediate_size=4096),
     "tiny": dict(_BASE, hidden_size=64, num_layers=2, num_attention_heads=4, intermediate_size=128),
     # BlockBERT (paper: RoBERTa-1seq setting, no NSP, N=512 or 1024)
-    "blockbert-base-n2": dict(_BASE, attention={"kernel": "auto", "sparsity": {
-        "mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 16}}),
-    "blockbert-base-n3": dict(_BASE, attention={"kernel": "auto", "sparsity": {
-        "mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 16}}),
+    "blockbert-base-n2": dict(
+        _BASE,
+        attention={
+            "kernel": "auto",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 16},
+        },
+    ),
+    "blockbert-base-n3": dict(
+        _BASE,
+        attention={
+            "kernel": "auto",
+            "sparsity": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 16},
+        },
+    ),
 }

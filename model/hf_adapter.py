@@ -55,9 +55,24 @@ def _name_map(config: ModelConfig) -> dict[str, str]:
     return m
 
 
-STOCK_FIELDS = {"vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings", "type_vocab_size", "hidden_dropout", "attention_dropout", "layer_norm_eps",
-                "hidden_act", "initializer_range", "pad_token_id", "nsp_head", "head_size", "attention"}
+STOCK_FIELDS = {
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_dropout",
+    "attention_dropout",
+    "layer_norm_eps",
+    "hidden_act",
+    "initializer_range",
+    "pad_token_id",
+    "nsp_head",
+    "head_size",
+    "attention",
+}
 """ModelConfig fields Hugging Face BERT has; any other field away from its default needs our code."""
 
 
@@ -72,11 +87,15 @@ def stock_bert_reason(config: ModelConfig, weights_only: bool = False) -> str | 
     if config.head_size is not None and config.head_size * config.num_attention_heads != config.hidden_size:
         return f"Hugging Face BERT needs head_size = hidden_size / heads; this model has head_size {config.head_size}"
     if config.position.type != "absolute" or config.segment != "input":
-        return (f"Hugging Face BERT has input position/segment embeddings only; this model uses position "
-                f"{config.position.type!r} and segment {config.segment!r} (export it as remote code)")
+        return (
+            f"Hugging Face BERT has input position/segment embeddings only; this model uses position "
+            f"{config.position.type!r} and segment {config.segment!r} (export it as remote code)"
+        )
     if config.attention.dam() is not None:
-        return ("a DAM-search model has learned mask parameters Hugging Face BERT cannot hold; export the mask "
-                "(export_learned_masks) and convert the stage-2 model instead")
+        return (
+            "a DAM-search model has learned mask parameters Hugging Face BERT cannot hold; export the mask "
+            "(export_learned_masks) and convert the stage-2 model instead"
+        )
     if config.hidden_act not in ("gelu", "relu", "gelu_tanh"):
         return f"hidden_act {config.hidden_act!r} has no Hugging Face equivalent"
     if weights_only:
@@ -108,8 +127,9 @@ def to_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> tuple[dic
     _check_representable(config)
     names = _name_map(config)
     out: dict[str, torch.Tensor] = {}
-    expected = set(names) | {f"bert.encoder.layers.{i}.attention.qkv.{p}" for i in range(config.num_layers)
-                             for p in ("weight", "bias")}
+    expected = set(names) | {
+        f"bert.encoder.layers.{i}.attention.qkv.{p}" for i in range(config.num_layers) for p in ("weight", "bias")
+    }
     missing = sorted(expected - set(state_dict))
     unknown = sorted(set(state_dict) - expected)
     if missing or unknown:

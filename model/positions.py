@@ -56,8 +56,9 @@ class PositionConfig:
         if self.sharing not in SHARING:
             raise ValueError(f"position.sharing must be one of {list(SHARING)}, got {self.sharing!r}")
         if self.rank < 1 or self.max_distance < 1:
-            raise ValueError(f"position.rank and position.max_distance must be >= 1 (got {self.rank}, "
-                             f"{self.max_distance})")
+            raise ValueError(
+                f"position.rank and position.max_distance must be >= 1 (got {self.rank}, {self.max_distance})"
+            )
         if self.type == "absolute" and self.sharing != "none":
             raise ValueError("position.sharing applies to diet_abs / diet_rel only; use 'none' with 'absolute'")
 
@@ -166,8 +167,16 @@ class PositionalAttention(nn.Module):
     #: position and segment tables (not the U_Q/U_K projections): an optimizer should not weight-decay them
     no_weight_decay = ("abs_pos", "rel", "segment")
 
-    def __init__(self, pos: PositionConfig, segment: str, num_layers: int, num_heads: int, max_positions: int,
-                 type_vocab_size: int, init_std: float = 0.02):
+    def __init__(
+        self,
+        pos: PositionConfig,
+        segment: str,
+        num_layers: int,
+        num_heads: int,
+        max_positions: int,
+        type_vocab_size: int,
+        init_std: float = 0.02,
+    ):
         super().__init__()
         self.cfg = pos
         self.num_layers = num_layers
@@ -177,8 +186,8 @@ class PositionalAttention(nn.Module):
         if pos.type == "diet_abs":
             d = pos.rank
             self.abs_pos = nn.Parameter(torch.randn(sets, max_positions, d) * init_std)
-            self.abs_uq = nn.Parameter(torch.randn(sets, heads, d, d) * d ** -0.5)
-            self.abs_uk = nn.Parameter(torch.randn(sets, heads, d, d) * d ** -0.5)
+            self.abs_uq = nn.Parameter(torch.randn(sets, heads, d, d) * d**-0.5)
+            self.abs_uk = nn.Parameter(torch.randn(sets, heads, d, d) * d**-0.5)
         elif pos.type == "diet_rel":
             self.rel = nn.Parameter(torch.zeros(sets, heads, 2 * pos.max_distance + 1))
         if segment == "per_head":
@@ -190,8 +199,10 @@ class PositionalAttention(nn.Module):
     def forward(self, n: int, token_type_ids: torch.Tensor | None, batch: int) -> list[ScoreBias | None]:
         """One combined bias per layer for a length-n batch."""
         if n > self.max_positions:
-            raise ValueError(f"sequence length {n} exceeds max_position_embeddings {self.max_positions}; shorten "
-                             "the inputs or raise max_position_embeddings in the model config")
+            raise ValueError(
+                f"sequence length {n} exceeds max_position_embeddings {self.max_positions}; shorten "
+                "the inputs or raise max_position_embeddings in the model config"
+            )
         per_set: list[ScoreBias | None] = []
         if self.abs_pos is not None:
             p = self.abs_pos[:, :n]  # [S, n, d]
@@ -202,8 +213,11 @@ class PositionalAttention(nn.Module):
             per_set = [DietRelBias(self.rel[s]) for s in range(self.rel.shape[0])]
         seg = None
         if self.segment is not None:
-            seg = token_type_ids if token_type_ids is not None else torch.zeros(
-                batch, n, dtype=torch.long, device=self.segment.device)
+            seg = (
+                token_type_ids
+                if token_type_ids is not None
+                else torch.zeros(batch, n, dtype=torch.long, device=self.segment.device)
+            )
         out = []
         for i in range(self.num_layers):
             pos = per_set[0 if len(per_set) == 1 else i] if per_set else None

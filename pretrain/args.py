@@ -142,8 +142,9 @@ class CheckpointConfig:
         if self.finetune and not self.load:
             raise ArgsError("--finetune needs --load (the phase-1 checkpoint directory)")
         if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
-            raise ArgsError("give at most one of --override-opt-param-scheduler and "
-                            "--use-checkpoint-opt-param-scheduler")
+            raise ArgsError(
+                "give at most one of --override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler"
+            )
 
 
 @dataclass
@@ -160,8 +161,9 @@ class LoggingConfig:
 class SystemConfig:
     """Engine-level choices applied to the model, in the order documented in pretrain/parallelize.py."""
 
-    deepspeed_config: str = field(default="ds_configs/zero2_fp32.json",
-                                  metadata=cli(flag="--deepspeed_config", aliases=["--deepspeed-config"]))
+    deepspeed_config: str = field(
+        default="ds_configs/zero2_fp32.json", metadata=cli(flag="--deepspeed_config", aliases=["--deepspeed-config"])
+    )
     """DeepSpeed JSON config (ZeRO stage, precision, loss scaling, ...)."""
     activation_checkpointing: bool = field(default=False, metadata=cli(flag="--checkpoint-activations"))
     """Recompute each encoder layer in backward (torch.utils.checkpoint, RNG preserved)."""
@@ -187,9 +189,14 @@ class SystemConfig:
 
 
 MODEL_FLAGS = {
-    "num_layers": "--num-layers", "hidden_size": "--hidden-size", "num_attention_heads": "--num-attention-heads",
-    "intermediate_size": "--ffn-hidden-size", "max_position_embeddings": "--max-position-embeddings",
-    "head_size": "--kv-channels", "hidden_dropout": "--hidden-dropout", "attention_dropout": "--attention-dropout",
+    "num_layers": "--num-layers",
+    "hidden_size": "--hidden-size",
+    "num_attention_heads": "--num-attention-heads",
+    "intermediate_size": "--ffn-hidden-size",
+    "max_position_embeddings": "--max-position-embeddings",
+    "head_size": "--kv-channels",
+    "hidden_dropout": "--hidden-dropout",
+    "attention_dropout": "--attention-dropout",
     "layer_norm_eps": "--layernorm-epsilon",
 }
 """ModelConfig fields settable from the command line, by Megatron's flag name (help: the field's docstring)."""
@@ -317,8 +324,15 @@ class RunConfig:
         return asdict(self)
 
 
-GROUPS = [("model", ModelArgs), ("data", DataArgs), ("optimization", OptimConfig), ("loop", LoopConfig),
-          ("checkpoints", CheckpointConfig), ("logging", LoggingConfig), ("system", SystemConfig)]
+GROUPS = [
+    ("model", ModelArgs),
+    ("data", DataArgs),
+    ("optimization", OptimConfig),
+    ("loop", LoopConfig),
+    ("checkpoints", CheckpointConfig),
+    ("logging", LoggingConfig),
+    ("system", SystemConfig),
+]
 """Flag groups of ``--help``, each generated from one config dataclass."""
 
 
@@ -336,15 +350,32 @@ def build_parser() -> argparse.ArgumentParser:
         add_flags(g, cls)
         if cls is ModelArgs:
             for name, flag in MODEL_FLAGS.items():
-                g.add_argument(flag, dest=name, type=_base_type(hints[name]), default=None,
-                               help=f"ModelConfig.{name} (default: the preset's): {model_docs[name]}")
-            g.add_argument("--pre-layer-norm", dest="pre_layer_norm", action="store_true", default=None,
-                           help=f"ModelConfig.pre_layer_norm = True: {model_docs['pre_layer_norm']}")
-            g.add_argument("--post-layer-norm", dest="pre_layer_norm", action="store_false",
-                           help="ModelConfig.pre_layer_norm = False (post-LN, as BERT/RoBERTa)")
+                g.add_argument(
+                    flag,
+                    dest=name,
+                    type=_base_type(hints[name]),
+                    default=None,
+                    help=f"ModelConfig.{name} (default: the preset's): {model_docs[name]}",
+                )
+            g.add_argument(
+                "--pre-layer-norm",
+                dest="pre_layer_norm",
+                action="store_true",
+                default=None,
+                help=f"ModelConfig.pre_layer_norm = True: {model_docs['pre_layer_norm']}",
+            )
+            g.add_argument(
+                "--post-layer-norm",
+                dest="pre_layer_norm",
+                action="store_false",
+                help="ModelConfig.pre_layer_norm = False (post-LN, as BERT/RoBERTa)",
+            )
         if cls is SystemConfig:
-            g.add_argument("--deepspeed", action="store_true",
-                           help="accepted for compatibility with DeepSpeed scripts (the trainer always uses DeepSpeed)")
+            g.add_argument(
+                "--deepspeed",
+                action="store_true",
+                help="accepted for compatibility with DeepSpeed scripts (the trainer always uses DeepSpeed)",
+            )
     return p
 
 
@@ -354,9 +385,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     if ns.pre_layer_norm is not None:
         overrides["pre_layer_norm"] = ns.pre_layer_norm
     return RunConfig(
-        optim=build(OptimConfig, ns), loop=build(LoopConfig, ns), checkpoint=build(CheckpointConfig, ns),
-        logging=build(LoggingConfig, ns), system=build(SystemConfig, ns),
-        model=build(ModelArgs, ns, overrides=overrides), data=build(DataArgs, ns, seed=ns.seed),
+        optim=build(OptimConfig, ns),
+        loop=build(LoopConfig, ns),
+        checkpoint=build(CheckpointConfig, ns),
+        logging=build(LoggingConfig, ns),
+        system=build(SystemConfig, ns),
+        model=build(ModelArgs, ns, overrides=overrides),
+        data=build(DataArgs, ns, seed=ns.seed),
     )
 
 

@@ -20,8 +20,9 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def build_model_config(margs: ModelArgs, data: DataArgs, vocab_size: int,
-                       sparse_attention: dict[str, Any] | None, ds_path: str):
+def build_model_config(
+    margs: ModelArgs, data: DataArgs, vocab_size: int, sparse_attention: dict[str, Any] | None, ds_path: str
+):
     """ModelConfig from --model-config or the preset, then flags; vocab from the tokenizer; NSP head from the mode.
 
     The ds_config's legacy `sparse_attention` block becomes attention.sparsity (a conflict with a flag is an error).
@@ -40,16 +41,23 @@ def build_model_config(margs: ModelArgs, data: DataArgs, vocab_size: int,
     attention = dict(margs.attention)
     if sparse_attention is not None:
         if "sparsity" in attention:
-            raise ArgsError(f"sparsity given twice: the 'sparse_attention' block of {ds_path} and a command-line "
-                            "flag (--sparsity-config / --blockbert-blocks); keep one")
+            raise ArgsError(
+                f"sparsity given twice: the 'sparse_attention' block of {ds_path} and a command-line "
+                "flag (--sparsity-config / --blockbert-blocks); keep one"
+            )
         attention["sparsity"] = sparse_attention
     if attention:
         cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, **attention))
-    cfg = dataclasses.replace(cfg, vocab_size=padded_vocab_size(vocab_size, margs.make_vocab_size_divisible_by),
-                              nsp_head=data.sample_mode == "nsp")
+    cfg = dataclasses.replace(
+        cfg,
+        vocab_size=padded_vocab_size(vocab_size, margs.make_vocab_size_divisible_by),
+        nsp_head=data.sample_mode == "nsp",
+    )
     if cfg.max_position_embeddings < data.seq_length:
-        raise ArgsError(f"--seq-length {data.seq_length} exceeds the model's max_position_embeddings "
-                        f"{cfg.max_position_embeddings}; raise --max-position-embeddings")
+        raise ArgsError(
+            f"--seq-length {data.seq_length} exceeds the model's max_position_embeddings "
+            f"{cfg.max_position_embeddings}; raise --max-position-embeddings"
+        )
     return cfg
 
 
@@ -97,10 +105,27 @@ def build_datasets(run: RunConfig, tokenizer, train_samples: int, train_iters: i
     return train, valid, test
 
 
-def build_dataloader(run: RunConfig, dataset, tokenizer, micro_batch: int, dp_rank: int, dp_world: int,
-                     consumed_samples: int, num_workers: int, valid: bool = False):
+def build_dataloader(
+    run: RunConfig,
+    dataset,
+    tokenizer,
+    micro_batch: int,
+    dp_rank: int,
+    dp_world: int,
+    consumed_samples: int,
+    num_workers: int,
+    valid: bool = False,
+):
     """``valid``: masks drawn with the validation seed (--valid-seed), as the validation dataset was built."""
     from data_pipeline.loader import build_dataloader as _build
 
-    return _build(dataset, tokenizer, data_config(run, valid), micro_batch_size=micro_batch, dp_rank=dp_rank,
-                  dp_world_size=dp_world, consumed_samples=consumed_samples, num_workers=num_workers)
+    return _build(
+        dataset,
+        tokenizer,
+        data_config(run, valid),
+        micro_batch_size=micro_batch,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world,
+        consumed_samples=consumed_samples,
+        num_workers=num_workers,
+    )

@@ -91,8 +91,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(engine, save_dir: str, iteration: int, client_state: dict[str, Any], keep_last: int | None,
-         rng: dict[str, Any]) -> str:
+def save(
+    engine, save_dir: str, iteration: int, client_state: dict[str, Any], keep_last: int | None, rng: dict[str, Any]
+) -> str:
     """Save on every rank; returns the tag. Commit marker and `latest` are written after all ranks finished.
 
     `rng` is this rank's RNG captured before anything of the save ran (building the client state or DeepSpeed's
@@ -147,8 +148,9 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def architecture_differences(saved: dict[str, Any], current: dict[str, Any],
-                             allow: set[str] = frozenset()) -> list[str]:
+def architecture_differences(
+    saved: dict[str, Any], current: dict[str, Any], allow: set[str] = frozenset()
+) -> list[str]:
     """Human-readable 'key: saved -> current' lines for model settings that differ (minus the free ones)."""
     a, b = _flatten(saved), _flatten(current)
     diffs = []
@@ -164,9 +166,12 @@ def check_architecture(where: str, client: dict[str, Any], model_config: dict[st
     """Refuse to --load a checkpoint of another model (before DeepSpeed touches any weight)."""
     diffs = architecture_differences(client.get("model_config", {}), model_config)
     if diffs:
-        raise CheckpointError(f"{where} was trained with a different model; refusing to --load it. "
-                              "Differing settings:\n  " + "\n  ".join(diffs) +
-                              "\n(use --finetune to start a new run from its weights, e.g. a longer sequence)")
+        raise CheckpointError(
+            f"{where} was trained with a different model; refusing to --load it. "
+            "Differing settings:\n  "
+            + "\n  ".join(diffs)
+            + "\n(use --finetune to start a new run from its weights, e.g. a longer sequence)"
+        )
 
 
 def load(engine, load_dir: str, tag: str, client: dict[str, Any], restore_rng: bool) -> Any:
@@ -184,8 +189,10 @@ def load(engine, load_dir: str, tag: str, client: dict[str, Any], restore_rng: b
     saved_world = client.get("world_size")
     rng_file = Path(load_dir, tag, f"rng_rank{rank}.pt")
     if saved_world != world or not rng_file.is_file():
-        raise CheckpointError(f"{load_dir}/{tag} was saved by {saved_world} ranks, this run has {world}: the "
-                              "per-rank RNG cannot be restored exactly; pass --no-load-rng to resume anyway")
+        raise CheckpointError(
+            f"{load_dir}/{tag} was saved by {saved_world} ranks, this run has {world}: the "
+            "per-rank RNG cannot be restored exactly; pass --no-load-rng to resume anyway"
+        )
     return torch.load(rng_file, weights_only=False)
 
 
@@ -210,17 +217,29 @@ def agree_on_resume(load_dir: str, read_client: bool = True) -> tuple[str | None
     seen = all_gather_objects((marker.is_file(), socket.gethostname(), str(marker)))
     blind = [f"rank {r} on {host} cannot see {path}" for r, (ok, host, path) in enumerate(seen) if not ok]
     if blind:
-        raise CheckpointError(f"rank 0 resumes from {seen[0][2]}, but " + "; ".join(blind) + ": --load must be a "
-                              "directory every node sees with the same contents (a shared file system, not "
-                              "node-local disks); check the mount on those hosts")
+        raise CheckpointError(
+            f"rank 0 resumes from {seen[0][2]}, but " + "; ".join(blind) + ": --load must be a "
+            "directory every node sees with the same contents (a shared file system, not "
+            "node-local disks); check the mount on those hosts"
+        )
     return tag, client
 
 
 # DeepSpeed names rank 0's module file differently under ZeRO-3 (and with a bf16_ prefix in bf16 ZeRO runs).
-_MODEL_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
-                      "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt")
-_CLIENT_KEYS = ("iteration", "consumed_train_samples", "model_config", "args", "layout_state", "world_size",
-                "lr_scheduler")
+_MODEL_STATE_FILES = (
+    "mp_rank_00_model_states.pt",
+    "zero_pp_rank_0_mp_rank_00_model_states.pt",
+    "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt",
+)
+_CLIENT_KEYS = (
+    "iteration",
+    "consumed_train_samples",
+    "model_config",
+    "args",
+    "layout_state",
+    "world_size",
+    "lr_scheduler",
+)
 
 
 def model_state_file(load_dir: str | os.PathLike, tag: str) -> Path:
@@ -228,8 +247,10 @@ def model_state_file(load_dir: str | os.PathLike, tag: str) -> Path:
         f = Path(load_dir, tag, name)
         if f.is_file():
             return f
-    raise CheckpointError(f"{Path(load_dir, tag)} has none of {list(_MODEL_STATE_FILES)}: not a DeepSpeed "
-                          "checkpoint tag, or rank 0's files are missing")
+    raise CheckpointError(
+        f"{Path(load_dir, tag)} has none of {list(_MODEL_STATE_FILES)}: not a DeepSpeed "
+        "checkpoint tag, or rank 0's files are missing"
+    )
 
 
 def read_client_state(load_dir: str | os.PathLike, tag: str) -> dict[str, Any]:
@@ -239,16 +260,23 @@ def read_client_state(load_dir: str | os.PathLike, tag: str) -> dict[str, Any]:
     f = model_state_file(load_dir, tag)
     state = torch.load(f, map_location="cpu", weights_only=False)
     if "model_config" not in state:
-        raise CheckpointError(f"{f}: no 'model_config' client state; the checkpoint was not written by "
-                              "pretrain/train.py")
+        raise CheckpointError(
+            f"{f}: no 'model_config' client state; the checkpoint was not written by pretrain/train.py"
+        )
     client = {k: state.get(k) for k in _CLIENT_KEYS}
     ds = state.get("ds_config") or {}
     stage = int((ds.get("zero_optimization") or {}).get("stage", 0))
-    prec = ("bf16" if (ds.get("bf16") or {}).get("enabled") else
-            "fp16" if (ds.get("fp16") or {}).get("enabled") else "fp32")
+    prec = (
+        "bf16" if (ds.get("bf16") or {}).get("enabled") else "fp16" if (ds.get("fp16") or {}).get("enabled") else "fp32"
+    )
     world = int(state.get("dp_world_size") or client.get("world_size") or 1)
-    client.update(zero_stage=stage, precision=prec, dp_world_size=world, global_batch=ds.get("train_batch_size"),
-                  ds_summary=f"ZeRO stage {stage}, {prec}, {world} rank(s), deepspeed {state.get('ds_version', '?')}")
+    client.update(
+        zero_stage=stage,
+        precision=prec,
+        dp_world_size=world,
+        global_batch=ds.get("train_batch_size"),
+        ds_summary=f"ZeRO stage {stage}, {prec}, {world} rank(s), deepspeed {state.get('ds_version', '?')}",
+    )
     return client
 
 
@@ -258,13 +286,14 @@ def strip_wrapper_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     for k, v in sd.items():
         for p in ("_orig_mod.", "module."):
             while k.startswith(p):
-                k = k[len(p):]
+                k = k[len(p) :]
         out[k.replace("._orig_mod.", ".").replace("._checkpoint_wrapped_module.", ".")] = v
     return out
 
 
-def _zero0_fp32_masters(module_sd: dict[str, torch.Tensor], fp32_groups: list,
-                        model_config: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+def _zero0_fp32_masters(
+    module_sd: dict[str, torch.Tensor], fp32_groups: list, model_config: dict[str, Any]
+) -> dict[str, torch.Tensor] | None:
     """ZeRO-0 with fp16/bf16 keeps fp32 masters in the optimizer state as lists in param-group order: name them with
     the trainer's own grouping and check each rounds to the module weight (None when they do not line up)."""
     from model.bert import BertForPreTraining
@@ -306,8 +335,11 @@ def load_fp32_weights(load_dir: str | os.PathLike, tag: str) -> dict[str, torch.
             if isinstance(opt, dict) and isinstance(opt.get("fp32_groups"), list) and state.get("model_config"):
                 masters = _zero0_fp32_masters(sd, opt["fp32_groups"], state["model_config"])
             if masters is None:
-                print(f"[checkpoint] warning: {tag_dir} holds half-precision module weights and no fp32 masters "
-                      "that match them; using the half weights cast to fp32", file=sys.stderr)
+                print(
+                    f"[checkpoint] warning: {tag_dir} holds half-precision module weights and no fp32 masters "
+                    "that match them; using the half weights cast to fp32",
+                    file=sys.stderr,
+                )
             else:
                 sd = masters
     return {k: v.detach().float().contiguous() for k, v in strip_wrapper_prefixes(sd).items()}
@@ -326,8 +358,10 @@ def extend_position_embeddings(weights: dict[str, torch.Tensor], module: torch.n
         want = target[name].shape[0]
         have = w.shape[0]
         if want < have:
-            raise CheckpointError(f"{name}: checkpoint has {have} positions, the new model only {want}; "
-                                  "shrinking position embeddings is not supported")
+            raise CheckpointError(
+                f"{name}: checkpoint has {have} positions, the new model only {want}; "
+                "shrinking position embeddings is not supported"
+            )
         if want > have:
             reps = -(-want // have)
             weights[name] = w.repeat(reps, 1)[:want].clone()

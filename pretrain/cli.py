@@ -22,8 +22,13 @@ from typing import Any, Callable, Iterable, Sequence
 CLI = "cli"
 
 
-def cli(*, flag: str | None = None, aliases: Sequence[str] = (), choices: Callable[[], Iterable[str]] | None = None,
-        skip: bool = False) -> dict[str, Any]:
+def cli(
+    *,
+    flag: str | None = None,
+    aliases: Sequence[str] = (),
+    choices: Callable[[], Iterable[str]] | None = None,
+    skip: bool = False,
+) -> dict[str, Any]:
     """``metadata`` for a dataclass field: ``field(default=..., metadata=cli(flag="--kv-channels"))``.
 
     ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names)."""
@@ -43,8 +48,13 @@ def field_docs(cls: type) -> dict[str, str]:
             if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
                 body = node.body
                 for a, b in zip(body, body[1:]):
-                    if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
-                            and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
+                    if (
+                        isinstance(a, ast.AnnAssign)
+                        and isinstance(a.target, ast.Name)
+                        and isinstance(b, ast.Expr)
+                        and isinstance(b.value, ast.Constant)
+                        and isinstance(b.value.value, str)
+                    ):
                         docs[a.target.id] = " ".join(b.value.value.split())
     return docs
 
@@ -88,8 +98,11 @@ def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str 
         if tp is bool:
             kw.update(action="store_false" if default is True else "store_true", default=bool(default))
         elif typing.get_origin(tp) is list:
-            kw.update(nargs="+", default=[] if f.default_factory is list else default,
-                      type=typing.get_args(tp)[0] if typing.get_args(tp) else str)
+            kw.update(
+                nargs="+",
+                default=[] if f.default_factory is list else default,
+                type=typing.get_args(tp)[0] if typing.get_args(tp) else str,
+            )
         else:
             kw.update(type=tp, default=default)
             if meta.get("choices") is not None:

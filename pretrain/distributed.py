@@ -69,11 +69,14 @@ def _free_port() -> int:
 def slurm_hosts(nodelist: str) -> list[str]:
     """Host names of a Slurm node list (``node[001-004]``), expanded by ``scontrol show hostnames``."""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True,
-                             text=True, timeout=60).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        raise RuntimeError(f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with `scontrol show hostnames` ({e}); "
-                           "run under srun on a node with the Slurm client, or set MASTER_ADDR yourself") from e
+        raise RuntimeError(
+            f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with `scontrol show hostnames` ({e}); "
+            "run under srun on a node with the Slurm client, or set MASTER_ADDR yourself"
+        ) from e
     hosts = out.split()
     if not hosts:
         raise RuntimeError(f"`scontrol show hostnames {nodelist}` printed no host")
@@ -97,12 +100,16 @@ def slurm_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     if any(v in env for v in _RANK_LAUNCHER_VARS):
         return None  # another launcher inside the job numbered the ranks
     for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", None)):
-        if rank_var in env and (env[rank_var] != env["SLURM_PROCID"] or
-                                (size_var and env.get(size_var, env["SLURM_STEP_NUM_TASKS"]) !=
-                                 env["SLURM_STEP_NUM_TASKS"])):
+        if rank_var in env and (
+            env[rank_var] != env["SLURM_PROCID"]
+            or (size_var and env.get(size_var, env["SLURM_STEP_NUM_TASKS"]) != env["SLURM_STEP_NUM_TASKS"])
+        ):
             return None  # a PMI world other than this step's tasks (mpiexec's proxies started by srun)
-    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
-           "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+    out = {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+    }
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     out["MASTER_ADDR"] = env.get("MASTER_ADDR") or (slurm_hosts(nodelist)[0] if nodelist else "127.0.0.1")
     job = env.get("SLURM_JOB_ID", "0")
@@ -119,9 +126,13 @@ def mpirun_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     env = os.environ if environ is None else environ
     if "RANK" in env or "OMPI_COMM_WORLD_RANK" not in env or not env.get("MASTER_ADDR"):
         return None
-    return {"RANK": env["OMPI_COMM_WORLD_RANK"], "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
-            "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"), "MASTER_ADDR": env["MASTER_ADDR"],
-            "MASTER_PORT": env.get("MASTER_PORT") or "29500"}
+    return {
+        "RANK": env["OMPI_COMM_WORLD_RANK"],
+        "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
+        "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        "MASTER_ADDR": env["MASTER_ADDR"],
+        "MASTER_PORT": env.get("MASTER_PORT") or "29500",
+    }
 
 
 def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> DistInfo:
@@ -131,11 +142,15 @@ def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> D
     if found is not None:  # srun, or mpirun with a known master: the launcher's variables say who we are
         os.environ.update(found)
     elif not any(v in os.environ for v in _LAUNCHER_VARS):
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
-    deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=True,
-                               distributed_port=int(os.environ.get("MASTER_PORT") or 29500),
-                               timeout=timedelta(minutes=timeout_minutes))
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
+    deepspeed.init_distributed(
+        dist_backend=None,
+        auto_mpi_discovery=True,
+        distributed_port=int(os.environ.get("MASTER_PORT") or 29500),
+        timeout=timedelta(minutes=timeout_minutes),
+    )
     unlink_shm_buffers()
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -160,8 +175,14 @@ def unlink_shm_buffers() -> None:
     DeepSpeed never unlinks them: each CPU run left 2 x 66 MB in /dev/shm (RAM) behind, and a day of test runs
     filled the machine's memory. ``shm_initialize`` maps all peers' buffers before init returns, so after a barrier
     the names are no longer needed; the mappings live on until the processes exit, whatever ends them."""
-    path = Path(SHM_BUFFER.format(uid=os.getuid(), addr=os.environ.get("MASTER_ADDR", ""),
-                                  port=os.environ.get("MASTER_PORT", ""), rank=dist.get_rank()))
+    path = Path(
+        SHM_BUFFER.format(
+            uid=os.getuid(),
+            addr=os.environ.get("MASTER_ADDR", ""),
+            port=os.environ.get("MASTER_PORT", ""),
+            rank=dist.get_rank(),
+        )
+    )
     if not path.parent.is_dir():
         return
     dist.barrier()

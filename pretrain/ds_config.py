@@ -19,9 +19,25 @@ class DSConfigError(ValueError):
 
 # Top-level blocks DeepSpeed 0.19.8 reads that are not spelled in deepspeed.runtime.constants.
 _EXTRA_KNOWN_KEYS = {
-    "zero_optimization", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
-    "comet", "aio", "data_efficiency", "compile", "comms_logger", "autotuning", "monitor_config",
-    "hybrid_engine", "pipeline", "timers", "nvme_path", "weight_quantization", "zenflow",
+    "zero_optimization",
+    "activation_checkpointing",
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comet",
+    "aio",
+    "data_efficiency",
+    "compile",
+    "comms_logger",
+    "autotuning",
+    "monitor_config",
+    "hybrid_engine",
+    "pipeline",
+    "timers",
+    "nvme_path",
+    "weight_quantization",
+    "zenflow",
 }
 
 
@@ -75,7 +91,8 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
     if "amp" in cfg:
         raise DSConfigError(
             f"{path}: the 'amp' block (NVIDIA Apex AMP) is not supported by DeepSpeed 0.19 nor by this trainer; "
-            "remove it and use \"fp16\": {\"enabled\": true} (dynamic loss scale) or \"bf16\": {\"enabled\": true}")
+            'remove it and use "fp16": {"enabled": true} (dynamic loss scale) or "bf16": {"enabled": true}'
+        )
     out = ResolvedDSConfig(path=path, config=cfg)
     if "sparse_attention" in cfg:
         block = cfg.pop("sparse_attention")
@@ -84,12 +101,16 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
         from model.attention.layouts import from_deepspeed_block
 
         out.sparse_attention = from_deepspeed_block(block)
-        out.notes.append(f"{path}: read the legacy 'sparse_attention' block into the model's attention config "
-                         "and removed it before deepspeed.initialize")
+        out.notes.append(
+            f"{path}: read the legacy 'sparse_attention' block into the model's attention config "
+            "and removed it before deepspeed.initialize"
+        )
     unknown = sorted(set(cfg) - _known_top_level_keys())
     if unknown:
-        raise DSConfigError(f"{path}: unknown top-level key(s) {unknown}; DeepSpeed 0.19.8 would silently ignore "
-                            "them. Fix the spelling or remove them (see docs/training.md for the accepted blocks)")
+        raise DSConfigError(
+            f"{path}: unknown top-level key(s) {unknown}; DeepSpeed 0.19.8 would silently ignore "
+            "them. Fix the spelling or remove them (see docs/training.md for the accepted blocks)"
+        )
     for key in ("fp16", "bf16"):
         if key in cfg and not isinstance(cfg[key], dict):
             raise DSConfigError(f"{path}: '{key}' must be an object like {{\"enabled\": true}}")
@@ -98,8 +119,9 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
     return out
 
 
-def resolve_batch_sizes(ds: ResolvedDSConfig, micro_batch_size: int | None, global_batch_size: int | None,
-                        dp_world_size: int) -> tuple[int, int, int]:
+def resolve_batch_sizes(
+    ds: ResolvedDSConfig, micro_batch_size: int | None, global_batch_size: int | None, dp_world_size: int
+) -> tuple[int, int, int]:
     """Fill train_micro_batch_size_per_gpu / gradient_accumulation_steps / train_batch_size consistently.
 
     Command-line values win over the file only when the file leaves them out; a conflict is an error naming both.
@@ -110,25 +132,31 @@ def resolve_batch_sizes(ds: ResolvedDSConfig, micro_batch_size: int | None, glob
     def pick(flag_value: int | None, key: str, flag: str) -> int | None:
         file_value = cfg.get(key)
         if flag_value is not None and file_value is not None and int(file_value) != flag_value:
-            raise DSConfigError(f"{path}: {key}={file_value} disagrees with {flag} {flag_value}; "
-                                "give it in one place only")
+            raise DSConfigError(
+                f"{path}: {key}={file_value} disagrees with {flag} {flag_value}; give it in one place only"
+            )
         return flag_value if flag_value is not None else (int(file_value) if file_value is not None else None)
 
     micro = pick(micro_batch_size, "train_micro_batch_size_per_gpu", "--micro-batch-size")
     glob = pick(global_batch_size, "train_batch_size", "--global-batch-size")
     gas = cfg.get("gradient_accumulation_steps")
     if micro is None:
-        raise DSConfigError(f"{path}: no micro batch size; pass --micro-batch-size or set "
-                            "train_micro_batch_size_per_gpu")
+        raise DSConfigError(
+            f"{path}: no micro batch size; pass --micro-batch-size or set train_micro_batch_size_per_gpu"
+        )
     if glob is None:
         glob = micro * dp_world_size * int(gas or 1)
     if glob % (micro * dp_world_size):
-        raise DSConfigError(f"global batch {glob} is not a multiple of micro batch {micro} x {dp_world_size} "
-                            f"data-parallel ranks (config {path}); change --global-batch-size or --micro-batch-size")
+        raise DSConfigError(
+            f"global batch {glob} is not a multiple of micro batch {micro} x {dp_world_size} "
+            f"data-parallel ranks (config {path}); change --global-batch-size or --micro-batch-size"
+        )
     want_gas = glob // (micro * dp_world_size)
     if gas is not None and int(gas) != want_gas:
-        raise DSConfigError(f"{path}: gradient_accumulation_steps={gas} but global batch {glob} / (micro {micro} x "
-                            f"{dp_world_size} ranks) = {want_gas}; remove it from the file (it is derived)")
+        raise DSConfigError(
+            f"{path}: gradient_accumulation_steps={gas} but global batch {glob} / (micro {micro} x "
+            f"{dp_world_size} ranks) = {want_gas}; remove it from the file (it is derived)"
+        )
     cfg["train_micro_batch_size_per_gpu"] = micro
     cfg["gradient_accumulation_steps"] = want_gas
     cfg["train_batch_size"] = glob
@@ -187,15 +215,19 @@ def precision_problem(ds: ResolvedDSConfig) -> str | None:
             major, minor = torch.cuda.get_device_capability()
             if major < 8:
                 name = torch.cuda.get_device_name()
-                return (f"{ds.path} enables bf16, but {name} (compute capability {major}.{minor}) has no bf16 "
-                        "hardware (needs 8.0+, A100/H100): it would run emulated, many times slower")
+                return (
+                    f"{ds.path} enables bf16, but {name} (compute capability {major}.{minor}) has no bf16 "
+                    "hardware (needs 8.0+, A100/H100): it would run emulated, many times slower"
+                )
         return None
     from deepspeed.accelerator import get_accelerator
 
     acc = get_accelerator()
     if prec == "fp16" and not acc.is_fp16_supported():
-        return (f"{ds.path} enables fp16, which DeepSpeed cannot run on this CPU: fp16 on CPU needs AVX512-FP16 or "
-                "AMX (torch.ops.mkldnn._is_mkldnn_fp16_supported() is False here)")
+        return (
+            f"{ds.path} enables fp16, which DeepSpeed cannot run on this CPU: fp16 on CPU needs AVX512-FP16 or "
+            "AMX (torch.ops.mkldnn._is_mkldnn_fp16_supported() is False here)"
+        )
     if prec == "bf16" and not acc.is_bf16_supported():
         return f"{ds.path} enables bf16, which DeepSpeed's {acc.device_name()} accelerator does not support here"
     return None

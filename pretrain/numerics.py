@@ -31,8 +31,10 @@ def configure_numerics(deterministic: bool, tf32: bool) -> list[str]:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-        notes.append("--deterministic: torch deterministic algorithms on, cuDNN deterministic, "
-                     f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}")
+        notes.append(
+            "--deterministic: torch deterministic algorithms on, cuDNN deterministic, "
+            f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}"
+        )
     # the CUDA backends' own switches (torch 2.9+ API): CPU matmul precision stays untouched
     precision = "tf32" if tf32 else "ieee"
     torch.backends.cuda.matmul.fp32_precision = precision

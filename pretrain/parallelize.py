@@ -81,13 +81,17 @@ def fused_op_problem(op: str) -> str | None:
     try:
         assert_no_cuda_mismatch(op)
     except MissingCUDAException as e:
-        return (f"DeepSpeed's {op} op is not prebuilt in this install and cannot be compiled here: no CUDA toolkit "
-                f"(nvcc) was found ({e}). Install a CUDA toolkit whose version matches torch's CUDA "
-                f"{torch.version.cuda} and set CUDA_HOME, reinstall deepspeed with DS_BUILD_{op.upper()}=1, or use "
-                "--optimizer adamw (torch's fused AdamW: no build, as fast)")
+        return (
+            f"DeepSpeed's {op} op is not prebuilt in this install and cannot be compiled here: no CUDA toolkit "
+            f"(nvcc) was found ({e}). Install a CUDA toolkit whose version matches torch's CUDA "
+            f"{torch.version.cuda} and set CUDA_HOME, reinstall deepspeed with DS_BUILD_{op.upper()}=1, or use "
+            "--optimizer adamw (torch's fused AdamW: no build, as fast)"
+        )
     except CUDAMismatchException as e:
-        return (f"DeepSpeed's {op} op is not prebuilt and the CUDA toolkit does not match torch: {e}. Use an nvcc "
-                f"of CUDA {torch.version.cuda}, or --optimizer adamw")
+        return (
+            f"DeepSpeed's {op} op is not prebuilt and the CUDA toolkit does not match torch: {e}. Use an nvcc "
+            f"of CUDA {torch.version.cuda}, or --optimizer adamw"
+        )
     return None
 
 
@@ -104,18 +108,27 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
         ds.notes.append(f"{ds.path}: using the file's optimizer block {cfg['optimizer'].get('type')}")
         return
     if "scheduler" in cfg:
-        raise DSConfigError(f"{ds.path}: remove the 'scheduler' block; the LR schedule comes from --lr, "
-                            "--min-lr, --lr-warmup-fraction and --lr-decay-style")
-    params = {"lr": optim.lr, "weight_decay": optim.weight_decay,
-              "betas": [optim.adam_beta1, optim.adam_beta2], "eps": optim.adam_eps}
+        raise DSConfigError(
+            f"{ds.path}: remove the 'scheduler' block; the LR schedule comes from --lr, "
+            "--min-lr, --lr-warmup-fraction and --lr-decay-style"
+        )
+    params = {
+        "lr": optim.lr,
+        "weight_decay": optim.weight_decay,
+        "betas": [optim.adam_beta1, optim.adam_beta2],
+        "eps": optim.adam_eps,
+    }
     if optim.optimizer in _DS_FUSED:
         ds_type, op = _DS_FUSED[optim.optimizer]
         if optim.optimizer == "lamb" and ds.zero_stage > 0:
-            raise DSConfigError(f"--optimizer lamb cannot run with ZeRO stage {ds.zero_stage} ({ds.path}): "
-                                "DeepSpeed's FusedLamb needs whole tensors for its trust ratio; use a stage-0 config")
+            raise DSConfigError(
+                f"--optimizer lamb cannot run with ZeRO stage {ds.zero_stage} ({ds.path}): "
+                "DeepSpeed's FusedLamb needs whole tensors for its trust ratio; use a stage-0 config"
+            )
         if not torch.cuda.is_available():
-            raise DSConfigError(f"--optimizer {optim.optimizer} needs CUDA (DeepSpeed's {op} has no CPU kernel); "
-                                "use --optimizer adamw")
+            raise DSConfigError(
+                f"--optimizer {optim.optimizer} needs CUDA (DeepSpeed's {op} has no CPU kernel); use --optimizer adamw"
+            )
         problem = fused_op_problem(op)
         if problem:
             raise DSConfigError(f"--optimizer {optim.optimizer}: {problem}")
@@ -129,8 +142,7 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
     cfg["optimizer"] = {"type": "AdamW", "params": params}
 
 
-def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, warmup: int,
-                      decay_iters: int):
+def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, warmup: int, decay_iters: int):
     """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file)."""
     import deepspeed
 
@@ -139,11 +151,13 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
     validate_with_deepspeed(ds)
 
     def scheduler(opt: torch.optim.Optimizer) -> WarmupLinearDecay:
-        return WarmupLinearDecay(opt, peak=optim.lr, min_lr=optim.min_lr, warmup=warmup,
-                                 decay_iters=decay_iters, style=optim.lr_decay_style)
+        return WarmupLinearDecay(
+            opt, peak=optim.lr, min_lr=optim.min_lr, warmup=warmup, decay_iters=decay_iters, style=optim.lr_decay_style
+        )
 
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, optim.weight_decay),
-                                           config=ds.config, lr_scheduler=scheduler)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=param_groups(model, optim.weight_decay), config=ds.config, lr_scheduler=scheduler
+    )
     return engine
 
 

@@ -52,8 +52,13 @@ STREAM_SETTINGS = (
 
 def schedule_settings(peak: float, min_lr: float, warmup: int, decay_iters: int, style: str) -> dict[str, Any]:
     """The schedule the flags give, keyed like pretrain.schedule.WarmupLinearDecay's saved state."""
-    return {"peak": float(peak), "min_lr": float(min_lr), "warmup": int(warmup), "decay_iters": int(decay_iters),
-            "style": style}
+    return {
+        "peak": float(peak),
+        "min_lr": float(min_lr),
+        "warmup": int(warmup),
+        "decay_iters": int(decay_iters),
+        "style": style,
+    }
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -67,8 +72,11 @@ def _same(a: Any, b: Any) -> bool:
 
 def schedule_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """'flag: checkpoint X, now Y' for each schedule setting that differs."""
-    return [f"{flag}: checkpoint {saved.get(key)!r}, now {now[key]!r}"
-            for key, flag in SCHEDULE_SETTINGS if not _same(saved.get(key), now[key])]
+    return [
+        f"{flag}: checkpoint {saved.get(key)!r}, now {now[key]!r}"
+        for key, flag in SCHEDULE_SETTINGS
+        if not _same(saved.get(key), now[key])
+    ]
 
 
 @dataclass
@@ -81,8 +89,14 @@ class ResumePlan:
     """Lines rank 0 prints: every setting that changed and what the run does about it."""
 
 
-def plan_resume(where: str, client: dict[str, Any], run: RunConfig, now_schedule: dict[str, Any],
-                global_batch: int, micro_batch: int) -> ResumePlan:
+def plan_resume(
+    where: str,
+    client: dict[str, Any],
+    run: RunConfig,
+    now_schedule: dict[str, Any],
+    global_batch: int,
+    micro_batch: int,
+) -> ResumePlan:
     """Compare the checkpoint's settings (``client``: read_client_state's dict) with this run's; raise
     CheckpointError for a refused difference, else say what happens to each one."""
     ck = run.checkpoint
@@ -95,17 +109,22 @@ def plan_resume(where: str, client: dict[str, Any], run: RunConfig, now_schedule
     diffs = schedule_differences(saved_sched, now_schedule)
     if diffs and ck.override_opt_param_scheduler:
         plan.schedule = now_schedule
-        plan.notes.append("--override-opt-param-scheduler: the LR follows the flags' schedule from step "
-                          f"{saved_sched.get('last_epoch')} on (" + "; ".join(diffs) + ")")
+        plan.notes.append(
+            "--override-opt-param-scheduler: the LR follows the flags' schedule from step "
+            f"{saved_sched.get('last_epoch')} on (" + "; ".join(diffs) + ")"
+        )
     elif diffs and ck.use_checkpoint_opt_param_scheduler:
-        plan.notes.append("--use-checkpoint-opt-param-scheduler: keeping the checkpoint's LR schedule (" +
-                          "; ".join(diffs) + ")")
+        plan.notes.append(
+            "--use-checkpoint-opt-param-scheduler: keeping the checkpoint's LR schedule (" + "; ".join(diffs) + ")"
+        )
     elif diffs:
         raise CheckpointError(
-            f"{where}: the LR schedule of the checkpoint differs from the flags':\n  " + "\n  ".join(diffs) +
-            "\nPass --override-opt-param-scheduler to use the flags (the step count carries on and the LR follows "
+            f"{where}: the LR schedule of the checkpoint differs from the flags':\n  "
+            + "\n  ".join(diffs)
+            + "\nPass --override-opt-param-scheduler to use the flags (the step count carries on and the LR follows "
             "the new schedule from there), or --use-checkpoint-opt-param-scheduler to keep the checkpoint's "
-            "schedule (as Megatron-LM).")
+            "schedule (as Megatron-LM)."
+        )
 
     saved_data = saved_args.get("data") or {}
     saved_seq = saved_data.get("seq_length")
@@ -114,19 +133,27 @@ def plan_resume(where: str, client: dict[str, Any], run: RunConfig, now_schedule
             f"{where}: --seq-length {run.data.seq_length} differs from the checkpoint's {saved_seq}; samples of "
             "another length are another sample stream, so the checkpoint's data position does not apply. Keep "
             f"--seq-length {saved_seq} to resume, or start phase 2 of a two-phase run with --finetune (weights "
-            "only, fresh optimizer; see run_scripts/pretrain_two_phase.sh)")
+            "only, fresh optimizer; see run_scripts/pretrain_two_phase.sh)"
+        )
 
     saved_global = client.get("global_batch")
     consumed = client.get("consumed_train_samples")
     if saved_global is not None and int(saved_global) != global_batch:
-        plan.notes.append(f"global batch size {global_batch} differs from the checkpoint's {saved_global}: "
-                          f"continuing at sample {consumed} with {global_batch} samples per step from iteration "
-                          f"{client.get('iteration')} on")
+        plan.notes.append(
+            f"global batch size {global_batch} differs from the checkpoint's {saved_global}: "
+            f"continuing at sample {consumed} with {global_batch} samples per step from iteration "
+            f"{client.get('iteration')} on"
+        )
     saved_micro = (saved_args.get("loop") or {}).get("micro_batch_size")
-    if saved_micro is not None and int(saved_micro) != micro_batch and (saved_global is None or
-                                                                         int(saved_global) == global_batch):
-        plan.notes.append(f"micro batch size {micro_batch} differs from the checkpoint's {saved_micro}: same "
-                          "samples per step, gradient accumulation steps change")
+    if (
+        saved_micro is not None
+        and int(saved_micro) != micro_batch
+        and (saved_global is None or int(saved_global) == global_batch)
+    ):
+        plan.notes.append(
+            f"micro batch size {micro_batch} differs from the checkpoint's {saved_micro}: same "
+            "samples per step, gradient accumulation steps change"
+        )
 
     now_args = run.to_dict()
     for section, key, flag in STREAM_SETTINGS:
@@ -134,16 +161,21 @@ def plan_resume(where: str, client: dict[str, Any], run: RunConfig, now_schedule
             continue
         old, new = saved_args[section][key], now_args[section][key]
         if not _same(old, new):
-            plan.notes.append(f"{flag} {new!r} differs from the checkpoint's {old!r}: the run continues at sample "
-                              f"{consumed} of the new sample stream (it will not replay a run that kept the old one)")
+            plan.notes.append(
+                f"{flag} {new!r} differs from the checkpoint's {old!r}: the run continues at sample "
+                f"{consumed} of the new sample stream (it will not replay a run that kept the old one)"
+            )
     return plan
 
 
 def install_schedule(scheduler, schedule: dict[str, Any]) -> None:
     """Replace a restored WarmupLinearDecay's settings, keeping its step count, and set the LR it implies now."""
     scheduler.peak, scheduler.min_lr = schedule["peak"], schedule["min_lr"]
-    scheduler.warmup, scheduler.decay_iters, scheduler.style = (schedule["warmup"], schedule["decay_iters"],
-                                                                schedule["style"])
+    scheduler.warmup, scheduler.decay_iters, scheduler.style = (
+        schedule["warmup"],
+        schedule["decay_iters"],
+        schedule["style"],
+    )
     lrs = scheduler.get_lr()
     for group, lr in zip(scheduler.optimizer.param_groups, lrs):
         group["lr"] = lr

@@ -25,8 +25,15 @@ def lr_at(step: int, peak: float, min_lr: float, warmup: int, decay_iters: int, 
 class WarmupLinearDecay(LRScheduler):
     """Sets every param group's lr to lr_at(last_epoch); state is just last_epoch (plus the settings)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, peak: float, min_lr: float, warmup: int,
-                 decay_iters: int, style: str = "linear") -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        peak: float,
+        min_lr: float,
+        warmup: int,
+        decay_iters: int,
+        style: str = "linear",
+    ) -> None:
         self.peak, self.min_lr, self.warmup, self.decay_iters, self.style = peak, min_lr, warmup, decay_iters, style
         super().__init__(optimizer)
 

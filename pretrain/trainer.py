@@ -86,14 +86,16 @@ class Trainer:
         self.rank0 = self.dist.rank == 0
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
-            self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size)
+            self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
+        )
         apply_clip_grad(self.ds, run.optim.clip_grad)
         for note in self.ds.notes + numerics_notes:
             self._print(note)
 
         self.tokenizer = builders.build_tokenizer(run.data)
-        self.model_config = builders.build_model_config(run.model, run.data, self.tokenizer.vocab_size,
-                                                        self.ds.sparse_attention, self.ds.path)
+        self.model_config = builders.build_model_config(
+            run.model, run.data, self.tokenizer.vocab_size, self.ds.sparse_attention, self.ds.path
+        )
         ck = run.checkpoint
         resume_tag, client = checkpoint.agree_on_resume(ck.load) if ck.load else (None, None)
         if ck.load and resume_tag is None:
@@ -108,8 +110,9 @@ class Trainer:
         if resuming:
             where = f"{ck.load}/{resume_tag}"
             checkpoint.check_architecture(where, client, self.model_config.to_dict())
-            now = resume.schedule_settings(run.optim.lr, run.optim.min_lr, self.warmup, self.decay_iters,
-                                           run.optim.lr_decay_style)
+            now = resume.schedule_settings(
+                run.optim.lr, run.optim.min_lr, self.warmup, self.decay_iters, run.optim.lr_decay_style
+            )
             plan = resume.plan_resume(where, client, run, now, self.global_batch, self.micro)
 
         seed_everything(run.loop.seed)
@@ -132,14 +135,20 @@ class Trainer:
                 self.engine.module.load_layout_state(client["layout_state"])
             if plan.schedule is not None:
                 resume.install_schedule(self.engine.lr_scheduler, plan.schedule)
-            self._print(f"resumed from {ck.load}/{resume_tag}: iteration {self.iteration}, "
-                        f"{self.consumed_samples} samples consumed")
+            self._print(
+                f"resumed from {ck.load}/{resume_tag}: iteration {self.iteration}, "
+                f"{self.consumed_samples} samples consumed"
+            )
             for note in plan.notes:
                 self._print(note)
 
         self.train_ds, self.valid_ds, _ = builders.build_datasets(
-            run, self.tokenizer, self.consumed_samples + (self.train_iters - self.iteration) * self.global_batch,
-            self.train_iters, self.global_batch)
+            run,
+            self.tokenizer,
+            self.consumed_samples + (self.train_iters - self.iteration) * self.global_batch,
+            self.train_iters,
+            self.global_batch,
+        )
         self.train_iter = self._loader(self.train_ds, self.consumed_samples, run.system.num_workers)
         if rng is not None:
             checkpoint.set_rng_state(rng)
@@ -166,12 +175,24 @@ class Trainer:
         if self.rank0:
             print(f"[pretrain] {msg}", flush=True)
 
-    def _loader(self, dataset, consumed: int, num_workers: int,
-                valid: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+    def _loader(
+        self, dataset, consumed: int, num_workers: int, valid: bool = False
+    ) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's batches from sample ``consumed`` on (the loader draws nothing from torch's global RNG, so
         restoring the RNG on resume and building the loader commute)."""
-        return iter(builders.build_dataloader(self.run, dataset, self.tokenizer, self.micro, self.dist.rank,
-                                              self.dist.world_size, consumed, num_workers, valid=valid))
+        return iter(
+            builders.build_dataloader(
+                self.run,
+                dataset,
+                self.tokenizer,
+                self.micro,
+                self.dist.rank,
+                self.dist.world_size,
+                consumed,
+                num_workers,
+                valid=valid,
+            )
+        )
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The model's inputs on this rank's device. Decisions that need the values are made here, on the host
@@ -202,11 +223,14 @@ class Trainer:
         broadcasts the weights; the other ranks read nothing.
         """
         load_dir = self.run.checkpoint.load
-        diffs = checkpoint.architecture_differences(client.get("model_config", {}), self.model_config.to_dict(),
-                                                    allow={"max_position_embeddings"})
+        diffs = checkpoint.architecture_differences(
+            client.get("model_config", {}), self.model_config.to_dict(), allow={"max_position_embeddings"}
+        )
         if diffs:
-            raise checkpoint.CheckpointError(f"--finetune {load_dir}/{tag}: the model differs beyond "
-                                             "max_position_embeddings:\n  " + "\n  ".join(diffs))
+            raise checkpoint.CheckpointError(
+                f"--finetune {load_dir}/{tag}: the model differs beyond "
+                "max_position_embeddings:\n  " + "\n  ".join(diffs)
+            )
 
         def read() -> list[str]:
             weights = checkpoint.load_fp32_weights(load_dir, tag)
@@ -242,8 +266,10 @@ class Trainer:
                 tokens += self._tokens(host)
                 batch = self._to_device(host)
             except StopIteration:
-                raise RuntimeError(f"the training data ran out at iteration {self.iteration + 1}; the sample index "
-                                   "was built for fewer samples than --train-iters x --global-batch-size") from None
+                raise RuntimeError(
+                    f"the training data ran out at iteration {self.iteration + 1}; the sample index "
+                    "was built for fewer samples than --train-iters x --global-batch-size"
+                ) from None
             out = engine(**batch)
             loss = out.loss
             aux = module.auxiliary_loss()
@@ -259,8 +285,13 @@ class Trainer:
             engine.step()
         self.iteration += 1
         self.consumed_samples += self.global_batch
-        return {"loss_sum": loss_sum / self.gas, "tokens": tokens, "skipped": engine.skipped_steps - skipped_before,
-                "aux_loss": None if aux_sum is None else aux_sum / self.gas, "lr": lr}
+        return {
+            "loss_sum": loss_sum / self.gas,
+            "tokens": tokens,
+            "skipped": engine.skipped_steps - skipped_before,
+            "aux_loss": None if aux_sum is None else aux_sum / self.gas,
+            "lr": lr,
+        }
 
     def _before_update(self, loss_sum: torch.Tensor) -> None:
         """At the accumulation boundary (gradients reduced, update not yet applied): stop every rank together on a
@@ -268,7 +299,8 @@ class Trainer:
         if self.ds.precision != "fp16" and not all_ranks_true(torch.isfinite(loss_sum), self.dist.device):
             raise NonFiniteLossError(
                 f"non-finite loss at iteration {self.iteration + 1} ({self.ds.precision}); every rank stopped "
-                f"before the update. Last complete checkpoint: {self._last_checkpoint_text()}")
+                f"before the update. Last complete checkpoint: {self._last_checkpoint_text()}"
+            )
         if self._own_grad_norm:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
@@ -317,11 +349,17 @@ class Trainer:
     def save(self) -> None:
         rng = checkpoint.rng_state()  # first: what follows may draw random numbers
         module = self.engine.module
-        client = {"iteration": self.iteration, "consumed_train_samples": self.consumed_samples,
-                  "model_config": self.model_config.to_dict(), "args": self.run.to_dict(),
-                  "layout_state": module.layout_state(), "world_size": self.dist.world_size}
-        tag = checkpoint.save(self.engine, self.run.checkpoint.save, self.iteration, client,
-                              self.run.checkpoint.keep_last, rng)
+        client = {
+            "iteration": self.iteration,
+            "consumed_train_samples": self.consumed_samples,
+            "model_config": self.model_config.to_dict(),
+            "args": self.run.to_dict(),
+            "layout_state": module.layout_state(),
+            "world_size": self.dist.world_size,
+        }
+        tag = checkpoint.save(
+            self.engine, self.run.checkpoint.save, self.iteration, client, self.run.checkpoint.keep_last, rng
+        )
         checkpoint.set_rng_state(rng)  # a run that saves continues exactly like one that does not
         self._print(f"saved {self.run.checkpoint.save}/{tag}")
 
@@ -348,15 +386,19 @@ class Trainer:
             done = self.iteration == self.train_iters
             stop = bool(loop.exit_interval and self.iteration % loop.exit_interval == 0)
             signalled = self._signal is not None and not done and self._signal.received_anywhere(self.dist.device)
-            if ckpt.save and (done or stop or signalled or
-                              (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)):
+            if ckpt.save and (
+                done or stop or signalled or (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)
+            ):
                 self.save()
             # evaluation and checkpointing are not training: keep them out of the window's tokens/s (as
             # Megatron-LM stops its interval timer around evaluation)
             window_start += time.perf_counter() - paused
             if signalled:
-                saved = f"saved {ckpt.save}; run the same command with --load {ckpt.save}" if ckpt.save else \
-                    "nothing saved (no --save)"
+                saved = (
+                    f"saved {ckpt.save}; run the same command with --load {ckpt.save}"
+                    if ckpt.save
+                    else "nothing saved (no --save)"
+                )
                 self._print(f"{loop.exit_signal} received: stopping at iteration {self.iteration}; {saved}")
                 self._export_dam_masks()
                 self._drain()
@@ -388,25 +430,35 @@ class Trainer:
 
             path = Path(self.run.checkpoint.save, "learned_masks.pt")
             save_masks(str(path), masks)
-            self._print(f"exported the learned DAM masks to {path} (train stage 2 with attention.token_mask = "
-                        f"{{\"pattern\": \"file\", \"path\": \"{path}\"}})")
+            self._print(
+                f"exported the learned DAM masks to {path} (train stage 2 with attention.token_mask = "
+                f'{{"pattern": "file", "path": "{path}"}})'
+            )
 
     def _log(self, step: dict[str, Any], window_start: float, window_tokens: int, window_iters: int) -> None:
         engine = self.engine
         loss, tokens, skipped_max, skipped_min = self._dp_mean_and_counts(step, window_tokens)
         elapsed = time.perf_counter() - window_start  # after the read: the device finished the window's work
         if skipped_max != skipped_min:
-            raise RuntimeError(f"ranks disagree on skipped fp16 steps at iteration {self.iteration} "
-                               f"({skipped_min} vs {skipped_max})")
+            raise RuntimeError(
+                f"ranks disagree on skipped fp16 steps at iteration {self.iteration} ({skipped_min} vs {skipped_max})"
+            )
         lr = step["lr"]
         grad_norm = self._grad_norm if self._own_grad_norm else engine.get_global_grad_norm()
         grad_norm = None if grad_norm is None else float(grad_norm)
         scale = float(engine._get_optimizer_loss_scale()) if self.ds.precision == "fp16" else None
-        rec = {"iteration": self.iteration, "loss": loss, "lr": lr, "loss_scale": scale, "grad_norm": grad_norm,
-               "skipped_steps": int(skipped_max), "consumed_samples": self.consumed_samples,
-               "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
-               "samples_per_s": window_iters * self.global_batch / elapsed if elapsed > 0 else None,
-               "memory": peak_memory_mb(self.dist.device)}  # MB
+        rec = {
+            "iteration": self.iteration,
+            "loss": loss,
+            "lr": lr,
+            "loss_scale": scale,
+            "grad_norm": grad_norm,
+            "skipped_steps": int(skipped_max),
+            "consumed_samples": self.consumed_samples,
+            "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
+            "samples_per_s": window_iters * self.global_batch / elapsed if elapsed > 0 else None,
+            "memory": peak_memory_mb(self.dist.device),
+        }  # MB
         if step["aux_loss"] is not None:
             rec["aux_loss"] = float(step["aux_loss"])
         mask_stats = getattr(engine.module, "mask_stats", None)
@@ -429,8 +481,12 @@ class Trainer:
     def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: int) -> tuple[float, float, int, int]:
         """Mean loss over ranks, total tokens, max and min of the skipped-step counter (read once, at a log)."""
         device = self.dist.device
-        sums = torch.stack([step["loss_sum"].to(device, torch.float64),
-                            torch.tensor(float(window_tokens), dtype=torch.float64, device=device)])
+        sums = torch.stack(
+            [
+                step["loss_sum"].to(device, torch.float64),
+                torch.tensor(float(window_tokens), dtype=torch.float64, device=device),
+            ]
+        )
         skipped = float(self.engine.skipped_steps)
         extremes = torch.tensor([skipped, -skipped], dtype=torch.float64, device=device)
         dist.all_reduce(sums)
@@ -442,8 +498,11 @@ class Trainer:
     def _log_eval(self, metrics: dict[str, float]) -> None:
         if not self.rank0 or not metrics:
             return
-        print(f"[pretrain] validation at iteration {self.iteration}: " +
-              " | ".join(f"{k} {v:.6f}" for k, v in metrics.items()), flush=True)
+        print(
+            f"[pretrain] validation at iteration {self.iteration}: "
+            + " | ".join(f"{k} {v:.6f}" for k, v in metrics.items()),
+            flush=True,
+        )
         if self.log_file:
             self.log_file.write(json.dumps({"iteration": self.iteration, "valid": metrics}) + "\n")
             self.log_file.flush()

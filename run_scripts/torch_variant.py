@@ -35,8 +35,9 @@ LEGACY_BELOW = (7, 5)  # compute capabilities below this need the legacy CUDA 12
 def compute_capabilities(nvidia_smi: str = "nvidia-smi") -> list[tuple[int, int]] | None:
     """Compute capability of every GPU, or None when nvidia-smi is missing or fails (no usable GPU)."""
     try:
-        out = subprocess.run([nvidia_smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [nvidia_smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -60,8 +61,10 @@ def choose(caps: list[tuple[int, int]] | None, forced: str | None = None) -> tup
     old = sorted({c for c in caps if c < LEGACY_BELOW})
     if old:
         shown = ", ".join(f"{a}.{b}" for a, b in old)
-        return "cu126", (f"GPU compute capability {shown} (Volta or older): only PyTorch's CUDA 12.6 builds "
-                         "still ship kernels for it")
+        return "cu126", (
+            f"GPU compute capability {shown} (Volta or older): only PyTorch's CUDA 12.6 builds "
+            "still ship kernels for it"
+        )
     shown = ", ".join(sorted({f"{a}.{b}" for a, b in caps}))
     return "default", f"GPU compute capability {shown}: PyPI's default CUDA build runs it"
 
@@ -91,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         variant, why = choose(compute_capabilities(), os.environ.get("TORCH_VARIANT") or None)
         if ns.pip_args:
-            print(" ".join(pip_args(variant, pinned_torch(Path(ns.requirements)),
-                                    os.environ.get("TORCH_INDEX_URL") or None)))
+            print(
+                " ".join(
+                    pip_args(variant, pinned_torch(Path(ns.requirements)), os.environ.get("TORCH_INDEX_URL") or None)
+                )
+            )
         elif ns.explain:
             print(f"{variant}: {why}")
         else:

@@ -25,20 +25,35 @@ def cpu_trains(kernel: str) -> bool:
 
 LAYOUT_EXAMPLES: dict[str, Callable[[int], SparsityConfig]] = {
     "dense": lambda H: A.DenseSparsityConfig(H, block=16),
-    "fixed": lambda H: A.FixedSparsityConfig(H, block=16, different_layout_per_head=True, num_local_blocks=2,
-                                             num_global_blocks=1, num_different_global_patterns=2),
-    "fixed_uni_horizontal": lambda H: A.FixedSparsityConfig(H, block=16, num_local_blocks=4,
-                                                            attention="unidirectional"),
-    "variable_random": lambda H: A.VariableSparsityConfig(H, block=16, different_layout_per_head=True,
-                                                          num_random_blocks=1, local_window_blocks=[1, 2],
-                                                          global_block_indices=[3], seed=5),
+    "fixed": lambda H: A.FixedSparsityConfig(
+        H,
+        block=16,
+        different_layout_per_head=True,
+        num_local_blocks=2,
+        num_global_blocks=1,
+        num_different_global_patterns=2,
+    ),
+    "fixed_uni_horizontal": lambda H: A.FixedSparsityConfig(
+        H, block=16, num_local_blocks=4, attention="unidirectional"
+    ),
+    "variable_random": lambda H: A.VariableSparsityConfig(
+        H,
+        block=16,
+        different_layout_per_head=True,
+        num_random_blocks=1,
+        local_window_blocks=[1, 2],
+        global_block_indices=[3],
+        seed=5,
+    ),
     "bigbird": lambda H: A.BigBirdSparsityConfig(H, block=16, different_layout_per_head=True, seed=1),
     "bslongformer": lambda H: A.BSLongformerSparsityConfig(H, block=16, global_block_indices=[2]),
     "local_uni": lambda H: A.LocalSlidingWindowSparsityConfig(H, block=16),
-    "local_bi": lambda H: A.LocalSlidingWindowSparsityConfig(H, block=16, num_sliding_window_blocks=3,
-                                                             attention="bidirectional"),
-    "dilated_local": lambda H: A.layouts.DilatedSlidingWindowSparsityConfig(H, block=16, num_sliding_window_blocks=3,
-                                                                           dilation=2),
+    "local_bi": lambda H: A.LocalSlidingWindowSparsityConfig(
+        H, block=16, num_sliding_window_blocks=3, attention="bidirectional"
+    ),
+    "dilated_local": lambda H: A.layouts.DilatedSlidingWindowSparsityConfig(
+        H, block=16, num_sliding_window_blocks=3, dilation=2
+    ),
     "blockbert_n2": lambda H: A.BlockBERTSparsityConfig(H, num_blocks=2, head_assignment="3:1", block=16),
     "blockbert_n3": lambda H: A.BlockBERTSparsityConfig(H, num_blocks=3, head_assignment="2:1:1", block=16),
 }

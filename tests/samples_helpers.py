@@ -36,10 +36,10 @@ def book_paragraphs(text: str) -> list[str]:
     """Body of a Gutenberg book (between the START/END markers), one string per paragraph."""
     m = _PG_START.search(text)
     if m:
-        text = text[m.end():]
+        text = text[m.end() :]
     m = _PG_END.search(text)
     if m:
-        text = text[:m.start()]
+        text = text[: m.start()]
     return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 

@@ -42,8 +42,10 @@ def why_unavailable() -> str | None:
         return "the test Slurm cluster runs its daemons as root (SlurmUser=root); not root here"
     missing = [n for n in DAEMONS + CLIENTS if _which(n) is None]
     if missing:
-        return (f"Slurm/munge not installed ({', '.join(missing)} missing): run_scripts/setup_env.sh installs "
-                "slurmctld slurmd slurm-client munge")
+        return (
+            f"Slurm/munge not installed ({', '.join(missing)} missing): run_scripts/setup_env.sh installs "
+            "slurmctld slurmd slurm-client munge"
+        )
     return None
 
 
@@ -134,8 +136,8 @@ StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/run/slurmctld.pid
 SlurmdPidFile={r}/run/slurmd.pid
-SlurmctldLogFile={self.logs['slurmctld']}
-SlurmdLogFile={self.logs['slurmd']}
+SlurmctldLogFile={self.logs["slurmctld"]}
+SlurmdLogFile={self.logs["slurmd"]}
 SlurmctldDebug=info
 SlurmdDebug=info
 NodeName={self.node} CPUs={cpus} RealMemory={max(mem_mb - 512, 256)} State=UNKNOWN
@@ -144,8 +146,9 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.root / "log" / f"{name}.out", "ab")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True, preexec_fn=_die_with_parent)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True, preexec_fn=_die_with_parent
+        )
         log.close()
 
     def _failed(self, what: str) -> Unavailable:
@@ -153,8 +156,10 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         for name in DAEMONS:
             p = self.procs.get(name)
             state = "not started" if p is None else ("running" if p.poll() is None else f"exited {p.returncode}")
-            tails.append(f"--- {name} ({state}) log tail:\n{_tail(self.logs[name])}\n"
-                         f"--- {name} stdout:\n{_tail(self.root / 'log' / f'{name}.out', 5)}")
+            tails.append(
+                f"--- {name} ({state}) log tail:\n{_tail(self.logs[name])}\n"
+                f"--- {name} stdout:\n{_tail(self.root / 'log' / f'{name}.out', 5)}"
+            )
         return Unavailable(f"{what}\n" + "\n".join(tails))
 
     def start(self, timeout: float = 60) -> "SlurmCluster":
@@ -164,9 +169,19 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         self._write_files()
         r = self.root
         try:
-            self._spawn("munged", [_which("munged"), "--foreground", "--force", f"--socket={r}/munge/munge.socket",
-                                   f"--key-file={r}/munge/munge.key", f"--pid-file={r}/munge/munged.pid",
-                                   f"--seed-file={r}/munge/munged.seed", f"--log-file={self.logs['munged']}"])
+            self._spawn(
+                "munged",
+                [
+                    _which("munged"),
+                    "--foreground",
+                    "--force",
+                    f"--socket={r}/munge/munge.socket",
+                    f"--key-file={r}/munge/munge.key",
+                    f"--pid-file={r}/munge/munged.pid",
+                    f"--seed-file={r}/munge/munged.seed",
+                    f"--log-file={self.logs['munged']}",
+                ],
+            )
             self._wait(lambda: (r / "munge" / "munge.socket").exists(), 15, "munged did not create its socket")
             self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)])
             self._wait(lambda: self._ok(["scontrol", "ping"], "UP"), 30, "slurmctld did not answer `scontrol ping`")
@@ -222,8 +237,9 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         self.stop()
 
     # ------------------------------------------------------------------ using it
-    def run(self, cmd: list[str], timeout: float = 60, check: bool = True, env: dict | None = None,
-            **kw) -> subprocess.CompletedProcess:
+    def run(
+        self, cmd: list[str], timeout: float = 60, check: bool = True, env: dict | None = None, **kw
+    ) -> subprocess.CompletedProcess:
         e = self.env
         e.update(env or {})
         p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout, **kw)
@@ -245,8 +261,21 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
 
     def wait_job(self, job_id: str, timeout: float, until=None) -> dict[str, str]:
         """Poll until ``until(fields)`` (default: the job has ended); raises TimeoutError with the state."""
-        done = until or (lambda j: j.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                                          "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"))
+        done = until or (
+            lambda j: (
+                j.get("JobState")
+                in (
+                    "COMPLETED",
+                    "FAILED",
+                    "CANCELLED",
+                    "TIMEOUT",
+                    "NODE_FAIL",
+                    "OUT_OF_MEMORY",
+                    "BOOT_FAIL",
+                    "DEADLINE",
+                )
+            )
+        )
         deadline = time.time() + timeout
         j: dict[str, str] = {}
         while time.time() < deadline:

@@ -31,7 +31,7 @@ def _padding(n, kind):
         return None
     kpm = torch.ones(B, n, dtype=torch.bool)
     if kind == "tail":
-        kpm[0, n - 37:] = False  # ragged, not block aligned
+        kpm[0, n - 37 :] = False  # ragged, not block aligned
         kpm[1, :20] = False  # leading keys: local/uni layouts get rows with no key left -> zeros
     elif kind == "all":
         kpm[1] = False  # one sequence fully padded: every row masked
@@ -198,14 +198,23 @@ def test_sparse_self_attention_deepspeed_semantics(kernel, kp_mode, am_mode):
     am01 = (torch.rand(n, n, generator=g) > 0.2).float()
     am = am01 if am_mode == "mul" else torch.randn(n, n, generator=g)
     rpe = torch.randn(B, H, n, n, generator=g)
-    ssa = A.SparseSelfAttention(cfg, key_padding_mask_mode=kp_mode, attn_mask_mode=am_mode, max_seq_length=128,
-                                kernel=kernel)
+    ssa = A.SparseSelfAttention(
+        cfg, key_padding_mask_mode=kp_mode, attn_mask_mode=am_mode, max_seq_length=128, kernel=kernel
+    )
     # DeepSpeed accepted [B, 1, 1, N] padding masks and a transposed key
     out = ssa(q, k.transpose(2, 3), v, rpe=rpe, key_padding_mask=kp[:, None, None, :], attn_mask=am)
-    ref = _naive(q, k, v, cfg.make_layout(128)[:, :4, :4], 16,
-                 kpm=None if kp_mode == "add" else keep.bool(), kpm_add=kp if kp_mode == "add" else None,
-                 rpe=rpe, attn_add=am if am_mode == "add" else None,
-                 token_mask=am01.bool() if am_mode == "mul" else None)
+    ref = _naive(
+        q,
+        k,
+        v,
+        cfg.make_layout(128)[:, :4, :4],
+        16,
+        kpm=None if kp_mode == "add" else keep.bool(),
+        kpm_add=kp if kp_mode == "add" else None,
+        rpe=rpe,
+        attn_add=am if am_mode == "add" else None,
+        token_mask=am01.bool() if am_mode == "mul" else None,
+    )
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
@@ -236,15 +245,20 @@ def test_query_tiles_and_groups():
     fast = A.get_kernel("block_gather").make_plan(cfg.make_layout(512), 64, 512, "cpu")
     assert isinstance(fast, PermutationPlan) and fast.tile == 256 and fast.chunks == 2
     assert fast.tile_map.tolist() == list(range(20)) + [21, 20, 23, 22]  # heads 10, 11: shift 1
-    assert A.get_kernel("block_gather").make_plan(
-        A.BlockBERTSparsityConfig(12, num_blocks=2, head_assignment="12", block=64).make_layout(512), 64, 512,
-        "cpu").tile_map is None  # no shifted head: k/v tiles are views
+    assert (
+        A.get_kernel("block_gather")
+        .make_plan(
+            A.BlockBERTSparsityConfig(12, num_blocks=2, head_assignment="12", block=64).make_layout(512), 64, 512, "cpu"
+        )
+        .tile_map
+        is None
+    )  # no shifted head: k/v tiles are views
     # layouts where a query tile sees more than one key tile: on CPU the split plan (shared blocks, windows, rest)
-    split = A.get_kernel("block_gather").make_plan(A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256,
-                                                   "cpu")
+    split = A.get_kernel("block_gather").make_plan(A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256, "cpu")
     assert isinstance(split, SplitPlan) and isinstance(split.fallback, GatherPlan)
-    assert isinstance(make_gather_plan(
-        A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256, "cpu"), GatherPlan)
+    assert isinstance(
+        make_gather_plan(A.FixedSparsityConfig(12, block=16).make_layout(256), 16, 256, "cpu"), GatherPlan
+    )
     mod = A.BlockSparseAttention(cfg, kernel="block_gather", max_seq_length=512)
     q, k, v = _inputs(128)
     with pytest.raises(ValueError, match="heads"):
@@ -303,7 +317,7 @@ class _ShuffledChunks(A.SparsityConfig):
         lay = torch.zeros(self.num_heads, m, m, dtype=torch.int64)
         for h in range(self.num_heads):
             for i, j in enumerate(maps[h % 4]):
-                lay[h, i * c:(i + 1) * c, j * c:(j + 1) * c] = 1
+                lay[h, i * c : (i + 1) * c, j * c : (j + 1) * c] = 1
         return lay
 
 
@@ -330,8 +344,7 @@ def test_permutation_fast_path_matches_dense_and_general_path(name, pad):
         for kern in ("dense", "block_gather", "general"):
             m = A.BlockSparseAttention(cfg, kernel="dense" if kern == "dense" else "block_gather", max_seq_length=n)
             if kern == "general":  # force the general gather plan into the cache
-                m._plans[(n_pad, "cpu", 0)] = make_gather_plan(
-                    m.layout_for(n_pad), cfg.block, n_pad, "cpu")
+                m._plans[(n_pad, "cpu", 0)] = make_gather_plan(m.layout_for(n_pad), cfg.block, n_pad, "cpu")
             out = m(q, k, v, **kw)
             go = torch.randn_like(out, generator=torch.Generator().manual_seed(9))
             outs.append((out, torch.autograd.grad(out, inputs, go)))
@@ -395,16 +408,23 @@ SPLIT_PIECES = {
     "local_uni": (False, (1, 2, False), True),
     "local_bi": (False, (1, 3, False), True),
 }
-SPLIT_LAYOUTS = {**LAYOUTS, "variable_default": lambda: A.VariableSparsityConfig(
-    H, block=16, different_layout_per_head=True, num_random_blocks=1, seed=3)}
+SPLIT_LAYOUTS = {
+    **LAYOUTS,
+    "variable_default": lambda: A.VariableSparsityConfig(
+        H, block=16, different_layout_per_head=True, num_random_blocks=1, seed=3
+    ),
+}
 
 
 def _split_plan(mod, n):
     plan = mod._plan(n, torch.device("cpu"))
     assert isinstance(plan, SplitPlan), type(plan)
     w = plan.window
-    return plan, (plan.shared_index_HS is not None, None if w is None else (w.r, w.nblocks, w.mask is not None),
-                  plan.rest is not None)
+    return plan, (
+        plan.shared_index_HS is not None,
+        None if w is None else (w.r, w.nblocks, w.mask is not None),
+        plan.rest is not None,
+    )
 
 
 @pytest.mark.parametrize("name", list(SPLIT_PIECES))
@@ -442,7 +462,7 @@ def test_split_path_matches_dense_fp32_with_grads(name, case, batch):
         q, k, v = (torch.randn(batch, n, H, D, generator=g).requires_grad_() for _ in range(3))
     qv, kv, vv = (t if batch == 1 else t.permute(0, 2, 1, 3) for t in (q, k, v))
     kpm = torch.ones(batch, n, dtype=torch.bool)
-    kpm[0, n - 37:] = False
+    kpm[0, n - 37 :] = False
     kpm[0, :20] = False  # leading keys: windows near the start lose their keys
     if batch == 2:
         kpm[1] = False  # every row masked: zeros, zero grads
@@ -515,8 +535,15 @@ def test_flex_padding_block_mask_is_built_once_per_forward(monkeypatch):
     models = {}
     for kernel in ("flex", "dense"):
         torch.manual_seed(0)
-        cfg = ModelConfig.preset("tiny", vocab_size=50, num_layers=3, hidden_dropout=0.0, attention_dropout=0.0,
-                                 max_position_embeddings=256, attention={"kernel": kernel, "sparsity": sparsity})
+        cfg = ModelConfig.preset(
+            "tiny",
+            vocab_size=50,
+            num_layers=3,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            max_position_embeddings=256,
+            attention={"kernel": kernel, "sparsity": sparsity},
+        )
         models[kernel] = BertModel(cfg).eval()
     ids = torch.randint(5, 50, (2, 256))
     mask = torch.ones(2, 256, dtype=torch.long)

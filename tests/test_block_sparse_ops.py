@@ -30,8 +30,11 @@ def _grads(out, inputs, seed=5):
     return torch.autograd.grad(out, inputs, go)
 
 
-TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=3e-2, rtol=3e-2),
-       torch.bfloat16: dict(atol=2.5e-1, rtol=5e-2)}  # bf16 keeps 8 bits: sums of ~50 products
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=3e-2, rtol=3e-2),
+    torch.bfloat16: dict(atol=2.5e-1, rtol=5e-2),
+}  # bf16 keeps 8 bits: sums of ~50 products
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -45,11 +48,11 @@ def test_matmul_against_dense(mode, trans_a, trans_b, dtype):
         a32 = torch.randn(Z, H, *((K, M) if trans_a else (M, K)), generator=g)
         b32 = torch.randn(Z, H, *((N, K) if trans_b else (K, N)), generator=g)
     elif mode == "dsd":  # the layout describes the stored A
-        lay = _layout(*(((K // BLOCK, M // BLOCK) if trans_a else (M // BLOCK, K // BLOCK))))
+        lay = _layout(*((K // BLOCK, M // BLOCK) if trans_a else (M // BLOCK, K // BLOCK)))
         a32 = dense_to_sparse(torch.randn(Z, H, lay.shape[1] * BLOCK, lay.shape[2] * BLOCK, generator=g), lay, BLOCK)
         b32 = torch.randn(Z, H, *((N, K) if trans_b else (K, N)), generator=g)
     else:
-        lay = _layout(*(((N // BLOCK, K // BLOCK) if trans_b else (K // BLOCK, N // BLOCK))))
+        lay = _layout(*((N // BLOCK, K // BLOCK) if trans_b else (K // BLOCK, N // BLOCK)))
         a32 = torch.randn(Z, H, *((K, M) if trans_a else (M, K)), generator=g)
         b32 = dense_to_sparse(torch.randn(Z, H, lay.shape[1] * BLOCK, lay.shape[2] * BLOCK, generator=g), lay, BLOCK)
     a, b = (t.to(dtype).requires_grad_() for t in (a32, b32))
@@ -86,8 +89,15 @@ def test_softmax_against_dense(kp_mode, am_mode, dtype):
     kpm = kpm_bool.float() if kp_mode == "mul" else torch.where(kpm_bool, 0.0, float("-inf"))
     am = am_bool.float() if am_mode == "mul" else torch.where(am_bool, 0.0, -1e4)
     x = dense_to_sparse(dense_x, lay, BLOCK).to(dtype).requires_grad_()
-    out = Softmax(lay, BLOCK)(x, scale=0.125, rpe=rpe, key_padding_mask=kpm, attn_mask=am,
-                              key_padding_mask_mode=kp_mode, attn_mask_mode=am_mode)
+    out = Softmax(lay, BLOCK)(
+        x,
+        scale=0.125,
+        rpe=rpe,
+        key_padding_mask=kpm,
+        attn_mask=am,
+        key_padding_mask_mode=kp_mode,
+        attn_mask_mode=am_mode,
+    )
     rx = dense_x.clone().requires_grad_()
     s = rx * 0.125 + rpe + torch.where(kpm_bool, 0.0, float("-inf"))[:, None, None, :]  # both modes: -inf
     s = s + (torch.where(am_bool, 0.0, float("-inf")) if am_mode == "mul" else am)
@@ -108,9 +118,9 @@ def test_softmax_row_with_nothing_left_is_zero_and_attention_pipeline_matches_de
     kpm = torch.zeros(Z, n)
     kpm[1] = float("-inf")  # a fully padded sequence
     scores = MatMul(lay, BLOCK, "sdd", trans_b=True)(q, k)
-    probs = Softmax(lay, BLOCK)(scores, scale=d ** -0.5, key_padding_mask=kpm)
+    probs = Softmax(lay, BLOCK)(scores, scale=d**-0.5, key_padding_mask=kpm)
     out = MatMul(lay, BLOCK, "dsd")(probs, v)
-    s = (q @ k.transpose(-1, -2)) * d ** -0.5 + kpm[:, None, None, :]
+    s = (q @ k.transpose(-1, -2)) * d**-0.5 + kpm[:, None, None, :]
     s = s.masked_fill(~_mask(lay, BLOCK), float("-inf"))
     ref = torch.softmax(s, -1).nan_to_num(0.0) @ v
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -44,8 +44,9 @@ def test_architecture_differences_name_the_settings():
     from model.config import ModelConfig
 
     a = ModelConfig.preset("tiny").to_dict()
-    b = ModelConfig.preset("tiny", num_layers=3, hidden_dropout=0.0,
-                           attention={"kernel": "dense", "sparsity": None}).to_dict()
+    b = ModelConfig.preset(
+        "tiny", num_layers=3, hidden_dropout=0.0, attention={"kernel": "dense", "sparsity": None}
+    ).to_dict()
     diffs = ck.architecture_differences(a, b)
     assert any(d.startswith("num_layers: checkpoint 2 vs now 3") for d in diffs)
     assert any(d.startswith("attention.kernel") for d in diffs)

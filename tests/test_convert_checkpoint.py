@@ -16,8 +16,10 @@ from tests import train_utils as tu
 from tools import convert_checkpoint as cc
 from tools.hf_export import remote_code
 
-BLOCKBERT = {"kernel": "block_gather", "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1",
-                                                    "block": 16}}
+BLOCKBERT = {
+    "kernel": "block_gather",
+    "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,15 @@ def test_zero3_two_ranks_to_hf(zero3_ckpt, tmp_path):
     out = tmp_path / "hf"
     assert cc.main(["--load", str(zero3_ckpt / "ckpt"), "--to-hf", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "README.md", "vocab.txt", "tokenizer_config.json",
-            "special_tokens_map.json", "modeling_sparsebert.py"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "README.md",
+        "vocab.txt",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "modeling_sparsebert.py",
+    } <= names
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".hf.")]  # no temporary leftovers
 
     # consolidated fp32 weights: every parameter of the model, full shapes, trained (not all equal to init)
@@ -134,14 +143,36 @@ def test_warm_start_blockbert_from_dense_hf_bert(tmp_path):
 
     tu.prepare(tmp_path)
     torch.manual_seed(0)
-    hf = BertForMaskedLM(BertConfig(vocab_size=tu.VOCAB_SIZE, hidden_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, intermediate_size=128, max_position_embeddings=64))
+    hf = BertForMaskedLM(
+        BertConfig(
+            vocab_size=tu.VOCAB_SIZE,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+        )
+    )
     hf.save_pretrained(tmp_path / "hf_dense")
     shutil.copyfile(tmp_path / "vocab.txt", tmp_path / "hf_dense" / "vocab.txt")
     out = tmp_path / "warm"
-    assert cc.main(["--from-hf", str(tmp_path / "hf_dense"), "--to-ds", str(out), "--max-position-embeddings",
-                    "128", "--sparsity", json.dumps(BLOCKBERT["sparsity"]), "--attention-kernel",
-                    "block_gather"]) == 0
+    assert (
+        cc.main(
+            [
+                "--from-hf",
+                str(tmp_path / "hf_dense"),
+                "--to-ds",
+                str(out),
+                "--max-position-embeddings",
+                "128",
+                "--sparsity",
+                json.dumps(BLOCKBERT["sparsity"]),
+                "--attention-kernel",
+                "block_gather",
+            ]
+        )
+        == 0
+    )
 
     state = torch.load(out / "iter_0000000" / "mp_rank_00_model_states.pt", weights_only=False)
     cfg = ModelConfig.from_dict(state["model_config"])
@@ -160,10 +191,16 @@ def test_warm_start_blockbert_from_dense_hf_bert(tmp_path):
     assert "--finetune: loaded weights" in r.stdout
 
 
-@pytest.mark.parametrize("ds_config", [
-    pytest.param("zero0_fp16", marks=pytest.mark.skipif(tu.cpu_fp16_missing() is not None,
-                                                        reason=str(tu.cpu_fp16_missing()))),
-    "zero0_fp16_any_cpu", "zero1_bf16"])
+@pytest.mark.parametrize(
+    "ds_config",
+    [
+        pytest.param(
+            "zero0_fp16", marks=pytest.mark.skipif(tu.cpu_fp16_missing() is not None, reason=str(tu.cpu_fp16_missing()))
+        ),
+        "zero0_fp16_any_cpu",
+        "zero1_bf16",
+    ],
+)
 def test_half_precision_runs_export_fp32_masters(tmp_path, ds_config):
     """fp16 ZeRO-0 keeps masters in the optimizer state, bf16 ZeRO-1 in `bf16_zero_pp_rank_*` shards: the export
     must carry those fp32 masters (which round exactly to the half-precision module weights), not the half weights.
@@ -200,8 +237,12 @@ def test_issue5_models_from_the_trainer_convert_both_ways(tmp_path):
     training machine's), the card names the settings, and --from-hf --to-ds gives every tensor back bit-exact."""
     tu.prepare(tmp_path, max_position_embeddings=64)
     base = json.loads((tmp_path / "model.json").read_text())
-    stage1 = {**base, "segment": "per_head", "position": {"type": "diet_rel", "max_distance": 8, "sharing": "layer"},
-              "attention": {"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 64}}}
+    stage1 = {
+        **base,
+        "segment": "per_head",
+        "position": {"type": "diet_rel", "max_distance": 8, "sharing": "layer"},
+        "attention": {"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 64}},
+    }
     (tmp_path / "model.json").write_text(json.dumps(stage1))
     r = tu.launch("python", tu.train_args(tmp_path, "zero2_fp32.json", 2, "--save", str(tmp_path / "ck1")))
     assert r.returncode == 0, r.stdout[-3000:]
@@ -222,8 +263,11 @@ def test_issue5_models_from_the_trainer_convert_both_ways(tmp_path):
         assert expected in card, expected
 
     # stage 2: the exported DAM mask as a fixed 'file' mask, DIET-ABS, block_gather kernel
-    stage2 = {**base, "position": {"type": "diet_abs", "rank": 16, "sharing": "head"}, "attention": {
-        "kernel": "block_gather", "token_mask": {"pattern": "file", "path": str(learned), "seq_len": 64}}}
+    stage2 = {
+        **base,
+        "position": {"type": "diet_abs", "rank": 16, "sharing": "head"},
+        "attention": {"kernel": "block_gather", "token_mask": {"pattern": "file", "path": str(learned), "seq_len": 64}},
+    }
     (tmp_path / "model.json").write_text(json.dumps(stage2))
     r = tu.launch("python", tu.train_args(tmp_path, "zero1_fp32.json", 1, "--save", str(tmp_path / "ck2")))
     assert r.returncode == 0, r.stdout[-3000:]
@@ -269,8 +313,12 @@ def test_from_hf_refuses_a_stored_mask_our_code_would_draw_differently(tmp_path)
     """A random token mask in the export that the config no longer reproduces is not silently replaced."""
     from safetensors.torch import load_file, save_file
 
-    cfg = ModelConfig.preset("tiny", vocab_size=64, max_position_embeddings=32, attention={
-        "kernel": "dense", "token_mask": {"pattern": "bigbird"}})
+    cfg = ModelConfig.preset(
+        "tiny",
+        vocab_size=64,
+        max_position_embeddings=32,
+        attention={"kernel": "dense", "token_mask": {"pattern": "bigbird"}},
+    )
     hf = tmp_path / "hf"
     hf.mkdir()
     model = BertForPreTraining(cfg)

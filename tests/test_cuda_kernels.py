@@ -28,7 +28,7 @@ def _case(n: int, padding: str, seed: int = 0):
     q, k, v = (torch.randn(B, H, n, D, device="cuda", generator=g) for _ in range(3))
     kpm = torch.ones(B, n, dtype=torch.bool, device="cuda")
     if padding == "ragged":
-        kpm[0, n - 77:] = False
+        kpm[0, n - 77 :] = False
     elif padding == "all":
         kpm[1] = False
     return q, k, v, kpm

@@ -56,10 +56,21 @@ def test_gated_attention_is_paper_eq4():
 
 
 def _dam_model(lam: float, **dam):
-    cfg = ModelConfig.preset("tiny", vocab_size=40, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                             num_layers=1, max_position_embeddings=N, hidden_dropout=0.0, attention_dropout=0.0,
-                             attention={"kernel": "dense", "token_mask": {
-                                 "pattern": "dam", "seq_len": N, "block": 4, "dam": {"lam": lam, **dam}}})
+    cfg = ModelConfig.preset(
+        "tiny",
+        vocab_size=40,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_layers=1,
+        max_position_embeddings=N,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention={
+            "kernel": "dense",
+            "token_mask": {"pattern": "dam", "seq_len": N, "block": 4, "dam": {"lam": lam, **dam}},
+        },
+    )
     return BertForPreTraining(cfg)
 
 
@@ -101,8 +112,15 @@ def test_dam_sparsity_rises_with_lambda_and_export_runs_on_sparse_kernels(tmp_pa
     S.save_masks(str(path), masks)
     stage2 = {}
     for kernel in ("dense", "block_gather", "flex"):
-        c = ModelConfig.from_dict({**m.config.to_dict(), "attention": {
-            "kernel": kernel, "token_mask": {"pattern": "file", "path": str(path), "seq_len": N, "block": 4}}})
+        c = ModelConfig.from_dict(
+            {
+                **m.config.to_dict(),
+                "attention": {
+                    "kernel": kernel,
+                    "token_mask": {"pattern": "file", "path": str(path), "seq_len": N, "block": 4},
+                },
+            }
+        )
         s2 = BertForPreTraining(c)
         sd = {k: v for k, v in m.state_dict().items() if not k.startswith("bert.dam.")}
         s2.load_state_dict(sd, strict=True)
@@ -132,13 +150,20 @@ def test_structured_export_gives_block_layout_and_two_stage_prune(tmp_path):
         m.bert.dam.alpha.copy_(torch.where(torch.arange(n) <= 2, 1.0, -1.0).expand_as(m.bert.dam.alpha))
     mask = m.export_learned_masks()["layer0"]
     i = torch.arange(n)
-    want = ((i[:, None] - i[None, :]).abs() <= 2)
+    want = (i[:, None] - i[None, :]).abs() <= 2
     want[[0, -1], :] = True
     want[:, [0, -1]] = True
     assert torch.equal(mask[0], want) and torch.equal(mask[1], want)
     S.save_masks(str(tmp_path / "s.pt"), {"layer0": mask})
-    c = ModelConfig.from_dict({**m.config.to_dict(), "attention": {
-        "kernel": "block_gather", "token_mask": {"pattern": "file", "path": str(tmp_path / "s.pt"), "block": 2}}})
+    c = ModelConfig.from_dict(
+        {
+            **m.config.to_dict(),
+            "attention": {
+                "kernel": "block_gather",
+                "token_mask": {"pattern": "file", "path": str(tmp_path / "s.pt"), "block": 2},
+            },
+        }
+    )
     core = BertForPreTraining(c).bert.encoder.layers[0].attention.core
     assert torch.equal(core.master_layout, S.block_layout_from_mask(mask, 2))
     assert float(core.master_layout.float().mean()) < 0.75  # fully masked blocks are skipped
@@ -186,8 +211,9 @@ def test_dam_in_half_precision_has_finite_noise_aux_loss_and_grads(dtype):
 
 
 def test_fp16_model_with_dam_trains_a_step_with_finite_loss():
-    cfg = ModelConfig.preset("tiny", vocab_size=60, attention={"kernel": "dense",
-                                                               "token_mask": {"pattern": "dam", "seq_len": 64}})
+    cfg = ModelConfig.preset(
+        "tiny", vocab_size=60, attention={"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 64}}
+    )
     model = BertForPreTraining(cfg).to(torch.float16).train()
     ids = torch.randint(5, 60, (2, 64))
     labels = ids.masked_fill(torch.rand(2, 64) > 0.3, -100)

@@ -14,17 +14,31 @@ import torch
 from model import attention as A
 from model.attention.sparse_attention_utils import SparseAttentionUtils as U
 
-DS_NAMES = ["SparsityConfig", "DenseSparsityConfig", "FixedSparsityConfig", "VariableSparsityConfig",
-            "BigBirdSparsityConfig", "BSLongformerSparsityConfig", "LocalSlidingWindowSparsityConfig",
-            "SparseSelfAttention", "BertSparseSelfAttention", "SparseAttentionUtils"]
+DS_NAMES = [
+    "SparsityConfig",
+    "DenseSparsityConfig",
+    "FixedSparsityConfig",
+    "VariableSparsityConfig",
+    "BigBirdSparsityConfig",
+    "BSLongformerSparsityConfig",
+    "LocalSlidingWindowSparsityConfig",
+    "SparseSelfAttention",
+    "BertSparseSelfAttention",
+    "SparseAttentionUtils",
+]
 
 
 def test_every_public_name_and_module_path_imports():
     for name in DS_NAMES + ["MatMul", "Softmax"]:
         assert hasattr(A, name), name
-    paths = {"sparsity_config": DS_NAMES[:7], "sparse_self_attention": ["SparseSelfAttention"],
-             "bert_sparse_self_attention": ["BertSparseSelfAttention"],
-             "sparse_attention_utils": ["SparseAttentionUtils"], "matmul": ["MatMul"], "softmax": ["Softmax"]}
+    paths = {
+        "sparsity_config": DS_NAMES[:7],
+        "sparse_self_attention": ["SparseSelfAttention"],
+        "bert_sparse_self_attention": ["BertSparseSelfAttention"],
+        "sparse_attention_utils": ["SparseAttentionUtils"],
+        "matmul": ["MatMul"],
+        "softmax": ["Softmax"],
+    }
     for mod, names in paths.items():
         m = importlib.import_module(f"model.attention.{mod}")
         for n in names:
@@ -83,8 +97,9 @@ def test_master_layout_is_a_buffer_that_loads_deepspeed_state_dicts_strictly():
 
 def test_bing_bert_style_layer_stack_trains_a_step():
     config = types.SimpleNamespace(hidden_size=64, num_attention_heads=4, max_position_embeddings=256)
-    layers = torch.nn.ModuleList(A.BertSparseSelfAttention(config, A.FixedSparsityConfig(num_heads=4))
-                                 for _ in range(2))
+    layers = torch.nn.ModuleList(
+        A.BertSparseSelfAttention(config, A.FixedSparsityConfig(num_heads=4)) for _ in range(2)
+    )
     opt = torch.optim.SGD(layers.parameters(), lr=0.1)
     x = torch.randn(2, 128, 64)
     ext = torch.zeros(2, 1, 1, 128)
@@ -104,9 +119,17 @@ def test_hf_bert_made_sparse_padded_longer_finetuned_and_unpadded():
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=128, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0, num_labels=2)
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(cfg).eval()
     ids = torch.randint(5, 100, (2, 100))
     mask = torch.ones(2, 100, dtype=torch.long)
@@ -126,8 +149,9 @@ def test_hf_bert_made_sparse_padded_longer_finetuned_and_unpadded():
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     long_ids = torch.randint(5, 100, (2, 500))
-    pad, ids_p, mask_p, tt_p, _, _ = U.pad_to_block_size(16, long_ids, torch.ones_like(long_ids),
-                                                         torch.zeros_like(long_ids), None, None, 0, None)
+    pad, ids_p, mask_p, tt_p, _, _ = U.pad_to_block_size(
+        16, long_ids, torch.ones_like(long_ids), torch.zeros_like(long_ids), None, None, 0, None
+    )
     loss = model(ids_p, attention_mask=mask_p, token_type_ids=tt_p, labels=torch.tensor([0, 1])).loss
     loss.backward()
     opt.step()

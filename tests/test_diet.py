@@ -100,16 +100,19 @@ def test_kernels_match_dense_with_diet_bias(variant, layout):
 
 def test_sharing_and_no_input_positions():
     tiny = dict(max_position_embeddings=64, num_layers=3)
-    abs_layer = BertForPreTraining(ModelConfig.preset("tiny", **tiny, position={"type": "diet_abs", "rank": 8,
-                                                                                 "sharing": "layer"}))
+    abs_layer = BertForPreTraining(
+        ModelConfig.preset("tiny", **tiny, position={"type": "diet_abs", "rank": 8, "sharing": "layer"})
+    )
     pa = abs_layer.bert.positional_attention
     assert pa.abs_pos.shape == (1, 64, 8) and pa.abs_uq.shape == (1, 4, 8, 8)
     assert abs_layer.bert.embeddings.position_embeddings is None
     biases = pa(10, None, 1)
     assert biases[0] is biases[2]  # one set for all layers
-    rel_head = BertForPreTraining(ModelConfig.preset("tiny", **tiny, position={"type": "diet_rel", "sharing": "head",
-                                                                                "max_distance": 7},
-                                                     segment="per_head"))
+    rel_head = BertForPreTraining(
+        ModelConfig.preset(
+            "tiny", **tiny, position={"type": "diet_rel", "sharing": "head", "max_distance": 7}, segment="per_head"
+        )
+    )
     pr = rel_head.bert.positional_attention
     assert pr.rel.shape == (3, 1, 15) and pr.segment.shape == (3, 4, 2, 2)
     assert rel_head.bert.embeddings.token_type_embeddings is None
@@ -141,10 +144,16 @@ def test_model_level_parity_across_kernels(position):
     models = {}
     for kernel in ALL_KERNELS:
         torch.manual_seed(0)
-        cfg = ModelConfig.preset("tiny", max_position_embeddings=64, head_size=24, segment="per_head",
-                                 hidden_dropout=0.0, attention_dropout=0.0,
-                                 position={"type": position, "rank": 16, "max_distance": 8},
-                                 attention={"kernel": kernel, "token_mask": {"pattern": "longformer", "block": 8}})
+        cfg = ModelConfig.preset(
+            "tiny",
+            max_position_embeddings=64,
+            head_size=24,
+            segment="per_head",
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            position={"type": position, "rank": 16, "max_distance": 8},
+            attention={"kernel": kernel, "token_mask": {"pattern": "longformer", "block": 8}},
+        )
         models[kernel] = BertForPreTraining(cfg)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(5, 100, (2, 40), generator=g)

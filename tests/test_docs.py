@@ -41,18 +41,21 @@ def _entry_points(line: str) -> list[tuple[Path, list[str]]]:
     found = []
     for i, w in enumerate(words):
         src = None
-        if w == "-m" and i + 1 < len(words) and words[i + 1].split(".")[0] in ("data_pipeline", "tools", "pretrain",
-                                                                                  "benchmarks", "model"):
+        if (
+            w == "-m"
+            and i + 1 < len(words)
+            and words[i + 1].split(".")[0] in ("data_pipeline", "tools", "pretrain", "benchmarks", "model")
+        ):
             mod = words[i + 1]
             src = REPO / (mod.replace(".", "/") + ".py")
             if not src.exists():
                 src = REPO / mod.replace(".", "/") / "__main__.py"
             assert src.exists(), f"`python -m {mod}` names no module in the repository"
-            rest = words[i + 2:]
+            rest = words[i + 2 :]
         elif re.fullmatch(r"(run_scripts|pretrain|tools|benchmarks)/[\w/.-]+\.(py|sh)", w):
             src = REPO / w
             assert src.exists(), f"{w} does not exist"
-            rest = words[i + 1:]
+            rest = words[i + 1 :]
         if src is not None:
             flags = []
             for r in rest:
@@ -95,7 +98,7 @@ def test_commands_in_docs_name_real_modules_scripts_and_flags(doc: Path) -> None
 def test_the_checker_catches_a_wrong_flag_and_a_missing_module(tmp_path: Path) -> None:
     bad = tmp_path / "bad.md"
     bad.write_text("```bash\npython -m tools.convert_checkpoint --load x --to-hff y\n```\n")
-    (src, flags), = _entry_points(_code_lines(bad)[0])
+    ((src, flags),) = _entry_points(_code_lines(bad)[0])
     assert "--to-hff" in flags and '"--to-hff"' not in _flag_sources(src)
     with pytest.raises(AssertionError, match="no module"):
         _entry_points("python -m tools.no_such_tool --x")
@@ -106,7 +109,8 @@ def test_configuration_reference_is_generated_from_the_code() -> None:
 
     doc = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert config_docs.splice(doc, config_docs.generate(), "docs/configuration.md") == doc, (
-        "docs/configuration.md is stale: run `python -m tools.config_docs --write docs/configuration.md`")
+        "docs/configuration.md is stale: run `python -m tools.config_docs --write docs/configuration.md`"
+    )
 
 
 def test_relative_links_in_docs_resolve() -> None:

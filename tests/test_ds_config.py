@@ -65,12 +65,18 @@ def test_sparse_attention_block_reaches_the_model_config(tmp_path):
     from pretrain.builders import build_model_config
 
     block = {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}
-    cfg = build_model_config(ModelArgs(model_preset="tiny"), DataArgs(data_path=["x"], seq_length=128), 100,
-                             block, "f.json")
+    cfg = build_model_config(
+        ModelArgs(model_preset="tiny"), DataArgs(data_path=["x"], seq_length=128), 100, block, "f.json"
+    )
     assert cfg.attention.sparsity == block and cfg.vocab_size == 100 and not cfg.nsp_head
     with pytest.raises(Exception, match="f.json"):
-        build_model_config(ModelArgs(model_preset="tiny", attention={"sparsity": block}),
-                           DataArgs(data_path=["x"], seq_length=128), 100, block, "f.json")
+        build_model_config(
+            ModelArgs(model_preset="tiny", attention={"sparsity": block}),
+            DataArgs(data_path=["x"], seq_length=128),
+            100,
+            block,
+            "f.json",
+        )
 
 
 def test_amp_block_refused_with_replacement(tmp_path):
@@ -219,8 +225,11 @@ def test_fused_adam_without_nvcc_is_refused_before_the_run(monkeypatch):
     _fake_cuda(monkeypatch)
     monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", None)
     ds = read_ds_config(REPO / "ds_configs" / "zero1_fp16.json")
-    with pytest.raises(DSConfigError, match=r"--optimizer fused_adam: .*fused_adam op is not prebuilt.*nvcc.*"
-                                            r"--optimizer adamw"):
+    with pytest.raises(
+        DSConfigError,
+        match=r"--optimizer fused_adam: .*fused_adam op is not prebuilt.*nvcc.*"
+        r"--optimizer adamw",
+    ):
         configure_optimizer(ds, OptimConfig(optimizer="fused_adam"))
 
 
@@ -253,8 +262,13 @@ def test_no_weight_decay_on_biases_norms_dam_logits_and_diet_tables():
     from pretrain.parallelize import no_weight_decay_names, param_groups
 
     for position in ({"type": "diet_abs", "rank": 8}, {"type": "diet_rel", "max_distance": 8}):
-        cfg = ModelConfig.preset("tiny", vocab_size=50, position=position, segment="per_head",
-                                 attention={"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 32}})
+        cfg = ModelConfig.preset(
+            "tiny",
+            vocab_size=50,
+            position=position,
+            segment="per_head",
+            attention={"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 32}},
+        )
         model = BertForPreTraining(cfg)
         skip = no_weight_decay_names(model)
         assert {"bert.dam.alpha", "bert.positional_attention.segment"} <= skip

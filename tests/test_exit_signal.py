@@ -22,8 +22,17 @@ def test_signal_on_one_rank_saves_stops_all_and_resumes_exactly(tmp_path):
     straight = tu.launch("deepspeed", common + ["--log-json", str(tmp_path / "a.jsonl")])
     assert straight.returncode == 0, straight.stdout[-3000:]
     rank = tu.NPROCS - 1  # not rank 0: the others must learn of it
-    args = common + ["--log-json", str(tmp_path / "b.jsonl"), "--save", str(ck), "--load", str(ck),
-                     "--exit-signal-handler", "--exit-signal", "SIGUSR1"]
+    args = common + [
+        "--log-json",
+        str(tmp_path / "b.jsonl"),
+        "--save",
+        str(ck),
+        "--load",
+        str(ck),
+        "--exit-signal-handler",
+        "--exit-signal",
+        "SIGUSR1",
+    ]
     first = tu.launch("deepspeed", args, SPARSEBERT_FAULT_SIGNAL=f"{rank}:3:SIGUSR1")
     assert first.returncode == 4, first.stdout[-3000:]  # the launcher passes the ranks' code on
     assert "SIGUSR1 received: stopping at iteration 3; saved" in first.stdout
@@ -51,10 +60,21 @@ def test_slurm_env_from_a_job_step(tmp_path, monkeypatch):
     scontrol.write_text("#!/bin/sh\n[ \"$1 $2 $3\" = 'show hostnames gpu[007-008]' ] && printf 'gpu007\\ngpu008\\n'\n")
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    step = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
-            "SLURM_JOB_NODELIST": "gpu[007-008]", "SLURM_STEP_NODELIST": "gpu[007-008]"}
-    assert slurm_env(step) == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu007",
-                               "MASTER_PORT": str(10000 + 123456 % 50000)}
+    step = {
+        "SLURM_PROCID": "5",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "123456",
+        "SLURM_JOB_NODELIST": "gpu[007-008]",
+        "SLURM_STEP_NODELIST": "gpu[007-008]",
+    }
+    assert slurm_env(step) == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "gpu007",
+        "MASTER_PORT": str(10000 + 123456 % 50000),
+    }
     assert slurm_env({**step, "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"})["MASTER_ADDR"] == "10.0.0.7"
     batch_shell = {k: v for k, v in step.items() if k != "SLURM_STEP_NUM_TASKS"}  # sbatch script, not srun
     assert slurm_env(batch_shell) is None

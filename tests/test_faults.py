@@ -26,8 +26,16 @@ def _overflow_run(data, tmp_path, entry=None):
     cfg = json.loads((tu.REPO / "ds_configs" / "zero2_fp16.json").read_text())
     cfg["fp16"]["initial_scale_power"] = 8  # small enough that the tiny model never overflows by itself
     (tmp_path / "fp16.json").write_text(json.dumps(cfg))
-    args = tu.train_args(data, "zero2_fp16.json", 6, "--log-json", str(tmp_path / "log.jsonl"),
-                         "--lr-warmup-fraction", "0.5", global_batch=4)
+    args = tu.train_args(
+        data,
+        "zero2_fp16.json",
+        6,
+        "--log-json",
+        str(tmp_path / "log.jsonl"),
+        "--lr-warmup-fraction",
+        "0.5",
+        global_batch=4,
+    )
     args[args.index("--deepspeed_config") + 1] = str(tmp_path / "fp16.json")
     p = tu.launch("deepspeed", args, entry=entry, SPARSEBERT_FAULT_NONFINITE_LOSS="2,4")
     assert p.returncode == 0, p.stdout[-4000:]
@@ -78,8 +86,9 @@ def _check_overflow_log(tmp_path):
 
 
 def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path):
-    args = tu.train_args(data, "zero2_bf16.json", 6, "--save", str(tmp_path / "ck"), "--save-interval", "2",
-                         global_batch=4)
+    args = tu.train_args(
+        data, "zero2_bf16.json", 6, "--save", str(tmp_path / "ck"), "--save-interval", "2", global_batch=4
+    )
     start = time.monotonic()
     p = tu.launch("deepspeed", args, timeout=180, SPARSEBERT_FAULT_NONFINITE_LOSS="3")
     assert p.returncode == 3, p.stdout[-4000:]
@@ -92,8 +101,18 @@ def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path)
 
 def test_kill_during_save_resumes_from_previous_complete_checkpoint(data, tmp_path):
     ck = tmp_path / "ck"  # ZeRO-3 bf16: the other tests cover ZeRO-2 checkpoints
-    args = tu.train_args(data, "zero3_bf16.json", 6, "--save", str(ck), "--save-interval", "2",
-                         "--log-json", str(tmp_path / "log.jsonl"), global_batch=4)
+    args = tu.train_args(
+        data,
+        "zero3_bf16.json",
+        6,
+        "--save",
+        str(ck),
+        "--save-interval",
+        "2",
+        "--log-json",
+        str(tmp_path / "log.jsonl"),
+        global_batch=4,
+    )
     p = tu.launch("deepspeed", args, timeout=180, SPARSEBERT_FAULT_KILL_IN_SAVE="4")
     assert p.returncode != 0
     assert (ck / "latest").read_text() == "iter_0000002"

@@ -29,8 +29,10 @@ def test_normalize_and_scores_match_hand_computed_values():
     assert ft.f1_score("the", "a") == 0.0  # both normalize to nothing: no overlap
     # repeated tokens count with multiplicity: pred {a1, a1}, gold {a1}: P = 1/2, R = 1
     assert ft.f1_score("x x", "x") == pytest.approx(2 / 3)
-    m = ft.squad_metrics({"q1": "twelve", "q2": "the old mill", "q3": "oats"},
-                         {"q1": ["twelve", "12"], "q2": ["old mill wheel"], "q3": ["barley"], "q4": ["x"]})
+    m = ft.squad_metrics(
+        {"q1": "twelve", "q2": "the old mill", "q3": "oats"},
+        {"q1": ["twelve", "12"], "q2": ["old mill wheel"], "q3": ["barley"], "q4": ["x"]},
+    )
     # q1 EM 1 F1 1; q2 EM 0 F1 2*(1)*(2/3)/(5/3) = 0.8; q3 0; q4 missing prediction -> 0
     assert m["exact_match"] == pytest.approx(25.0)
     assert m["f1"] == pytest.approx(100 * 1.8 / 4)
@@ -48,8 +50,9 @@ def _tokenizer(tmp: Path):
         for _, o in ft.read_jsonl(DATA / f"{name}.jsonl"):
             texts += [v for k, v in o.items() if isinstance(v, str)]
     wp = BertWordPieceTokenizer(lowercase=True)
-    wp.train_from_iterator(texts, vocab_size=400, min_frequency=1,
-                           special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    wp.train_from_iterator(
+        texts, vocab_size=400, min_frequency=1, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    )
     tmp.mkdir(parents=True, exist_ok=True)
     wp.save_model(str(tmp))
     return BertTokenizerFast(vocab=str(tmp / "vocab.txt"), do_lower_case=True)
@@ -66,7 +69,7 @@ def test_shipped_datasets_parse():
     assert all(p.text_b for p in pairs)
     nested, flat = ft.read_qa(DATA / "qa_train.jsonl"), ft.read_qa(DATA / "qa_dev.jsonl")
     for ex in nested + flat:
-        assert ex.context[ex.starts[0]:ex.starts[0] + len(ex.answers[0])] == ex.answers[0]
+        assert ex.context[ex.starts[0] : ex.starts[0] + len(ex.answers[0])] == ex.answers[0]
 
 
 def test_bad_data_errors_name_file_and_line(tmp_path):
@@ -77,8 +80,9 @@ def test_bad_data_errors_name_file_and_line(tmp_path):
     bad.write_text('{"sentence2": "no first sentence", "label": 1}\n')
     with pytest.raises(ft.DataError, match=r"bad\.jsonl:1: .*'sentence1'"):
         ft.read_classification(bad)
-    bad.write_text(json.dumps({"context": "abc def", "question": "q?",
-                               "answers": {"text": ["def"], "answer_start": [1]}}) + "\n")
+    bad.write_text(
+        json.dumps({"context": "abc def", "question": "q?", "answers": {"text": ["def"], "answer_start": [1]}}) + "\n"
+    )
     with pytest.raises(ft.DataError, match=r"bad\.jsonl:1: answer 'def' is not at character 1"):
         ft.read_qa(bad)
 
@@ -94,7 +98,7 @@ def test_windows_map_gold_spans_back_to_the_exact_answer(tok, max_length, stride
         assert f.input_ids[0] == tok.cls_token_id and f.input_ids[-1] == tok.sep_token_id
         if f.start:
             ex = examples[f.example]
-            assert ex.context[f.offsets[f.start][0]:f.offsets[f.end][1]] == ex.answers[0]
+            assert ex.context[f.offsets[f.start][0] : f.offsets[f.end][1]] == ex.answers[0]
             assert f.token_type_ids[f.start] == 1
     for i, ex in enumerate(examples):
         fs = by_ex[i]
@@ -145,8 +149,19 @@ def test_decode_picks_best_valid_span_across_windows(tok):
 
 # ------------------------------------------------------------------------------------------------ end to end
 def _export(tmp: Path, tok, **kw) -> Path:
-    cfg = ModelConfig.from_dict({**dict(vocab_size=len(tok), hidden_size=32, num_layers=2, num_attention_heads=4,
-                                        intermediate_size=64, max_position_embeddings=64), **kw})
+    cfg = ModelConfig.from_dict(
+        {
+            **dict(
+                vocab_size=len(tok),
+                hidden_size=32,
+                num_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            ),
+            **kw,
+        }
+    )
     torch.manual_seed(0)
     m = BertForPreTraining(cfg)
     tmp.mkdir(parents=True)
@@ -166,9 +181,29 @@ def test_finetune_classification_end_to_end_on_stock_bert(tmp_path, tok, capsys)
     model = _export(tmp_path / "dense", tok)
     assert json.loads((model / "config.json").read_text())["model_type"] == "bert"
     out = tmp_path / "cls"
-    assert ft.main(["--model", str(model), "--task", "classification", "--train", str(DATA / "cls_train.jsonl"),
-                    "--dev", str(DATA / "cls_dev.jsonl"), "--output-dir", str(out), "--max-steps", "4",
-                    "--batch-size", "8", "--lr", "1e-3"]) == 0
+    assert (
+        ft.main(
+            [
+                "--model",
+                str(model),
+                "--task",
+                "classification",
+                "--train",
+                str(DATA / "cls_train.jsonl"),
+                "--dev",
+                str(DATA / "cls_dev.jsonl"),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "4",
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 4 and m["max_length"] == 64
     assert m["accuracy"] == pytest.approx(_recomputed(out, "classification")["accuracy"])
@@ -177,21 +212,64 @@ def test_finetune_classification_end_to_end_on_stock_bert(tmp_path, tok, capsys)
 
 
 def test_finetune_qa_end_to_end_on_blockbert_custom_code(tmp_path, tok):
-    model = _export(tmp_path / "blockbert", tok, attention={
-        "kernel": "block_gather", "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1",
-                                               "block": 16}})
+    model = _export(
+        tmp_path / "blockbert",
+        tok,
+        attention={
+            "kernel": "block_gather",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+        },
+    )
     assert "auto_map" in json.loads((model / "config.json").read_text())
     out = tmp_path / "qa"
-    assert ft.main(["--model", str(model), "--task", "qa", "--train", str(DATA / "qa_train.jsonl"),
-                    "--dev", str(DATA / "qa_dev.jsonl"), "--output-dir", str(out), "--max-steps", "3",
-                    "--batch-size", "8", "--lr", "1e-3", "--doc-stride", "32"]) == 0
+    assert (
+        ft.main(
+            [
+                "--model",
+                str(model),
+                "--task",
+                "qa",
+                "--train",
+                str(DATA / "qa_train.jsonl"),
+                "--dev",
+                str(DATA / "qa_dev.jsonl"),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--doc-stride",
+                "32",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 3 and m["dev_windows"] > 5  # the long paragraph was split into windows at N = 64
     again = _recomputed(out, "qa")
     assert m["exact_match"] == pytest.approx(again["exact_match"]) and m["f1"] == pytest.approx(again["f1"])
     assert 0.0 <= m["exact_match"] <= m["f1"] <= 100.0
-    assert ft.main(["--model", str(model), "--task", "qa", "--train", str(DATA / "qa_train.jsonl"),
-                    "--dev", str(DATA / "qa_dev.jsonl"), "--output-dir", str(out), "--no-trust-remote-code"]) == 2
+    assert (
+        ft.main(
+            [
+                "--model",
+                str(model),
+                "--task",
+                "qa",
+                "--train",
+                str(DATA / "qa_train.jsonl"),
+                "--dev",
+                str(DATA / "qa_dev.jsonl"),
+                "--output-dir",
+                str(out),
+                "--no-trust-remote-code",
+            ]
+        )
+        == 2
+    )
 
 
 # ------------------------------------------------------------------------------------------------ learning
@@ -228,8 +306,29 @@ def test_finetune_learns_a_separable_classification_task(tmp_path, tok):
     train, dev = _write_jsonl(tmp_path / "train.jsonl", rows(64)), _write_jsonl(tmp_path / "dev.jsonl", rows(32))
     model = _export(tmp_path / "dense", tok)
     out = tmp_path / "out"
-    assert ft.main(["--model", str(model), "--task", "classification", "--train", str(train), "--dev", str(dev),
-                    "--output-dir", str(out), "--epochs", "15", "--batch-size", "16", "--lr", "3e-3"]) == 0
+    assert (
+        ft.main(
+            [
+                "--model",
+                str(model),
+                "--task",
+                "classification",
+                "--train",
+                str(train),
+                "--dev",
+                str(dev),
+                "--output-dir",
+                str(out),
+                "--epochs",
+                "15",
+                "--batch-size",
+                "16",
+                "--lr",
+                "3e-3",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert m["trainer"] == "transformers.Trainer" and m["steps"] == 60
     assert m["train_loss_last"] < 0.5 * m["train_loss_first"]
@@ -248,19 +347,54 @@ def test_finetune_learns_extractive_qa_on_custom_code(tmp_path, tok):
         out = []
         for i in range(n):
             ws = rng.sample(words, 8)
-            out.append({"id": f"{prefix}{i}", "question": "what is first ?", "context": " ".join(ws),
-                        "answers": {"text": [ws[0]], "answer_start": [0]}})
+            out.append(
+                {
+                    "id": f"{prefix}{i}",
+                    "question": "what is first ?",
+                    "context": " ".join(ws),
+                    "answers": {"text": [ws[0]], "answer_start": [0]},
+                }
+            )
         return out
 
-    train, dev = _write_jsonl(tmp_path / "train.jsonl", rows(64, "t")), _write_jsonl(tmp_path / "dev.jsonl",
-                                                                                      rows(20, "d"))
-    model = _export(tmp_path / "blockbert", tok, attention={
-        "kernel": "block_gather", "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1",
-                                               "block": 16}})
+    train, dev = (
+        _write_jsonl(tmp_path / "train.jsonl", rows(64, "t")),
+        _write_jsonl(tmp_path / "dev.jsonl", rows(20, "d")),
+    )
+    model = _export(
+        tmp_path / "blockbert",
+        tok,
+        attention={
+            "kernel": "block_gather",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+        },
+    )
     out = tmp_path / "out"
-    assert ft.main(["--model", str(model), "--task", "qa", "--train", str(train), "--dev", str(dev),
-                    "--output-dir", str(out), "--max-steps", "60", "--batch-size", "8",
-                    "--gradient-accumulation-steps", "2", "--lr", "3e-3"]) == 0
+    assert (
+        ft.main(
+            [
+                "--model",
+                str(model),
+                "--task",
+                "qa",
+                "--train",
+                str(train),
+                "--dev",
+                str(dev),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "60",
+                "--batch-size",
+                "8",
+                "--gradient-accumulation-steps",
+                "2",
+                "--lr",
+                "3e-3",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 60 and m["config"]["gradient_accumulation_steps"] == 2
     assert m["exact_match"] >= 80.0, m

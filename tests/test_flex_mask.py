@@ -31,7 +31,7 @@ def _padding(B: int, N: int, kind: str) -> torch.Tensor | None:
     if kind == "none":
         return None
     kpm = torch.ones(B, N, dtype=torch.bool)
-    kpm[1, N - 70:] = False  # ragged tail inside a sparse block
+    kpm[1, N - 70 :] = False  # ragged tail inside a sparse block
     kpm[2, 200:] = False  # whole sparse blocks of keys padded
     return kpm
 
@@ -93,7 +93,7 @@ def test_flex_kernel_matches_dense_on_multi_block_lengths(name):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, H, n, 16, generator=g) for _ in range(3))
     kpm = torch.ones(B, n, dtype=torch.bool)
-    kpm[1, n - 70:] = False
+    kpm[1, n - 70 :] = False
     kpm[2, 140:] = False
     tm = torch.rand(1, n, n, generator=g) > 0.1
     for kp, t in ((None, None), (kpm, None), (kpm, tm)):

@@ -19,16 +19,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_help_and_shell_syntax():
-    r = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--help"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.gpu_check", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "report.md" in r.stdout
     assert subprocess.run(["bash", "-n", str(REPO / "run_scripts" / "gpu_check.sh")]).returncode == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message (this machine has a GPU)")
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--out-dir", str(tmp_path / "o")], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.gpu_check", "--out-dir", str(tmp_path / "o")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and "no CUDA GPU found" in r.stdout
     assert not (tmp_path / "o").exists()  # nothing ran, nothing written
 
@@ -36,31 +42,46 @@ def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
 def test_steps_run_within_budgets_and_the_report_is_always_written(tmp_path):
     deadline = time.monotonic() + 600
     ok = gc.run_step(gc.Step("ok", 30, [sys.executable, "-c", "print('fine')"]), tmp_path, deadline)
-    bad = gc.run_step(gc.Step("bad", 30, [sys.executable, "-c", "import sys; print('broken'); sys.exit(3)"]),
-                      tmp_path, deadline)
+    bad = gc.run_step(
+        gc.Step("bad", 30, [sys.executable, "-c", "import sys; print('broken'); sys.exit(3)"]), tmp_path, deadline
+    )
     t0 = time.monotonic()
     slow = gc.run_step(gc.Step("slow", 2, [sys.executable, "-c", "import time; time.sleep(60)"]), tmp_path, deadline)
     assert time.monotonic() - t0 < 30
-    broken_check = gc.run_step(gc.Step("check", 30, [sys.executable, "-c", "pass"],
-                                       check=lambda res, proc: 1 / 0), tmp_path, deadline)
+    broken_check = gc.run_step(
+        gc.Step("check", 30, [sys.executable, "-c", "pass"], check=lambda res, proc: 1 / 0), tmp_path, deadline
+    )
     late = gc.run_step(gc.Step("late", 30, [sys.executable, "-c", "pass"]), tmp_path, time.monotonic() + 5)
     assert (ok.status, bad.status, slow.status, broken_check.status, late.status) == (
-        "passed", "failed", "timeout", "error", "skipped")
+        "passed",
+        "failed",
+        "timeout",
+        "error",
+        "skipped",
+    )
     assert "broken" in bad.output_tail and "exit code 3" in bad.summary and "ZeroDivisionError" in broken_check.summary
     gc.write_report(tmp_path / "rep", [ok, bad, slow], "test machine", {"gpus": []})
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| bad | failed |" in md and "| slow | timeout |" in md and "broken" in md
     assert [s["status"] for s in json.loads((tmp_path / "rep" / "report.json").read_text())["steps"]] == [
-        "passed", "failed", "timeout"]
+        "passed",
+        "failed",
+        "timeout",
+    ]
 
 
 def test_junit_counts_from_a_real_pytest_run(tmp_path):
     t = tmp_path / "test_x.py"
-    t.write_text("import pytest\ndef test_a(): pass\ndef test_b(): assert 0\n"
-                 "@pytest.mark.skip(reason='r')\ndef test_c(): pass\n")
+    t.write_text(
+        "import pytest\ndef test_a(): pass\ndef test_b(): assert 0\n@pytest.mark.skip(reason='r')\ndef test_c(): pass\n"
+    )
     xml = tmp_path / "r.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", str(t)],
-                   cwd=tmp_path, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", str(t)],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+    )
     c = gc.junit_counts(xml)
     assert (c["passed"], c["failed"], c["skipped"]) == (1, 1, 1) and c["failures"][0].endswith("test_b")
 
@@ -80,8 +101,10 @@ def test_main_exits_1_when_a_step_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(gc, "environment_report", lambda: ("fake GPU", {"gpus": []}, []))
-    steps = [gc.Step("fine", 30, [sys.executable, "-c", "pass"]),
-             gc.Step("boom", 30, [sys.executable, "-c", "raise SystemExit(1)"])]
+    steps = [
+        gc.Step("fine", 30, [sys.executable, "-c", "pass"]),
+        gc.Step("boom", 30, [sys.executable, "-c", "raise SystemExit(1)"]),
+    ]
     monkeypatch.setattr(gc, "plan", lambda out, gpus: steps)
     ds = Path(sys.executable).parent / "ds_report"
     if not ds.exists():

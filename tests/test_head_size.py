@@ -19,9 +19,17 @@ LAYOUTS = {
 
 def _model(kernel: str, head_size: int | None, sparsity, hidden: int = 64) -> BertForPreTraining:
     torch.manual_seed(0)
-    return BertForPreTraining(ModelConfig.preset(
-        "tiny", hidden_size=hidden, head_size=head_size, max_position_embeddings=64, hidden_dropout=0.0,
-        attention_dropout=0.0, attention={"kernel": kernel, "sparsity": sparsity}))
+    return BertForPreTraining(
+        ModelConfig.preset(
+            "tiny",
+            hidden_size=hidden,
+            head_size=head_size,
+            max_position_embeddings=64,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            attention={"kernel": kernel, "sparsity": sparsity},
+        )
+    )
 
 
 def test_shapes_and_default():
@@ -56,5 +64,4 @@ def test_every_kernel_matches_dense(head_size, layout):
     for kernel in OTHER_KERNELS:  # inference parity for every kernel, including those without a CPU backward
         other = _model(kernel, head_size, LAYOUTS[layout]).eval()
         with torch.no_grad():
-            torch.testing.assert_close(other(ids, am).logits, dense(ids, am).logits, atol=1e-5, rtol=1e-5,
-                                       msg=kernel)
+            torch.testing.assert_close(other(ids, am).logits, dense(ids, am).logits, atol=1e-5, rtol=1e-5, msg=kernel)

@@ -15,9 +15,17 @@ from model.hf_adapter import from_hf, to_hf
 
 
 def _hf_config(**kw):
-    base = dict(vocab_size=211, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
-                max_position_embeddings=64, type_vocab_size=2, hidden_dropout_prob=0.0,
-                attention_probs_dropout_prob=0.0)
+    base = dict(
+        vocab_size=211,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     base.update(kw)
     return BertConfig(**base)
 
@@ -82,8 +90,17 @@ def test_labels_path_gathers_the_same_logits_and_loss():
 
 
 def test_to_hf_roundtrip_loads_into_transformers_with_nsp():
-    config = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_attention_heads=4, intermediate_size=64,
-                         max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, nsp_head=True)
+    config = ModelConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        nsp_head=True,
+    )
     ours = BertForPreTraining(config).eval()
     _randomize(ours)
     hf_sd, hf_cfg = to_hf(ours.state_dict(), config)
@@ -101,8 +118,13 @@ def test_to_hf_roundtrip_loads_into_transformers_with_nsp():
 
 
 def test_sparse_config_survives_export_and_bad_models_are_refused():
-    config = ModelConfig.preset("tiny", attention={"kernel": "block_gather", "sparsity": {
-        "mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}})
+    config = ModelConfig.preset(
+        "tiny",
+        attention={
+            "kernel": "block_gather",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+        },
+    )
     sd, hf_cfg = to_hf(BertForPreTraining(config).state_dict(), config)
     assert from_hf(sd, hf_cfg)[1] == config
     pre = ModelConfig.preset("tiny", pre_layer_norm=True)
@@ -121,9 +143,27 @@ def test_sparse_config_survives_export_and_bad_models_are_refused():
 def test_bert_base_preset_matches_google_config(corpus):
     cfg = json.loads((corpus / "vocab" / "bert-base-uncased" / "config.json").read_text())
     p = ModelConfig.preset("bert-base")
-    assert (p.vocab_size, p.hidden_size, p.num_layers, p.num_attention_heads, p.intermediate_size,
-            p.max_position_embeddings, p.type_vocab_size, p.layer_norm_eps, p.hidden_act, p.initializer_range) == (
-        cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
-        cfg["intermediate_size"], cfg["max_position_embeddings"], cfg["type_vocab_size"], cfg["layer_norm_eps"],
-        cfg["hidden_act"], cfg["initializer_range"])
+    assert (
+        p.vocab_size,
+        p.hidden_size,
+        p.num_layers,
+        p.num_attention_heads,
+        p.intermediate_size,
+        p.max_position_embeddings,
+        p.type_vocab_size,
+        p.layer_norm_eps,
+        p.hidden_act,
+        p.initializer_range,
+    ) == (
+        cfg["vocab_size"],
+        cfg["hidden_size"],
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["intermediate_size"],
+        cfg["max_position_embeddings"],
+        cfg["type_vocab_size"],
+        cfg["layer_norm_eps"],
+        cfg["hidden_act"],
+        cfg["initializer_range"],
+    )
     assert (p.hidden_dropout, p.attention_dropout) == (cfg["hidden_dropout_prob"], cfg["attention_probs_dropout_prob"])

@@ -26,48 +26,120 @@ from tools.convert_checkpoint import (
 from tools.hf_export import remote_code
 
 TOL = 1e-4
-_SMALL = dict(vocab_size=97, hidden_size=32, num_layers=2, num_attention_heads=4, intermediate_size=64,
-              max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+_SMALL = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 
 # name -> ModelConfig kwargs; every family the exporter must carry through our own code
 CUSTOM = {
     "dense_remote": dict(_SMALL),
-    "fixed": dict(_SMALL, attention={"kernel": "dense", "sparsity": {
-        "mode": "fixed", "block": 16, "num_local_blocks": 2, "num_global_blocks": 1}}),
-    "blockbert": dict(_SMALL, attention={"kernel": "block_gather", "sparsity": {
-        "mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}}),
-    "bigbird_random": dict(_SMALL, attention={"kernel": "dense", "sparsity": {
-        "mode": "bigbird", "block": 16, "num_random_blocks": 1, "num_sliding_window_blocks": 1,
-        "num_global_blocks": 1, "seed": 3}}),
+    "fixed": dict(
+        _SMALL,
+        attention={
+            "kernel": "dense",
+            "sparsity": {"mode": "fixed", "block": 16, "num_local_blocks": 2, "num_global_blocks": 1},
+        },
+    ),
+    "blockbert": dict(
+        _SMALL,
+        attention={
+            "kernel": "block_gather",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+        },
+    ),
+    "bigbird_random": dict(
+        _SMALL,
+        attention={
+            "kernel": "dense",
+            "sparsity": {
+                "mode": "bigbird",
+                "block": 16,
+                "num_random_blocks": 1,
+                "num_sliding_window_blocks": 1,
+                "num_global_blocks": 1,
+                "seed": 3,
+            },
+        },
+    ),
     "no_segments_relu": dict(_SMALL, type_vocab_size=0, hidden_act="relu"),
-    "free_head_preln_mixed": dict(_SMALL, head_size=12, pre_layer_norm=True, attention={
-        "kernel": "dense", "per_layer": [
-            {"sparsity": None},
-            {"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16}}]}),
+    "free_head_preln_mixed": dict(
+        _SMALL,
+        head_size=12,
+        pre_layer_norm=True,
+        attention={
+            "kernel": "dense",
+            "per_layer": [
+                {"sparsity": None},
+                {"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16}},
+            ],
+        },
+    ),
     # DIET positional attention (every sharing mode), per-head segments, SparseBERT token masks, DAM
-    **{f"diet_abs_{sh}": dict(_SMALL, position={"type": "diet_abs", "rank": 8, "sharing": sh})
-       for sh in ("none", "layer", "head")},
+    **{
+        f"diet_abs_{sh}": dict(_SMALL, position={"type": "diet_abs", "rank": 8, "sharing": sh})
+        for sh in ("none", "layer", "head")
+    },
     "diet_rel": dict(_SMALL, position={"type": "diet_rel", "max_distance": 8}),
     "segment_per_head": dict(_SMALL, segment="per_head"),
-    "diet_rel_seg_blockbert": dict(_SMALL, segment="per_head", position={
-        "type": "diet_rel", "max_distance": 6, "sharing": "layer"}, attention={"kernel": "block_gather", "sparsity": {
-            "mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}}),
-    **{f"mask_{p}": dict(_SMALL, attention={"kernel": "dense", "token_mask": {"pattern": p}})
-       for p in ("no_diagonal", "strided", "fixed", "longformer", "logsparse", "bigbird", "star")},
-    "mask_bigbird_redrawn": dict(_SMALL, attention={"kernel": "dense", "token_mask": {"pattern": "bigbird",
-                                                                                      "seq_len": 48}}),
-    "mask_longformer_blockbert": dict(_SMALL, attention={"kernel": "block_gather", "sparsity": {
-        "mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16},
-        "token_mask": {"pattern": "longformer", "seed": 4}}),
-    "mask_file": dict(_SMALL, attention={"kernel": "block_gather", "token_mask": {
-        "pattern": "file", "path": "<set by the fixture>", "seq_len": 48, "block": 8}}),
-    "mask_file_per_layer": dict(_SMALL, attention={"kernel": "dense", "per_layer": [
-        {"token_mask": {"pattern": "file", "path": "<set by the fixture>", "drop_diagonal": True}},
-        {"token_mask": {"pattern": "star"}}]}),
-    "dam": dict(_SMALL, attention={"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 48, "dam": {
-        "structured": False}}}),
-    "dam_structured_per_layer": dict(_SMALL, attention={"kernel": "dense", "token_mask": {
-        "pattern": "dam", "dam": {"structured": True, "share_layers": False}}}),
+    "diet_rel_seg_blockbert": dict(
+        _SMALL,
+        segment="per_head",
+        position={"type": "diet_rel", "max_distance": 6, "sharing": "layer"},
+        attention={
+            "kernel": "block_gather",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+        },
+    ),
+    **{
+        f"mask_{p}": dict(_SMALL, attention={"kernel": "dense", "token_mask": {"pattern": p}})
+        for p in ("no_diagonal", "strided", "fixed", "longformer", "logsparse", "bigbird", "star")
+    },
+    "mask_bigbird_redrawn": dict(
+        _SMALL, attention={"kernel": "dense", "token_mask": {"pattern": "bigbird", "seq_len": 48}}
+    ),
+    "mask_longformer_blockbert": dict(
+        _SMALL,
+        attention={
+            "kernel": "block_gather",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "2:2", "block": 16},
+            "token_mask": {"pattern": "longformer", "seed": 4},
+        },
+    ),
+    "mask_file": dict(
+        _SMALL,
+        attention={
+            "kernel": "block_gather",
+            "token_mask": {"pattern": "file", "path": "<set by the fixture>", "seq_len": 48, "block": 8},
+        },
+    ),
+    "mask_file_per_layer": dict(
+        _SMALL,
+        attention={
+            "kernel": "dense",
+            "per_layer": [
+                {"token_mask": {"pattern": "file", "path": "<set by the fixture>", "drop_diagonal": True}},
+                {"token_mask": {"pattern": "star"}},
+            ],
+        },
+    ),
+    "dam": dict(
+        _SMALL,
+        attention={"kernel": "dense", "token_mask": {"pattern": "dam", "seq_len": 48, "dam": {"structured": False}}},
+    ),
+    "dam_structured_per_layer": dict(
+        _SMALL,
+        attention={
+            "kernel": "dense",
+            "token_mask": {"pattern": "dam", "dam": {"structured": True, "share_layers": False}},
+        },
+    ),
 }
 ISSUE5 = [k for k in CUSTOM if k.startswith(("diet", "segment", "mask", "dam"))]
 
@@ -77,9 +149,17 @@ def _preset(name: str) -> ModelConfig:
     from model.config import PRESETS
 
     heads = PRESETS[name].get("num_attention_heads", 12)
-    return ModelConfig.preset(name, vocab_size=97, hidden_size=4 * heads, num_layers=2, num_attention_heads=heads,
-                              intermediate_size=64, max_position_embeddings=128, hidden_dropout=0.0,
-                              attention_dropout=0.0)
+    return ModelConfig.preset(
+        name,
+        vocab_size=97,
+        hidden_size=4 * heads,
+        num_layers=2,
+        num_attention_heads=heads,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
 
 
 def _all_presets() -> list[str]:
@@ -162,14 +242,20 @@ def _dam_alpha(model: BertForPreTraining, seed: int) -> None:
 def test_rewrite_imports_makes_model_imports_relative():
     src = "from model.attention.kernels import KERNELS\n    from model.config import (\n  A,\n)\nimport torch\n"
     out = remote_code.rewrite_imports(src)
-    assert out == ("from .ours_attention_kernels import KERNELS\n    from .ours_config import (\n  A,\n)\n"
-                   "import torch\n")
+    assert out == (
+        "from .ours_attention_kernels import KERNELS\n    from .ours_config import (\n  A,\n)\nimport torch\n"
+    )
 
 
 def test_closure_covers_model_code_and_nothing_else():
     mods = remote_code.module_closure()
-    assert {"model.bert", "model.config", "model.attention.module", "model.attention.kernels",
-            "model.attention.layouts"} <= set(mods)
+    assert {
+        "model.bert",
+        "model.config",
+        "model.attention.module",
+        "model.attention.kernels",
+        "model.attention.layouts",
+    } <= set(mods)
     assert "model.hf_adapter" not in mods  # not needed by the model itself
 
 
@@ -283,10 +369,12 @@ def custom_exports(tmp_path_factory):
         if name.startswith("dam"):
             _dam_alpha(m, seed=len(models))
         if name == "bigbird_random":  # the trained layout differs from what the config would draw: must be stored
-            other = BertForPreTraining(_config({**kw, "attention": {**kw["attention"], "sparsity": {
-                **kw["attention"]["sparsity"], "seed": 11}}}))
-            assert any(not torch.equal(a, b) for a, b in zip(m.layout_state().values(),
-                                                             other.layout_state().values()))
+            other = BertForPreTraining(
+                _config(
+                    {**kw, "attention": {**kw["attention"], "sparsity": {**kw["attention"]["sparsity"], "seed": 11}}}
+                )
+            )
+            assert any(not torch.equal(a, b) for a, b in zip(m.layout_state().values(), other.layout_state().values()))
             m.load_layout_state(other.layout_state())
         info = _export(m, root / name, "always" if name == "dense_remote" else "auto")
         assert info["remote_code"]
@@ -306,8 +394,15 @@ def custom_exports(tmp_path_factory):
         models[name] = m
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_MODULES_CACHE=str(root / "hf_modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-I", "-c", _LOADER, str(root), json.dumps(list(models))], cwd=root,
-                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-I", "-c", _LOADER, str(root), json.dumps(list(models))],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-4000:]
     return root, models
 
@@ -353,8 +448,9 @@ def test_issue5_families_need_custom_code_and_masks_change_the_logits(custom_exp
         inp = torch.load(root / f"{name}_inputs.pt")
         with torch.no_grad():
             a = m(inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]).logits
-            b = plain(inp["input_ids"], attention_mask=inp["attention_mask"],
-                      token_type_ids=inp["token_type_ids"]).logits
+            b = plain(
+                inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]
+            ).logits
         assert (a - b).abs().max().item() > 1e-3, name
 
 
@@ -364,8 +460,11 @@ def test_file_masks_travel_inside_the_export(custom_exports, tmp_path):
         text = (root / name / "config.json").read_text()
         assert "training_machine" not in text and str(root) not in text  # no path of the training machine
         cfg = json.loads(text)["sparse_bert"]["attention"]
-        paths = [e["token_mask"]["path"] for e in [cfg, *(cfg.get("per_layer") or [])]
-                 if (e.get("token_mask") or {}).get("pattern") == "file"]
+        paths = [
+            e["token_mask"]["path"]
+            for e in [cfg, *(cfg.get("per_layer") or [])]
+            if (e.get("token_mask") or {}).get("pattern") == "file"
+        ]
         assert paths and all(not Path(p).is_absolute() and (root / name / p).is_file() for p in paths)
         got = torch.load(root / f"{name}_got.pt")
         assert torch.equal(got["resaved_logits"], got["logits"])  # HF's save_pretrained keeps the stored masks
@@ -399,8 +498,10 @@ def _without_mask_paths(d: dict) -> dict:
     return d
 
 
-@pytest.mark.parametrize("name", ["blockbert", "bigbird_random", "free_head_preln_mixed",
-                                  *[n for n in ISSUE5 if n != "mask_bigbird_redrawn"]])
+@pytest.mark.parametrize(
+    "name",
+    ["blockbert", "bigbird_random", "free_head_preln_mixed", *[n for n in ISSUE5 if n != "mask_bigbird_redrawn"]],
+)
 def test_custom_code_round_trip_keeps_every_tensor(custom_exports, name):
     """ours -> HF -> ours: every weight, layout and token mask equal; the rebuilt model gives the same logits."""
     root, models = custom_exports
@@ -439,12 +540,29 @@ def test_sentencepiece_unigram_tokenizer_exports_with_identical_ids(tmp_path):
     from tools.convert_checkpoint import _save_tokenizer
 
     data = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
-    texts = [v for f in sorted(data.glob("*.jsonl")) for line in f.read_text().splitlines()
-             for v in json.loads(line).values() if isinstance(v, str)]
+    texts = [
+        v
+        for f in sorted(data.glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+        for v in json.loads(line).values()
+        if isinstance(v, str)
+    ]
     spm.SentencePieceTrainer.train(  # the settings of data_pipeline/train_tokenizer.py
-        sentence_iterator=iter(texts), model_prefix=str(tmp_path / "spm"), model_type="unigram", vocab_size=300,
-        pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
-        control_symbols=["[CLS]", "[SEP]", "[MASK]"], hard_vocab_limit=False, minloglevel=2, num_threads=1)
+        sentence_iterator=iter(texts),
+        model_prefix=str(tmp_path / "spm"),
+        model_type="unigram",
+        vocab_size=300,
+        pad_id=0,
+        unk_id=1,
+        bos_id=-1,
+        eos_id=-1,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+    )
     args = {"data": {"tokenizer_type": "SentencePieceTokenizer", "tokenizer_model": str(tmp_path / "spm.model")}}
     out = tmp_path / "hf"
     out.mkdir()

@@ -95,17 +95,20 @@ def _shard(tmp_path: Path, name: str = "c") -> Path:
     return p
 
 
-@pytest.mark.parametrize("damage,message", [
-    ("magic", "wrong magic"),
-    ("version", "unsupported index version"),
-    ("dtype", "unknown dtype code"),
-    ("truncate_idx", "does not match its header"),
-    ("truncate_bin", "does not match"),
-    ("extend_bin", "does not match"),
-    ("pointers", "byte pointers disagree"),
-    ("doc_index", "document index"),
-    ("missing_bin", "file not found"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("magic", "wrong magic"),
+        ("version", "unsupported index version"),
+        ("dtype", "unknown dtype code"),
+        ("truncate_idx", "does not match its header"),
+        ("truncate_bin", "does not match"),
+        ("extend_bin", "does not match"),
+        ("pointers", "byte pointers disagree"),
+        ("doc_index", "document index"),
+        ("missing_bin", "file not found"),
+    ],
+)
 def test_corrupt_shards_give_clear_errors(tmp_path, damage, message):
     p = _shard(tmp_path)
     idx, bin_ = Path(str(p) + ".idx"), Path(str(p) + ".bin")
@@ -121,7 +124,7 @@ def test_corrupt_shards_give_clear_errors(tmp_path, damage, message):
     elif damage == "pointers":
         n = struct.unpack("<Q", raw[18:26])[0]
         off = HEADER_SIZE + 4 * n + 8
-        raw[off:off + 8] = struct.pack("<q", 999)
+        raw[off : off + 8] = struct.pack("<q", 999)
     elif damage == "doc_index":
         raw[-8:] = struct.pack("<q", 77)
     idx.write_bytes(bytes(raw))

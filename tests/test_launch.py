@@ -28,8 +28,9 @@ def check(p: subprocess.CompletedProcess) -> None:
 
 
 def _shm_buffers() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")} if Path("/dev/shm").is_dir() \
-        else set()
+    return (
+        {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")} if Path("/dev/shm").is_dir() else set()
+    )
 
 
 def test_torchrun(data):
@@ -49,9 +50,24 @@ def test_mpirun(data):
 def test_deepspeed_hostfile_openmpi(data, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(f"localhost slots={tu.NPROCS}\n")
-    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(hostfile), "--force_multi", "--no_ssh_check",
-           "--master_addr", "127.0.0.1", "--master_port", str(tu.free_port()), "--launcher", "openmpi",
-           "--launcher_args", "--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo",
-           str(tu.REPO / "pretrain" / "train.py")] + tu.train_args(data, "zero2_fp32.json", 2)
-    check(subprocess.run(cmd, cwd=tu.REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, timeout=300))
+    cmd = [
+        str(tu.VENV_BIN / "deepspeed"),
+        "--hostfile",
+        str(hostfile),
+        "--force_multi",
+        "--no_ssh_check",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(tu.free_port()),
+        "--launcher",
+        "openmpi",
+        "--launcher_args",
+        "--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo",
+        str(tu.REPO / "pretrain" / "train.py"),
+    ] + tu.train_args(data, "zero2_fp32.json", 2)
+    check(
+        subprocess.run(
+            cmd, cwd=tu.REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+        )
+    )

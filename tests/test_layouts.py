@@ -81,7 +81,7 @@ def test_blockbert_matches_paper_eq2(n, spec, counts):
     for k, c in enumerate(counts):
         for _ in range(c):
             # token-level mask: M_ij = 1 iff key chunk == (query chunk + k) mod n  (pi = sigma^k)
-            want = (tok[None, :] == (tok[:, None] + k) % n)
+            want = tok[None, :] == (tok[:, None] + k) % n
             got = lay[h].repeat_interleave(16, 0).repeat_interleave(16, 1).bool()
             assert torch.equal(got, want), (h, k)
             h += 1
@@ -100,9 +100,16 @@ def test_blockbert_pads_never_truncates():
 
 
 def test_from_ds_config_roundtrip_and_errors():
-    ds = {"mode": "fixed", "block": 16, "different_layout_per_head": True, "num_local_blocks": 4,
-          "num_global_blocks": 1, "attention": "bidirectional", "horizontal_global_attention": False,
-          "num_different_global_patterns": 4}
+    ds = {
+        "mode": "fixed",
+        "block": 16,
+        "different_layout_per_head": True,
+        "num_local_blocks": 4,
+        "num_global_blocks": 1,
+        "attention": "bidirectional",
+        "horizontal_global_attention": False,
+        "num_different_global_patterns": 4,
+    }
     cfg = A.from_ds_config(ds, num_heads=4)
     assert isinstance(cfg, A.FixedSparsityConfig) and cfg.num_different_global_patterns == 4
     assert A.from_ds_config(cfg.to_dict(), num_heads=4) == cfg
@@ -130,11 +137,18 @@ def test_dilated_sliding_window_layout():
             if 0 <= j < 8:
                 want[i, j] = 1
     assert torch.equal(lay[0], want) and torch.equal(lay[1], want)
-    uni = DilatedSlidingWindowSparsityConfig(1, block=16, num_sliding_window_blocks=3, dilation=3,
-                                             attention="unidirectional").make_layout(128)[0]
+    uni = DilatedSlidingWindowSparsityConfig(
+        1, block=16, num_sliding_window_blocks=3, dilation=3, attention="unidirectional"
+    ).make_layout(128)[0]
     assert uni[7].nonzero().flatten().tolist() == [1, 4, 7] and uni[0].nonzero().flatten().tolist() == [0]
     assert A.from_ds_config({"mode": "dilated_local", "dilation": 3}, 4).dilation == 3
     assert accepted_keys(DilatedSlidingWindowSparsityConfig) == {
-        "mode", "block", "num_sliding_window_blocks", "dilation", "attention", "seed"}
+        "mode",
+        "block",
+        "num_sliding_window_blocks",
+        "dilation",
+        "attention",
+        "seed",
+    }
     with pytest.raises(ValueError, match="dilation"):
         DilatedSlidingWindowSparsityConfig(4, dilation=0)

@@ -16,9 +16,26 @@ def test_ruff_check_is_clean():
         import ruff  # noqa: F401
     except ImportError:
         pytest.fail("ruff is not installed: run run_scripts/setup_env.sh (requirements.txt pins it)")
-    res = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, f"ruff check found problems (fix them, or `ruff check --fix`):\n{res.stdout}"
+
+
+def test_ruff_format_is_clean():
+    """The formatter configuration in pyproject.toml ([tool.ruff.format]) is applied to the whole tree."""
+    res = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, f"files not formatted (run `ruff format .`):\n{res.stdout}"
 
 
 @pytest.mark.parametrize("package", ["data_pipeline", "model", "pretrain"])
@@ -38,7 +55,7 @@ def test_no_module_level_import_cycle(package):
     def walk(node: str, stack: list[str]) -> list[str] | None:
         for dep in graph.get(node, ()):
             if dep in stack:
-                return stack[stack.index(dep):] + [dep]
+                return stack[stack.index(dep) :] + [dep]
             found = walk(dep, stack + [dep])
             if found:
                 return found

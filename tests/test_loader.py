@@ -62,10 +62,10 @@ def test_batch_format(shards, mode):
     cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=48, sample_mode=mode, seed=1)
     train, valid, test = build_datasets(cfg, TOK)
     assert valid is None and test is None
-    batch = next(iter(build_dataloader(train, TOK, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1,
-                                       num_workers=0)))
-    expect = {"input_ids", "attention_mask", "token_type_ids", "labels"} | ({"next_sentence_label"} if mode == "nsp"
-                                                                             else set())
+    batch = next(iter(build_dataloader(train, TOK, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1, num_workers=0)))
+    expect = {"input_ids", "attention_mask", "token_type_ids", "labels"} | (
+        {"next_sentence_label"} if mode == "nsp" else set()
+    )
     assert set(batch) == expect
     for v in batch.values():
         assert v.dtype == torch.int64
@@ -81,7 +81,7 @@ def test_batch_format(shards, mode):
         for r in range(8):  # [CLS] A [SEP] B [SEP]: type 0 up to the first [SEP], 1 after, 0 on padding
             seps = torch.nonzero(ids[r] == TOK.sep_id).flatten()
             first = int(seps[0]) + 1
-            assert (tt[r, :first] == 0).all() and (tt[r, first:n[r]] == 1).all() and (tt[r, n[r]:] == 0).all()
+            assert (tt[r, :first] == 0).all() and (tt[r, first : n[r]] == 1).all() and (tt[r, n[r] :] == 0).all()
     else:
         assert (tt == 0).all()
 
@@ -91,8 +91,14 @@ def test_padding_to_block_multiple(shards):
     train = build_datasets(cfg, TOK)[0]
     b = next(iter(build_dataloader(train, TOK, cfg, 4, 0, 1, num_workers=0)))
     assert b["input_ids"].shape == (4, 64)
-    cfg2 = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=50, pad_to_multiple_of=16,
-                      dynamic_padding=True, short_seq_prob=1.0)
+    cfg2 = DataConfig(
+        data_path=[shards[0]],
+        split="1,0,0",
+        seq_length=50,
+        pad_to_multiple_of=16,
+        dynamic_padding=True,
+        short_seq_prob=1.0,
+    )
     train2 = build_datasets(cfg2, TOK)[0]
     b2 = next(iter(build_dataloader(train2, TOK, cfg2, 4, 0, 1, num_workers=0)))
     L = b2["input_ids"].shape[1]
@@ -108,8 +114,10 @@ def test_resume_equals_uninterrupted_run_whatever_num_workers(shards):
     k = 5
     for workers in (0, 2):
         for r in range(world):
-            resumed = collect(build_dataloader(train, TOK, cfg, mbs, r, world, consumed_samples=k * mbs * world,
-                                               num_workers=workers), 7)
+            resumed = collect(
+                build_dataloader(train, TOK, cfg, mbs, r, world, consumed_samples=k * mbs * world, num_workers=workers),
+                7,
+            )
             assert_batches_equal(resumed, full[r][k:12])
     # a different world size sees the same global stream: ranks' slices of a step = one rank with mbs * world
     single = collect(build_dataloader(train, TOK, cfg, mbs * world, 0, 1, num_workers=0), 12)
@@ -152,7 +160,7 @@ def test_epochs_reshuffle_and_remask(shards):
     ds = build_datasets(cfg, TOK, num_samples=(3 * S, 0, 0))[0]
     comp, rows = ds.locate(np.arange(3 * S))
     assert (comp == 0).all()
-    e0, e1 = rows[:S], rows[S:2 * S]
+    e0, e1 = rows[:S], rows[S : 2 * S]
     np.testing.assert_array_equal(np.sort(e0), np.arange(S))  # every sample once per epoch
     np.testing.assert_array_equal(np.sort(e1), np.arange(S))
     assert (e0 != e1).any(), "epoch 2 was not reshuffled"
@@ -177,7 +185,7 @@ def test_blending_proportions(shards):
     comp, _ = ds.locate(np.arange(4000))
     assert abs((comp == 0).sum() - 1000) <= 4
     for lo in (0, 1000, 3000):  # every window close to 1:3
-        assert abs((comp[lo:lo + 400] == 0).sum() - 100) <= 8
+        assert abs((comp[lo : lo + 400] == 0).sum() - 100) <= 8
 
 
 def test_unweighted_paths_concatenate(shards):
@@ -189,7 +197,7 @@ def test_unweighted_paths_concatenate(shards):
     for k in range(2):  # one pass serves every sample of every shard once (up to the blend's rounding)
         n_k = int((comp == k).sum())
         assert abs(n_k - sizes[k]) <= 4
-        first_epoch = rows[comp == k][:sizes[k]]
+        first_epoch = rows[comp == k][: sizes[k]]
         assert len(np.unique(first_epoch)) == min(n_k, sizes[k])
 
 
@@ -314,6 +322,10 @@ def test_stats_read_exactly_the_dataset_not_the_next_epoch(shards):
         type(ds).__getitems__ = original
     assert sorted(asked) == list(range(37)) and stats["masked_samples"] == 37
     # the NSP share is over those 37 samples exactly
-    labels = np.concatenate([collator(ds.__getitems__(list(range(i, min(i + 16, 37)))))["next_sentence_label"].numpy()
-                             for i in range(0, 37, 16)])
+    labels = np.concatenate(
+        [
+            collator(ds.__getitems__(list(range(i, min(i + 16, 37)))))["next_sentence_label"].numpy()
+            for i in range(0, 37, 16)
+        ]
+    )
     assert stats["random_next_fraction"] == pytest.approx(labels.mean())

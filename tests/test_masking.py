@@ -129,10 +129,20 @@ def test_whole_word_masking_sentencepiece(tmp_path, corpus):
     text = (corpus / "books" / "pg11_alices_adventures_in_wonderland.txt").read_text(encoding="utf-8")
     src = tmp_path / "alice.txt"
     src.write_text("\n".join(ln for ln in text.splitlines() if ln.strip()), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(src), model_prefix=str(tmp_path / "sp"), vocab_size=800,
-                                   user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1,
-                                   bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
-                                   minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        input=str(src),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=800,
+        user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        pad_id=0,
+        unk_id=1,
+        bos_id=-1,
+        eos_id=-1,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        minloglevel=2,
+        num_threads=1,
+    )
     tok = build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "sp.model"))
     assert tok.cls_id not in (101, 102, 103) and tok.mask_id != 103  # ids really come from the model
     flat = np.array(tok.encode(" ".join(text.split()[:20000])), dtype=np.int64)
@@ -171,8 +181,7 @@ def test_max_predictions_caps_each_sample_keeping_its_first_choices(wwm):
     free = MLMMasker(MaskingConfig(whole_word_masking=wwm), VOCAB, MASK, SPECIALS, word_start)
     out0, lab0 = free(ids, keys)
     cap = int(np.percentile((lab0 != IGNORE_INDEX).sum(1), 50))  # half the samples exceed it
-    capped = MLMMasker(MaskingConfig(whole_word_masking=wwm, max_predictions=cap), VOCAB, MASK, SPECIALS,
-                       word_start)
+    capped = MLMMasker(MaskingConfig(whole_word_masking=wwm, max_predictions=cap), VOCAB, MASK, SPECIALS, word_start)
     out1, lab1 = capped(ids, keys)
     n0, n1 = (lab0 != IGNORE_INDEX).sum(1), (lab1 != IGNORE_INDEX).sum(1)
     assert (n1 <= cap).all() and (n0 > cap).sum() >= 10

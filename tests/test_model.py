@@ -8,8 +8,16 @@ import torch
 from model.bert import BertForPreTraining
 from model.config import AttentionConfig, ModelConfig
 
-TINY = dict(vocab_size=101, hidden_size=32, num_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=128, hidden_dropout=0.0, attention_dropout=0.0)
+TINY = dict(
+    vocab_size=101,
+    hidden_size=32,
+    num_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=128,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 BIGBIRD = {"mode": "bigbird", "block": 16, "num_random_blocks": 1, "different_layout_per_head": True, "seed": 3}
 BLOCKBERT3 = {"mode": "blockbert", "num_blocks": 3, "head_assignment": "2:1:1", "block": 16}
 
@@ -49,8 +57,12 @@ def test_presets_and_strict_dicts():
 
 
 def test_attention_from_config_per_layer():
-    cfg = ModelConfig(**TINY, attention=AttentionConfig(kernel="block_gather", sparsity=BIGBIRD,
-                                                        per_layer=[{}, {"kernel": "dense", "sparsity": None}]))
+    cfg = ModelConfig(
+        **TINY,
+        attention=AttentionConfig(
+            kernel="block_gather", sparsity=BIGBIRD, per_layer=[{}, {"kernel": "dense", "sparsity": None}]
+        ),
+    )
     m = BertForPreTraining(cfg)
     c0, c1 = (layer.attention.core for layer in m.bert.encoder.layers)
     assert c0.kernel_name == "block_gather" and type(c0.sparsity_config).__name__ == "BigBirdSparsityConfig"
@@ -116,8 +128,9 @@ def test_no_labels_in_batch_gives_zero_loss_with_graph():
 
 
 def test_head_size_and_pre_ln():
-    cfg = ModelConfig(**TINY, head_size=12, pre_layer_norm=True, attention={"kernel": "block_gather",
-                                                                          "sparsity": BIGBIRD})
+    cfg = ModelConfig(
+        **TINY, head_size=12, pre_layer_norm=True, attention={"kernel": "block_gather", "sparsity": BIGBIRD}
+    )
     m = BertForPreTraining(cfg)
     assert m.bert.encoder.layers[0].attention.qkv.weight.shape == (3 * 4 * 12, 32)
     assert m.bert.encoder.layers[0].attention.out_proj.weight.shape == (32, 48)

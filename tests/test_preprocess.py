@@ -36,22 +36,49 @@ def megatron(corpus: Path) -> Path:
 
 
 def test_document_level_is_byte_identical_to_megatron(megatron, bert_uncased_vocab, tmp_path):
-    assert run("--input", megatron / "wiki60.jsonl", "--output-prefix", tmp_path / "w", "--tokenizer-type",
-               "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, "--workers", 1) == 0
+    assert (
+        run(
+            "--input",
+            megatron / "wiki60.jsonl",
+            "--output-prefix",
+            tmp_path / "w",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            bert_uncased_vocab,
+            "--workers",
+            1,
+        )
+        == 0
+    )
     assert files_equal(str(tmp_path / "w_text_document"), str(megatron / "wiki60_text_document"))
 
 
 def test_sentence_level_tokens_equal_hf_per_document(megatron, bert_uncased_vocab, tmp_path):
     from transformers import BertTokenizerFast
 
-    assert run("--input", megatron / "wiki60.jsonl", "--output-prefix", tmp_path / "s", "--tokenizer-type",
-               "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, "--split-sentences",
-               "--workers", 2, "--chunk-chars", 100_000) == 0
+    assert (
+        run(
+            "--input",
+            megatron / "wiki60.jsonl",
+            "--output-prefix",
+            tmp_path / "s",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            bert_uncased_vocab,
+            "--split-sentences",
+            "--workers",
+            2,
+            "--chunk-chars",
+            100_000,
+        )
+        == 0
+    )
     ours = IndexedDataset(tmp_path / "s_text_sentence")
     ref = IndexedDataset(megatron / "wiki60_text_sentence")  # Megatron's own (punkt) sentence shard
     hf = BertTokenizerFast(str(bert_uncased_vocab), do_lower_case=True)
-    texts = [json.loads(line)["text"]
-             for line in (megatron / "wiki60.jsonl").read_text(encoding="utf-8").splitlines()]
+    texts = [json.loads(line)["text"] for line in (megatron / "wiki60.jsonl").read_text(encoding="utf-8").splitlines()]
     assert ours.num_documents == 60
     for d, text in enumerate(texts):
         expect = hf(text, add_special_tokens=False).input_ids
@@ -71,8 +98,15 @@ def test_sentence_level_tokens_equal_hf_per_document(megatron, bert_uncased_voca
 
 
 def test_output_independent_of_workers_and_chunk_size(bert_uncased_vocab, tmp_path):
-    common = ["--input", SAMPLE, "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab,
-              "--split-sentences"]
+    common = [
+        "--input",
+        SAMPLE,
+        "--tokenizer-type",
+        "BertWordPieceLowerCase",
+        "--vocab-file",
+        bert_uncased_vocab,
+        "--split-sentences",
+    ]
     assert run(*common, "--output-prefix", tmp_path / "a", "--workers", 1) == 0
     assert run(*common, "--output-prefix", tmp_path / "b", "--workers", 2, "--chunk-chars", 3000) == 0
     assert files_equal(str(tmp_path / "a_text_sentence"), str(tmp_path / "b_text_sentence"))
@@ -90,8 +124,24 @@ def test_big_book_is_spread_but_stays_one_document(bert_uncased_vocab, tmp_path)
     from data_pipeline.readers import BadInputLog, read_documents
 
     book = next((SAMPLE / "books").glob("book01_*.txt"))
-    assert run("--input", book, "--output-prefix", tmp_path / "b", "--tokenizer-type", "BertWordPieceLowerCase",
-               "--vocab-file", bert_uncased_vocab, "--workers", 2, "--chunk-chars", 2000, "--append-eod") == 0
+    assert (
+        run(
+            "--input",
+            book,
+            "--output-prefix",
+            tmp_path / "b",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            bert_uncased_vocab,
+            "--workers",
+            2,
+            "--chunk-chars",
+            2000,
+            "--append-eod",
+        )
+        == 0
+    )
     ds = IndexedDataset(tmp_path / "b_text_document")
     assert ds.num_documents == 1 and len(ds) == 1
     (doc,) = read_documents(str(book), "auto", ["text"], BadInputLog())
@@ -104,10 +154,20 @@ def test_parquet_and_jsonl_give_the_same_shard(bert_uncased_vocab, tmp_path):
     import pyarrow.parquet as pq
 
     rows = [json.loads(line) for line in (SAMPLE / "jsonl" / "articles.jsonl").read_text(encoding="utf-8").splitlines()]
-    pq.write_table(pa.table({"text": [r["text"] for r in rows], "title": [r["title"] for r in rows]}),
-                   tmp_path / "a.parquet", row_group_size=17)
-    common = ["--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, "--json-keys",
-              "text", "title"]
+    pq.write_table(
+        pa.table({"text": [r["text"] for r in rows], "title": [r["title"] for r in rows]}),
+        tmp_path / "a.parquet",
+        row_group_size=17,
+    )
+    common = [
+        "--tokenizer-type",
+        "BertWordPieceLowerCase",
+        "--vocab-file",
+        bert_uncased_vocab,
+        "--json-keys",
+        "text",
+        "title",
+    ]
     assert run("--input", SAMPLE / "jsonl" / "articles.jsonl", "--output-prefix", tmp_path / "j", *common) == 0
     assert run("--input", tmp_path / "a.parquet", "--output-prefix", tmp_path / "p", *common) == 0
     for key in ("text", "title"):
@@ -119,11 +179,36 @@ def test_sentencepiece_tokenizer_path(tmp_path):
     from data_pipeline.tokenization import build_tokenizer
     from data_pipeline.train_tokenizer import main as train_main
 
-    assert train_main(["--input", str(SAMPLE / "jsonl"), "--output-dir", str(tmp_path / "sp"),
-                       "--model-type", "unigram", "--vocab-size", "300"]) == 0
+    assert (
+        train_main(
+            [
+                "--input",
+                str(SAMPLE / "jsonl"),
+                "--output-dir",
+                str(tmp_path / "sp"),
+                "--model-type",
+                "unigram",
+                "--vocab-size",
+                "300",
+            ]
+        )
+        == 0
+    )
     model = tmp_path / "sp" / "spm.model"
-    assert run("--input", SAMPLE / "jsonl", "--output-prefix", tmp_path / "o", "--tokenizer-type",
-               "SentencePieceTokenizer", "--tokenizer-model", model, "--split-sentences") == 0
+    assert (
+        run(
+            "--input",
+            SAMPLE / "jsonl",
+            "--output-prefix",
+            tmp_path / "o",
+            "--tokenizer-type",
+            "SentencePieceTokenizer",
+            "--tokenizer-model",
+            model,
+            "--split-sentences",
+        )
+        == 0
+    )
     ds = IndexedDataset(tmp_path / "o_text_sentence")
     tok = build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(model))
     assert ds.num_documents == 120 and len(ds) > 120
@@ -134,14 +219,18 @@ def test_sentencepiece_tokenizer_path(tmp_path):
 def _bad_corpus(tmp: Path) -> Path:
     d = tmp / "bad"
     d.mkdir()
-    (d / "a.jsonl").write_bytes(b'{"text": "A fine first document. It has two sentences."}\n'
-                                b'{"text": "oops\n'
-                                b'{"text": "Invalid \xff\xfe bytes here."}\n'
-                                b'{"text": "   "}\n'
-                                b'{"body": "no text key"}\n')
-    (d / "b_wiki").write_text('<doc id="1" url="u" title="Lonely Title">\nLonely Title\n</doc>\n'
-                              '<doc id="2" url="u" title="Real">\nReal\nA real article body.\n</doc>\n',
-                              encoding="utf-8")
+    (d / "a.jsonl").write_bytes(
+        b'{"text": "A fine first document. It has two sentences."}\n'
+        b'{"text": "oops\n'
+        b'{"text": "Invalid \xff\xfe bytes here."}\n'
+        b'{"text": "   "}\n'
+        b'{"body": "no text key"}\n'
+    )
+    (d / "b_wiki").write_text(
+        '<doc id="1" url="u" title="Lonely Title">\nLonely Title\n</doc>\n'
+        '<doc id="2" url="u" title="Real">\nReal\nA real article body.\n</doc>\n',
+        encoding="utf-8",
+    )
     # recompressed in 100 kB blocks, so the blocks before the cut can still be decompressed
     raw = bz2.compress(bz2.decompress((SAMPLE / "wiki" / "sample-pages-articles.xml.bz2").read_bytes()), 1)
     (d / "c.xml.bz2").write_bytes(raw[: len(raw) * 2 // 3])
@@ -153,13 +242,30 @@ def _bad_corpus(tmp: Path) -> Path:
 
 def test_bad_input_is_reported_and_strict_writes_nothing(bert_uncased_vocab, tmp_path):
     d = _bad_corpus(tmp_path)
-    common = ["--input", d, tmp_path / "missing.jsonl", "--tokenizer-type", "BertWordPieceLowerCase",
-              "--vocab-file", bert_uncased_vocab, "--split-sentences", "--max-document-chars", 100_000]
+    common = [
+        "--input",
+        d,
+        tmp_path / "missing.jsonl",
+        "--tokenizer-type",
+        "BertWordPieceLowerCase",
+        "--vocab-file",
+        bert_uncased_vocab,
+        "--split-sentences",
+        "--max-document-chars",
+        100_000,
+    ]
     assert run(*common, "--output-prefix", tmp_path / "o", "--workers", 2) == 0
     report = json.loads((tmp_path / "reports" / "o.report.json").read_text())
     counts = {k: v["count"] for k, v in report["bad_input"].items()}
-    assert counts == {"missing_input": 1, "malformed_json": 1, "invalid_utf8": 1, "empty_document": 2,
-                      "missing_key": 1, "truncated_file": 1, "oversized_document": 2}
+    assert counts == {
+        "missing_input": 1,
+        "malformed_json": 1,
+        "invalid_utf8": 1,
+        "empty_document": 2,
+        "missing_key": 1,
+        "truncated_file": 1,
+        "oversized_document": 2,
+    }
     ex = report["bad_input"]
     assert ex["malformed_json"]["examples"][0]["where"] == "line 2"
     assert ex["invalid_utf8"]["examples"][0]["where"] == "line 3"
@@ -177,20 +283,58 @@ def test_bad_input_is_reported_and_strict_writes_nothing(bert_uncased_vocab, tmp
 
 
 def test_cli_errors_are_clear(bert_uncased_vocab, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input", str(tmp_path / "none*"),
-                        "--output-prefix", str(tmp_path / "o"), "--tokenizer-type", "BertWordPieceLowerCase",
-                        "--vocab-file", str(bert_uncased_vocab)], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_pipeline.preprocess",
+            "--input",
+            str(tmp_path / "none*"),
+            "--output-prefix",
+            str(tmp_path / "o"),
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            str(bert_uncased_vocab),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "no input files found" in r.stderr and "none*" in r.stderr
-    assert run("--input", SAMPLE, "--output-prefix", tmp_path / "o", "--tokenizer-type", "BertWordPieceLowerCase",
-               "--vocab-file", tmp_path / "nope.txt") == 2
+    assert (
+        run(
+            "--input",
+            SAMPLE,
+            "--output-prefix",
+            tmp_path / "o",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            tmp_path / "nope.txt",
+        )
+        == 2
+    )
 
 
 def test_inspect_dataset_decodes_and_rejects_corrupt(bert_uncased_vocab, tmp_path, capsys):
     from tools.inspect_dataset import main as inspect_main
 
     jsonl = SAMPLE / "jsonl" / "articles.jsonl"
-    assert run("--input", jsonl, "--output-prefix", tmp_path / "o", "--tokenizer-type", "BertWordPieceLowerCase",
-               "--vocab-file", bert_uncased_vocab, "--split-sentences") == 0
+    assert (
+        run(
+            "--input",
+            jsonl,
+            "--output-prefix",
+            tmp_path / "o",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            bert_uncased_vocab,
+            "--split-sentences",
+        )
+        == 0
+    )
     prefix = str(tmp_path / "o_text_sentence")
     assert inspect_main([prefix, "--vocab-file", str(bert_uncased_vocab), "--num-docs", "1"]) == 0
     out = capsys.readouterr().out
@@ -216,8 +360,20 @@ def test_empty_documents_stay_as_megatron_writes_them(bert_uncased_vocab, tmp_pa
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     flags = ["--split-sentences"] if split else []
     flags += ["--append-eod"] if eod else []
-    assert run("--input", tmp_path / "in.jsonl", "--output-prefix", tmp_path / "ours", "--tokenizer-type",
-               "BertWordPieceLowerCase", "--vocab-file", bert_uncased_vocab, *flags) == 0
+    assert (
+        run(
+            "--input",
+            tmp_path / "in.jsonl",
+            "--output-prefix",
+            tmp_path / "ours",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            bert_uncased_vocab,
+            *flags,
+        )
+        == 0
+    )
     hf = BertTokenizerFast(str(bert_uncased_vocab), do_lower_case=True)
     level = "sentence" if split else "document"
     ref = IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=np.uint16)
@@ -252,8 +408,9 @@ def _megatron_merge_datasets(input_dir: Path, output_prefix: Path) -> None:
         if prefix in prefixes or not os.path.isfile(os.path.join(input_dir, basename)):
             continue
         pair = ".bin" if ext == ".idx" else ".idx"
-        assert os.path.isfile(os.path.join(input_dir, prefix) + pair), \
+        assert os.path.isfile(os.path.join(input_dir, prefix) + pair), (
             f"ERROR: {pair} file not provided for {os.path.join(input_dir, prefix)}"
+        )
         prefixes.add(prefix)
     builder = None
     for prefix in sorted(prefixes):
@@ -279,8 +436,21 @@ def test_output_directory_merges_with_megatrons_merge_datasets(bert_uncased_voca
     build_datasets(DataConfig(data_path=[str(out / "a_text_sentence")], split="1,0,0", seq_length=128), tok)
     assert (out / "reports" / "a.report.json").is_file() and list((out / "cache").glob("a_text_sentence_samples_*"))
     _megatron_merge_datasets(out, tmp_path / "megatron_merged")
-    r = subprocess.run([sys.executable, "-m", "tools.merge_shards", "--inputs", str(out / "a_text_sentence"),
-                        str(out / "b_text_sentence"), "--output-prefix", str(tmp_path / "ours_merged")],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.merge_shards",
+            "--inputs",
+            str(out / "a_text_sentence"),
+            str(out / "b_text_sentence"),
+            "--output-prefix",
+            str(tmp_path / "ours_merged"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert files_equal(str(tmp_path / "megatron_merged"), str(tmp_path / "ours_merged"))

@@ -35,14 +35,33 @@ def many_inputs(tmp_path_factory) -> Path:
 
 
 def _cmd(inputs: Path, prefix: Path, vocab: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "data_pipeline.preprocess", "--input", str(inputs), "--output-prefix", str(prefix),
-            "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(vocab), "--split-sentences",
-            "--workers", "1", "--chunk-chars", "20000", "--no-progress", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "data_pipeline.preprocess",
+        "--input",
+        str(inputs),
+        "--output-prefix",
+        str(prefix),
+        "--tokenizer-type",
+        "BertWordPieceLowerCase",
+        "--vocab-file",
+        str(vocab),
+        "--split-sentences",
+        "--workers",
+        "1",
+        "--chunk-chars",
+        "20000",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def _same(a: Path, b: Path) -> bool:
-    return all(Path(f"{a}_text_sentence{e}").read_bytes() == Path(f"{b}_text_sentence{e}").read_bytes()
-               for e in (".bin", ".idx"))
+    return all(
+        Path(f"{a}_text_sentence{e}").read_bytes() == Path(f"{b}_text_sentence{e}").read_bytes()
+        for e in (".bin", ".idx")
+    )
 
 
 @pytest.mark.timeout(300)
@@ -52,8 +71,9 @@ def test_sigkill_then_resume_is_byte_identical(many_inputs, bert_uncased_vocab, 
 
     out = tmp_path / "run"
     parts = Path(f"{out}.parts")
-    proc = subprocess.Popen(_cmd(many_inputs, out, bert_uncased_vocab), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _cmd(many_inputs, out, bert_uncased_vocab), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if parts.is_dir() and len(list(parts.glob("*.done.json"))) >= 3:
@@ -75,8 +95,9 @@ def test_sigkill_then_resume_is_byte_identical(many_inputs, bert_uncased_vocab, 
     st = first.stat()
     os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     try:
-        r = subprocess.run(_cmd(many_inputs, out, bert_uncased_vocab, "--resume"), cwd=REPO, capture_output=True,
-                           text=True)
+        r = subprocess.run(
+            _cmd(many_inputs, out, bert_uncased_vocab, "--resume"), cwd=REPO, capture_output=True, text=True
+        )
     finally:
         os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert r.returncode == 0, r.stderr

@@ -17,25 +17,58 @@ from benchmarks import pretrain_compare as pc
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
-TRAIN = [SAMPLE / "books" / "book01_the_lantern_of_harrowgate.txt",
-         SAMPLE / "books" / "book02_a_winter_on_the_aldwyn.txt",
-         SAMPLE / "books" / "book03_the_clockmakers_ledger.txt", SAMPLE / "wikiextractor" / "AA" / "wiki_00"]
+TRAIN = [
+    SAMPLE / "books" / "book01_the_lantern_of_harrowgate.txt",
+    SAMPLE / "books" / "book02_a_winter_on_the_aldwyn.txt",
+    SAMPLE / "books" / "book03_the_clockmakers_ledger.txt",
+    SAMPLE / "wikiextractor" / "AA" / "wiki_00",
+]
 HELD_OUT = [SAMPLE / "books" / "book04_letters_from_stonehaven.txt", SAMPLE / "wikiextractor" / "AA" / "wiki_01"]
 
 
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tok")
-    subprocess.run([sys.executable, "-m", "data_pipeline.train_tokenizer", "--input", str(SAMPLE / "books"),
-                    str(SAMPLE / "wikiextractor"), "--output-dir", str(out), "--vocab-size", "2000"],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_pipeline.train_tokenizer",
+            "--input",
+            str(SAMPLE / "books"),
+            str(SAMPLE / "wikiextractor"),
+            "--output-dir",
+            str(out),
+            "--vocab-size",
+            "2000",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return out / "vocab.txt"
 
 
 def _argv(out: Path, vocab: Path, *extra: str) -> list[str]:
-    return ["--out", str(out), "--preset", "tiny", "--configs", "dense", "blockbert_n2", "--seeds", "1",
-            "--train-inputs", *map(str, TRAIN), "--valid-inputs", *map(str, HELD_OUT), "--vocab-file", str(vocab),
-            "--keep-checkpoints", *extra]
+    return [
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--configs",
+        "dense",
+        "blockbert_n2",
+        "--seeds",
+        "1",
+        "--train-inputs",
+        *map(str, TRAIN),
+        "--valid-inputs",
+        *map(str, HELD_OUT),
+        "--vocab-file",
+        str(vocab),
+        "--keep-checkpoints",
+        *extra,
+    ]
 
 
 def test_head_assignment_scales_the_paper_split() -> None:
@@ -54,14 +87,34 @@ def test_every_config_is_a_valid_model(config: str) -> None:
 
 def test_log_reading_keeps_the_resumed_records(tmp_path: Path) -> None:
     """A resumed run repeats the iterations after its checkpoint: each counts once, the later record wins."""
-    recs = [{"iteration": 2, "loss": 5.0, "samples_per_s": 2.0, "tokens_per_s": 20.0, "consumed_samples": 4,
-             "memory": 10.0},
-            {"iteration": 4, "loss": 4.0, "samples_per_s": 2.0, "tokens_per_s": 20.0, "consumed_samples": 8,
-             "memory": 11.0},
-            {"iteration": 4, "valid": {"loss": 3.5, "perplexity": 33.1, "mlm_accuracy": 0.1}},
-            {"iteration": 4, "loss": 4.0, "samples_per_s": 4.0, "tokens_per_s": 40.0, "consumed_samples": 8,
-             "memory": 12.0},  # resumed from the checkpoint at 2
-            {"iteration": 4, "valid": {"loss": 3.5, "perplexity": 33.1, "mlm_accuracy": 0.1}}]
+    recs = [
+        {
+            "iteration": 2,
+            "loss": 5.0,
+            "samples_per_s": 2.0,
+            "tokens_per_s": 20.0,
+            "consumed_samples": 4,
+            "memory": 10.0,
+        },
+        {
+            "iteration": 4,
+            "loss": 4.0,
+            "samples_per_s": 2.0,
+            "tokens_per_s": 20.0,
+            "consumed_samples": 8,
+            "memory": 11.0,
+        },
+        {"iteration": 4, "valid": {"loss": 3.5, "perplexity": 33.1, "mlm_accuracy": 0.1}},
+        {
+            "iteration": 4,
+            "loss": 4.0,
+            "samples_per_s": 4.0,
+            "tokens_per_s": 40.0,
+            "consumed_samples": 8,
+            "memory": 12.0,
+        },  # resumed from the checkpoint at 2
+        {"iteration": 4, "valid": {"loss": 3.5, "perplexity": 33.1, "mlm_accuracy": 0.1}},
+    ]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     spec = pc.RunSpec("dense_s1", "dense", 1, [], {})
     s = pc.summarize_run(spec, tmp_path, 8)
@@ -72,8 +125,17 @@ def test_log_reading_keeps_the_resumed_records(tmp_path: Path) -> None:
 
 
 def test_a_stalled_window_is_counted_at_the_median_step(tmp_path: Path) -> None:
-    recs = [{"iteration": i, "loss": 5.0, "samples_per_s": 2.0 if i != 8 else 0.01, "tokens_per_s": 20.0,
-             "consumed_samples": 2 * i, "memory": 10.0} for i in (2, 4, 6, 8, 10)]
+    recs = [
+        {
+            "iteration": i,
+            "loss": 5.0,
+            "samples_per_s": 2.0 if i != 8 else 0.01,
+            "tokens_per_s": 20.0,
+            "consumed_samples": 2 * i,
+            "memory": 10.0,
+        }
+        for i in (2, 4, 6, 8, 10)
+    ]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     s = pc.summarize_run(pc.RunSpec("dense_s1", "dense", 1, [], {}), tmp_path, 8)
     assert s["step_time_s"] == pytest.approx(1.0)
@@ -129,8 +191,10 @@ def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -
 
     # evaluating the same checkpoint twice gives the same numbers; another training seed sees the same batches
     ns = pc.parse(_argv(out, vocab, "--seeds", "1", "2"))
-    ns.data_path, ns.valid_data_path = [str(out / "data" / "train_text_sentence")], \
-        [str(out / "data" / "valid_text_sentence")]
+    ns.data_path, ns.valid_data_path = (
+        [str(out / "data" / "train_text_sentence")],
+        [str(out / "data" / "valid_text_sentence")],
+    )
     specs = {s.name: s for s in pc.run_specs(ns, pc.PRESETS["tiny"])}
     assert set(specs) == {"dense_s1", "blockbert_n2_s1", "dense_s2", "blockbert_n2_s2"}
     assert pc.evaluate_checkpoint(specs["dense_s1"], dense, 2) == pc.evaluate_checkpoint(specs["dense_s1"], dense, 2)

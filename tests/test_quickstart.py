@@ -21,8 +21,16 @@ def tiny_hf(tmp_path_factory) -> Path:
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
     tok = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)  # transformers 5 ignores vocab_file=
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
-                                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=32))
+    model = BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=32,
+        )
+    )
     model.save_pretrained(out)
     tok.save_pretrained(out)
     assert len(tok) == 5 + len(WORDS)  # the vocabulary really loaded (else --expect would pass trivially)
@@ -54,8 +62,9 @@ def test_fill_mask_cli_expect_and_errors(tiny_hf: Path, capsys) -> None:
     assert main(["--model", str(tiny_hf), "--top-k", "2", "--expect", top, "the river [MASK] high."]) == 0
     missing = next(w for w in WORDS if w not in [t for t, _ in preds])
     assert main(["--model", str(tiny_hf), "--top-k", "2", "--expect", missing, "the river [MASK] high."]) == 1
-    assert main(["--model", str(tiny_hf), "--top-k", "2", "--no-fail", "--expect", missing,
-                 "the river [MASK] high."]) == 0
+    assert (
+        main(["--model", str(tiny_hf), "--top-k", "2", "--no-fail", "--expect", missing, "the river [MASK] high."]) == 0
+    )
     with pytest.raises(SystemExit):
         main(["--model", str(tiny_hf), "no mask here"])
     assert "exactly one [MASK]" in capsys.readouterr().err
@@ -69,8 +78,12 @@ def test_quickstart_script_steps_use_real_entry_points() -> None:
     test)."""
     text = (REPO / "run_scripts" / "quickstart.sh").read_text()
     modules = re.findall(r"\$PY -m ([\w.]+)", text)
-    assert {"data_pipeline.train_tokenizer", "data_pipeline.preprocess", "tools.convert_checkpoint",
-            "tools.fill_mask"} <= set(modules)
+    assert {
+        "data_pipeline.train_tokenizer",
+        "data_pipeline.preprocess",
+        "tools.convert_checkpoint",
+        "tools.fill_mask",
+    } <= set(modules)
     for mod in modules:
         assert (REPO / (mod.replace(".", "/") + ".py")).exists(), mod
     for path in re.findall(r"(?:pretrain|ds_configs|run_scripts)/[\w./-]+\.(?:py|json|sh)", text):

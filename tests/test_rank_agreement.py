@@ -53,8 +53,13 @@ def _worker(rank: int, port: int, job: str, dirs: list[str], out: str) -> None:
 
 
 def _run(job: str, dirs: list[Path], tmp_path: Path) -> list[dict]:
-    mp.start_processes(_worker, args=(tu.free_port(), job, [str(d) for d in dirs], str(tmp_path)), nprocs=2,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _worker,
+        args=(tu.free_port(), job, [str(d) for d in dirs], str(tmp_path)),
+        nprocs=2,
+        start_method="spawn",
+        join=True,
+    )
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert "crash" not in r, r.get("crash")

@@ -66,9 +66,12 @@ def test_truncated_bz2_keeps_pages_read_and_reports(tmp_path):
 
 def test_wikiextractor_drops_title_line_and_reports_unterminated(tmp_path):
     p = tmp_path / "wiki_00"
-    p.write_text('<doc id="1" url="u" title="Alpha">\nAlpha\n\nAlpha is a letter.\n</doc>\n'
-                 '<doc id="2" url="u" title="Only Title">\nOnly Title\n</doc>\n'
-                 '<doc id="3" url="u" title="Cut">\nCut\nno end tag\n', encoding="utf-8")
+    p.write_text(
+        '<doc id="1" url="u" title="Alpha">\nAlpha\n\nAlpha is a letter.\n</doc>\n'
+        '<doc id="2" url="u" title="Only Title">\nOnly Title\n</doc>\n'
+        '<doc id="3" url="u" title="Cut">\nCut\nno end tag\n',
+        encoding="utf-8",
+    )
     docs, log = _docs(p)
     assert [d.texts["text"].strip() for d in docs] == ["Alpha is a letter.", ""]
     assert log.counts == {"truncated_file": 1} and "line 9" in log.examples["truncated_file"][0]["where"]
@@ -76,8 +79,10 @@ def test_wikiextractor_drops_title_line_and_reports_unterminated(tmp_path):
 
 def test_jsonl_bad_lines_reported_by_category_and_line(tmp_path):
     p = tmp_path / "x.jsonl"
-    p.write_bytes(b'{"text": "good one"}\n{"text": broken\n{"other": "x"}\n'
-                  b'{"text": "bad \xff byte"}\n[1, 2]\n\n{"text": ["pre", "split"]}\n')
+    p.write_bytes(
+        b'{"text": "good one"}\n{"text": broken\n{"other": "x"}\n'
+        b'{"text": "bad \xff byte"}\n[1, 2]\n\n{"text": ["pre", "split"]}\n'
+    )
     docs, log = _docs(p)
     assert [d.texts["text"] for d in docs] == ["good one", "bad \ufffd byte", "pre\nsplit"]
     assert log.counts == {"malformed_json": 2, "missing_key": 1, "invalid_utf8": 1}
@@ -118,12 +123,22 @@ def test_expand_inputs_dirs_globs_and_missing(tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "out.parts").mkdir()
     (tmp_path / "d" / "reports").mkdir()
-    for name in ("d/b.txt", "d/a.txt", "d/sub/c.txt", "d/.hidden", "d/out_text_document.idx", "d/out.parts/p.bin",
-                 "d/out.report.json", "d/reports/out.report.json"):
+    for name in (
+        "d/b.txt",
+        "d/a.txt",
+        "d/sub/c.txt",
+        "d/.hidden",
+        "d/out_text_document.idx",
+        "d/out.parts/p.bin",
+        "d/out.report.json",
+        "d/reports/out.report.json",
+    ):
         (tmp_path / name).write_text("x")
     log = BadInputLog()
-    files = expand_inputs([str(tmp_path / "d"), str(tmp_path / "d" / "*.txt"), str(tmp_path / "nope.txt"),
-                           str(tmp_path / "none*.json")], log)
+    files = expand_inputs(
+        [str(tmp_path / "d"), str(tmp_path / "d" / "*.txt"), str(tmp_path / "nope.txt"), str(tmp_path / "none*.json")],
+        log,
+    )
     assert [Path(f).relative_to(tmp_path).as_posix() for f in files] == ["d/a.txt", "d/b.txt", "d/sub/c.txt"]
     assert log.counts == {"missing_input": 2}
 

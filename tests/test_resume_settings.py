@@ -26,8 +26,19 @@ def first(tmp_path_factory):
 
 
 def _args(tmp, iters, ck, log, *extra, global_batch=4):
-    return tu.train_args(tmp, "zero2_fp32.json", iters, "--save", str(ck), "--load", str(ck), "--log-json",
-                         str(log), *extra, global_batch=global_batch)
+    return tu.train_args(
+        tmp,
+        "zero2_fp32.json",
+        iters,
+        "--save",
+        str(ck),
+        "--load",
+        str(ck),
+        "--log-json",
+        str(log),
+        *extra,
+        global_batch=global_batch,
+    )
 
 
 def _copy(ck, tmp_path):
@@ -55,8 +66,9 @@ def test_extending_train_iters_is_refused_naming_each_schedule_flag(first, tmp_p
 @pytest.mark.timeout(300)
 def test_override_uses_the_flags_schedule_from_the_stored_step(first, tmp_path):
     data, ck = first
-    p = tu.launch("python", _args(data, 8, _copy(ck, tmp_path), tmp_path / "log.jsonl",
-                                  "--override-opt-param-scheduler"))
+    p = tu.launch(
+        "python", _args(data, 8, _copy(ck, tmp_path), tmp_path / "log.jsonl", "--override-opt-param-scheduler")
+    )
     assert p.returncode == 0, p.stdout[-3000:]
     assert "--override-opt-param-scheduler: the LR follows the flags' schedule from step 4 on" in p.stdout
     recs = tu.train_records(tmp_path / "log.jsonl")
@@ -70,8 +82,12 @@ def test_override_uses_the_flags_schedule_from_the_stored_step(first, tmp_path):
 @pytest.mark.timeout(300)
 def test_use_checkpoint_keeps_the_stored_schedule(first, tmp_path):
     data, ck = first
-    p = tu.launch("python", _args(data, 6, _copy(ck, tmp_path), tmp_path / "log.jsonl", "--lr", "5e-4",
-                                  "--use-checkpoint-opt-param-scheduler"))
+    p = tu.launch(
+        "python",
+        _args(
+            data, 6, _copy(ck, tmp_path), tmp_path / "log.jsonl", "--lr", "5e-4", "--use-checkpoint-opt-param-scheduler"
+        ),
+    )
     assert p.returncode == 0, p.stdout[-3000:]
     assert "--use-checkpoint-opt-param-scheduler: keeping the checkpoint's LR schedule" in p.stdout
     assert "--lr: checkpoint 0.001, now 0.0005" in p.stdout
@@ -84,8 +100,9 @@ def test_use_checkpoint_keeps_the_stored_schedule(first, tmp_path):
 @pytest.mark.timeout(300)
 def test_new_global_batch_continues_at_the_stored_sample_and_says_so(first, tmp_path):
     data, ck = first
-    p = tu.launch("python", _args(data, 6, _copy(ck, tmp_path), tmp_path / "log.jsonl",
-                                  "--lr-decay-iters", "4", global_batch=8))
+    p = tu.launch(
+        "python", _args(data, 6, _copy(ck, tmp_path), tmp_path / "log.jsonl", "--lr-decay-iters", "4", global_batch=8)
+    )
     assert p.returncode == 0, p.stdout[-3000:]
     assert "global batch size 8 differs from the checkpoint's 4: continuing at sample 16" in p.stdout
     recs = tu.train_records(tmp_path / "log.jsonl")
@@ -102,22 +119,45 @@ def test_new_seq_length_is_refused_and_a_new_seed_is_said(first, tmp_path):
     assert "--seq-length 32 differs from the checkpoint's 64" in p.stdout and "--finetune" in p.stdout
     p = tu.launch("python", _args(data, 5, ck2, tmp_path / "log.jsonl", "--lr-decay-iters", "4", "--seed", "8"))
     assert p.returncode == 0, p.stdout[-3000:]
-    assert "--seed 8 differs from the checkpoint's 7: the run continues at sample 16 of the new sample stream" \
-        in p.stdout
+    assert (
+        "--seed 8 differs from the checkpoint's 7: the run continues at sample 16 of the new sample stream" in p.stdout
+    )
 
 
 def _client(**over):
     run = parse_args(["--data-path", "d", "--micro-batch-size", "2", "--train-iters", "10", "--seq-length", "64"])
-    client = {"args": run.to_dict(), "global_batch": 4, "consumed_train_samples": 40, "iteration": 10,
-              "lr_scheduler": {"peak": 1e-4, "min_lr": 0.0, "warmup": 0, "decay_iters": 10, "style": "linear",
-                               "last_epoch": 10}}
+    client = {
+        "args": run.to_dict(),
+        "global_batch": 4,
+        "consumed_train_samples": 40,
+        "iteration": 10,
+        "lr_scheduler": {
+            "peak": 1e-4,
+            "min_lr": 0.0,
+            "warmup": 0,
+            "decay_iters": 10,
+            "style": "linear",
+            "last_epoch": 10,
+        },
+    }
     client.update(over)
     return client
 
 
 def test_plan_resume_unit():
-    run = parse_args(["--data-path", "d", "--micro-batch-size", "2", "--train-iters", "20", "--seq-length", "64",
-                      "--override-opt-param-scheduler"])
+    run = parse_args(
+        [
+            "--data-path",
+            "d",
+            "--micro-batch-size",
+            "2",
+            "--train-iters",
+            "20",
+            "--seq-length",
+            "64",
+            "--override-opt-param-scheduler",
+        ]
+    )
     now = schedule_settings(1e-4, 0.0, 0, 20, "linear")
     plan = plan_resume("ck/iter", _client(), run, now, global_batch=4, micro_batch=2)
     assert plan.schedule == now and len(plan.notes) == 1
@@ -129,5 +169,6 @@ def test_plan_resume_unit():
     with pytest.raises(CheckpointError, match="no LR scheduler state"):
         plan_resume("ck/iter", _client(lr_scheduler=None), run, same, 4, 2)
     notes = plan_resume("ck/iter", _client(), run, same, global_batch=4, micro_batch=1).notes
-    assert notes == ["micro batch size 1 differs from the checkpoint's 2: same samples per step, gradient "
-                     "accumulation steps change"]
+    assert notes == [
+        "micro batch size 1 differs from the checkpoint's 2: same samples per step, gradient accumulation steps change"
+    ]

@@ -96,7 +96,7 @@ def test_samples_decode_to_the_right_tokens(shard):
         ids, first, label = sp.tokens(s)
         assert ids[0] == 101 and ids[-1] == 102 and len(ids) == lens[s] <= 32 and label == -1
         body = ids[1:-1]
-        np.testing.assert_array_equal(body[body != 102], flat[idx[s, A_START]:idx[s, A_END]])
+        np.testing.assert_array_equal(body[body != 102], flat[idx[s, A_START] : idx[s, A_END]])
         assert (body == 102).sum() == doc_of(shard, idx[s, A_END] - 1) - doc_of(shard, idx[s, A_START])
 
 
@@ -119,9 +119,9 @@ def test_nsp_recipe(shard):
     # A and true-next B together consume every token exactly once (random B's unused sentences go back)
     covered = np.zeros(shard.num_tokens, dtype=int)
     for r in idx:
-        covered[r[A_START]:r[A_END]] += 1
+        covered[r[A_START] : r[A_END]] += 1
         if r[NSP_LABEL] == 0:
-            covered[r[B_START]:r[B_END]] += 1
+            covered[r[B_START] : r[B_END]] += 1
     assert (covered == 1).all()
 
 
@@ -133,9 +133,9 @@ def test_long_sentences_split_not_dropped(tmp_path):
         idx = build_sample_index(ds, (0, 2), cfg)
         covered = np.zeros(ds.num_tokens, dtype=int)
         for r in idx:
-            covered[r[A_START]:r[A_END]] += 1
+            covered[r[A_START] : r[A_END]] += 1
             if r[NSP_LABEL] == 0:  # a true next segment consumes its tokens too
-                covered[r[B_START]:r[B_END]] += 1
+                covered[r[B_START] : r[B_END]] += 1
         assert (covered == 1).all(), mode
         if mode == "nsp":
             assert (idx[:, A_END] - idx[:, A_START] + idx[:, B_END] - idx[:, B_START] + 3 <= 16).all()
@@ -146,8 +146,11 @@ def test_short_seq_prob_rate(tmp_path):
     prefix = synthetic_shard(tmp_path / "one", [[10] * 20000])
     ds = IndexedDataset(prefix)
     N, p = 64, 0.2
-    idx = build_sample_index(ds, (0, 1), SampleIndexConfig(seq_length=N, sample_mode="doc-sentences", seed=2,
-                                                           short_seq_prob=p, cut_fraction=0.0))
+    idx = build_sample_index(
+        ds,
+        (0, 1),
+        SampleIndexConfig(seq_length=N, sample_mode="doc-sentences", seed=2, short_seq_prob=p, cut_fraction=0.0),
+    )
     lens = idx[:-1, A_END] - idx[:-1, A_START]  # last one ends with the document
     short = lens < N - 2
     assert abs(short.mean() - p * (1 - 1 / (N - 3))) < 5 * np.sqrt(p * (1 - p) / len(lens)) + 0.01
@@ -159,19 +162,22 @@ def test_deterministic_and_seed_dependent(shard):
     a = build_sample_index(shard, (0, shard.num_documents), cfg)
     b = build_sample_index(shard, (0, shard.num_documents), cfg)
     np.testing.assert_array_equal(a, b)
-    c = build_sample_index(shard, (0, shard.num_documents),
-                           SampleIndexConfig(seq_length=48, sample_mode="nsp", seed=10))
+    c = build_sample_index(
+        shard, (0, shard.num_documents), SampleIndexConfig(seq_length=48, sample_mode="nsp", seed=10)
+    )
     assert a.shape != c.shape or (a != c).any()
 
 
 def test_cache_name_hashes_parameters_and_reuses_memmap(shard, tmp_path):
     cfg = SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1)
     p1, _ = index_cache_path(shard.prefix, (0, 10), cfg, str(tmp_path))
-    for other in (SampleIndexConfig(seq_length=64, sample_mode="doc-sentences", seed=1),
-                  SampleIndexConfig(seq_length=48, sample_mode="full-sentences", seed=1),
-                  SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=2),
-                  SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1, short_seq_prob=0.2),
-                  SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1, cut_fraction=1.0)):
+    for other in (
+        SampleIndexConfig(seq_length=64, sample_mode="doc-sentences", seed=1),
+        SampleIndexConfig(seq_length=48, sample_mode="full-sentences", seed=1),
+        SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=2),
+        SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1, short_seq_prob=0.2),
+        SampleIndexConfig(seq_length=48, sample_mode="doc-sentences", seed=1, cut_fraction=1.0),
+    ):
         assert index_cache_path(shard.prefix, (0, 10), other, str(tmp_path))[0] != p1
     assert index_cache_path(shard.prefix, (0, 11), cfg, str(tmp_path))[0] != p1
     first = load_or_build_index(shard, (0, 10), cfg, str(tmp_path))
@@ -190,11 +196,18 @@ def test_cache_name_is_the_one_existing_caches_have(shard, tmp_path):
 
     from data_pipeline.samples import INDEX_VERSION, _shard_identity
 
-    cfg = SampleIndexConfig(seq_length=48, sample_mode="full-sentences", seed=3, short_seq_prob=0.2,
-                            cut_fraction=0.5)
+    cfg = SampleIndexConfig(seq_length=48, sample_mode="full-sentences", seed=3, short_seq_prob=0.2, cut_fraction=0.5)
     path, desc = index_cache_path(shard.prefix, (0, 10), cfg, str(tmp_path))
-    old_desc = {"version": INDEX_VERSION, "shard": _shard_identity(shard.prefix), "doc_range": [0, 10],
-                "seq_length": 48, "mode": "full-sentences", "seed": 3, "short_seq_prob": 0.2, "cut_fraction": 0.5}
+    old_desc = {
+        "version": INDEX_VERSION,
+        "shard": _shard_identity(shard.prefix),
+        "doc_range": [0, 10],
+        "seq_length": 48,
+        "mode": "full-sentences",
+        "seed": 3,
+        "short_seq_prob": 0.2,
+        "cut_fraction": 0.5,
+    }
     digest = hashlib.sha1(json.dumps(old_desc, sort_keys=True).encode()).hexdigest()[:16]
     assert desc == old_desc and path.name == f"{os.path.basename(shard.prefix)}_samples_{digest}.npy"
 
@@ -231,8 +244,9 @@ def test_doc_sentences_fill_ratio_on_books(books):
     idx = build_sample_index(ds, (0, ds.num_documents), cfg)
     fill = ((idx[:, A_END] - idx[:, A_START] + 2) / 128).mean()
     assert fill >= 0.9, f"doc-sentences fill ratio {fill:.3f} < 0.9 at N=128"
-    strict = build_sample_index(ds, (0, ds.num_documents), SampleIndexConfig(seq_length=128, short_seq_prob=0.0,
-                                                                             cut_fraction=1.0))
+    strict = build_sample_index(
+        ds, (0, ds.num_documents), SampleIndexConfig(seq_length=128, short_seq_prob=0.0, cut_fraction=1.0)
+    )
     assert ((strict[:, A_END] - strict[:, A_START] + 2) / 128).mean() < fill  # what whole sentences alone give
     # the price: samples that start inside a sentence (none with whole sentences, none at all at N=512 here)
     starts = np.asarray(ds.sequence_pointers) // ds.dtype.itemsize
@@ -242,12 +256,34 @@ def test_doc_sentences_fill_ratio_on_books(books):
 
 def test_cli_stats_and_show(books, bert_uncased_vocab, capsys, tmp_path):
     prefix, tok = books
-    rc = main(["--data-path", str(prefix), "--split", "1,0,0", "--seq-length", "128", "--mode", "doc-sentences",
-               "--seed", "3", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(bert_uncased_vocab),
-               "--cache-dir", str(tmp_path), "--stats", "--stats-samples", "2000", "--show", "2"])
+    rc = main(
+        [
+            "--data-path",
+            str(prefix),
+            "--split",
+            "1,0,0",
+            "--seq-length",
+            "128",
+            "--mode",
+            "doc-sentences",
+            "--seed",
+            "3",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            str(bert_uncased_vocab),
+            "--cache-dir",
+            str(tmp_path),
+            "--stats",
+            "--stats-samples",
+            "2000",
+            "--show",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
-    stats = json.loads(out[:out.index("--- sample 0")])
+    stats = json.loads(out[: out.index("--- sample 0")])
     assert stats["num_samples"] > 1000 and stats["mean_fill_ratio"] >= 0.9
     assert abs(stats["masked_fraction"] - 0.15) < 0.01
     assert abs(stats["mask_split"]["mask"] - 0.8) < 0.03 and abs(stats["mask_split"]["random"] - 0.1) < 0.03
@@ -258,8 +294,19 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, bert_uncased_vocab, capsys):
     with IndexedDatasetBuilder(tmp_path / "small", np.uint8) as b:  # uint8 cannot hold a 30k vocabulary
         b.add_document([[5, 6, 7]] * 5)
         b.add_document([[8, 9]] * 5)
-    rc = main(["--data-path", str(tmp_path / "small"), "--seq-length", "64", "--tokenizer-type",
-               "BertWordPieceLowerCase", "--vocab-file", str(bert_uncased_vocab), "--stats"])
+    rc = main(
+        [
+            "--data-path",
+            str(tmp_path / "small"),
+            "--seq-length",
+            "64",
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            str(bert_uncased_vocab),
+            "--stats",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "small.idx" in err and "uint8" in err
     assert not list(tmp_path.rglob("*_samples_*")), "work was done before the error"
@@ -282,8 +329,9 @@ def test_concurrent_builders_never_see_a_partial_cache(tmp_path):
     with ctx.Pool(3) as pool:
         sizes = pool.starmap(_build_in_process, [(prefix, str(tmp_path / "cache"))] * 6, chunksize=1)
     ds = IndexedDataset(prefix)
-    expect = build_sample_index(ds, (0, ds.num_documents),
-                                SampleIndexConfig(seq_length=32, sample_mode="full-sentences", seed=77))
+    expect = build_sample_index(
+        ds, (0, ds.num_documents), SampleIndexConfig(seq_length=32, sample_mode="full-sentences", seed=77)
+    )
     assert sizes == [len(expect)] * 6
     files = list((tmp_path / "cache").iterdir())
     assert sorted(f.suffix for f in files) == [".json", ".npy"], files

@@ -57,8 +57,9 @@ def template_args(data: Path) -> list[str]:
 
 
 def submit(cluster: SlurmCluster, template: str, args: list[str], out: Path, **env: str) -> str:
-    return cluster.sbatch(["-N1", "--ntasks-per-node=2", "-o", str(out), str(TEMPLATES / template), *args],
-                          env=job_env(**env), cwd=REPO)
+    return cluster.sbatch(
+        ["-N1", "--ntasks-per-node=2", "-o", str(out), str(TEMPLATES / template), *args], env=job_env(**env), cwd=REPO
+    )
 
 
 def wait_for_log_lines(path: Path, n: int, cluster: SlurmCluster, job: str, timeout: float) -> None:
@@ -77,9 +78,13 @@ def straight(cluster, data, tmp_path_factory):
     """Template (a), uninterrupted: the reference losses, and the job's output."""
     out = tmp_path_factory.mktemp("straight")
     # through submit.sh: resources from knobs, no GPU option (GPUS unset)
-    p = cluster.run(["bash", str(TEMPLATES / "submit.sh"), "pretrain_srun", *template_args(data)], cwd=REPO,
-                    env=job_env(OUT=str(out / "run"), NODES="1", TASKS_PER_NODE="2", TIME="10",
-                                SBATCH_ARGS=f"-o {out / 'job.out'}"))
+    p = cluster.run(
+        ["bash", str(TEMPLATES / "submit.sh"), "pretrain_srun", *template_args(data)],
+        cwd=REPO,
+        env=job_env(
+            OUT=str(out / "run"), NODES="1", TASKS_PER_NODE="2", TIME="10", SBATCH_ARGS=f"-o {out / 'job.out'}"
+        ),
+    )
     job = re.search(r"Submitted batch job (\d+)", p.stdout).group(1)
     info = cluster.wait_job(job, timeout=240)
     text = (out / "job.out").read_text()
@@ -91,9 +96,23 @@ def straight(cluster, data, tmp_path_factory):
 @pytest.mark.timeout(300)
 def test_srun_two_tasks_train_in_one_world(cluster, data, tmp_path):
     log = tmp_path / "log.jsonl"
-    p = cluster.run(["srun", "-n2", "--kill-on-bad-exit=0", sys.executable, "-m", "pretrain.train",
-                     *tu.train_args(data, "zero1_fp32.json", 2), "--log-json", str(log)],
-                    env=job_env(), cwd=REPO, timeout=280, check=False)
+    p = cluster.run(
+        [
+            "srun",
+            "-n2",
+            "--kill-on-bad-exit=0",
+            sys.executable,
+            "-m",
+            "pretrain.train",
+            *tu.train_args(data, "zero1_fp32.json", 2),
+            "--log-json",
+            str(log),
+        ],
+        env=job_env(),
+        cwd=REPO,
+        timeout=280,
+        check=False,
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert "[pretrain] 2 rank(s), backend gloo" in p.stdout
     recs = tu.train_records(log)
@@ -143,8 +162,14 @@ def test_time_limit_signal_saves_requeues_and_resumes_exactly(cluster, data, str
 @pytest.mark.skipif(not Path("/usr/bin/mpirun").exists(), reason="mpirun not installed (run_scripts/setup_env.sh)")
 def test_deepspeed_template_forwards_the_batch_signal_and_requeues(cluster, data, tmp_path):
     run = tmp_path / "run"
-    job = submit(cluster, "pretrain_deepspeed.sbatch", template_args(data), tmp_path / "job.out", OUT=str(run),
-                 MPI_ARGS="--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo")
+    job = submit(
+        cluster,
+        "pretrain_deepspeed.sbatch",
+        template_args(data),
+        tmp_path / "job.out",
+        OUT=str(run),
+        MPI_ARGS="--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo",
+    )
     wait_for_log_lines(run / "log.jsonl", 3, cluster, job, timeout=300)
     # `#SBATCH --signal=B:USR1@120`: the batch shell only; its trap passes the signal to mpirun, mpirun to the ranks
     cluster.run(["scancel", "--batch", "--signal=USR1", job])
@@ -163,17 +188,46 @@ def test_deepspeed_template_forwards_the_batch_signal_and_requeues(cluster, data
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, tmp_path):
-    args = ["-m", "data_pipeline.preprocess", "--input", str(SAMPLE), "--tokenizer-type", "BertWordPieceLowerCase",
-            "--vocab-file", str(bert_uncased_vocab), "--split-sentences", "--workers", "1", "--no-progress"]
-    subprocess.run([sys.executable, *args, "--output-prefix", str(tmp_path / "one")], cwd=REPO, check=True,
-                   capture_output=True)
-    p = cluster.run(["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, *args, "--output-prefix",
-                     str(tmp_path / "two")], env=job_env(), cwd=REPO, timeout=200, check=False)
+    args = [
+        "-m",
+        "data_pipeline.preprocess",
+        "--input",
+        str(SAMPLE),
+        "--tokenizer-type",
+        "BertWordPieceLowerCase",
+        "--vocab-file",
+        str(bert_uncased_vocab),
+        "--split-sentences",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
+    subprocess.run(
+        [sys.executable, *args, "--output-prefix", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True
+    )
+    p = cluster.run(
+        ["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, *args, "--output-prefix", str(tmp_path / "two")],
+        env=job_env(),
+        cwd=REPO,
+        timeout=200,
+        check=False,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "rank 1/2" in p.stderr  # both tasks really worked
     # the template: two tasks again, through sbatch
-    job = cluster.sbatch(["-n2", "-o", str(tmp_path / "job.out"), str(TEMPLATES / "preprocess.sbatch"), *args[2:],
-                          "--output-prefix", str(tmp_path / "three")], env=job_env(), cwd=REPO)
+    job = cluster.sbatch(
+        [
+            "-n2",
+            "-o",
+            str(tmp_path / "job.out"),
+            str(TEMPLATES / "preprocess.sbatch"),
+            *args[2:],
+            "--output-prefix",
+            str(tmp_path / "three"),
+        ],
+        env=job_env(),
+        cwd=REPO,
+    )
     info = cluster.wait_job(job, timeout=200)
     assert info["ExitCode"] == "0:0", (tmp_path / "job.out").read_text()
     for ext in (".bin", ".idx"):
@@ -181,13 +235,21 @@ def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, t
         assert one == (tmp_path / f"two_text_sentence{ext}").read_bytes()
         assert one == (tmp_path / f"three_text_sentence{ext}").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == [
-        "two_text_sentence.bin", "two_text_sentence.idx"]  # no rendezvous left behind
+        "two_text_sentence.bin",
+        "two_text_sentence.idx",
+    ]  # no rendezvous left behind
     assert (tmp_path / "reports" / "two.report.json").is_file()
 
 
 # ---------------------------------------------------------------------------------------------------------- units
-STEP = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "77",
-        "SLURM_STEP_ID": "0", "MASTER_ADDR": "n1"}
+STEP = {
+    "SLURM_PROCID": "1",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_LOCALID": "1",
+    "SLURM_JOB_ID": "77",
+    "SLURM_STEP_ID": "0",
+    "MASTER_ADDR": "n1",
+}
 
 
 def test_slurm_env_with_srun_pmi_plugins_and_other_launchers():
@@ -203,7 +265,12 @@ def test_mpirun_env_uses_a_given_master():
     ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
     assert mpirun_env(ompi) is None  # no master given: DeepSpeed's MPI discovery
     assert mpirun_env({**ompi, "MASTER_ADDR": "n1", "MASTER_PORT": "10077"}) == {
-        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "10077"}
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "10077",
+    }
     assert mpirun_env({**ompi, "MASTER_ADDR": "n1"})["MASTER_PORT"] == "29500"
 
 
@@ -223,7 +290,11 @@ def test_coordination_detect_rules(tmp_path, monkeypatch):
     monkeypatch.setattr(coordination, "TorchWorld", lambda *a: ("torch", *a))  # records, joins no group
     # srun --mpi=pmi2 sets PMI variables: still the step's own group, no MPI_Init
     assert coordination.detect(prefix, {**STEP, "SLURM_PROCID": "0", "PMI_SIZE": "2"}) == (
-        "torch", f"{prefix}.rendezvous-77.0", 0, 2)
+        "torch",
+        f"{prefix}.rendezvous-77.0",
+        0,
+        2,
+    )
 
 
 def _torch_rank(path: str, rank: int, fail: bool, q) -> None:

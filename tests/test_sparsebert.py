@@ -19,8 +19,13 @@ from tests.registry_cases import ALL_KERNELS
 H, D, B, N = 4, 16, 2, 64
 FIXED = S.pattern_names("fixed")  # every registered fixed pattern (each needs a SMALL entry)
 SMALL = {  # settings scaled to n = 64 so that blocks of 8 are partly skipped
-    "no_diagonal": {}, "strided": {"stride": 8}, "fixed": {"block_len": 16}, "longformer": {},
-    "logsparse": {}, "bigbird": {}, "star": {"relay": 5},
+    "no_diagonal": {},
+    "strided": {"stride": 8},
+    "fixed": {"block_len": 16},
+    "longformer": {},
+    "logsparse": {},
+    "bigbird": {},
+    "star": {"relay": 5},
 }
 
 
@@ -53,8 +58,9 @@ def test_pattern_definitions():
     other = torch.ones(n, dtype=torch.bool)
     other[5] = False
     assert torch.equal(star[other][:, other], ring[other][:, other])
-    bb = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="bigbird", num_global=0, window=0, num_random=3)),
-                        H, n)
+    bb = S.make_pattern(
+        S.TokenMaskConfig.from_dict(dict(pattern="bigbird", num_global=0, window=0, num_random=3)), H, n
+    )
     assert ((bb.sum(-1) >= 3) & (bb.sum(-1) <= 4)).all()  # self (window 0) + 3 random keys, self may be drawn
     assert not torch.equal(bb[0], bb[1])  # random keys drawn per head
     g = S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern="bigbird")), H, n)
@@ -80,7 +86,7 @@ def test_block_layout_from_mask_is_any_per_block():
     for h in range(H):
         for a in range(4):
             for b in range(4):
-                assert bool(lay[h, a, b]) == bool(m[h, a * 16:(a + 1) * 16, b * 16:(b + 1) * 16].any())
+                assert bool(lay[h, a, b]) == bool(m[h, a * 16 : (a + 1) * 16, b * 16 : (b + 1) * 16].any())
 
 
 def _naive(q, k, v, allow_BHNN):
@@ -170,9 +176,15 @@ def test_mask_longer_input_rejected_and_config_errors(tmp_path):
 def test_model_with_per_layer_masks_roundtrip():
     from model.bert import BertForPreTraining
 
-    cfg = ModelConfig.preset("tiny", max_position_embeddings=64, attention={
-        "kernel": "block_gather", "token_mask": {"pattern": "star", "block": 8},
-        "per_layer": [{}, {"token_mask": {"pattern": "no_diagonal"}, "kernel": "dense"}]})
+    cfg = ModelConfig.preset(
+        "tiny",
+        max_position_embeddings=64,
+        attention={
+            "kernel": "block_gather",
+            "token_mask": {"pattern": "star", "block": 8},
+            "per_layer": [{}, {"token_mask": {"pattern": "no_diagonal"}, "kernel": "dense"}],
+        },
+    )
     assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     m = BertForPreTraining(cfg)
     cores = [layer.attention.core for layer in m.bert.encoder.layers]
@@ -200,15 +212,28 @@ def test_tools_stats(capsys):
     from tools import model_stats, plot_layouts
 
     base = model_stats.count(ModelConfig.preset("tiny", max_position_embeddings=64))
-    d = model_stats.count(ModelConfig.preset("tiny", max_position_embeddings=64, segment="per_head",
-                                             position={"type": "diet_abs", "rank": 8}))
+    d = model_stats.count(
+        ModelConfig.preset(
+            "tiny", max_position_embeddings=64, segment="per_head", position={"type": "diet_abs", "rank": 8}
+        )
+    )
     # L x (positions n x d_p + U_Q, U_K per head) + per-head segment tables - input positions - token types
     assert d["total"] - base["total"] == 2 * (64 * 8 + 2 * 4 * 8 * 8) + 2 * 4 * 2 * 2 - 64 * 64 - 2 * 64
-    r = model_stats.count(ModelConfig.preset("tiny", position={"type": "diet_rel", "max_distance": 7,
-                                                               "sharing": "layer"}))
+    r = model_stats.count(
+        ModelConfig.preset("tiny", position={"type": "diet_rel", "max_distance": 7, "sharing": "layer"})
+    )
     assert r["positional_attention"] == 4 * 15
-    plot_layouts.main(["--token-mask", '{"pattern": "star", "block": 8, "relay": 5}', "--num-heads", "2",
-                       "--seq-len", "64", "--stats"])
+    plot_layouts.main(
+        [
+            "--token-mask",
+            '{"pattern": "star", "block": 8, "relay": 5}',
+            "--num-heads",
+            "2",
+            "--seq-len",
+            "64",
+            "--stats",
+        ]
+    )
     st = json.loads(capsys.readouterr().out)
     want = _mask("star")[:2]
     assert st["sparsity"] == pytest.approx(S.sparsity(want), abs=1e-4) and len(st["sparsity_per_head"]) == 2
@@ -227,7 +252,8 @@ def test_fixed_mask_in_plan_and_call_time_mask_combine():
         with torch.no_grad():
             torch.testing.assert_close(mod(q, k, v, token_mask=extra), want, atol=1e-5, rtol=1e-5, msg=kernel)
     plan = A.BlockSparseAttention(None, "block_gather", N, fixed_token_mask=mask, mask_block=8)._plan(
-        N, torch.device("cpu"))
+        N, torch.device("cpu")
+    )
     parts = [plan] if not hasattr(plan, "fallback") else [plan.fallback] + ([plan.rest.plan] if plan.rest else [])
     assert all(g.token_mask_GQK is not None for p in parts for g in p.groups)  # (split plan on CPU: its gather plans)
     plan = A.BlockSparseAttention(None, "flex", N, fixed_token_mask=mask, mask_block=8)._plan(N, torch.device("cpu"))

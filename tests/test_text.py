@@ -15,13 +15,18 @@ from data_pipeline.text import (
 )
 from data_pipeline.wikitext import wikitext_to_text
 
-ABBREV = ("Dr. Smith went to Washington D.C. on Jan. 5. He arrived at 5 p.m. and met Mr. Jones, e.g. the mayor. "
-          "Then they left.")
+ABBREV = (
+    "Dr. Smith went to Washington D.C. on Jan. 5. He arrived at 5 p.m. and met Mr. Jones, e.g. the mayor. "
+    "Then they left."
+)
 
 
 def test_abbreviations_do_not_end_sentences():
-    assert split_sentences(ABBREV) == ["Dr. Smith went to Washington D.C. on Jan. 5.",
-                                       "He arrived at 5 p.m. and met Mr. Jones, e.g. the mayor.", "Then they left."]
+    assert split_sentences(ABBREV) == [
+        "Dr. Smith went to Washington D.C. on Jan. 5.",
+        "He arrived at 5 p.m. and met Mr. Jones, e.g. the mayor.",
+        "Then they left.",
+    ]
 
 
 def _pieces(doc: str, cuts) -> list[str]:
@@ -32,8 +37,12 @@ def _pieces(doc: str, cuts) -> list[str]:
 def test_sentence_starts_cut_at_sentences_and_paragraphs_with_unicode_offsets():
     doc = "Zoë met Dr. Ünal in Köln. They talked.\nNew paragraph here. Last one!"
     pieces = _pieces(doc, sentence_starts(doc))
-    assert [p.strip() for p in pieces] == ["Zoë met Dr. Ünal in Köln.", "They talked.", "New paragraph here.",
-                                           "Last one!"]
+    assert [p.strip() for p in pieces] == [
+        "Zoë met Dr. Ünal in Köln.",
+        "They talked.",
+        "New paragraph here.",
+        "Last one!",
+    ]
     assert "".join(pieces) == doc
 
 
@@ -41,8 +50,12 @@ def test_sentence_splitting_keeps_document_tokens(bert_uncased_vocab):
     from transformers import BertTokenizerFast
 
     tok = BertTokenizerFast(str(bert_uncased_vocab), do_lower_case=True)
-    paras = ["Then he left!Next day it rained. It was 5 p.m. on the 3rd.", "A\u00a0non-breaking space. Fine.",
-             "Quotes: \u201cWhere?\u201d asked Ada. \u201cHere.\u201d", "x" * 120 + ". Short."]
+    paras = [
+        "Then he left!Next day it rained. It was 5 p.m. on the 3rd.",
+        "A\u00a0non-breaking space. Fine.",
+        "Quotes: \u201cWhere?\u201d asked Ada. \u201cHere.\u201d",
+        "x" * 120 + ". Short.",
+    ]
     doc = "\n".join(paras)
     whole = tok(doc, add_special_tokens=False).input_ids
     sents = _sentences(doc, keep_newlines=True)  # the pipeline's path
@@ -90,8 +103,10 @@ def test_text_without_markers_passes_whole():
 
 
 def test_wikitext_to_text_uses_the_parser():
-    wt = ("{{Infobox town|name=X}}'''Albedo''' is the [[reflection|diffuse reflection]] of light"
-          "<ref>{{cite book|title=T}}</ref>.<!-- hidden -->\n== History ==\n* First item [http://x.org a site].\n"
-          "{| class=\"wikitable\"\n|-\n| cell || 1\n|}\n[[File:A.jpg|thumb|Caption]] [[Category:Optics]] [[de:Albedo]]")
+    wt = (
+        "{{Infobox town|name=X}}'''Albedo''' is the [[reflection|diffuse reflection]] of light"
+        "<ref>{{cite book|title=T}}</ref>.<!-- hidden -->\n== History ==\n* First item [http://x.org a site].\n"
+        '{| class="wikitable"\n|-\n| cell || 1\n|}\n[[File:A.jpg|thumb|Caption]] [[Category:Optics]] [[de:Albedo]]'
+    )
     text = wikitext_to_text(wt)
     assert text.split("\n") == ["Albedo is the diffuse reflection of light.", "History", "First item a site."]

@@ -9,8 +9,13 @@ import pytest
 
 from data_pipeline.tokenization import TokenizerError, build_tokenizer
 
-TEXTS = ["Hello world, this is BERT's tokenizer.", "Café über naïve Zoë — 日本語 text", "",
-         "A very long word: " + "x" * 150 + " then normal words.", "tab\there\x07bell and\u00a0nbsp"]
+TEXTS = [
+    "Hello world, this is BERT's tokenizer.",
+    "Café über naïve Zoë — 日本語 text",
+    "",
+    "A very long word: " + "x" * 150 + " then normal words.",
+    "tab\there\x07bell and\u00a0nbsp",
+]
 
 
 @pytest.fixture(scope="module")

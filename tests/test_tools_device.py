@@ -26,9 +26,33 @@ def export(tmp_path_factory):
 
 
 def _finetune(model, out, device, precision):
-    assert ft.main(["--model", str(model), "--task", "classification", "--train", str(DATA / "cls_train.jsonl"),
-                    "--dev", str(DATA / "cls_dev.jsonl"), "--output-dir", str(out), "--max-steps", "3",
-                    "--batch-size", "8", "--lr", "1e-3", "--device", device, "--precision", precision]) == 0
+    assert (
+        ft.main(
+            [
+                "--model",
+                str(model),
+                "--task",
+                "classification",
+                "--train",
+                str(DATA / "cls_train.jsonl"),
+                "--dev",
+                str(DATA / "cls_dev.jsonl"),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--device",
+                device,
+                "--precision",
+                precision,
+            ]
+        )
+        == 0
+    )
     return json.loads((out / "metrics.json").read_text())
 
 

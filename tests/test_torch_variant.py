@@ -36,20 +36,24 @@ def _env(bin_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def _variant(bin_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(VARIANT), *args], env=_env(bin_dir, **env), capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(VARIANT), *args], env=_env(bin_dir, **env), capture_output=True, text=True, timeout=60
+    )
 
 
-@pytest.mark.parametrize("smi, rc, variant", [
-    (None, 0, "default"),                  # no nvidia-smi: a CPU machine
-    ("", 0, "default"),                    # nvidia-smi without GPUs
-    ("x", 9, "default"),                   # nvidia-smi failing (no driver)
-    ("9.0\\n", 0, "default"),              # H100
-    ("8.0\\n8.0\\n", 0, "default"),        # 2 x A100
-    ("7.5\\n", 0, "default"),              # T4
-    ("7.0\\n7.0\\n", 0, "cu126"),          # V100s
-    ("8.0\\n7.0\\n", 0, "cu126"),          # mixed: the oldest decides
-])
+@pytest.mark.parametrize(
+    "smi, rc, variant",
+    [
+        (None, 0, "default"),  # no nvidia-smi: a CPU machine
+        ("", 0, "default"),  # nvidia-smi without GPUs
+        ("x", 9, "default"),  # nvidia-smi failing (no driver)
+        ("9.0\\n", 0, "default"),  # H100
+        ("8.0\\n8.0\\n", 0, "default"),  # 2 x A100
+        ("7.5\\n", 0, "default"),  # T4
+        ("7.0\\n7.0\\n", 0, "cu126"),  # V100s
+        ("8.0\\n7.0\\n", 0, "cu126"),  # mixed: the oldest decides
+    ],
+)
 def test_variant_follows_the_gpus(tmp_path, smi, rc, variant):
     _fake_smi(tmp_path / "bin", smi, rc)
     r = _variant(tmp_path / "bin")
@@ -72,8 +76,10 @@ def test_overrides_and_bad_values(tmp_path):
     assert r.returncode == 2 and "TORCH_VARIANT='cu999'" in r.stderr
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None or shutil.which("pdsh") is None,
-                    reason="setup_env.sh would apt-get install openmpi/pdsh first (run run_scripts/setup_env.sh)")
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None or shutil.which("pdsh") is None,
+    reason="setup_env.sh would apt-get install openmpi/pdsh first (run run_scripts/setup_env.sh)",
+)
 def test_setup_env_installs_the_chosen_build_and_reinstalls_when_it_changes(tmp_path):
     root = tmp_path / "repo"
     (root / "run_scripts").mkdir(parents=True)
@@ -82,7 +88,7 @@ def test_setup_env_installs_the_chosen_build_and_reinstalls_when_it_changes(tmp_
     log = tmp_path / "pip.log"
     venv_py = root / ".venv" / "bin" / "python"
     venv_py.parent.mkdir(parents=True)
-    venv_py.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n")  # records pip calls, installs nothing
+    venv_py.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')  # records pip calls, installs nothing
     venv_py.chmod(0o755)
     ext = tmp_path / "ext"
     ext.mkdir()
@@ -93,18 +99,23 @@ def test_setup_env_installs_the_chosen_build_and_reinstalls_when_it_changes(tmp_
         log.write_text("")
         _fake_smi(bin_dir, smi)
         env = _env(bin_dir, PYTHON=sys.executable, TORCH_EXTENSIONS_DIR=str(ext))
-        r = subprocess.run(["bash", str(root / "run_scripts" / "setup_env.sh")], env=env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            ["bash", str(root / "run_scripts" / "setup_env.sh")], env=env, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         return [line for line in log.read_text().splitlines() if line.startswith("-m pip install")]
 
     calls = setup("7.0\n")  # V100: the legacy build first, then the rest
-    assert calls[1:] == ["-m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126",
-                         "-m pip install -q -r requirements.txt"]
+    assert calls[1:] == [
+        "-m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126",
+        "-m pip install -q -r requirements.txt",
+    ]
     assert (root / ".venv" / ".requirements.sha256").read_text().strip().endswith(" cu126")
     assert setup("7.0\n") == []  # nothing changed: nothing installed
     calls = setup("9.0\n")  # the machine's GPUs changed: torch is replaced by the default build
-    assert calls[1:] == ["-m pip install -q --force-reinstall --no-deps torch==2.13.0",
-                         "-m pip install -q -r requirements.txt"]
+    assert calls[1:] == [
+        "-m pip install -q --force-reinstall --no-deps torch==2.13.0",
+        "-m pip install -q -r requirements.txt",
+    ]
     assert " " not in (root / ".venv" / ".requirements.sha256").read_text().strip()
     assert setup(None) == []  # default again on a CPU machine: the same stamp

@@ -17,9 +17,21 @@ def test_two_phase_finetune_extends_positions_and_restarts(tmp_path):
     tu.prepare(tmp_path, max_position_embeddings=32)
     p1 = tu.launch("python", tu.train_args(tmp_path, "zero1_fp32.json", 2, "--save", str(tmp_path / "p1"), seq=32))
     assert p1.returncode == 0, p1.stdout[-3000:]
-    args = tu.train_args(tmp_path, "zero1_fp32.json", 2, "--max-position-embeddings", "64", "--finetune",
-                         "--load", str(tmp_path / "p1"), "--save", str(tmp_path / "p2"),
-                         "--log-json", str(tmp_path / "p2.jsonl"), seq=64)
+    args = tu.train_args(
+        tmp_path,
+        "zero1_fp32.json",
+        2,
+        "--max-position-embeddings",
+        "64",
+        "--finetune",
+        "--load",
+        str(tmp_path / "p1"),
+        "--save",
+        str(tmp_path / "p2"),
+        "--log-json",
+        str(tmp_path / "p2.jsonl"),
+        seq=64,
+    )
     p2 = tu.launch("python", args)
     assert p2.returncode == 0, p2.stdout[-3000:]
     assert "position_embeddings.weight: 32 -> 64" in p2.stdout
@@ -33,8 +45,12 @@ def test_dam_search_logs_sparsity_and_exports_masks(tmp_path):
     cfg = json.loads((tmp_path / "model.json").read_text())
     cfg["attention"]["token_mask"] = {"pattern": "dam", "seq_len": 64}
     (tmp_path / "model.json").write_text(json.dumps(cfg))
-    p = tu.launch("python", tu.train_args(tmp_path, "zero2_fp32.json", 2, "--save", str(tmp_path / "ck"),
-                                          "--log-json", str(tmp_path / "log.jsonl")))
+    p = tu.launch(
+        "python",
+        tu.train_args(
+            tmp_path, "zero2_fp32.json", 2, "--save", str(tmp_path / "ck"), "--log-json", str(tmp_path / "log.jsonl")
+        ),
+    )
     assert p.returncode == 0, p.stdout[-3000:]
     recs = tu.train_records(tmp_path / "log.jsonl")
     assert all(r["aux_loss"] > 0 and 0.0 <= r["dam/sparsity"] <= 1.0 for r in recs)

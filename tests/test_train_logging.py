@@ -28,10 +28,19 @@ def test_zero0_fp32_logs_the_same_grad_norm_as_zero1(tmp_path):
 
 
 def test_log_line_prints_what_exists_formatted():
-    rec = {"iteration": 7, "loss": 2.123456789, "lr": 1e-4, "grad_norm": 0.123456789123, "loss_scale": None,
-           "skipped_steps": 0, "tokens_per_s": 1234.56, "memory": 512.4}
+    rec = {
+        "iteration": 7,
+        "loss": 2.123456789,
+        "lr": 1e-4,
+        "grad_norm": 0.123456789123,
+        "loss_scale": None,
+        "skipped_steps": 0,
+        "tokens_per_s": 1234.56,
+        "memory": 512.4,
+    }
     line = log_line(rec, 10)
-    assert line == ("iteration 7/10 | loss 2.123457 | lr 1.000e-04 | grad norm 0.1235 | skipped 0 | tokens/s 1235 | "
-                    "mem 512 MB")
+    assert line == (
+        "iteration 7/10 | loss 2.123457 | lr 1.000e-04 | grad norm 0.1235 | skipped 0 | tokens/s 1235 | mem 512 MB"
+    )
     fp16 = dict(rec, loss_scale=65536.0, grad_norm=None, aux_loss=0.5)
     assert "loss scale 65536 | aux loss 0.5 |" in log_line(fp16, 10) and "grad norm" not in log_line(fp16, 10)

@@ -15,14 +15,39 @@ K = 3
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tu.prepare(tmp_path_factory.mktemp("resume"))
-    common = tu.train_args(tmp, "zero2_fp32.json", 2 * K, "--eval-interval", str(K), "--eval-iters", "2",
-                           "--num-workers", "1", *tu.DETERMINISTIC, global_batch=8)
-    straight = tu.launch("deepspeed", common + ["--log-json", str(tmp / "a.jsonl"),
-                                                "--tensorboard-dir", str(tmp / "tb")])
-    first = tu.launch("deepspeed", common + ["--log-json", str(tmp / "b.jsonl"), "--save", str(tmp / "ck"),
-                                             "--exit-interval", str(K)])
-    second = tu.launch("deepspeed", common + ["--log-json", str(tmp / "b.jsonl"), "--save", str(tmp / "ck"),
-                                              "--load", str(tmp / "ck"), "--keep-last", "1"])
+    common = tu.train_args(
+        tmp,
+        "zero2_fp32.json",
+        2 * K,
+        "--eval-interval",
+        str(K),
+        "--eval-iters",
+        "2",
+        "--num-workers",
+        "1",
+        *tu.DETERMINISTIC,
+        global_batch=8,
+    )
+    straight = tu.launch(
+        "deepspeed", common + ["--log-json", str(tmp / "a.jsonl"), "--tensorboard-dir", str(tmp / "tb")]
+    )
+    first = tu.launch(
+        "deepspeed", common + ["--log-json", str(tmp / "b.jsonl"), "--save", str(tmp / "ck"), "--exit-interval", str(K)]
+    )
+    second = tu.launch(
+        "deepspeed",
+        common
+        + [
+            "--log-json",
+            str(tmp / "b.jsonl"),
+            "--save",
+            str(tmp / "ck"),
+            "--load",
+            str(tmp / "ck"),
+            "--keep-last",
+            "1",
+        ],
+    )
     return tmp, straight, first, second
 
 
@@ -55,8 +80,14 @@ def test_resume_message_and_keep_last(runs):
     tags = sorted(p.name for p in (tmp / "ck").iterdir() if p.name.startswith("iter_"))
     assert tags == ["iter_0000006"]  # --keep-last 1 removed iter_0000003 after iter_0000006 was complete
     files = {p.name for p in (tmp / "ck" / "iter_0000006").iterdir()}
-    assert {"commit.json", "rng_rank0.pt", "rng_rank1.pt", "mp_rank_00_model_states.pt",
-            "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= files
+    assert {
+        "commit.json",
+        "rng_rank0.pt",
+        "rng_rank1.pt",
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    } <= files
 
 
 def test_tensorboard_event_file_reads_back(runs):
@@ -66,9 +97,19 @@ def test_tensorboard_event_file_reads_back(runs):
     acc = EventAccumulator(str(tmp / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for t in ("train/loss", "train/perplexity", "train/lr", "train/grad_norm", "train/skipped_steps",
-              "train/tokens_per_s", "train/samples_per_s", "train/memory", "valid/loss", "valid/perplexity",
-              "valid/mlm_accuracy"):
+    for t in (
+        "train/loss",
+        "train/perplexity",
+        "train/lr",
+        "train/grad_norm",
+        "train/skipped_steps",
+        "train/tokens_per_s",
+        "train/samples_per_s",
+        "train/memory",
+        "valid/loss",
+        "valid/perplexity",
+        "valid/mlm_accuracy",
+    ):
         assert t in tags, (t, tags)
     logged = tu.train_records(tmp / "a.jsonl")
     events = acc.Scalars("train/loss")
@@ -80,8 +121,9 @@ def test_tensorboard_event_file_reads_back(runs):
 
 def test_changed_architecture_is_refused_on_load(runs):
     tmp, *_ = runs
-    args = tu.train_args(tmp, "zero2_fp32.json", 2 * K + 2, "--num-layers", "3", "--load", str(tmp / "ck"),
-                         global_batch=8)
+    args = tu.train_args(
+        tmp, "zero2_fp32.json", 2 * K + 2, "--num-layers", "3", "--load", str(tmp / "ck"), global_batch=8
+    )
     p = tu.launch("python", args)
     assert p.returncode == 2, p.stdout[-3000:]
     assert "num_layers: checkpoint 2 vs now 3" in p.stdout and "iter_0000006" in p.stdout

@@ -15,8 +15,22 @@ def test_static_gather_matches_dynamic_when_the_cap_never_binds(tmp_path):
     losses = {}
     for name, extra in (("dynamic", []), ("static", ["--max-predictions-per-seq", "64"])):
         log = tmp_path / f"{name}.jsonl"
-        p = tu.launch("python", tu.train_args(tmp_path, "zero1_fp32.json", 4, "--log-json", str(log), *extra,
-                                              "--hidden-dropout", "0", "--attention-dropout", "0", global_batch=4))
+        p = tu.launch(
+            "python",
+            tu.train_args(
+                tmp_path,
+                "zero1_fp32.json",
+                4,
+                "--log-json",
+                str(log),
+                *extra,
+                "--hidden-dropout",
+                "0",
+                "--attention-dropout",
+                "0",
+                global_batch=4,
+            ),
+        )
         assert p.returncode == 0, p.stdout[-3000:]
         losses[name] = [r["loss"] for r in tu.train_records(log)]
     assert losses["static"] == pytest.approx(losses["dynamic"], rel=1e-5)
@@ -36,13 +50,20 @@ def test_binding_cap_holds_in_every_batch_and_leaves_other_samples_alone(tmp_pat
     tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(tmp_path / "vocab.txt"))
     batches = {}
     for cap in (None, 4):
-        cfg = DataConfig(data_path=[str(tmp_path / "shard")], seq_length=64, split="1,0,0",
-                         max_predictions_per_seq=cap, cache_dir=str(tmp_path / "cache"))
+        cfg = DataConfig(
+            data_path=[str(tmp_path / "shard")],
+            seq_length=64,
+            split="1,0,0",
+            max_predictions_per_seq=cap,
+            cache_dir=str(tmp_path / "cache"),
+        )
         train = build_datasets(cfg, tok, num_samples=(64, 0, 0))[0]
-        batches[cap] = list(build_dataloader(train, tok, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1,
-                                             num_workers=0))
-    model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=tu.VOCAB_SIZE, hidden_dropout=0.0,
-                                                  attention_dropout=0.0)).eval()
+        batches[cap] = list(
+            build_dataloader(train, tok, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1, num_workers=0)
+        )
+    model = BertForPreTraining(
+        ModelConfig.preset("tiny", vocab_size=tu.VOCAB_SIZE, hidden_dropout=0.0, attention_dropout=0.0)
+    ).eval()
     binding = 0
     for free, capped in zip(batches[None], batches[4]):
         n_free, n_cap = (free["labels"] != -100).sum(1), (capped["labels"] != -100).sum(1)

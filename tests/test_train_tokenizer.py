@@ -35,8 +35,21 @@ def test_wordpiece_vocab_round_trips_through_bert_tokenizer_fast(tmp_path):
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_sentencepiece_models(tmp_path, model_type):
-    assert main(["--input", str(SAMPLE / "wikiextractor"), "--output-dir", str(tmp_path), "--model-type", model_type,
-                 "--vocab-size", "400"]) == 0
+    assert (
+        main(
+            [
+                "--input",
+                str(SAMPLE / "wikiextractor"),
+                "--output-dir",
+                str(tmp_path),
+                "--model-type",
+                model_type,
+                "--vocab-size",
+                "400",
+            ]
+        )
+        == 0
+    )
     tok = build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "spm.model"))
     assert tok.vocab_size == 400
     assert (tok.pad_id, tok.unk_id) == (0, 1) and {tok.cls_id, tok.sep_id, tok.mask_id} == {2, 3, 4}

@@ -12,10 +12,34 @@ BASE = ["--data-path", "0.3", "books", "0.7", "wiki", "--micro-batch-size", "4"]
 
 
 def test_megatron_flags_parse_into_dataclasses():
-    run = parse_args(BASE + ["--train-samples", "1000", "--global-batch-size", "32", "--lr", "2.5e-4",
-                             "--lr-warmup-fraction", "0.01", "--num-layers", "4", "--hidden-size", "256",
-                             "--num-attention-heads", "4", "--blockbert-blocks", "2", "--head-assignment", "3:1",
-                             "--checkpoint-activations", "--save", "s", "--keep-last", "2"])
+    run = parse_args(
+        BASE
+        + [
+            "--train-samples",
+            "1000",
+            "--global-batch-size",
+            "32",
+            "--lr",
+            "2.5e-4",
+            "--lr-warmup-fraction",
+            "0.01",
+            "--num-layers",
+            "4",
+            "--hidden-size",
+            "256",
+            "--num-attention-heads",
+            "4",
+            "--blockbert-blocks",
+            "2",
+            "--head-assignment",
+            "3:1",
+            "--checkpoint-activations",
+            "--save",
+            "s",
+            "--keep-last",
+            "2",
+        ]
+    )
     assert run.data.data_path == ["0.3", "books", "0.7", "wiki"]
     assert run.model.overrides == {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4}
     assert run.model.attention["sparsity"] == {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1"}
@@ -24,14 +48,17 @@ def test_megatron_flags_parse_into_dataclasses():
     assert warmup_steps(run.optim, 1000) == 10
 
 
-@pytest.mark.parametrize("extra, match", [
-    ([], "exactly one of --train-iters"),
-    (["--train-iters", "5", "--train-samples", "5"], "exactly one"),
-    (["--train-iters", "5", "--lr", "0"], "--lr"),
-    (["--train-iters", "5", "--blockbert-blocks", "2"], "--head-assignment"),
-    (["--train-iters", "5", "--finetune"], "--finetune needs --load"),
-    (["--train-iters", "5", "--sample-mode", "pairs"], "--sample-mode"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ([], "exactly one of --train-iters"),
+        (["--train-iters", "5", "--train-samples", "5"], "exactly one"),
+        (["--train-iters", "5", "--lr", "0"], "--lr"),
+        (["--train-iters", "5", "--blockbert-blocks", "2"], "--head-assignment"),
+        (["--train-iters", "5", "--finetune"], "--finetune needs --load"),
+        (["--train-iters", "5", "--sample-mode", "pairs"], "--sample-mode"),
+    ],
+)
 def test_bad_flags_name_the_flag(extra, match):
     with pytest.raises(ArgsError, match=match):
         parse_args(BASE + extra)
@@ -97,9 +124,14 @@ def test_numerics_deterministic_and_tf32(monkeypatch):
     from pretrain.numerics import configure_numerics
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-              torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cuda.matmul.fp32_precision,
+        torch.backends.cudnn.conv.fp32_precision,
+    )
     try:
         notes = configure_numerics(deterministic=True, tf32=False)
         import os

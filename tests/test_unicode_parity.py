@@ -43,8 +43,18 @@ def _tokenizers(tmp_path, corpus_dir):
 
 def _pipeline_ids(tok, text: str, split: bool) -> list[int]:
     """Token ids of one JSON document through our encoder (cleaning, sentence cuts, per-sentence encoding)."""
-    init_worker(EncodeSettings(tokenizer_type="x", vocab_file=None, tokenizer_model=None, json_keys=("text",),
-                               split_sentences=split, keep_newlines=False, dtype="int32"), tokenizer=tok)
+    init_worker(
+        EncodeSettings(
+            tokenizer_type="x",
+            vocab_file=None,
+            tokenizer_model=None,
+            json_keys=("text",),
+            split_sentences=split,
+            keep_newlines=False,
+            dtype="int32",
+        ),
+        tokenizer=tok,
+    )
     res = encode_chunk(Chunk(0, [Piece({"text": text}, "json", True, "line 1")]))
     return res.keys["text"].tokens.tolist()
 

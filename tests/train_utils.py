@@ -55,14 +55,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_args(tmp: Path, ds_config: str, iters: int, *extra: str, seq: int = 64, micro: int = 2,
-               global_batch: int | None = None) -> list[str]:
+def train_args(
+    tmp: Path, ds_config: str, iters: int, *extra: str, seq: int = 64, micro: int = 2, global_batch: int | None = None
+) -> list[str]:
     """Common flags for a tiny run reading the fixtures of `tmp` (prepared by `prepare`)."""
-    args = ["--deepspeed_config", str(REPO / "ds_configs" / ds_config), "--data-path", str(tmp / "shard"),
-            "--vocab-file", str(tmp / "vocab.txt"), "--model-config", str(tmp / "model.json"),
-            "--seq-length", str(seq), "--micro-batch-size", str(micro), "--train-iters", str(iters),
-            "--lr", "1e-3", "--lr-warmup-fraction", "0.2", "--log-interval", "1", "--eval-interval", "0",
-            "--num-workers", "0", "--split", "90,10,0", "--seed", "7"]
+    args = [
+        "--deepspeed_config",
+        str(REPO / "ds_configs" / ds_config),
+        "--data-path",
+        str(tmp / "shard"),
+        "--vocab-file",
+        str(tmp / "vocab.txt"),
+        "--model-config",
+        str(tmp / "model.json"),
+        "--seq-length",
+        str(seq),
+        "--micro-batch-size",
+        str(micro),
+        "--train-iters",
+        str(iters),
+        "--lr",
+        "1e-3",
+        "--lr-warmup-fraction",
+        "0.2",
+        "--log-interval",
+        "1",
+        "--eval-interval",
+        "0",
+        "--num-workers",
+        "0",
+        "--split",
+        "90,10,0",
+        "--seed",
+        "7",
+    ]
     if global_batch is not None:
         args += ["--global-batch-size", str(global_batch)]
     return args + list(extra)
@@ -96,8 +122,9 @@ NPROCS = min(2, _cuda_count()) if _cuda_count() else 2
 DETERMINISTIC: list[str] = ["--deterministic"] if CUDA else []
 
 
-def launch(kind: str, args: list[str], nprocs: int = NPROCS, timeout: float = 240, entry: Path | None = None,
-           **env_extra: str):
+def launch(
+    kind: str, args: list[str], nprocs: int = NPROCS, timeout: float = 240, entry: Path | None = None, **env_extra: str
+):
     """Run training through one launch path; returns CompletedProcess (stdout+stderr merged).
 
     ``entry`` replaces pretrain/train.py as the script the deepspeed / torchrun launchers start."""
@@ -108,15 +135,34 @@ def launch(kind: str, args: list[str], nprocs: int = NPROCS, timeout: float = 24
     elif kind == "torchrun":
         cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", port, script]
     elif kind == "mpirun":
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nprocs), "-x", "PYTHONPATH",
-               "-x", "OMP_NUM_THREADS", *sum((["-x", k] for k in env_extra), []),
-               sys.executable, "-m", "pretrain.train"]
+        cmd = [
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            str(nprocs),
+            "-x",
+            "PYTHONPATH",
+            "-x",
+            "OMP_NUM_THREADS",
+            *sum((["-x", k] for k in env_extra), []),
+            sys.executable,
+            "-m",
+            "pretrain.train",
+        ]
     elif kind == "python":
         cmd = [sys.executable, "-m", "pretrain.train"]
     else:
         raise ValueError(kind)
-    return subprocess.run(cmd + args, cwd=REPO, env=env(**env_extra), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd + args,
+        cwd=REPO,
+        env=env(**env_extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_log(path: Path) -> list[dict]:
@@ -137,20 +183,22 @@ def cpu_fp16_missing() -> str | None:
 
     if get_accelerator().is_fp16_supported():
         return None
-    return ("DeepSpeed runs fp16 on CPU only with AVX512-FP16 or AMX (torch.ops.mkldnn._is_mkldnn_fp16_supported() "
-            "is False on this CPU)")
+    return (
+        "DeepSpeed runs fp16 on CPU only with AVX512-FP16 or AMX (torch.ops.mkldnn._is_mkldnn_fp16_supported() "
+        "is False on this CPU)"
+    )
 
 
 # A launcher target that sets DeepSpeed's CPU fp16 policy. Lifted: torch's fp16 CPU kernels compute correctly on
 # any x86 CPU (only slowly without AVX512-FP16/AMX), so the fp16 logic that is ours is tested on every machine.
 # Imposed: the refusal on CPUs without fp16 is tested on CPUs that have it too.
-FP16_POLICY_ENTRY = '''import sys
+FP16_POLICY_ENTRY = """import sys
 sys.path.insert(0, {repo!r})
 from deepspeed.accelerator import get_accelerator
 type(get_accelerator()).is_fp16_supported = lambda self: {supported}
 from pretrain.train import main
 sys.exit(main(sys.argv[1:]))
-'''
+"""
 
 
 def fp16_policy_entry(tmp: Path, supported: bool) -> Path:

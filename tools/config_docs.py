@@ -24,8 +24,12 @@ END = "<!-- END GENERATED -->"
 
 # (heading, module, class, JSON prefix shown in the key column)
 MODEL_SECTIONS = [
-    ("Model config JSON (`--model-config FILE`, `config.json` of an export under `sparse_bert`)",
-     "model.config", "ModelConfig", ""),
+    (
+        "Model config JSON (`--model-config FILE`, `config.json` of an export under `sparse_bert`)",
+        "model.config",
+        "ModelConfig",
+        "",
+    ),
     ("`attention`", "model.config", "AttentionConfig", "attention."),
     ("`attention.token_mask` (SparseBERT)", "model.attention.sparsebert", "TokenMaskConfig", "attention.token_mask."),
     ("`attention.token_mask.dam` (DAM search)", "model.attention.sparsebert", "DAMConfig", "attention.token_mask.dam."),
@@ -94,31 +98,64 @@ def registry_tables() -> str:
     from model.attention.sparsebert import PATTERNS
     from model.attention.token_patterns import common_keys
 
-    out = ["#### Attention kernels (`attention.kernel`, `--attention-kernel`)", "",
-           "| name | trains on CPU | what it is |", "|---|---|---|"]
+    out = [
+        "#### Attention kernels (`attention.kernel`, `--attention-kernel`)",
+        "",
+        "| name | trains on CPU | what it is |",
+        "|---|---|---|",
+    ]
     for name, k in sorted(KERNELS.items()):
         doc = " ".join((type(k).__doc__ or "").strip().split("\n\n")[0].split())
         out.append(f"| `{name}` | {'yes' if k.trains_on_cpu else 'no (inference)'} | {_cell(doc)} |")
-    out += ["", "#### Block layouts (`attention.sparsity`, `--sparsity-config`, a ds_config `sparse_attention` block)",
-            "", "| mode | class | keys it takes |", "|---|---|---|"]
+    out += [
+        "",
+        "#### Block layouts (`attention.sparsity`, `--sparsity-config`, a ds_config `sparse_attention` block)",
+        "",
+        "| mode | class | keys it takes |",
+        "|---|---|---|",
+    ]
     for mode, cls in SPARSITY_MODES.items():
         keys = ", ".join(f"`{k}`" for k in sorted(accepted_keys(cls) - {"mode"}))
         out.append(f"| `{mode}` | `{cls.__name__}` | {keys} |")
-    out += ["", "#### Token patterns (`attention.token_mask`)", "",
-            f"Every pattern takes {', '.join(f'`{k}`' for k in common_keys())}; its own keys sit beside them.", "",
-            "| pattern | kind | its own keys (default: meaning) | what it is |", "|---|---|---|---|"]
+    out += [
+        "",
+        "#### Token patterns (`attention.token_mask`)",
+        "",
+        f"Every pattern takes {', '.join(f'`{k}`' for k in common_keys())}; its own keys sit beside them.",
+        "",
+        "| pattern | kind | its own keys (default: meaning) | what it is |",
+        "|---|---|---|---|",
+    ]
     for name, pat in PATTERNS.items():
         docs = cli_field_docs(pat.params)
-        keys = "; ".join(f"`{f.name}` ({_default(f).strip('`')}): {docs.get(f.name, '')}"
-                         for f in dataclasses.fields(pat.params)) or "—"
+        keys = (
+            "; ".join(
+                f"`{f.name}` ({_default(f).strip('`')}): {docs.get(f.name, '')}" for f in dataclasses.fields(pat.params)
+            )
+            or "—"
+        )
         out.append(f"| `{name}` | {pat.kind} | {_cell(keys)} | {_cell(pat.doc)} |")
     out.append("")
     return "\n".join(out)
 
 
 def generate() -> str:
-    return "\n".join([BEGIN, "", "### Model configuration", "", model_tables(), "### Registries", "", registry_tables(),
-                      "### Trainer flags (`pretrain/train.py`)", "", trainer_table(), END])
+    return "\n".join(
+        [
+            BEGIN,
+            "",
+            "### Model configuration",
+            "",
+            model_tables(),
+            "### Registries",
+            "",
+            registry_tables(),
+            "### Trainer flags (`pretrain/train.py`)",
+            "",
+            trainer_table(),
+            END,
+        ]
+    )
 
 
 def splice(doc: str, generated: str, path: str) -> str:
@@ -130,8 +167,9 @@ def splice(doc: str, generated: str, path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tools.config_docs", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tools.config_docs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--write", metavar="DOC", help="replace the generated block of DOC")
     g.add_argument("--check", metavar="DOC", help="exit 1 if DOC's generated block differs from the code")

@@ -67,8 +67,9 @@ def resolve_tag(load_dir: str | Path, tag: str | None) -> str:
     if not tag_dir.is_dir():
         raise ConversionError(f"--load {root}: {what} but {tag_dir} does not exist (complete tags: {done})")
     if not (tag_dir / COMMIT_MARKER).is_file():
-        raise ConversionError(f"{tag_dir}: no {COMMIT_MARKER} marker, the save did not complete "
-                              f"(complete tags: {done})")
+        raise ConversionError(
+            f"{tag_dir}: no {COMMIT_MARKER} marker, the save did not complete (complete tags: {done})"
+        )
     return tag
 
 
@@ -88,8 +89,10 @@ def check_rank_files(load_dir: str | Path, tag: str, client: dict[str, Any]) -> 
         needed += [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)]
     missing = [n for n in needed if not (tag_dir / n).is_file()]
     if missing:
-        raise ConversionError(f"{tag_dir}: ZeRO stage {stage} checkpoint of {world} ranks is missing rank file(s) "
-                              f"{missing}; copy them from the machines that trained it")
+        raise ConversionError(
+            f"{tag_dir}: ZeRO stage {stage} checkpoint of {world} ranks is missing rank file(s) "
+            f"{missing}; copy them from the machines that trained it"
+        )
 
 
 # ----------------------------------------------------------------------------------------------- writing HF
@@ -108,22 +111,30 @@ def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespa
             data[k] = getattr(overrides, k)
     ttype = data.get("tokenizer_type")
     if not ttype:
-        raise ConversionError("the checkpoint does not record its tokenizer; pass --tokenizer-type and "
-                              "--vocab-file/--tokenizer-model, or --no-tokenizer")
+        raise ConversionError(
+            "the checkpoint does not record its tokenizer; pass --tokenizer-type and "
+            "--vocab-file/--tokenizer-model, or --no-tokenizer"
+        )
     try:
         tok = build_tokenizer(ttype, vocab_file=data.get("vocab_file"), tokenizer_model=data.get("tokenizer_model"))
     except Exception as e:  # the tokenizer module raises TokenizerError with the path at fault
-        raise ConversionError(f"tokenizer recorded in the checkpoint cannot be built ({e}); pass --vocab-file or "
-                              "--tokenizer-model pointing at the files, or --no-tokenizer") from e
+        raise ConversionError(
+            f"tokenizer recorded in the checkpoint cannot be built ({e}); pass --vocab-file or "
+            "--tokenizer-model pointing at the files, or --no-tokenizer"
+        ) from e
     if hasattr(tok, "hf"):
         tok.hf.model_max_length = max_len
     files = list(tok.save(out))
     if data.get("vocab_file") and ttype.startswith("BertWordPiece"):
         shutil.copyfile(data["vocab_file"], out / "vocab.txt")
         files.append("vocab.txt")
-    specials = {"cls_token": tok.id_to_token(tok.cls_id), "sep_token": tok.id_to_token(tok.sep_id),
-                "pad_token": tok.id_to_token(tok.pad_id), "mask_token": tok.id_to_token(tok.mask_id),
-                "unk_token": tok.id_to_token(tok.unk_id)}
+    specials = {
+        "cls_token": tok.id_to_token(tok.cls_id),
+        "sep_token": tok.id_to_token(tok.sep_id),
+        "pad_token": tok.id_to_token(tok.pad_id),
+        "mask_token": tok.id_to_token(tok.mask_id),
+        "unk_token": tok.id_to_token(tok.unk_id),
+    }
     if ttype == "SentencePieceTokenizer":
         from tools.hf_export.spm_tokenizer import save_spm_as_hf, spm_model_type
 
@@ -131,8 +142,11 @@ def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespa
         if kind == "unigram":
             files += save_spm_as_hf(data["tokenizer_model"], out, specials, max_len)
         else:
-            print(f"[convert] warning: SentencePiece {kind} model exported as spm.model only; Hugging Face's "
-                  "converter handles unigram models (see docs/conversion.md)", file=sys.stderr)
+            print(
+                f"[convert] warning: SentencePiece {kind} model exported as spm.model only; Hugging Face's "
+                "converter handles unigram models (see docs/conversion.md)",
+                file=sys.stderr,
+            )
     (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
     return [Path(f).name for f in files] + ["special_tokens_map.json"]
 
@@ -151,8 +165,14 @@ def _publish(tmp: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def write_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout_state: dict | None, out_dir: Path,
-             remote: str = "auto", token_masks: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+def write_hf(
+    state_dict: dict[str, torch.Tensor],
+    config: ModelConfig,
+    layout_state: dict | None,
+    out_dir: Path,
+    remote: str = "auto",
+    token_masks: dict[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:
     """Write config.json + model.safetensors (+ code, + mask files) into ``out_dir``; returns {"remote_code",
     "reason"}. ``token_masks`` are the masks the model applies (:func:`remote_code.token_mask_state`); None = build
     them from ``config`` (a ``pattern: file`` mask is then read from its path)."""
@@ -168,10 +188,13 @@ def write_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout_st
             token_masks = remote_code.token_mask_state(BertForPreTraining(config)) if needs else {}
         remote_code.copy_model_code(out_dir)
         tensors = remote_code.to_remote_state_dict(state_dict, layout_state, token_masks)
-        hf_config = {"model_type": remote_code.MODEL_TYPE, "architectures": ["SparseBertForMaskedLM"],
-                     "auto_map": dict(remote_code.AUTO_MAP),
-                     "sparse_bert": remote_code.export_model_config(config, token_masks, out_dir),
-                     "token_mask_lengths": {k: int(v.shape[-1]) for k, v in sorted(token_masks.items())}}
+        hf_config = {
+            "model_type": remote_code.MODEL_TYPE,
+            "architectures": ["SparseBertForMaskedLM"],
+            "auto_map": dict(remote_code.AUTO_MAP),
+            "sparse_bert": remote_code.export_model_config(config, token_masks, out_dir),
+            "token_mask_lengths": {k: int(v.shape[-1]) for k, v in sorted(token_masks.items())},
+        }
     else:
         tensors, hf_config = to_hf(state_dict, config)
         tensors = dict(tensors)
@@ -182,8 +205,15 @@ def write_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout_st
     return {"remote_code": use_remote, "reason": reason or ("--remote-code always" if use_remote else None)}
 
 
-def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = "auto", tokenizer: bool = True,
-             tokenizer_overrides: argparse.Namespace | None = None, overwrite: bool = False) -> dict[str, Any]:
+def ds_to_hf(
+    load_dir: str,
+    out_dir: str,
+    tag: str | None = None,
+    remote: str = "auto",
+    tokenizer: bool = True,
+    tokenizer_overrides: argparse.Namespace | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Consolidate ``load_dir/tag`` and write a Hugging Face directory at ``out_dir``."""
     tag = resolve_tag(load_dir, tag)
     client = read_client_state(load_dir, tag)
@@ -196,8 +226,10 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
     model = BertForPreTraining(config)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
-        raise ConversionError(f"{load_dir}/{tag}: weights do not match the stored model config: missing "
-                              f"{missing[:5]}, unexpected {unexpected[:5]}")
+        raise ConversionError(
+            f"{load_dir}/{tag}: weights do not match the stored model config: missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}"
+        )
     if client.get("layout_state") is not None:
         model.load_layout_state(client["layout_state"])
     out, tmp = _fresh_dir(out_dir, overwrite)
@@ -205,8 +237,12 @@ def ds_to_hf(load_dir: str, out_dir: str, tag: str | None = None, remote: str = 
         info = write_hf(state_dict, config, model.layout_state(), tmp, remote, remote_code.token_mask_state(model))
         files = []
         if tokenizer:
-            files = _save_tokenizer(tmp, client.get("args") or {}, tokenizer_overrides or argparse.Namespace(),
-                                    config.max_position_embeddings)
+            files = _save_tokenizer(
+                tmp,
+                client.get("args") or {},
+                tokenizer_overrides or argparse.Namespace(),
+                config.max_position_embeddings,
+            )
         d = config.to_dict()
         extra = {k: v for k, v in d.items() if k not in STOCK_FIELDS}
         (tmp / "README.md").write_text(model_card(d, client, f"{load_dir}/{tag}", info["remote_code"], extra))
@@ -231,14 +267,17 @@ def _read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
         return out
     if (hf_dir / "pytorch_model.bin").is_file():
         return torch.load(hf_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise ConversionError(f"--from-hf {hf_dir}: no model.safetensors, model.safetensors.index.json or "
-                          "pytorch_model.bin there")
+    raise ConversionError(
+        f"--from-hf {hf_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin there"
+    )
 
 
 def _legacy_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Original TF-converted BERT checkpoints call LayerNorm parameters gamma/beta."""
-    return {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
-            for k, v in sd.items()}
+    return {
+        k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
+        for k, v in sd.items()
+    }
 
 
 def read_hf(hf_dir: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig, dict | None]:
@@ -261,12 +300,16 @@ def read_hf(hf_dir: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig, d
             raise ConversionError(f"--from-hf {hf_dir}: {e}") from e
         return ours, config, layouts or None
     if mtype != "bert":
-        raise ConversionError(f"--from-hf {hf_dir}: config.json has model_type {mtype!r}; only 'bert' (and our "
-                              f"'{remote_code.MODEL_TYPE}' exports) can be converted")
+        raise ConversionError(
+            f"--from-hf {hf_dir}: config.json has model_type {mtype!r}; only 'bert' (and our "
+            f"'{remote_code.MODEL_TYPE}' exports) can be converted"
+        )
     sd = _legacy_names(sd)
     if not any(k.startswith("bert.") for k in sd):
-        raise ConversionError(f"--from-hf {hf_dir}: weights have no 'bert.' prefix (a bare BertModel without the "
-                              "MLM head); export it with BertForMaskedLM or BertForPreTraining")
+        raise ConversionError(
+            f"--from-hf {hf_dir}: weights have no 'bert.' prefix (a bare BertModel without the "
+            "MLM head); export it with BertForMaskedLM or BertForPreTraining"
+        )
     if "cls.seq_relationship.weight" not in sd:  # MLM-only models may still carry an unused pooler
         sd = {k: v for k, v in sd.items() if not k.startswith("bert.pooler.")}
     if "cls.predictions.decoder.weight" not in sd and "bert.embeddings.word_embeddings.weight" in sd:
@@ -294,30 +337,50 @@ def _check_token_masks(model: BertForPreTraining, stored: dict[str, torch.Tensor
     for layer, m in stored.items():
         b = built.get(layer)
         if b is not None and b.shape == m.shape and not torch.equal(b, m):
-            raise ConversionError(f"--from-hf {hf_dir}: {layer}'s token mask built from the config differs from "
-                                  "the one stored in the export; save the stored masks with "
-                                  "model.attention.sparsebert.save_masks and use attention.token_mask "
-                                  "{'pattern': 'file', 'path': ...}")
+            raise ConversionError(
+                f"--from-hf {hf_dir}: {layer}'s token mask built from the config differs from "
+                "the one stored in the export; save the stored masks with "
+                "model.attention.sparsebert.save_masks and use attention.token_mask "
+                "{'pattern': 'file', 'path': ...}"
+            )
 
 
-def _ds_checkpoint(out: Path, state_dict: dict[str, torch.Tensor], config: ModelConfig, layouts: dict,
-                   source: str) -> str:
+def _ds_checkpoint(
+    out: Path, state_dict: dict[str, torch.Tensor], config: ModelConfig, layouts: dict, source: str
+) -> str:
     """The layout pretrain/checkpoint.py reads with ``--load OUT --finetune``: weights only, no optimizer."""
     from pretrain.checkpoint import tag_for
 
     tag = tag_for(0)
     (out / tag).mkdir(parents=True)
-    torch.save({"module": state_dict, "iteration": 0, "consumed_train_samples": 0, "model_config": config.to_dict(),
-                "args": {}, "layout_state": layouts, "world_size": 1, "warm_start_from": source},
-               out / tag / "mp_rank_00_model_states.pt")
+    torch.save(
+        {
+            "module": state_dict,
+            "iteration": 0,
+            "consumed_train_samples": 0,
+            "model_config": config.to_dict(),
+            "args": {},
+            "layout_state": layouts,
+            "world_size": 1,
+            "warm_start_from": source,
+        },
+        out / tag / "mp_rank_00_model_states.pt",
+    )
     (out / tag / COMMIT_MARKER).write_text(json.dumps({"iteration": 0, "world_size": 1, "tag": tag}))
     (out / LATEST).write_text(tag)
     (out / "model_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     return tag
 
 
-def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = None, sparsity: Any = "keep",
-             kernel: str | None = None, drop_nsp_head: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def hf_to_ds(
+    hf_dir: str,
+    out_dir: str,
+    max_position_embeddings: int | None = None,
+    sparsity: Any = "keep",
+    kernel: str | None = None,
+    drop_nsp_head: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Warm-start checkpoint from a Hugging Face BERT, optionally longer (positions copied cyclically) and with a
     different attention (e.g. BlockBERT from dense BERT). ``sparsity="keep"`` keeps the source's attention."""
     sd, config, layouts = read_hf(hf_dir)
@@ -356,8 +419,13 @@ def hf_to_ds(hf_dir: str, out_dir: str, max_position_embeddings: int | None = No
             full = {f"layer{i}": layouts.get(f"layer{i}") for i in range(target.num_layers)}
             model.load_layout_state(full)
         _check_token_masks(model, stored, str(hf_dir))
-        tag = _ds_checkpoint(tmp, {k: v.clone() for k, v in model.state_dict().items()}, ModelConfig.from_dict(save_d),
-                             model.layout_state(), str(hf_dir))
+        tag = _ds_checkpoint(
+            tmp,
+            {k: v.clone() for k, v in model.state_dict().items()},
+            ModelConfig.from_dict(save_d),
+            model.layout_state(),
+            str(hf_dir),
+        )
         for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spm.model"):
             if (Path(hf_dir) / name).is_file():
                 (tmp / "tokenizer").mkdir(exist_ok=True)
@@ -378,8 +446,10 @@ def _extend_diet_positions(sd: dict[str, torch.Tensor], model: BertForPreTrainin
         return []
     have, want = sd[name].shape[1], target.shape[1]
     if want < have:
-        raise CheckpointError(f"{name}: checkpoint has {have} positions, the new model only {want}; shrinking "
-                              "position embeddings is not supported")
+        raise CheckpointError(
+            f"{name}: checkpoint has {have} positions, the new model only {want}; shrinking "
+            "position embeddings is not supported"
+        )
     sd[name] = sd[name].repeat(1, -(-want // have), 1)[:, :want].clone()
     return [f"{name}: {have} -> {want}"]
 
@@ -408,8 +478,9 @@ def _write_mask_files(d: dict[str, Any], stored: dict[str, torch.Tensor], tmp: P
         elif Path(tm["path"]).is_file():
             shutil.copyfile(tm["path"], tmp / name)
         else:
-            raise ConversionError(f"token mask file {tm['path']} is missing and the export stores no mask for "
-                                  f"layers {users}")
+            raise ConversionError(
+                f"token mask file {tm['path']} is missing and the export stores no mask for layers {users}"
+            )
         for dd, path in ((build, tmp / name), (save, out.resolve() / name)):
             target = dd["attention"] if k is None else dd["attention"]["per_layer"][k]
             target["token_mask"] = {**tm, "path": str(path)}
@@ -418,20 +489,30 @@ def _write_mask_files(d: dict[str, Any], stored: dict[str, torch.Tensor], tmp: P
 
 # ----------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tools.convert_checkpoint", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.convert_checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--load", help="DeepSpeed checkpoint directory written by pretrain/train.py (has 'latest')")
     p.add_argument("--tag", help="checkpoint tag to convert (default: the one in 'latest')")
     p.add_argument("--to-hf", help="output Hugging Face directory")
-    p.add_argument("--remote-code", choices=("auto", "always", "never"), default="auto",
-                   help="auto: stock BertForMaskedLM when it expresses the model exactly, else our code")
+    p.add_argument(
+        "--remote-code",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="auto: stock BertForMaskedLM when it expresses the model exactly, else our code",
+    )
     p.add_argument("--no-tokenizer", action="store_true", help="do not write tokenizer files")
     p.add_argument("--tokenizer-type", help="override the tokenizer recorded in the checkpoint")
     p.add_argument("--vocab-file", help="override the WordPiece vocab path recorded in the checkpoint")
     p.add_argument("--tokenizer-model", help="override the SentencePiece/HF tokenizer path recorded in the checkpoint")
     p.add_argument("--from-hf", help="Hugging Face BERT directory (BertForMaskedLM / BertForPreTraining or our export)")
-    p.add_argument("--to-ds", help="output warm-start checkpoint directory (use with pretrain/train.py --load "
-                                   "DIR --finetune --model-config DIR/model_config.json)")
+    p.add_argument(
+        "--to-ds",
+        help="output warm-start checkpoint directory (use with pretrain/train.py --load "
+        "DIR --finetune --model-config DIR/model_config.json)",
+    )
     p.add_argument("--max-position-embeddings", type=int, help="grow the position table to N (rows copied cyclically)")
     p.add_argument("--sparsity", help="JSON sparse_attention block for the new model, or 'dense' (default: keep)")
     p.add_argument("--attention-kernel", help="kernel for the new model (dense | block_gather | flex | auto)")
@@ -451,8 +532,10 @@ def main(argv: list[str] | None = None) -> int:
                 p.error("--load needs --to-hf OUT_DIR")
             info = ds_to_hf(a.load, a.to_hf, a.tag, a.remote_code, not a.no_tokenizer, a, a.overwrite)
             kind = f"custom code ({info['reason']})" if info["remote_code"] else "stock BertForMaskedLM"
-            print(f"[convert] {a.load}/{info['tag']} -> {info['out']} as {kind}; tokenizer files: "
-                  f"{info['tokenizer_files'] or 'none'}")
+            print(
+                f"[convert] {a.load}/{info['tag']} -> {info['out']} as {kind}; tokenizer files: "
+                f"{info['tokenizer_files'] or 'none'}"
+            )
         else:
             if not a.to_ds:
                 p.error("--from-hf needs --to-ds OUT_DIR")
@@ -461,16 +544,27 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     sparsity = None if a.sparsity == "dense" else json.loads(a.sparsity)
                 except json.JSONDecodeError as e:
-                    raise ConversionError(f"--sparsity {a.sparsity!r}: not valid JSON ({e.msg}); give a "
-                                          "sparse_attention block like '{\"mode\": \"fixed\", \"block\": 16}' "
-                                          "or 'dense'") from e
-            info = hf_to_ds(a.from_hf, a.to_ds, a.max_position_embeddings, sparsity, a.attention_kernel,
-                            a.drop_nsp_head, a.overwrite)
+                    raise ConversionError(
+                        f"--sparsity {a.sparsity!r}: not valid JSON ({e.msg}); give a "
+                        'sparse_attention block like \'{"mode": "fixed", "block": 16}\' '
+                        "or 'dense'"
+                    ) from e
+            info = hf_to_ds(
+                a.from_hf,
+                a.to_ds,
+                a.max_position_embeddings,
+                sparsity,
+                a.attention_kernel,
+                a.drop_nsp_head,
+                a.overwrite,
+            )
             for line in info["extended"]:
                 print(f"[convert] extended {line}")
-            print(f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
-                  f"pretrain/train.py --load {info['out']} --finetune --model-config "
-                  f"{info['out']}/model_config.json ...")
+            print(
+                f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
+                f"pretrain/train.py --load {info['out']} --finetune --model-config "
+                f"{info['out']}/model_config.json ..."
+            )
     except (ConversionError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

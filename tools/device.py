@@ -47,8 +47,10 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     if precision == "auto":
         return torch.bfloat16 if major >= 8 else torch.float16
     if precision == "bf16" and major < 8:
-        raise DeviceError(f"--precision bf16: {torch.cuda.get_device_name(device)} (compute capability "
-                          f"{major}.{minor}) has no bf16 hardware; use fp16 or fp32")
+        raise DeviceError(
+            f"--precision bf16: {torch.cuda.get_device_name(device)} (compute capability "
+            f"{major}.{minor}) has no bf16 hardware; use fp16 or fp32"
+        )
     return _DTYPES[precision]
 
 

@@ -15,8 +15,9 @@ import sys
 from typing import Sequence
 
 
-def fill_mask(model_dir: str, sentences: Sequence[str], top_k: int = 5, device: str | None = None,
-              precision: str = "auto") -> list[list[tuple[str, float]]]:
+def fill_mask(
+    model_dir: str, sentences: Sequence[str], top_k: int = 5, device: str | None = None, precision: str = "auto"
+) -> list[list[tuple[str, float]]]:
     """Top-k (token, probability) per sentence; each sentence must hold exactly one mask token.
 
     ``device``: default the GPU when there is one; ``precision`` auto = bf16 weights on GPUs with bf16 hardware,
@@ -28,8 +29,13 @@ def fill_mask(model_dir: str, sentences: Sequence[str], top_k: int = 5, device: 
 
     dev = resolve_device(device)
     dtype = resolve_precision(precision, dev)
-    fill = pipeline("fill-mask", model=model_dir, trust_remote_code=True, device=dev,
-                    dtype=dtype if dtype is not None else torch.float32)
+    fill = pipeline(
+        "fill-mask",
+        model=model_dir,
+        trust_remote_code=True,
+        device=dev,
+        dtype=dtype if dtype is not None else torch.float32,
+    )
     mask = fill.tokenizer.mask_token
     results = []
     for s in sentences:
@@ -40,23 +46,34 @@ def fill_mask(model_dir: str, sentences: Sequence[str], top_k: int = 5, device: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tools.fill_mask", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tools.fill_mask", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", required=True, help="Hugging Face directory written by tools.convert_checkpoint --to-hf")
     p.add_argument("--top-k", type=int, default=5, help="predictions to print per sentence")
-    p.add_argument("--expect", action="append", default=[],
-                   help="word that must be among the top-k of the matching sentence (one per sentence, in order; "
-                        "exit code 1 when one is missing)")
+    p.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        help="word that must be among the top-k of the matching sentence (one per sentence, in order; "
+        "exit code 1 when one is missing)",
+    )
     p.add_argument("--no-fail", action="store_true", help="report a missing --expect word but exit 0")
     p.add_argument("--json", action="store_true", help="print one JSON object per sentence instead of text")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "fp16", "bf16"),
-                   help="weights' dtype: auto = bf16 on Ampere+ GPUs, fp16 on older GPUs, fp32 on CPU")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "fp32", "fp16", "bf16"),
+        help="weights' dtype: auto = bf16 on Ampere+ GPUs, fp16 on older GPUs, fp32 on CPU",
+    )
     p.add_argument("sentences", nargs="+", help="sentences with one [MASK] each")
     args = p.parse_intermixed_args(argv)  # lets --expect sit next to its sentence
     if not os.path.isfile(os.path.join(args.model, "config.json")):
-        p.error(f"--model {args.model}: no config.json there; export one with "
-                f"`python -m tools.convert_checkpoint --load RUN/ckpt --to-hf {args.model}`")
+        p.error(
+            f"--model {args.model}: no config.json there; export one with "
+            f"`python -m tools.convert_checkpoint --load RUN/ckpt --to-hf {args.model}`"
+        )
     if args.expect and len(args.expect) != len(args.sentences):
         p.error(f"--expect given {len(args.expect)} times for {len(args.sentences)} sentences; give one per sentence")
     try:

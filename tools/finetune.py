@@ -93,8 +93,14 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if self.task not in ("classification", "qa"):
             raise ValueError(f"--task must be classification or qa, got {self.task!r}")
-        for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best", "batch_size",
-                     "gradient_accumulation_steps"):
+        for name in (
+            "doc_stride",
+            "max_query_length",
+            "max_answer_length",
+            "n_best",
+            "batch_size",
+            "gradient_accumulation_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_length is not None and self.max_length < 8:
@@ -177,8 +183,10 @@ def read_classification(path: str | Path) -> list[ClsExample]:
     for n, o in read_jsonl(path):
         a = next((o[k] for k in ("sentence1", "sentence", "text") if k in o), None)
         if not isinstance(a, str) or "label" not in o:
-            raise DataError(f"{path}:{n}: a classification line needs a string 'sentence1' (or 'sentence'/'text') "
-                            f"and a 'label'; got keys {sorted(o)}")
+            raise DataError(
+                f"{path}:{n}: a classification line needs a string 'sentence1' (or 'sentence'/'text') "
+                f"and a 'label'; got keys {sorted(o)}"
+            )
         b = o.get("sentence2")
         if b is not None and not isinstance(b, str):
             raise DataError(f"{path}:{n}: 'sentence2' must be a string")
@@ -206,14 +214,23 @@ def read_qa(path: str | Path) -> list[QAExample]:
         else:
             texts, starts = o.get("answers.text"), o.get("answers.answer_start")
         ctx, q = o.get("context"), o.get("question")
-        if not isinstance(ctx, str) or not isinstance(q, str) or not isinstance(texts, list) \
-                or not isinstance(starts, list) or len(texts) != len(starts) or not texts:
-            raise DataError(f"{path}:{n}: a QA line needs 'context', 'question' and 'answers' "
-                            "{'text': [...], 'answer_start': [...]} (same non-zero length)")
+        if (
+            not isinstance(ctx, str)
+            or not isinstance(q, str)
+            or not isinstance(texts, list)
+            or not isinstance(starts, list)
+            or len(texts) != len(starts)
+            or not texts
+        ):
+            raise DataError(
+                f"{path}:{n}: a QA line needs 'context', 'question' and 'answers' "
+                "{'text': [...], 'answer_start': [...]} (same non-zero length)"
+            )
         for t, s in zip(texts, starts):
-            if not isinstance(s, int) or ctx[s:s + len(t)] != t:
-                raise DataError(f"{path}:{n}: answer {t!r} is not at character {s} of the context "
-                                f"(found {ctx[s:s + len(t)]!r})")
+            if not isinstance(s, int) or ctx[s : s + len(t)] != t:
+                raise DataError(
+                    f"{path}:{n}: answer {t!r} is not at character {s} of the context (found {ctx[s : s + len(t)]!r})"
+                )
         out.append(QAExample(str(o.get("id", f"{Path(path).name}:{n}")), q, ctx, list(texts), list(starts)))
     if not out:
         raise DataError(f"{path}: no examples")
@@ -237,8 +254,9 @@ class QAFeature:
     ``token_is_max_context``); predictions may start only there, so overlapping windows do not compete."""
 
 
-def qa_features(tokenizer, examples: Sequence[QAExample], max_length: int, doc_stride: int,
-                max_query_length: int) -> list[QAFeature]:
+def qa_features(
+    tokenizer, examples: Sequence[QAExample], max_length: int, doc_stride: int, max_query_length: int
+) -> list[QAFeature]:
     """``[CLS] q [SEP] window [SEP]``; window starts are ``doc_stride`` context tokens apart (BERT's run_squad)."""
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
@@ -250,8 +268,10 @@ def qa_features(tokenizer, examples: Sequence[QAExample], max_length: int, doc_s
         c_ids, c_off = enc["input_ids"], enc["offset_mapping"]
         capacity = max_length - len(q_ids) - 3
         if capacity < 1:
-            raise DataError(f"example {ex.qid}: --max-length {max_length} leaves no room for the context after a "
-                            f"{len(q_ids)}-token question; raise --max-length or lower --max-query-length")
+            raise DataError(
+                f"example {ex.qid}: --max-length {max_length} leaves no room for the context after a "
+                f"{len(q_ids)}-token question; raise --max-length or lower --max-query-length"
+            )
         a_start = ex.starts[0]
         a_end = a_start + len(ex.answers[0])  # exclusive; training uses the first gold answer (SQuAD train has one)
         tok_s = next((i for i, (s, e) in enumerate(c_off) if e > a_start), None)
@@ -273,9 +293,9 @@ def qa_features(tokenizer, examples: Sequence[QAExample], max_length: int, doc_s
                     score[t], owner[t] = c, k
         q0 = len(q_ids) + 2  # position of the first context token in a window
         for k, (w, n) in enumerate(spans):
-            ids = [cls_id] + q_ids + [sep_id] + c_ids[w:w + n] + [sep_id]
+            ids = [cls_id] + q_ids + [sep_id] + c_ids[w : w + n] + [sep_id]
             tt = [0] * q0 + [1] * (n + 1)
-            offs: list[tuple[int, int] | None] = [None] * q0 + list(c_off[w:w + n]) + [None]
+            offs: list[tuple[int, int] | None] = [None] * q0 + list(c_off[w : w + n]) + [None]
             start = end = 0
             if tok_s is not None and tok_e is not None and w <= tok_s and tok_e < w + n:
                 start, end = tok_s - w + q0, tok_e - w + q0
@@ -290,9 +310,14 @@ def _centredness(span: tuple[int, int], t: int) -> float:
     return min(t - w, w + n - 1 - t) + 0.01 * n
 
 
-def decode_qa(features: Sequence[QAFeature], start_logits: Sequence[Sequence[float]],
-              end_logits: Sequence[Sequence[float]], examples: Sequence[QAExample], n_best: int,
-              max_answer_length: int) -> dict[str, str]:
+def decode_qa(
+    features: Sequence[QAFeature],
+    start_logits: Sequence[Sequence[float]],
+    end_logits: Sequence[Sequence[float]],
+    examples: Sequence[QAExample],
+    n_best: int,
+    max_answer_length: int,
+) -> dict[str, str]:
     """Best valid span (start <= end, both in the context, length <= max) over every window of each example."""
     best: dict[int, tuple[float, str]] = {}
     for f, sl, el in zip(features, start_logits, end_logits):
@@ -309,7 +334,7 @@ def decode_qa(features: Sequence[QAFeature], start_logits: Sequence[Sequence[flo
                     continue
                 score = sl[s] + el[e]
                 if f.example not in best or score > best[f.example][0]:
-                    best[f.example] = (score, ctx[f.offsets[s][0]:f.offsets[e][1]])
+                    best[f.example] = (score, ctx[f.offsets[s][0] : f.offsets[e][1]])
     return {ex.qid: best.get(i, (0.0, ""))[1] for i, ex in enumerate(examples)}
 
 
@@ -337,8 +362,11 @@ def _collator(pad_id: int):
 
     def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         ids = [r["input_ids"] for r in rows]
-        out = {"input_ids": _pad(ids, pad_id), "token_type_ids": _pad([r["token_type_ids"] for r in rows], 0),
-               "attention_mask": _pad([[1] * len(r) for r in ids], 0)}
+        out = {
+            "input_ids": _pad(ids, pad_id),
+            "token_type_ids": _pad([r["token_type_ids"] for r in rows], 0),
+            "attention_mask": _pad([[1] * len(r) for r in ids], 0),
+        }
         for key in ("labels", "start_positions", "end_positions"):
             if key in rows[0]:
                 out[key] = torch.tensor([r[key] for r in rows])
@@ -352,8 +380,15 @@ def _needs_remote_code(model_dir: str) -> bool:
     return cfg.is_file() and "auto_map" in json.loads(cfg.read_text())
 
 
-def _trainer(model, train_rows: list[dict[str, Any]], pad_id: int, cfg: FinetuneConfig, device: torch.device,
-             dtype: torch.dtype | None, out: Path):
+def _trainer(
+    model,
+    train_rows: list[dict[str, Any]],
+    pad_id: int,
+    cfg: FinetuneConfig,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    out: Path,
+):
     """transformers' Trainer with the paper's protocol: AdamW (no decay on biases and LayerNorm weights), linear
     warmup over ``warmup_fraction`` of the steps then linear decay to 0, gradient clipping at 1.0; autocast and the
     fp16 gradient scaler from ``precision``; nothing saved or reported by the Trainer itself."""
@@ -362,14 +397,30 @@ def _trainer(model, train_rows: list[dict[str, Any]], pad_id: int, cfg: Finetune
     per_step = cfg.batch_size * cfg.gradient_accumulation_steps
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * math.ceil(len(train_rows) / per_step)))
     args = TrainingArguments(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        max_steps=total, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
-        warmup_steps=int(cfg.warmup_fraction * total), lr_scheduler_type="linear", max_grad_norm=1.0,
-        optim="adamw_torch", seed=cfg.seed, data_seed=cfg.seed, bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16, use_cpu=device.type == "cpu", report_to="none", save_strategy="no",
-        logging_strategy="steps", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
-        remove_unused_columns=False)
+        output_dir=str(out / "trainer"),
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        max_steps=total,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=int(cfg.warmup_fraction * total),
+        lr_scheduler_type="linear",
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu=device.type == "cpu",
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
     return Trainer(model=model, args=args, train_dataset=_Rows(train_rows), data_collator=_collator(pad_id))
 
 
@@ -377,8 +428,12 @@ def _train(trainer) -> dict[str, float]:
     t0 = time.time()
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    return {"steps": trainer.state.global_step, "train_loss_first": losses[0], "train_loss_last": losses[-1],
-            "train_seconds": time.time() - t0}
+    return {
+        "steps": trainer.state.global_step,
+        "train_loss_first": losses[0],
+        "train_loss_last": losses[-1],
+        "train_seconds": time.time() - t0,
+    }
 
 
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -394,30 +449,43 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     dtype = resolve_precision(cfg.precision, device)
     if device.type == "cuda" and device.index not in (None, 0):
-        raise DataError(f"--device {cfg.device}: the Trainer uses the first visible GPU; pick GPU {device.index} "
-                        f"with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
+        raise DataError(
+            f"--device {cfg.device}: the Trainer uses the first visible GPU; pick GPU {device.index} "
+            f"with CUDA_VISIBLE_DEVICES={device.index} and --device cuda"
+        )
     torch.manual_seed(cfg.seed)
     remote = _needs_remote_code(cfg.model)
     if remote and not cfg.trust_remote_code:
-        raise DataError(f"--model {cfg.model} ships custom modeling code (auto_map in config.json); "
-                        "drop --no-trust-remote-code to load it")
+        raise DataError(
+            f"--model {cfg.model} ships custom modeling code (auto_map in config.json); "
+            "drop --no-trust-remote-code to load it"
+        )
     tok = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=remote)  # v5 reads the config too
     if not getattr(tok, "is_fast", False):
         raise DataError(f"--model {cfg.model}: a fast tokenizer (tokenizer.json) is needed for character offsets")
     hf_cfg = AutoConfig.from_pretrained(cfg.model, trust_remote_code=remote)
     if getattr(hf_cfg, "model_type", None) not in ("bert", "sparsebert"):
-        print(f"[finetune] note: model_type {hf_cfg.model_type!r} is not BERT; segment ids are still passed",
-              file=sys.stderr)
+        print(
+            f"[finetune] note: model_type {hf_cfg.model_type!r} is not BERT; segment ids are still passed",
+            file=sys.stderr,
+        )
     max_len = cfg.max_length or int(hf_cfg.max_position_embeddings)
     if max_len > hf_cfg.max_position_embeddings:
-        raise DataError(f"--max-length {max_len} exceeds the model's max_position_embeddings "
-                        f"{hf_cfg.max_position_embeddings}")
+        raise DataError(
+            f"--max-length {max_len} exceeds the model's max_position_embeddings {hf_cfg.max_position_embeddings}"
+        )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
-    result: dict[str, Any] = {"task": cfg.task, "model": cfg.model, "max_length": max_len, "device": str(device),
-                              "precision": precision_name(dtype), "trainer": "transformers.Trainer"}
+    result: dict[str, Any] = {
+        "task": cfg.task,
+        "model": cfg.model,
+        "max_length": max_len,
+        "device": str(device),
+        "precision": precision_name(dtype),
+        "trainer": "transformers.Trainer",
+    }
     if cfg.task == "classification":
         train, dev = read_classification(cfg.train), read_classification(cfg.dev)
         labels = sorted({e.label for e in train}, key=lambda x: (str(type(x)), x))
@@ -426,19 +494,33 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         if unknown:
             raise DataError(f"{cfg.dev}: labels {unknown} never occur in {cfg.train}")
         model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.model, num_labels=len(labels), trust_remote_code=remote,
+            cfg.model,
+            num_labels=len(labels),
+            trust_remote_code=remote,
             id2label={i: str(lab) for i, lab in enumerate(labels)},
-            label2id={str(lab): i for i, lab in enumerate(labels)})
+            label2id={str(lab): i for i, lab in enumerate(labels)},
+        )
 
         def encode(exs):
-            enc = tok([e.text_a for e in exs], [e.text_b for e in exs] if any(e.text_b for e in exs) else None,
-                      truncation=True, max_length=max_len)
+            enc = tok(
+                [e.text_a for e in exs],
+                [e.text_b for e in exs] if any(e.text_b for e in exs) else None,
+                truncation=True,
+                max_length=max_len,
+            )
             tts = enc.get("token_type_ids") or [[0] * len(r) for r in enc["input_ids"]]
             return enc["input_ids"], tts
 
         tr_ids, tr_tt = encode(train)
-        trainer = _trainer(model, [{"input_ids": a, "token_type_ids": b, "labels": index[e.label]}
-                                   for a, b, e in zip(tr_ids, tr_tt, train)], pad, cfg, device, dtype, out)
+        trainer = _trainer(
+            model,
+            [{"input_ids": a, "token_type_ids": b, "labels": index[e.label]} for a, b, e in zip(tr_ids, tr_tt, train)],
+            pad,
+            cfg,
+            device,
+            dtype,
+            out,
+        )
         result.update(_train(trainer))
         dv_ids, dv_tt = encode(dev)
         pred = trainer.predict(_Rows([{"input_ids": a, "token_type_ids": b} for a, b in zip(dv_ids, dv_tt)]))
@@ -455,14 +537,28 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         tr_f = qa_features(tok, train, max_len, cfg.doc_stride, cfg.max_query_length)
         dv_f = qa_features(tok, dev, max_len, cfg.doc_stride, cfg.max_query_length)
 
-        trainer = _trainer(model, [{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids,
-                                    "start_positions": f.start, "end_positions": f.end} for f in tr_f],
-                           pad, cfg, device, dtype, out)
+        trainer = _trainer(
+            model,
+            [
+                {
+                    "input_ids": f.input_ids,
+                    "token_type_ids": f.token_type_ids,
+                    "start_positions": f.start,
+                    "end_positions": f.end,
+                }
+                for f in tr_f
+            ],
+            pad,
+            cfg,
+            device,
+            dtype,
+            out,
+        )
         result.update(_train(trainer))
         pred = trainer.predict(_Rows([{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids} for f in dv_f]))
         start_logits, end_logits = (np.asarray(x, dtype=np.float32) for x in pred.predictions[:2])
-        starts = [start_logits[i, :len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
-        ends = [end_logits[i, :len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
+        starts = [start_logits[i, : len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
+        ends = [end_logits[i, : len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
         preds = decode_qa(dv_f, starts, ends, dev, cfg.n_best, cfg.max_answer_length)
         result.update(squad_metrics(preds, {e.qid: e.answers for e in dev}))
         result.update(train_windows=len(tr_f), dev_windows=len(dv_f))
@@ -478,8 +574,9 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tools.finetune", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.finetune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", required=True)
     p.add_argument("--task", required=True, choices=("classification", "qa"))
     p.add_argument("--train", required=True)
@@ -501,9 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
     p.add_argument("--save-model", action="store_true")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "fp16", "bf16"),
-                   help="autocast dtype: auto = bf16 on Ampere+ GPUs, fp16 (+ gradient scaler) on older GPUs, "
-                        "fp32 on CPU")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "fp32", "fp16", "bf16"),
+        help="autocast dtype: auto = bf16 on Ampere+ GPUs, fp16 (+ gradient scaler) on older GPUs, fp32 on CPU",
+    )
     return p
 
 

@@ -83,8 +83,9 @@ def run_step(step: Step, out: Path, deadline: float) -> StepResult:
             log = out / f"{step.name}.log"
             with open(log, "w") as f:
                 try:
-                    p = subprocess.run(step.command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                       timeout=budget, text=True)
+                    p = subprocess.run(
+                        step.command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=budget, text=True
+                    )
                     proc = subprocess.CompletedProcess(p.args, p.returncode, log.read_text(errors="replace"), "")
                 except subprocess.TimeoutExpired:
                     res.status = "timeout"
@@ -130,8 +131,12 @@ def _pytest_step(name: str, tests: list[str], out: Path, budget: float) -> Step:
         res.status = "passed" if proc.returncode == 0 and c["failed"] == 0 else "failed"
         res.summary = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
 
-    return Step(name, budget, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-                               *tests], check)
+    return Step(
+        name,
+        budget,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *tests],
+        check,
+    )
 
 
 def _attention_step(dtype: str, out: Path, budget: float) -> Step:
@@ -144,17 +149,43 @@ def _attention_step(dtype: str, out: Path, budget: float) -> Step:
             return
         rows = json.loads(f.read_text())["rows"]
         flex = [r for r in rows if r["kernel"] == "flex"]
-        missed = [f"{r['layout']}@{r['n']}: {r['time_ratio']:.2f}x > {r['target']:.2f}x" for r in flex
-                  if not r["meets_time"]]
+        missed = [
+            f"{r['layout']}@{r['n']}: {r['time_ratio']:.2f}x > {r['target']:.2f}x" for r in flex if not r["meets_time"]
+        ]
         res.details = {"rows": rows, "flex_target_missed": missed}
         res.status = "passed" if proc.returncode == 0 and flex and not missed else "failed"
-        res.summary = (f"{len(flex) - len(missed)}/{len(flex)} flex rows within 1.3 x density x dense SDPA time"
-                       + (f"; missed: {', '.join(missed[:6])}" if missed else ""))
+        res.summary = f"{len(flex) - len(missed)}/{len(flex)} flex rows within 1.3 x density x dense SDPA time" + (
+            f"; missed: {', '.join(missed[:6])}" if missed else ""
+        )
 
-    return Step(f"attention_bench_{dtype}", budget,
-                [sys.executable, "-m", "benchmarks.attention", "--device", "cuda", "--dtype", dtype, "--kernels",
-                 "flex", "block_gather", "--seq-lens", "512", "1024", "2048", "4096", "--target-factor", "1.3",
-                 "--repeats", "3", "--out-dir", str(d)], check)
+    return Step(
+        f"attention_bench_{dtype}",
+        budget,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.attention",
+            "--device",
+            "cuda",
+            "--dtype",
+            dtype,
+            "--kernels",
+            "flex",
+            "block_gather",
+            "--seq-lens",
+            "512",
+            "1024",
+            "2048",
+            "4096",
+            "--target-factor",
+            "1.3",
+            "--repeats",
+            "3",
+            "--out-dir",
+            str(d),
+        ],
+        check,
+    )
 
 
 def _train_step_step(out: Path, budget: float) -> Step:
@@ -169,12 +200,18 @@ def _train_step_step(out: Path, budget: float) -> Step:
         missed = [t["target"] for t in data["targets"] if t["met"] is False]
         errors = [r for r in data["rows"] if "error" in r]
         res.status = "passed" if proc.returncode == 0 and not missed and not errors else "failed"
-        res.summary = "; ".join(f"{t['target']}: {'n/a' if t['value'] is None else round(t['value'], 3)} "
-                                f"({'met' if t['met'] else 'not measured' if t['met'] is None else 'MISSED'})"
-                                for t in data["targets"])
+        res.summary = "; ".join(
+            f"{t['target']}: {'n/a' if t['value'] is None else round(t['value'], 3)} "
+            f"({'met' if t['met'] else 'not measured' if t['met'] is None else 'MISSED'})"
+            for t in data["targets"]
+        )
 
-    return Step("train_step_bench", budget, [sys.executable, "-m", "benchmarks.train_step_ds", "--preset",
-                                             "bert-base", "--json", str(f)], check)
+    return Step(
+        "train_step_bench",
+        budget,
+        [sys.executable, "-m", "benchmarks.train_step_ds", "--preset", "bert-base", "--json", str(f)],
+        check,
+    )
 
 
 def smoke_checks(records: list[dict], output: str, iters: int) -> list[str]:
@@ -245,8 +282,11 @@ $DS pretrain/train.py "${{ARGS[@]}}" --train-iters 200 --deterministic --save "$
             problems.append(f"resume comparison incomplete ({len(a)} straight vs {len(b)} resumed losses)")
         res.details = {"problems": problems, "resume_max_abs_loss_diff": diff, "resume_bitwise": diff == 0.0}
         res.status = "failed" if problems else "passed"
-        res.summary = "; ".join(problems) if problems else (
-            f"loss fell, no recompiles, resume with --deterministic: max |loss difference| {diff}")
+        res.summary = (
+            "; ".join(problems)
+            if problems
+            else (f"loss fell, no recompiles, resume with --deterministic: max |loss difference| {diff}")
+        )
 
     return Step("smoke", budget, ["bash", "-c", script], check)
 
@@ -255,12 +295,15 @@ def environment_report() -> tuple[str, dict, list[str]]:
     """(markdown, data, problems) about torch, CUDA, the driver and the GPUs."""
     import torch
 
-    data = {"torch": torch.__version__, "cuda": torch.version.cuda, "arch_list": torch.cuda.get_arch_list(),
-            "gpus": []}
+    data = {"torch": torch.__version__, "cuda": torch.version.cuda, "arch_list": torch.cuda.get_arch_list(), "gpus": []}
     problems = []
     try:
-        data["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True, timeout=60).stdout.split()[0]
+        data["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         data["driver"] = None
     for i in range(torch.cuda.device_count()):
@@ -268,20 +311,32 @@ def environment_report() -> tuple[str, dict, list[str]]:
         name = torch.cuda.get_device_name(i)
         data["gpus"].append({"index": i, "name": name, "capability": f"{major}.{minor}"})
         if f"sm_{major}{minor}" not in data["arch_list"] and not any(
-                a.startswith(f"sm_{major}") for a in data["arch_list"]):
-            problems.append(f"GPU {i} {name} (sm_{major}{minor}) has no kernels in this torch build "
-                            f"({' '.join(data['arch_list'])}): re-run run_scripts/setup_env.sh "
-                            "(docs/troubleshooting.md)")
+            a.startswith(f"sm_{major}") for a in data["arch_list"]
+        ):
+            problems.append(
+                f"GPU {i} {name} (sm_{major}{minor}) has no kernels in this torch build "
+                f"({' '.join(data['arch_list'])}): re-run run_scripts/setup_env.sh "
+                "(docs/troubleshooting.md)"
+            )
     gpus = "; ".join(f"{g['index']}: {g['name']} (sm {g['capability']})" for g in data["gpus"])
-    md = (f"torch {data['torch']}, CUDA {data['cuda']}, driver {data['driver']}; arch list "
-          f"{' '.join(data['arch_list'])}; GPUs: {gpus}")
+    md = (
+        f"torch {data['torch']}, CUDA {data['cuda']}, driver {data['driver']}; arch list "
+        f"{' '.join(data['arch_list'])}; GPUs: {gpus}"
+    )
     return md, data, problems
 
 
 def render(results: list[StepResult], env_md: str) -> str:
-    lines = ["# GPU check report", "", f"Machine: {env_md}", "",
-             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by run_scripts/gpu_check.sh.", "",
-             "| step | status | seconds | result |", "|---|---|---:|---|"]
+    lines = [
+        "# GPU check report",
+        "",
+        f"Machine: {env_md}",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by run_scripts/gpu_check.sh.",
+        "",
+        "| step | status | seconds | result |",
+        "|---|---|---:|---|",
+    ]
     for r in results:
         lines.append(f"| {r.name} | {r.status} | {r.seconds:.0f} | {r.summary.replace('|', '/')} |")
     for r in results:
@@ -292,17 +347,26 @@ def render(results: list[StepResult], env_md: str) -> str:
 
 def write_report(out: Path, results: list[StepResult], env_md: str, env_data: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps({"environment": env_data, "steps": [asdict(r) for r in results]},
-                                                indent=1, default=str))
+    (out / "report.json").write_text(
+        json.dumps({"environment": env_data, "steps": [asdict(r) for r in results]}, indent=1, default=str)
+    )
     (out / "report.md").write_text(render(results, env_md))
 
 
 def plan(out: Path, gpus: int) -> list[Step]:
     return [
-        _pytest_step("cuda_tests", ["tests/test_cuda_kernels.py",
-                                    "tests/test_attention.py::test_kernels_match_dense_on_cuda"], out, 300),
-        _pytest_step("multirank_tests", ["tests/test_train_resume.py", "tests/test_faults.py", "tests/test_launch.py",
-                                         "tests/test_exit_signal.py"], out, 420),
+        _pytest_step(
+            "cuda_tests",
+            ["tests/test_cuda_kernels.py", "tests/test_attention.py::test_kernels_match_dense_on_cuda"],
+            out,
+            300,
+        ),
+        _pytest_step(
+            "multirank_tests",
+            ["tests/test_train_resume.py", "tests/test_faults.py", "tests/test_launch.py", "tests/test_exit_signal.py"],
+            out,
+            420,
+        ),
         _attention_step("fp16", out, 180),
         _attention_step("bf16", out, 180),
         _train_step_step(out, 240),
@@ -311,8 +375,9 @@ def plan(out: Path, gpus: int) -> list[Step]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.gpu_check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out-dir", default=os.environ.get("GPU_CHECK_OUT", "out/gpu_check"))
     p.add_argument("--only", nargs="+", help="run only these steps (names as in the report)")
     p.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S, help="total time budget")
@@ -320,17 +385,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA GPU found: torch.cuda.is_available() is False on this machine (torch "
-              f"{torch.__version__}); nothing to check here. Run it on a machine with one or more NVIDIA GPUs.")
+        print(
+            "gpu_check: no CUDA GPU found: torch.cuda.is_available() is False on this machine (torch "
+            f"{torch.__version__}); nothing to check here. Run it on a machine with one or more NVIDIA GPUs."
+        )
         return 0
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget_s
     env_md, env_data, problems = environment_report()
-    env_res = StepResult("environment", status="failed" if problems else "passed",
-                         summary="; ".join(problems) or env_md)
-    ds = subprocess.run([str(Path(sys.executable).parent / "ds_report")], capture_output=True, text=True,
-                        timeout=300)
+    env_res = StepResult(
+        "environment", status="failed" if problems else "passed", summary="; ".join(problems) or env_md
+    )
+    ds = subprocess.run([str(Path(sys.executable).parent / "ds_report")], capture_output=True, text=True, timeout=300)
     env_res.output_tail = ds.stdout[-3000:]
     env_data["ds_report"] = ds.stdout
     results = [env_res]

@@ -31,7 +31,7 @@ def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> list[str]:
     if len(values) == 0:
         return ["  (empty)"]
     hi = max(int(values.max()), 1)
-    edges = [0] + [2 ** k for k in range(0, int(np.ceil(np.log2(hi + 1))) + 1)]
+    edges = [0] + [2**k for k in range(0, int(np.ceil(np.log2(hi + 1))) + 1)]
     counts, _ = np.histogram(values, bins=edges)
     peak = max(int(counts.max()), 1)
     lines = []
@@ -47,13 +47,15 @@ def describe(prefix: str, tokenizer=None, num_docs: int = 2, max_chars: int = 40
     docs = np.asarray(ds.document_indices)
     cum = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])
     doc_tokens = cum[docs[1:]] - cum[docs[:-1]]  # empty documents count 0
-    out = [f"{prefix}: dtype {ds.dtype}, {ds.num_documents:,} documents, {len(ds):,} sequences, "
-           f"{ds.num_tokens:,} tokens{' (multimodal)' if ds.multimodal else ''}"]
+    out = [
+        f"{prefix}: dtype {ds.dtype}, {ds.num_documents:,} documents, {len(ds):,} sequences, "
+        f"{ds.num_tokens:,} tokens{' (multimodal)' if ds.multimodal else ''}"
+    ]
     if len(seq):
-        out.append(f"sequence length: min {seq.min()}, mean {seq.mean():.1f}, median {np.median(seq):.0f}, "
-                   f"max {seq.max()}")
-        out.append("sequences per document: "
-                   f"mean {np.diff(docs).mean():.1f}, max {np.diff(docs).max()}")
+        out.append(
+            f"sequence length: min {seq.min()}, mean {seq.mean():.1f}, median {np.median(seq):.0f}, max {seq.max()}"
+        )
+        out.append(f"sequences per document: mean {np.diff(docs).mean():.1f}, max {np.diff(docs).max()}")
         out.append("sequence length histogram:")
         out += histogram(seq)
         out.append("document length (tokens) histogram:")
@@ -76,9 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return samples_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m tools.inspect_dataset", description=__doc__.split("\n\n")[0])
     p.add_argument("prefix", nargs="+", help="shard prefix (path without .bin/.idx)")
-    p.add_argument("--tokenizer-type", default=None, choices=TOKENIZER_TYPES,
-                   help="default: BertWordPieceLowerCase with --vocab-file, SentencePieceTokenizer with "
-                        "--tokenizer-model")
+    p.add_argument(
+        "--tokenizer-type",
+        default=None,
+        choices=TOKENIZER_TYPES,
+        help="default: BertWordPieceLowerCase with --vocab-file, SentencePieceTokenizer with --tokenizer-model",
+    )
     p.add_argument("--vocab-file", default=None)
     p.add_argument("--tokenizer-model", default=None)
     p.add_argument("--num-docs", type=int, default=2, help="documents to decode")
@@ -101,22 +106,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _samples_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tools.inspect_dataset samples",
-                                description="Build (and cache) the sample index of shards; print statistics.")
-    p.add_argument("--data-path", nargs="+", required=True,
-                   help="shard prefix, or weights and prefixes: 0.25 books_prefix 0.75 wiki_prefix")
+    p = argparse.ArgumentParser(
+        prog="python -m tools.inspect_dataset samples",
+        description="Build (and cache) the sample index of shards; print statistics.",
+    )
+    p.add_argument(
+        "--data-path",
+        nargs="+",
+        required=True,
+        help="shard prefix, or weights and prefixes: 0.25 books_prefix 0.75 wiki_prefix",
+    )
     p.add_argument("--split", default="949,50,1", help="train,valid,test proportions of documents")
-    p.add_argument("--split-name", default="train", choices=("train", "valid", "test"),
-                   help="which split to describe")
+    p.add_argument("--split-name", default="train", choices=("train", "valid", "test"), help="which split to describe")
     p.add_argument("--seq-length", type=int, default=512)
     p.add_argument("--sample-mode", "--mode", dest="sample_mode", default="doc-sentences", choices=MODES)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--cut-fraction", type=float, default=0.1,
-                   help="doc/full-sentences: cut a sentence to fill a sample when more than this fraction of "
-                        "N would stay empty (1.0 = whole sentences only)")
-    p.add_argument("--mask-prob", "--mlm-probability", dest="mask_prob", type=float, default=0.15,
-                   help="share of tokens chosen for prediction")
+    p.add_argument(
+        "--cut-fraction",
+        type=float,
+        default=0.1,
+        help="doc/full-sentences: cut a sentence to fill a sample when more than this fraction of "
+        "N would stay empty (1.0 = whole sentences only)",
+    )
+    p.add_argument(
+        "--mask-prob",
+        "--mlm-probability",
+        dest="mask_prob",
+        type=float,
+        default=0.15,
+        help="share of tokens chosen for prediction",
+    )
     p.add_argument("--whole-word-masking", action="store_true")
     p.add_argument("--pad-to-multiple-of", type=int, default=None)
     p.add_argument("--tokenizer-type", required=True)
@@ -124,8 +144,12 @@ def _samples_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokenizer-model", default=None)
     p.add_argument("--cache-dir", default=None, help="where to cache indices (default: cache/ beside the shards)")
     p.add_argument("--stats", action="store_true", help="print statistics as JSON")
-    p.add_argument("--stats-samples", type=int, default=20000,
-                   help="how many samples to mask for the masking statistics (fill ratio uses all)")
+    p.add_argument(
+        "--stats-samples",
+        type=int,
+        default=20000,
+        help="how many samples to mask for the masking statistics (fill ratio uses all)",
+    )
     p.add_argument("--show", type=int, default=0, metavar="K", help="decode K masked samples")
     return p.parse_args(argv)
 
@@ -136,11 +160,19 @@ def samples_main(argv: Sequence[str] | None = None) -> int:
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
     try:
-        config = DataConfig(data_path=args.data_path, split=args.split, seq_length=args.seq_length,
-                            sample_mode=args.sample_mode,
-                            seed=args.seed, short_seq_prob=args.short_seq_prob, cut_fraction=args.cut_fraction,
-                            mask_prob=args.mask_prob, whole_word_masking=args.whole_word_masking,
-                            pad_to_multiple_of=args.pad_to_multiple_of, cache_dir=args.cache_dir)
+        config = DataConfig(
+            data_path=args.data_path,
+            split=args.split,
+            seq_length=args.seq_length,
+            sample_mode=args.sample_mode,
+            seed=args.seed,
+            short_seq_prob=args.short_seq_prob,
+            cut_fraction=args.cut_fraction,
+            mask_prob=args.mask_prob,
+            whole_word_masking=args.whole_word_masking,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+            cache_dir=args.cache_dir,
+        )
         t0 = time.perf_counter()
         splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer)))
         build_s = time.perf_counter() - t0

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-MB = 2 ** 20
+MB = 2**20
 
 
 def synthetic_batch(batch: int, seq_len: int, vocab: int, device: torch.device, seed: int = 0) -> dict:
@@ -15,8 +15,7 @@ def synthetic_batch(batch: int, seq_len: int, vocab: int, device: torch.device, 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1000, vocab, (batch, seq_len), generator=g)
     labels = torch.where(torch.rand(batch, seq_len, generator=g) < 0.15, ids, torch.full_like(ids, -100))
-    return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
-            "labels": labels.to(device)}
+    return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device), "labels": labels.to(device)}
 
 
 def tensor_bytes(tensors) -> int:

@@ -17,8 +17,9 @@ from data_pipeline.indexed import IndexedDataset, IndexedDatasetError, merge_sha
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.merge_shards", description=__doc__.split("\n\n")[0])
-    p.add_argument("--inputs", nargs="+", required=True,
-                   help="shard prefixes (or globs of .idx files, merged in sorted order)")
+    p.add_argument(
+        "--inputs", nargs="+", required=True, help="shard prefixes (or globs of .idx files, merged in sorted order)"
+    )
     p.add_argument("--output-prefix", required=True)
     a = p.parse_args(argv)
     prefixes: list[str] = []
@@ -36,8 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (IndexedDatasetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"[merge_shards] {a.output_prefix}.bin/.idx: {len(prefixes)} shards, {ds.num_documents:,} documents, "
-          f"{len(ds):,} sequences, {ds.num_tokens:,} tokens")
+    print(
+        f"[merge_shards] {a.output_prefix}.bin/.idx: {len(prefixes)} shards, {ds.num_documents:,} documents, "
+        f"{len(ds):,} sequences, {ds.num_tokens:,} tokens"
+    )
     return 0
 
 

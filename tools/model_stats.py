@@ -20,7 +20,11 @@ from model.bert import BertForPreTraining
 from model.config import ModelConfig
 
 TABLE6 = {  # DIET paper, Table 6, English column (millions of parameters)
-    "bert": 110.1, "shaw_rel": 112.9, "diet_rel": 109.9, "diet_rel_share": 109.7, "diet_abs_128": 128.6,
+    "bert": 110.1,
+    "shaw_rel": 112.9,
+    "diet_rel": 109.9,
+    "diet_rel_share": 109.7,
+    "diet_abs_128": 128.6,
     "diet_abs_128_share": 111.3,
 }
 TABLE6_CONFIGS = {
@@ -59,8 +63,11 @@ def table6(preset: str = "bert-base", nsp_head: bool = True) -> dict[str, dict]:
     out = {}
     for name, over in TABLE6_CONFIGS.items():
         c = count(ModelConfig.preset(preset, nsp_head=nsp_head, **over))
-        out[name] = {"ours_M": round(c["total"] / 1e6, 2), "paper_M": TABLE6[name],
-                     "positional_attention": c.get("positional_attention", 0)}
+        out[name] = {
+            "ours_M": round(c["total"] / 1e6, 2),
+            "paper_M": TABLE6[name],
+            "positional_attention": c.get("positional_attention", 0),
+        }
     return out
 
 
@@ -97,9 +104,18 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as e:
         raise SystemExit(f"model config: {e}")
     c = count(cfg)
-    print(json.dumps({"config": args.preset if not args.model_config else str(args.model_config),
-                      "position": cfg.to_dict()["position"], "segment": cfg.segment,
-                      "parameters": c, "total_M": round(c["total"] / 1e6, 3)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "config": args.preset if not args.model_config else str(args.model_config),
+                "position": cfg.to_dict()["position"],
+                "segment": cfg.segment,
+                "parameters": c,
+                "total_M": round(c["total"] / 1e6, 3),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ from model.attention.layouts import SparsityConfig, from_ds_config, layout_densi
 from model.config import ModelConfig
 
 
-def plot_layout(layout_HMM: torch.Tensor, out: Path, title: str = "", heads: list[int] | None = None,
-                block: int | None = None) -> Path:
+def plot_layout(
+    layout_HMM: torch.Tensor, out: Path, title: str = "", heads: list[int] | None = None, block: int | None = None
+) -> Path:
     """Save one panel per head of an int [H, M, M] layout; returns the path."""
     import matplotlib
 
@@ -100,12 +101,18 @@ def _model_config(args: argparse.Namespace) -> ModelConfig:
 
 def mask_stats(allowed_HNN: torch.Tensor, block: int | None) -> dict:
     """Sparsity per head and overall, plus the density of the block layout the sparse kernels would run."""
-    out = {"seq_len": allowed_HNN.shape[-1], "sparsity": round(S.sparsity(allowed_HNN), 4),
-           "sparsity_per_head": [round(S.sparsity(m), 4) for m in allowed_HNN]}
+    out = {
+        "seq_len": allowed_HNN.shape[-1],
+        "sparsity": round(S.sparsity(allowed_HNN), 4),
+        "sparsity_per_head": [round(S.sparsity(m), 4) for m in allowed_HNN],
+    }
     if block:
         lay = S.block_layout_from_mask(allowed_HNN, block)
-        out.update(block=block, block_density=round(layout_density(lay), 4),
-                   block_density_per_head=[round(layout_density(x), 4) for x in lay])
+        out.update(
+            block=block,
+            block_density=round(layout_density(lay), 4),
+            block_density_per_head=[round(layout_density(x), 4) for x in lay],
+        )
     return out
 
 
@@ -151,8 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         sp, tm, title = _resolve_mask(args)
         if tm is not None:
             if tm.pattern == "dam":
-                raise SystemExit("a DAM mask is learned: export it (export_learned_masks + save_masks) and draw the "
-                                 "file with --token-mask '{\"pattern\": \"file\", \"path\": ...}'")
+                raise SystemExit(
+                    "a DAM mask is learned: export it (export_learned_masks + save_masks) and draw the "
+                    'file with --token-mask \'{"pattern": "file", "path": ...}\''
+                )
             n = tm.seq_len or args.seq_len
             allowed = S.build_token_mask(tm, args.num_heads, n, args.layer)
             if sp is not None:
@@ -170,13 +179,24 @@ def main(argv: list[str] | None = None) -> None:
     n = cfg.padded_length(args.seq_len)
     layout = cfg.make_layout(n)
     if args.stats:
-        print(json.dumps({"source": title, "seq_len": n, "block": cfg.block, "block_density": layout_density(layout),
-                          "block_density_per_head": [round(layout_density(x), 4) for x in layout]}))
+        print(
+            json.dumps(
+                {
+                    "source": title,
+                    "seq_len": n,
+                    "block": cfg.block,
+                    "block_density": layout_density(layout),
+                    "block_density_per_head": [round(layout_density(x), 4) for x in layout],
+                }
+            )
+        )
     if args.out is None:
         return
     path = plot_layout(layout, args.out, f"{type(cfg).__name__} N={n}: {title}", args.heads, cfg.block)
-    print(f"wrote {path} ({layout.shape[0]} heads, {layout.shape[1]}x{layout.shape[2]} blocks, "
-          f"density {layout_density(layout):.3f})")
+    print(
+        f"wrote {path} ({layout.shape[0]} heads, {layout.shape[1]}x{layout.shape[2]} blocks, "
+        f"density {layout_density(layout):.3f})"
+    )
 
 
 if __name__ == "__main__":

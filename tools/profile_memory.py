@@ -52,17 +52,35 @@ class MemoryProfile:
         return self.model_mb + self.optimizer_mb + self.activation_mb
 
 
-def model_config(variant: str, hidden: int, layers: int, heads: int, seq_len: int, kernel: str,
-                 vocab: int = 30522) -> ModelConfig:
+def model_config(
+    variant: str, hidden: int, layers: int, heads: int, seq_len: int, kernel: str, vocab: int = 30522
+) -> ModelConfig:
     sparsity = VARIANTS[variant]
     attention = {"kernel": "dense" if sparsity is None else kernel, "sparsity": sparsity}
-    return ModelConfig.preset("bert-base", hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
-                              intermediate_size=4 * hidden, max_position_embeddings=max(seq_len, 512),
-                              vocab_size=vocab, attention=attention)
+    return ModelConfig.preset(
+        "bert-base",
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=max(seq_len, 512),
+        vocab_size=vocab,
+        attention=attention,
+    )
 
 
-def profile(variant: str, batch: int, seq_len: int, hidden: int = 192, layers: int = 2, heads: int = 12,
-            kernel: str = "auto", steps: int = 3, device: str = "cpu", vocab: int = 30522) -> MemoryProfile:
+def profile(
+    variant: str,
+    batch: int,
+    seq_len: int,
+    hidden: int = 192,
+    layers: int = 2,
+    heads: int = 12,
+    kernel: str = "auto",
+    steps: int = 3,
+    device: str = "cpu",
+    vocab: int = 30522,
+) -> MemoryProfile:
     dev = torch.device(device)
     torch.manual_seed(0)
     cfg = model_config(variant, hidden, layers, heads, seq_len, kernel, vocab)
@@ -72,8 +90,9 @@ def profile(variant: str, batch: int, seq_len: int, hidden: int = 192, layers: i
     train_step(model, opt, data)  # warm-up: optimizer state exists, kernel plans cached
     params = list(model.parameters())
     model_bytes = tensor_bytes(params)
-    opt_bytes = model_bytes + sum(tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
-                                  for s in opt.state.values())  # gradients + moments
+    opt_bytes = model_bytes + sum(
+        tensor_bytes(v for v in s.values() if torch.is_tensor(v) and v.dim() > 0) for s in opt.state.values()
+    )  # gradients + moments
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
@@ -98,8 +117,9 @@ def fit_linear(ns: list[int], acts: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.profile_memory", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.profile_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=12, help="12 so the paper's 10:2 and 8:2:2 assignments apply")
@@ -112,16 +132,29 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     rows: list[MemoryProfile] = []
-    print(f"b x N = {args.tokens}, hidden {args.hidden}, layers {args.layers}, heads {args.heads}, "
-          f"device {args.device}")
+    print(
+        f"b x N = {args.tokens}, hidden {args.hidden}, layers {args.layers}, heads {args.heads}, device {args.device}"
+    )
     print(f"{'model':<14}{'N':>6}{'b':>4}{'model MB':>10}{'optim MB':>10}{'activ MB':>10}{'total MB':>10}")
     for variant in args.variants:
         for n in args.seq_lens:
-            r = profile(variant, max(1, args.tokens // n), n, args.hidden, args.layers, args.heads, args.kernel,
-                        steps=1, device=args.device)
+            r = profile(
+                variant,
+                max(1, args.tokens // n),
+                n,
+                args.hidden,
+                args.layers,
+                args.heads,
+                args.kernel,
+                steps=1,
+                device=args.device,
+            )
             rows.append(r)
-            print(f"{variant:<14}{n:>6}{r.batch:>4}{r.model_mb:>10.1f}{r.optimizer_mb:>10.1f}"
-                  f"{r.activation_mb:>10.1f}{r.total_mb:>10.1f}", flush=True)
+            print(
+                f"{variant:<14}{n:>6}{r.batch:>4}{r.model_mb:>10.1f}{r.optimizer_mb:>10.1f}"
+                f"{r.activation_mb:>10.1f}{r.total_mb:>10.1f}",
+                flush=True,
+            )
     print("\nleast squares, activation MB = s x N + c  (s x N is the O(N^2) part at fixed b x N)")
     fits = {}
     for variant in args.variants:
@@ -136,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{variant}: quadratic coefficient {s / fits['dense'][0]:.3f} x dense")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "profile_memory.json").write_text(json.dumps(
-        {"rows": [r.__dict__ for r in rows], "fits": fits, "args": vars(args)}, indent=1))
+    (out / "profile_memory.json").write_text(
+        json.dumps({"rows": [r.__dict__ for r in rows], "fits": fits, "args": vars(args)}, indent=1)
+    )
     import matplotlib
 
     matplotlib.use("Agg")

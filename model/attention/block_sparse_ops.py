@@ -69,8 +69,15 @@ def sparse_to_dense(sparse: torch.Tensor, layout: torch.Tensor, block: int, fill
 class MatMul:
     """Block-sparse matrix product (DeepSpeed 0.19.5's signature)."""
 
-    def __init__(self, layout: torch.Tensor, block: int, mode: str, trans_a: bool = False, trans_b: bool = False,
-                 bench: bool = False):
+    def __init__(
+        self,
+        layout: torch.Tensor,
+        block: int,
+        mode: str,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        bench: bool = False,
+    ):
         if mode not in ("sdd", "dsd", "dds"):
             raise NotImplementedError("Supported modes are: sdd, dsd, dds")
         self.layout = _layout3(layout).to(torch.int64)
@@ -80,8 +87,9 @@ class MatMul:
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if a.device != b.device:
-            raise ValueError(f"Inputs must be on the same device; got {a.device} for tensor A and {b.device} for "
-                             "tensor B")
+            raise ValueError(
+                f"Inputs must be on the same device; got {a.device} for tensor A and {b.device} for tensor B"
+            )
         if torch.is_autocast_enabled(a.device.type):
             dtype = torch.get_autocast_dtype(a.device.type)
             a, b = a.to(dtype), b.to(dtype)
@@ -101,7 +109,7 @@ class MatMul:
         h, i, j = _index(self.layout, a.device)
         Z, _, M, K = a.shape
         N = b.shape[-1]
-        a_rows = a.reshape(Z, a.shape[1], M // bl, bl, K)[:, _heads(a, h), i]                     # [Z, nnz, bl, K]
+        a_rows = a.reshape(Z, a.shape[1], M // bl, bl, K)[:, _heads(a, h), i]  # [Z, nnz, bl, K]
         b_cols = b.reshape(Z, b.shape[1], K, N // bl, bl).permute(0, 1, 3, 2, 4)[:, _heads(b, h), j]  # [Z, nnz, K, bl]
         return torch.matmul(a_rows, b_cols)
 
@@ -120,7 +128,7 @@ class MatMul:
             raise ValueError(f"Expected tensor B to have size {cols * bl} at dim 2, got {b.shape[-2]}.")
         Z, N, H = max(a.shape[0], b.shape[0]), b.shape[-1], self.spdims[0]
         b_rows = b.reshape(b.shape[0], b.shape[1], cols, bl, N)[:, _heads(b, h), c]  # [Z, nnz, bl, N]
-        prod = torch.matmul(blocks, b_rows)                                           # [Z, nnz, bl, N]
+        prod = torch.matmul(blocks, b_rows)  # [Z, nnz, bl, N]
         out = prod.new_zeros(Z, H * rows, bl, N)
         out = out.index_add(1, h * rows + r, prod.expand(Z, -1, -1, -1))
         return out.reshape(Z, H, rows * bl, N)
@@ -133,7 +141,7 @@ class MatMul:
             raise ValueError(f"Expected tensor A to have size {rows * bl} at dim 3, got {a.shape[-1]}.")
         Z, M, H = max(a.shape[0], b.shape[0]), a.shape[-2], self.spdims[0]
         a_cols = a.reshape(a.shape[0], a.shape[1], M, rows, bl).permute(0, 1, 3, 2, 4)[:, _heads(a, h), r]
-        prod = torch.matmul(a_cols, blocks)                                           # [Z, nnz, M, bl]
+        prod = torch.matmul(a_cols, blocks)  # [Z, nnz, M, bl]
         out = prod.new_zeros(Z, H * cols, M, bl)
         out = out.index_add(1, h * cols + c, prod.expand(Z, -1, -1, -1))
         return out.reshape(Z, H, cols, M, bl).permute(0, 1, 3, 2, 4).reshape(Z, H, M, cols * bl)
@@ -147,20 +155,28 @@ class Softmax:
         self.block, self.bench = block, bench
         self.spdims = tuple(self.layout.shape)
 
-    def __call__(self, x: torch.Tensor, scale: float = 1.0, rpe: torch.Tensor | None = None,
-                 key_padding_mask: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
-                 key_padding_mask_mode: str = "add", attn_mask_mode: str = "add") -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        scale: float = 1.0,
+        rpe: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask_mode: str = "add",
+        attn_mask_mode: str = "add",
+    ) -> torch.Tensor:
         for name, mode in (("key_padding_mask_mode", key_padding_mask_mode), ("attn_mask_mode", attn_mask_mode)):
             if mode not in ("add", "mul"):
                 raise ValueError(f"{name} must be 'add' or 'mul', got {mode!r}")
         bl = self.block
         H, Mb, Nb = self.spdims
         h, i, j = _index(self.layout, x.device)
-        s = x.float() * scale                                                    # [Z, nnz, bl, bl]
+        s = x.float() * scale  # [Z, nnz, bl, bl]
         if rpe is not None:
             rpe4 = _to4(rpe).float()
-            s = s + dense_to_sparse(rpe4.expand(s.shape[0] if rpe4.shape[0] == 1 else rpe4.shape[0], *rpe4.shape[1:]),
-                                    self.layout, bl)
+            s = s + dense_to_sparse(
+                rpe4.expand(s.shape[0] if rpe4.shape[0] == 1 else rpe4.shape[0], *rpe4.shape[1:]), self.layout, bl
+            )
         if key_padding_mask is not None:
             kpm = self._mask(key_padding_mask.reshape(key_padding_mask.shape[0], -1), key_padding_mask_mode)
             s = s + kpm.reshape(kpm.shape[0], Nb, bl)[:, j][:, :, None, :]
@@ -168,8 +184,8 @@ class Softmax:
             am = self._mask(attn_mask.reshape(attn_mask.shape[-2], attn_mask.shape[-1]), attn_mask_mode)
             s = s + am.reshape(Mb, bl, Nb, bl).permute(0, 2, 1, 3)[i, j][None]
         Z = s.shape[0]
-        row = (h * Mb + i)                                                        # the row block of every block
-        block_max = s.amax(-1)                                                   # [Z, nnz, bl]
+        row = h * Mb + i  # the row block of every block
+        block_max = s.amax(-1)  # [Z, nnz, bl]
         row_max = block_max.new_full((Z, H * Mb, bl), float("-inf"))
         row_max = row_max.index_reduce(1, row, block_max.detach(), "amax")
         row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)  # empty rows stay at 0

@@ -337,8 +337,14 @@ class VariableSparsityConfig(SparsityConfig):
 
     def set_global_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
         """Global blocks at ``global_block_indices`` (ranges with ``global_block_end_indices``)."""
-        _global_ranges(layout, h, self.global_block_indices, self.global_block_end_indices,
-                       horizontal=self.horizontal_global_attention, top_rows=self.attention == "bidirectional")
+        _global_ranges(
+            layout,
+            h,
+            self.global_block_indices,
+            self.global_block_end_indices,
+            horizontal=self.horizontal_global_attention,
+            top_rows=self.attention == "bidirectional",
+        )
         return layout
 
     def set_local_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
@@ -391,8 +397,9 @@ class BigBirdSparsityConfig(SparsityConfig):
 
     def set_random_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
         """``num_random_blocks`` random key blocks per row (only past blocks when unidirectional), seeded."""
-        _random_rows(layout, h, self.num_random_blocks, self._random_generator(),
-                     causal=self.attention == "unidirectional")
+        _random_rows(
+            layout, h, self.num_random_blocks, self._random_generator(), causal=self.attention == "unidirectional"
+        )
         return layout
 
     def set_sliding_window_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
@@ -451,8 +458,9 @@ class BSLongformerSparsityConfig(SparsityConfig):
 
     def set_global_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
         """Global blocks that attend everywhere and are attended from everywhere (lower triangle if unidirectional)."""
-        _global_ranges(layout, h, self.global_block_indices, self.global_block_end_indices, horizontal=True,
-                       top_rows=True)
+        _global_ranges(
+            layout, h, self.global_block_indices, self.global_block_end_indices, horizontal=True, top_rows=True
+        )
         if self.attention == "unidirectional":
             layout = torch.tril(layout)
         return layout
@@ -509,8 +517,10 @@ class DilatedSlidingWindowSparsityConfig(SparsityConfig):
     ):
         super().__init__(num_heads, block, seed=seed)
         if num_sliding_window_blocks < 1 or dilation < 1:
-            raise ValueError(f"num_sliding_window_blocks ({num_sliding_window_blocks}) and dilation ({dilation}) "
-                             "must be positive integers")
+            raise ValueError(
+                f"num_sliding_window_blocks ({num_sliding_window_blocks}) and dilation ({dilation}) "
+                "must be positive integers"
+            )
         _check_attention(attention)
         self.num_sliding_window_blocks = num_sliding_window_blocks
         self.dilation = dilation
@@ -576,8 +586,9 @@ class BlockBERTSparsityConfig(SparsityConfig):
         self.num_blocks = num_blocks
         counts = parse_head_assignment(head_assignment, num_heads, num_blocks)
         self.shifts = [k for k, c in enumerate(counts) for _ in range(c)]
-        self.head_assignment = (head_assignment if isinstance(head_assignment, str)
-                                else ":".join(map(str, head_assignment)))
+        self.head_assignment = (
+            head_assignment if isinstance(head_assignment, str) else ":".join(map(str, head_assignment))
+        )
 
     def padded_length(self, seq_len: int) -> int:
         unit = self.num_blocks * self.block
@@ -601,29 +612,69 @@ class BlockBERTSparsityConfig(SparsityConfig):
         return self.make_layout(seq_len)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "num_blocks": self.num_blocks, "head_assignment": self.head_assignment,
-                "block": self.block, "seed": self.seed}
+        return {
+            "mode": self.mode,
+            "num_blocks": self.num_blocks,
+            "head_assignment": self.head_assignment,
+            "block": self.block,
+            "seed": self.seed,
+        }
 
 
 # Old ds_config keys that some modes ignored in DeepSpeed; accepted (and ignored) so old configs still load.
-_OLD_DS_KEYS = {"num_local_blocks", "num_global_blocks", "attention", "horizontal_global_attention",
-                "num_different_global_patterns", "num_random_blocks", "local_window_blocks", "global_block_indices",
-                "global_block_end_indices", "num_sliding_window_blocks", "different_layout_per_head", "block"}
+_OLD_DS_KEYS = {
+    "num_local_blocks",
+    "num_global_blocks",
+    "attention",
+    "horizontal_global_attention",
+    "num_different_global_patterns",
+    "num_random_blocks",
+    "local_window_blocks",
+    "global_block_indices",
+    "global_block_end_indices",
+    "num_sliding_window_blocks",
+    "different_layout_per_head",
+    "block",
+}
 
 
 # What DeepSpeed 0.19.5's own ds_config parser (runtime/config.py get_sparse_*_config) filled in for absent keys. Its
 # defaults differ from the classes' in one place: bigbird's num_random_blocks is 0 there, 1 in the class.
 _DS_PARSER_DEFAULTS: dict[str, dict[str, Any]] = {
     "dense": {"block": 16, "different_layout_per_head": False},
-    "fixed": {"block": 16, "different_layout_per_head": False, "num_local_blocks": 4, "num_global_blocks": 1,
-              "attention": "bidirectional", "horizontal_global_attention": False, "num_different_global_patterns": 1},
-    "variable": {"block": 16, "different_layout_per_head": False, "num_random_blocks": 0, "local_window_blocks": [4],
-                 "global_block_indices": [0], "global_block_end_indices": None, "attention": "bidirectional",
-                 "horizontal_global_attention": False},
-    "bigbird": {"block": 16, "different_layout_per_head": False, "num_random_blocks": 0,
-                "num_sliding_window_blocks": 3, "num_global_blocks": 1},
-    "bslongformer": {"block": 16, "different_layout_per_head": False, "num_sliding_window_blocks": 3,
-                     "global_block_indices": [0], "global_block_end_indices": None},
+    "fixed": {
+        "block": 16,
+        "different_layout_per_head": False,
+        "num_local_blocks": 4,
+        "num_global_blocks": 1,
+        "attention": "bidirectional",
+        "horizontal_global_attention": False,
+        "num_different_global_patterns": 1,
+    },
+    "variable": {
+        "block": 16,
+        "different_layout_per_head": False,
+        "num_random_blocks": 0,
+        "local_window_blocks": [4],
+        "global_block_indices": [0],
+        "global_block_end_indices": None,
+        "attention": "bidirectional",
+        "horizontal_global_attention": False,
+    },
+    "bigbird": {
+        "block": 16,
+        "different_layout_per_head": False,
+        "num_random_blocks": 0,
+        "num_sliding_window_blocks": 3,
+        "num_global_blocks": 1,
+    },
+    "bslongformer": {
+        "block": 16,
+        "different_layout_per_head": False,
+        "num_sliding_window_blocks": 3,
+        "global_block_indices": [0],
+        "global_block_end_indices": None,
+    },
 }
 
 
@@ -641,8 +692,9 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
     Unknown keys raise with their names; keys DeepSpeed knew but this mode does not use are ignored, as DeepSpeed did.
     """
     if not isinstance(cfg, dict) or "mode" not in cfg:
-        raise ValueError(f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(SPARSITY_MODES)});"
-                         f" got {cfg!r}")
+        raise ValueError(
+            f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(SPARSITY_MODES)}); got {cfg!r}"
+        )
     mode = cfg["mode"]
     if mode not in SPARSITY_MODES:
         raise NotImplementedError(
@@ -652,8 +704,9 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
     tolerated = set() if mode == "blockbert" else _OLD_DS_KEYS  # BlockBERT was never a DeepSpeed mode: strict
     unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in sparse_attention config for mode {mode!r}; "
-                         f"allowed: {sorted(allowed)}")
+        raise ValueError(
+            f"unknown key(s) {unknown} in sparse_attention config for mode {mode!r}; allowed: {sorted(allowed)}"
+        )
     kwargs = {k: v for k, v in cfg.items() if k in allowed and k != "mode"}
     return SPARSITY_MODES[mode](num_heads=num_heads, **kwargs)
 

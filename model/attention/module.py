@@ -46,8 +46,9 @@ class BlockSparseAttention(nn.Module):
             if sparsity_config is None:
                 sparsity_config = DenseSparsityConfig(fixed_token_mask.shape[0], block=mask_block)
             elif fixed_token_mask.shape[0] != sparsity_config.num_heads:
-                raise ValueError(f"fixed_token_mask has {fixed_token_mask.shape[0]} heads, the layout "
-                                 f"{sparsity_config.num_heads}")
+                raise ValueError(
+                    f"fixed_token_mask has {fixed_token_mask.shape[0]} heads, the layout {sparsity_config.num_heads}"
+                )
             max_seq_length = fixed_token_mask.shape[-1]
         self.sparsity_config = sparsity_config
         self.kernel_name = kernel
@@ -117,8 +118,10 @@ class BlockSparseAttention(nn.Module):
             raise ValueError(f"q has {H} heads but the sparsity config was built for {self.sparsity_config.num_heads}")
         n_pad = N if self.sparsity_config is None else self.sparsity_config.padded_length(N)
         if self.fixed_token_mask is not None and N > self.max_seq_length:  # (the mask itself is in the plan)
-            raise ValueError(f"sequence length {N} exceeds the token mask's length {self.max_seq_length}; "
-                             "raise attention.token_mask.seq_len in the model config")
+            raise ValueError(
+                f"sequence length {N} exceeds the token mask's length {self.max_seq_length}; "
+                "raise attention.token_mask.seq_len in the model config"
+            )
         if n_pad != N:
             p = n_pad - N
             q_BHND, k_BHND, v_BHND = (F.pad(t, (0, 0, 0, p)) for t in (q_BHND, k_BHND, v_BHND))

@@ -38,8 +38,10 @@ def _embeddings(model):
     for name in ("bert", "roberta"):
         if hasattr(model, name):
             return name, getattr(model, name).embeddings
-    raise ValueError('Please extend "extend_position_embedding" function to support your model type. It currently '
-                     'only supports "bert" & "roberta"!')
+    raise ValueError(
+        'Please extend "extend_position_embedding" function to support your model type. It currently '
+        'only supports "bert" & "roberta"!'
+    )
 
 
 class SparseAttentionUtils:
@@ -62,11 +64,13 @@ class SparseAttentionUtils:
         emb.position_embeddings.weight = torch.nn.Parameter(new, requires_grad=weight.requires_grad)
         emb.position_embeddings.num_embeddings = new_size
         if hasattr(emb, "position_ids"):
-            emb.register_buffer("position_ids", torch.arange(new_size, device=new.device).expand((1, -1)),
-                                persistent=False)
+            emb.register_buffer(
+                "position_ids", torch.arange(new_size, device=new.device).expand((1, -1)), persistent=False
+            )
         if hasattr(emb, "token_type_ids") and isinstance(emb.token_type_ids, torch.Tensor):
-            emb.register_buffer("token_type_ids", torch.zeros((1, new_size), dtype=torch.long, device=new.device),
-                                persistent=False)
+            emb.register_buffer(
+                "token_type_ids", torch.zeros((1, new_size), dtype=torch.long, device=new.device), persistent=False
+            )
         model.config.max_position_embeddings = offset + max_position
         print(f"Extended position embeddings to {original * multiples}")
         return model
@@ -79,9 +83,9 @@ class SparseAttentionUtils:
         return tokenizer
 
     @staticmethod
-    def replace_model_self_attention_with_sparse_self_attention(model, max_position: int,
-                                                                 sparsity_config: SparsityConfig = SparsityConfig(
-                                                                     num_heads=4)):
+    def replace_model_self_attention_with_sparse_self_attention(
+        model, max_position: int, sparsity_config: SparsityConfig = SparsityConfig(num_heads=4)
+    ):
         if hasattr(model, "bert"):
             model.config.max_position_embeddings = max_position
             layers = model.bert.encoder.layer
@@ -89,15 +93,19 @@ class SparseAttentionUtils:
             model.config.max_position_embeddings = max_position + 2
             layers = model.roberta.encoder.layer
         else:
-            raise ValueError('Please extend "update_model_self_attention_to_sparse_self_attention" function to '
-                             'support your model type. It currently only supports "bert" & "roberta"!')
-        SparseAttentionUtils.replace_self_attention_layer_with_sparse_self_attention_layer(model.config, layers,
-                                                                                           sparsity_config)
+            raise ValueError(
+                'Please extend "update_model_self_attention_to_sparse_self_attention" function to '
+                'support your model type. It currently only supports "bert" & "roberta"!'
+            )
+        SparseAttentionUtils.replace_self_attention_layer_with_sparse_self_attention_layer(
+            model.config, layers, sparsity_config
+        )
         return model
 
     @staticmethod
     def replace_self_attention_layer_with_sparse_self_attention_layer(
-            config, layers, sparsity_config: SparsityConfig = SparsityConfig(num_heads=4)):
+        config, layers, sparsity_config: SparsityConfig = SparsityConfig(num_heads=4)
+    ):
         """Each layer's ``attention.self`` becomes a sparse self-attention that keeps the trained q/k/v linears."""
         for layer in layers:
             old = layer.attention.self
@@ -107,8 +115,16 @@ class SparseAttentionUtils:
         return layers
 
     @staticmethod
-    def pad_to_block_size(block_size, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          pad_token_id, model_embeddings):
+    def pad_to_block_size(
+        block_size,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        position_ids,
+        inputs_embeds,
+        pad_token_id,
+        model_embeddings,
+    ):
         """Pad the sequence dimension to a multiple of ``block_size``; returns (pad_len, input_ids, attention_mask,
         token_type_ids, position_ids, inputs_embeds) with the padding masked in ``attention_mask``."""
         batch_size, seq_len = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]

@@ -145,8 +145,11 @@ class DAMMask(nn.Module):
         fp16 the sum overflows: 12 heads x 128^2 entries already exceed 65504)."""
         if self.cfg.lam == 0:
             return None
-        m = self._last if self._last is not None else self._force(self._full(torch.sigmoid(self.alpha.float()
-                                                                                          / self.cfg.tau)))
+        m = (
+            self._last
+            if self._last is not None
+            else self._force(self._full(torch.sigmoid(self.alpha.float() / self.cfg.tau)))
+        )
         return self.cfg.lam * (m.sum() if self.cfg.reduction == "sum" else m.mean())
 
     @torch.no_grad()
@@ -168,17 +171,25 @@ class DAMMask(nn.Module):
     def stats(self) -> dict[str, float]:
         keep = self.binarize()
         with torch.no_grad():
-            cur = self._full(torch.sigmoid(self.alpha.detach().float() / (1.0 if self.cfg.mode == "soft"
-                                                                           else self.cfg.tau)))
+            cur = self._full(
+                torch.sigmoid(self.alpha.detach().float() / (1.0 if self.cfg.mode == "soft" else self.cfg.tau))
+            )
         out = {"dam/sparsity": sparsity(keep), "dam/mean_mask": float(cur.mean())}
         for h in range(keep.shape[1]):
             out[f"dam/sparsity_head{h}"] = sparsity(keep[:, h])
         return out
 
 
-def gated_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, gate_HNN: torch.Tensor,
-                    key_padding_mask_BN: torch.Tensor | None, dropout_p: float, scale: float | None,
-                    score_bias=None) -> torch.Tensor:
+def gated_attention(
+    q_BHND: torch.Tensor,
+    k_BHND: torch.Tensor,
+    v_BHND: torch.Tensor,
+    gate_HNN: torch.Tensor,
+    key_padding_mask_BN: torch.Tensor | None,
+    dropout_p: float,
+    scale: float | None,
+    score_bias=None,
+) -> torch.Tensor:
     """(softmax(q k^T * scale + bias, masked) * gate) v: SparseBERT Eq. 4/5 (probabilities gated, not renormalised)."""
     N = q_BHND.shape[2]
     s = scale if scale is not None else q_BHND.shape[-1] ** -0.5

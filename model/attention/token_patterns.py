@@ -94,8 +94,10 @@ class FixedParams:
     """... and to the last num_summary tokens of every block (Child et al.'s c)."""
 
     def __post_init__(self) -> None:
-        _check(int(self.block_len) >= 1 and int(self.num_summary) >= 1,
-               f"block_len and num_summary must be >= 1, got {self.block_len}, {self.num_summary}")
+        _check(
+            int(self.block_len) >= 1 and int(self.num_summary) >= 1,
+            f"block_len and num_summary must be >= 1, got {self.block_len}, {self.num_summary}",
+        )
         _check(self.num_summary <= self.block_len, "num_summary must be <= block_len")
 
 
@@ -175,8 +177,10 @@ class TokenMaskConfig:
         elif isinstance(self.params, dict):
             self.params = _params_from_dict(self.pattern, self.params, "attention.token_mask")
         elif not isinstance(self.params, kind):
-            raise ValueError(f"attention.token_mask: pattern {self.pattern!r} takes {kind.__name__}, got "
-                             f"{type(self.params).__name__}")
+            raise ValueError(
+                f"attention.token_mask: pattern {self.pattern!r} takes {kind.__name__}, got "
+                f"{type(self.params).__name__}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "attention.token_mask") -> "TokenMaskConfig":
@@ -189,8 +193,7 @@ class TokenMaskConfig:
             raise ValueError(f"{where}.pattern {d['pattern']!r} unknown; choose one of {pattern_names()}")
         common = {f.name for f in dataclasses.fields(cls)} - {"params"}
         own = {k: v for k, v in d.items() if k not in common}
-        return cls(**{k: v for k, v in d.items() if k in common},
-                   params=_params_from_dict(d["pattern"], own, where))
+        return cls(**{k: v for k, v in d.items() if k in common}, params=_params_from_dict(d["pattern"], own, where))
 
     def to_dict(self) -> dict[str, Any]:
         """The flat JSON form :meth:`from_dict` reads."""
@@ -243,7 +246,8 @@ def fixed(p: FixedParams, num_heads: int, n: int, gen: torch.Generator, layer: i
     """Child et al. 2019: own block plus the summary columns of every block."""
     i = torch.arange(n)
     return (i[:, None] // p.block_len == i[None, :] // p.block_len) | (
-        (i[None, :] % p.block_len >= p.block_len - p.num_summary).expand(n, n))
+        (i[None, :] % p.block_len >= p.block_len - p.num_summary).expand(n, n)
+    )
 
 
 @register_pattern("longformer", LongformerParams)
@@ -349,8 +353,15 @@ def save_masks(path: str, masks: dict[str, torch.Tensor]) -> None:
         raise ValueError(f"masks must all be bool [H, n, n] of one shape, got shapes {sorted(shapes)}")
     H, n, _ = next(iter(shapes))
     tmp = f"{path}.tmp"
-    torch.save({"format": MASK_FILE_FORMAT, "num_heads": H, "seq_len": n,
-                "masks": {k: v.detach().cpu().bool() for k, v in masks.items()}}, tmp)
+    torch.save(
+        {
+            "format": MASK_FILE_FORMAT,
+            "num_heads": H,
+            "seq_len": n,
+            "masks": {k: v.detach().cpu().bool() for k, v in masks.items()},
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 

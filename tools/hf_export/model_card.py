@@ -25,14 +25,20 @@ def _attention_lines(model_config: dict[str, Any]) -> list[str]:
         for i, d in enumerate(per_layer):
             sp = d.get("sparsity", att.get("sparsity"))
             tm = d["token_mask"] if "token_mask" in d else att.get("token_mask")
-            lines.append(f"- layer {i}: {'dense (full)' if sp is None else json.dumps(sp, sort_keys=True)}"
-                         f"{_mask_text(tm)}, kernel `{d.get('kernel', att.get('kernel'))}`")
+            lines.append(
+                f"- layer {i}: {'dense (full)' if sp is None else json.dumps(sp, sort_keys=True)}"
+                f"{_mask_text(tm)}, kernel `{d.get('kernel', att.get('kernel'))}`"
+            )
         return lines
     sp = att.get("sparsity")
-    what = ("dense (full attention)" if att.get("token_mask") is None else "no block layout") if sp is None \
+    what = (
+        ("dense (full attention)" if att.get("token_mask") is None else "no block layout")
+        if sp is None
         else f"block-sparse `{json.dumps(sp, sort_keys=True)}`"
-    return [f"- all layers: {what}{_mask_text(att.get('token_mask'))}, trained with kernel "
-            f"`{att.get('kernel', 'auto')}`"]
+    )
+    return [
+        f"- all layers: {what}{_mask_text(att.get('token_mask'))}, trained with kernel `{att.get('kernel', 'auto')}`"
+    ]
 
 
 def _position_lines(model_config: dict[str, Any]) -> list[str]:
@@ -41,11 +47,15 @@ def _position_lines(model_config: dict[str, Any]) -> list[str]:
     if kind == "absolute":
         p = "learned absolute position embeddings at the input (BERT)"
     elif kind == "diet_abs":
-        p = (f"DIET-ABS positional attention (rank {pos.get('rank')}, sharing {pos.get('sharing')}); no input "
-             "position embeddings")
+        p = (
+            f"DIET-ABS positional attention (rank {pos.get('rank')}, sharing {pos.get('sharing')}); no input "
+            "position embeddings"
+        )
     else:
-        p = (f"DIET-REL relative positional attention (max distance {pos.get('max_distance')}, sharing "
-             f"{pos.get('sharing')}); no input position embeddings")
+        p = (
+            f"DIET-REL relative positional attention (max distance {pos.get('max_distance')}, sharing "
+            f"{pos.get('sharing')}); no input position embeddings"
+        )
     seg = model_config.get("segment", "input")
     if not model_config.get("type_vocab_size"):
         s = "none (type_vocab_size 0)"
@@ -56,16 +66,20 @@ def _position_lines(model_config: dict[str, Any]) -> list[str]:
     return [f"- positions: {p}", f"- segments: {s}"]
 
 
-def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str, remote_code: bool,
-               extra_config: dict[str, Any]) -> str:
+def model_card(
+    model_config: dict[str, Any], client: dict[str, Any], source: str, remote_code: bool, extra_config: dict[str, Any]
+) -> str:
     """Markdown: attention, sizes, steps and data as recorded in the checkpoint (``unknown`` where absent)."""
     args = client.get("args") or {}
     data, loop, optim = args.get("data") or {}, args.get("loop") or {}, args.get("optim") or {}
     c = model_config
     head = c.get("head_size") or (c["hidden_size"] // c["num_attention_heads"])
     other = {k: v for k, v in extra_config.items() if v not in (None, False, 0, [], {})}
-    load = ("AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True)" if remote_code
-            else "AutoModelForMaskedLM.from_pretrained(path)")
+    load = (
+        "AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True)"
+        if remote_code
+        else "AutoModelForMaskedLM.from_pretrained(path)"
+    )
     lines = [
         "---",
         "library_name: transformers",
@@ -86,12 +100,20 @@ def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str
         "",
     ]
     if remote_code:
-        lines += ["The directory carries its modeling code (copied verbatim from the training code, depends only on",
-                  "torch and transformers), so `trust_remote_code=True` is required. `AutoModel`,",
-                  "`AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering` load from it too.", ""]
+        lines += [
+            "The directory carries its modeling code (copied verbatim from the training code, depends only on",
+            "torch and transformers), so `trust_remote_code=True` is required. `AutoModel`,",
+            "`AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering` load from it too.",
+            "",
+        ]
     lines += [
-        "## Attention", "", *_attention_lines(c), *_position_lines(c), "",
-        "## Sizes", "",
+        "## Attention",
+        "",
+        *_attention_lines(c),
+        *_position_lines(c),
+        "",
+        "## Sizes",
+        "",
         f"- layers {c['num_layers']}, hidden {c['hidden_size']}, heads {c['num_attention_heads']} x head size {head}, "
         f"feed-forward {c['intermediate_size']}",
         f"- vocabulary {c['vocab_size']}, max positions {c['max_position_embeddings']}, "
@@ -101,7 +123,9 @@ def model_card(model_config: dict[str, Any], client: dict[str, Any], source: str
     if other:
         lines.append(f"- other settings: `{json.dumps(other, sort_keys=True)}`")
     lines += [
-        "", "## Training", "",
+        "",
+        "## Training",
+        "",
         f"- iterations: {client.get('iteration', 'unknown')}, samples consumed: "
         f"{client.get('consumed_train_samples', 'unknown')}, "
         f"data-parallel ranks: {client.get('world_size', 'unknown')}",

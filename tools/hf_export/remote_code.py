@@ -115,8 +115,10 @@ def _check_external_imports(path: Path) -> None:
             names = [a.name for a in node.names]
         for n in names:
             if n.split(".")[0] not in allowed:
-                raise ExportError(f"{path.name} imports {n!r}; exported model code may depend only on torch, "
-                                  "transformers and the standard library")
+                raise ExportError(
+                    f"{path.name} imports {n!r}; exported model code may depend only on torch, "
+                    "transformers and the standard library"
+                )
 
 
 def copy_model_code(out_dir: str | Path) -> list[str]:
@@ -160,8 +162,7 @@ def _uses_top_level_mask(config: ModelConfig, i: int) -> bool:
     return per is None or "token_mask" not in per[i]
 
 
-def export_model_config(config: ModelConfig, token_masks: dict[str, torch.Tensor],
-                        out_dir: str | Path) -> dict:
+def export_model_config(config: ModelConfig, token_masks: dict[str, torch.Tensor], out_dir: str | Path) -> dict:
     """Our config dict for the export: every ``pattern: file`` token mask is written into ``out_dir`` (our
     ``save_masks`` format) and its path made relative to the export directory."""
     from model.attention.sparsebert import save_masks
@@ -170,7 +171,7 @@ def export_model_config(config: ModelConfig, token_masks: dict[str, torch.Tensor
     att = d["attention"]
     top = att.get("token_mask")
     if top is not None and top.get("pattern") == "file":
-        masks = {k: v for k, v in token_masks.items() if _uses_top_level_mask(config, int(k[len("layer"):]))}
+        masks = {k: v for k, v in token_masks.items() if _uses_top_level_mask(config, int(k[len("layer") :]))}
         if masks:
             save_masks(str(Path(out_dir) / MASK_FILE), masks)
         att["token_mask"] = {**top, "path": MASK_FILE}
@@ -195,8 +196,9 @@ def resolve_mask_paths(config_dict: dict, base: str | Path) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- weights
-def to_remote_state_dict(state_dict: dict[str, torch.Tensor], layout_state: dict | None,
-                         token_masks: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def to_remote_state_dict(
+    state_dict: dict[str, torch.Tensor], layout_state: dict | None, token_masks: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """Our ``BertForPreTraining`` state dict -> the keys of the exported ``SparseBertForMaskedLM``.
 
     The exported classes hold our ``BertModel`` as ``sparsebert.bert`` and our ``PreTrainingHeads`` as ``cls``;
@@ -227,14 +229,16 @@ def from_remote_state_dict(remote: dict[str, torch.Tensor]) -> tuple[dict[str, t
     mask_prefix = f"{BASE_PREFIX}.{TOKEN_MASK_PREFIX}"
     for k, v in remote.items():
         if k.startswith(lay_prefix):
-            layouts[k[len(lay_prefix):]] = v
+            layouts[k[len(lay_prefix) :]] = v
         elif k.startswith(mask_prefix):
-            masks[k[len(mask_prefix):]] = v.bool()
+            masks[k[len(mask_prefix) :]] = v.bool()
         elif k.startswith(f"{BASE_PREFIX}."):
-            sd[k[len(BASE_PREFIX) + 1:]] = v
+            sd[k[len(BASE_PREFIX) + 1 :]] = v
         elif k.startswith("cls."):
             sd[k] = v
         else:
-            raise ExportError(f"unexpected weight {k!r} in a {MODEL_TYPE} export (task heads cannot go back to "
-                              "our pre-training model)")
+            raise ExportError(
+                f"unexpected weight {k!r} in a {MODEL_TYPE} export (task heads cannot go back to "
+                "our pre-training model)"
+            )
     return sd, layouts, masks

@@ -38,8 +38,14 @@ def save_spm_as_hf(path: str, out_dir: str | Path, specials: dict[str, str], max
     backend = SpmConverter(_SpmFile(path)).converted()
     cls, sep = specials["cls_token"], specials["sep_token"]
     backend.post_processor = TemplateProcessing(
-        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-        special_tokens=[(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))])
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=max_len,
-                                  model_input_names=["input_ids", "token_type_ids", "attention_mask"], **specials)
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))],
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        model_max_length=max_len,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        **specials,
+    )
     return [Path(f).name for f in tok.save_pretrained(str(out_dir))]

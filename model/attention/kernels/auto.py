@@ -41,17 +41,31 @@ class AutoKernel(Kernel):
         """Decides on the configured dropout (``dropout_p``), not on whether this call trains."""
         name = plan.chosen.get(q_BHND.dtype)
         if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
-            name = choose_kernel(q_BHND.device.type, q_BHND.dtype, plan.seq_len, plan.density,
-                                 dropout=kw.get("dropout_p", 0.0) > 0, capability=device_capability(q_BHND.device))
+            name = choose_kernel(
+                q_BHND.device.type,
+                q_BHND.dtype,
+                plan.seq_len,
+                plan.density,
+                dropout=kw.get("dropout_p", 0.0) > 0,
+                capability=device_capability(q_BHND.device),
+            )
             plan.chosen[q_BHND.dtype] = name
         if name not in plan.plans:
-            plan.plans[name] = KERNELS[name].make_plan(plan.layout_HMM, plan.block, plan.seq_len, plan.device,
-                                                       token_mask=plan.token_mask)
+            plan.plans[name] = KERNELS[name].make_plan(
+                plan.layout_HMM, plan.block, plan.seq_len, plan.device, token_mask=plan.token_mask
+            )
         return KERNELS[name](q_BHND, k_BHND, v_BHND, plan=plan.plans[name], **kw)
 
 
-def choose_kernel(device_type: str, dtype: torch.dtype, seq_len: int, density: float, needs_grad: bool = True,
-                  dropout: bool = False, capability: tuple[int, int] | None = None) -> str:
+def choose_kernel(
+    device_type: str,
+    dtype: torch.dtype,
+    seq_len: int,
+    density: float,
+    needs_grad: bool = True,
+    dropout: bool = False,
+    capability: tuple[int, int] | None = None,
+) -> str:
     """The ``auto`` rule, a pure function so every entry is testable without the device (docs/model.md has the
     table and says which entries were measured).
 

@@ -25,8 +25,9 @@ def _flex_fn(device_type: str) -> Callable:
     return _compiled_flex[device_type]
 
 
-def mask_mod_for(layout: torch.Tensor, block: int, kpm: torch.Tensor | None = None,
-                 token_mask: torch.Tensor | None = None) -> Callable:
+def mask_mod_for(
+    layout: torch.Tensor, block: int, kpm: torch.Tensor | None = None, token_mask: torch.Tensor | None = None
+) -> Callable:
     """FlexAttention ``mask_mod`` of a block layout, AND a key-padding mask, AND an element mask."""
     per_head = layout.shape[0] > 1  # a one-head layout (full attention) serves every head
 

@@ -56,8 +56,14 @@ def _to_kv_blocks(on_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return num, idx
 
 
-def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_mod: Callable,
-                      key_valid_BN: torch.Tensor | None = None, token_mask: torch.Tensor | None = None) -> Any:
+def layout_block_mask(
+    layout_HMM: torch.Tensor,
+    block: int,
+    seq_len: int,
+    mask_mod: Callable,
+    key_valid_BN: torch.Tensor | None = None,
+    token_mask: torch.Tensor | None = None,
+) -> Any:
     """The ``BlockMask`` of ``layout_HMM`` (bool, on the target device) AND key padding AND token mask.
 
     ``mask_mod`` must compute the same predicate element-wise (it runs inside partial blocks). ``token_mask`` is
@@ -89,6 +95,6 @@ def layout_block_mask(layout_HMM: torch.Tensor, block: int, seq_len: int, mask_m
     full = full.expand(B, H, -1, -1)
     num, idx = _to_kv_blocks(partial_only.expand(B, H, -1, -1))
     full_num, full_idx = _to_kv_blocks(full)
-    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=size, mask_mod=mask_mod,
-                                    seq_lengths=(seq_len, seq_len))
-
+    return BlockMask.from_kv_blocks(
+        num, idx, full_num, full_idx, BLOCK_SIZE=size, mask_mod=mask_mod, seq_lengths=(seq_len, seq_len)
+    )

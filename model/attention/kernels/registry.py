@@ -77,8 +77,14 @@ class Kernel:
     supports_dropout = True
     """Whether the kernel applies attention dropout itself."""
 
-    def make_plan(self, layout_HMM: torch.Tensor | None, block: int, seq_len: int, device: torch.device,
-                  token_mask: torch.Tensor | None = None) -> Any:
+    def make_plan(
+        self,
+        layout_HMM: torch.Tensor | None,
+        block: int,
+        seq_len: int,
+        device: torch.device,
+        token_mask: torch.Tensor | None = None,
+    ) -> Any:
         raise NotImplementedError
 
     def __call__(
@@ -95,5 +101,9 @@ class Kernel:
         scale: float | None = None,
         training: bool = False,
     ) -> torch.Tensor:
-        return plan.run(q_BHND, k_BHND, v_BHND, Call(key_padding_mask_BN, token_mask, score_bias,
-                                                     dropout_p if training else 0.0, scale))
+        return plan.run(
+            q_BHND,
+            k_BHND,
+            v_BHND,
+            Call(key_padding_mask_BN, token_mask, score_bias, dropout_p if training else 0.0, scale),
+        )

@@ -7,8 +7,15 @@ import torch
 import torch.nn.functional as F
 
 
-def sdpa_with_allow(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow: torch.Tensor | None,
-                    bias: torch.Tensor | None, dropout_p: float, scale: float | None) -> torch.Tensor:
+def sdpa_with_allow(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allow: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    dropout_p: float,
+    scale: float | None,
+) -> torch.Tensor:
     """SDPA where ``allow`` (bool, broadcastable to the scores; None = all) and ``bias`` (additive) are combined.
 
     Rows with no allowed key are computed against all keys and then zeroed, so no NaN reaches values or grads.
@@ -35,8 +42,15 @@ def _fold_heads(x: torch.Tensor | None, B: int, G: int) -> torch.Tensor | None:
     return x.expand(B, G, *x.shape[2:]).reshape(B * G, 1, *x.shape[2:])
 
 
-def sdpa_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow: torch.Tensor | None,
-               bias: torch.Tensor | None, dropout_p: float, scale: float | None) -> torch.Tensor:
+def sdpa_tiles(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allow: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    dropout_p: float,
+    scale: float | None,
+) -> torch.Tensor:
     """:func:`sdpa_with_allow` for ``[B, G, T, D]`` tiles, with the tiles moved to SDPA's batch axis.
 
     Why: torch's CPU flash backward runs faster on ``[B*G, 1, T, D]`` than on ``[B, G, T, D]`` (same data, same
@@ -45,8 +59,9 @@ def sdpa_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow: torch.T
     B times).
     """
     B, G = q.shape[:2]
-    if q.device.type != "cpu" or (B > 1 and not (all(t.is_contiguous() for t in (q, k, v))
-                                                 and (bias is None or bias.shape[0] == B))):
+    if q.device.type != "cpu" or (
+        B > 1 and not (all(t.is_contiguous() for t in (q, k, v)) and (bias is None or bias.shape[0] == B))
+    ):
         return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale)
     out = sdpa_with_allow(*(_fold_heads(t, B, G) for t in (q, k, v, allow, bias)), dropout_p, scale)
     return out.transpose(0, 1) if B == 1 else out.view(B, G, *out.shape[2:])

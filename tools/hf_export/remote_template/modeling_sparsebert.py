@@ -45,10 +45,12 @@ class SparseBertPreTrainedModel(PreTrainedModel):
             # sparse_layouts / token_masks at forward
             sc = module.sparsity_config
             module.master_layout = sc.make_layout(sc.padded_length(module.max_seq_length)).to(
-                module.master_layout.device if not module.master_layout.is_meta else "cpu")
+                module.master_layout.device if not module.master_layout.is_meta else "cpu"
+            )
             if module.fixed_token_mask is not None and module.fixed_token_mask.is_meta:
-                module.fixed_token_mask = torch.zeros(module.fixed_token_mask.shape, dtype=torch.bool,
-                                                      device=module.master_layout.device)
+                module.fixed_token_mask = torch.zeros(
+                    module.fixed_token_mask.shape, dtype=torch.bool, device=module.master_layout.device
+                )
             module._plans.clear()
 
 
@@ -64,8 +66,9 @@ class SparseBertModel(SparseBertPreTrainedModel):
         self.bert = BertModel(built)
         self.token_masks = nn.Module()
         for name, n in sorted((config.token_mask_lengths or {}).items()):
-            self.token_masks.register_buffer(name, torch.zeros(built.num_attention_heads, int(n), int(n),
-                                                               dtype=torch.bool))
+            self.token_masks.register_buffer(
+                name, torch.zeros(built.num_attention_heads, int(n), int(n), dtype=torch.bool)
+            )
         self.sparse_layouts = nn.Module()
         for i, layer in enumerate(self.bert.encoder.layers):
             lay = layer.attention.core.master_layout  # may live on the meta device while HF builds the model
@@ -81,7 +84,7 @@ class SparseBertModel(SparseBertPreTrainedModel):
 
     def _sync_layouts(self) -> None:
         for name, saved in self.token_masks.named_buffers():
-            core = self.bert.encoder.layers[int(name[len("layer"):])].attention.core
+            core = self.bert.encoder.layers[int(name[len("layer") :])].attention.core
             n = saved.shape[-1]
             p = core.sparsity_config.padded_length(n) - n
             want = F.pad(saved.detach().bool(), (0, p, 0, p), value=False)
@@ -92,7 +95,7 @@ class SparseBertModel(SparseBertPreTrainedModel):
                 core._plans.clear()
                 core._layout_version += 1
         for name, saved in self.sparse_layouts.named_buffers():
-            core = self.bert.encoder.layers[int(name[len("layer"):])].attention.core
+            core = self.bert.encoder.layers[int(name[len("layer") :])].attention.core
             if core.master_layout is None or core.master_layout.is_meta or core.master_layout.shape != saved.shape:
                 core.master_layout = saved.detach().clone()
                 core._plans.clear()
@@ -122,8 +125,9 @@ class SparseBertForMaskedLM(SparseBertPreTrainedModel):
     def get_input_embeddings(self) -> nn.Module:
         return self.sparsebert.get_input_embeddings()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, return_dict=None,
-                **kwargs):
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs
+    ):
         hidden = self.sparsebert(input_ids, attention_mask, token_type_ids).last_hidden_state
         word = self.sparsebert.bert.embeddings.word_embeddings.weight
         logits = F.linear(self.cls.transform(hidden), word, self.cls.bias)
@@ -150,8 +154,9 @@ class SparseBertForSequenceClassification(SparseBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, return_dict=None,
-                **kwargs):
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs
+    ):
         hidden = self.sparsebert(input_ids, attention_mask, token_type_ids).last_hidden_state
         logits = self.classifier(self.dropout(torch.tanh(self.pooler(hidden[:, 0]))))
         loss = None
@@ -176,8 +181,16 @@ class SparseBertForQuestionAnswering(SparseBertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, start_positions=None,
-                end_positions=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        start_positions=None,
+        end_positions=None,
+        return_dict=None,
+        **kwargs,
+    ):
         hidden = self.sparsebert(input_ids, attention_mask, token_type_ids).last_hidden_state
         start_logits, end_logits = self.qa_outputs(hidden).split(1, dim=-1)
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
@@ -185,8 +198,10 @@ class SparseBertForQuestionAnswering(SparseBertPreTrainedModel):
         if start_positions is not None and end_positions is not None:
             n = start_logits.shape[1]
             s, e = start_positions.view(-1).clamp(0, n), end_positions.view(-1).clamp(0, n)
-            loss = (F.cross_entropy(start_logits.float(), s, ignore_index=n)
-                    + F.cross_entropy(end_logits.float(), e, ignore_index=n)) / 2
+            loss = (
+                F.cross_entropy(start_logits.float(), s, ignore_index=n)
+                + F.cross_entropy(end_logits.float(), e, ignore_index=n)
+            ) / 2
         if return_dict is False:
             out = (start_logits, end_logits)
             return out if loss is None else (loss, *out)

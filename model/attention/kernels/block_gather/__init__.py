@@ -21,8 +21,15 @@ from model.attention.kernels.block_gather.tiles import query_tile_factor
 from model.attention.kernels.dense import DensePlan
 from model.attention.kernels.registry import Kernel, register_kernel
 
-__all__ = ["BlockGatherKernel", "GatherGroup", "GatherPlan", "PermutationPlan", "SplitPlan", "make_gather_plan",
-           "query_tile_factor"]
+__all__ = [
+    "BlockGatherKernel",
+    "GatherGroup",
+    "GatherPlan",
+    "PermutationPlan",
+    "SplitPlan",
+    "make_gather_plan",
+    "query_tile_factor",
+]
 
 
 @register_kernel("block_gather")

@@ -72,8 +72,13 @@ class GatherPlan:
         return out.view(B, H, N, Dv)
 
 
-def make_gather_plan(layout_HMM: torch.Tensor, block: int, seq_len: int, device: torch.device | str,
-                     token_mask: torch.Tensor | None = None) -> GatherPlan:
+def make_gather_plan(
+    layout_HMM: torch.Tensor,
+    block: int,
+    seq_len: int,
+    device: torch.device | str,
+    token_mask: torch.Tensor | None = None,
+) -> GatherPlan:
     """The general plan (any layout): gathered key tiles grouped by key count."""
     lay = layout_HMM.cpu().bool()
     H, M, _ = lay.shape
@@ -93,8 +98,12 @@ def make_gather_plan(layout_HMM: torch.Tensor, block: int, seq_len: int, device:
         q_index = (rows % Mq)[:, None] * tile + torch.arange(tile)
         tm = None
         if token_mask is not None:
-            tm = token_mask.cpu().bool().expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None],
-                                                                      k_index[:, None, :]].to(device)
+            tm = (
+                token_mask.cpu()
+                .bool()
+                .expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None], k_index[:, None, :]]
+                .to(device)
+            )
         groups.append(GatherGroup(start, head.to(device), q_index.to(device), k_index.to(device), offset, tm))
         flats.append((head[:, None] * seq_len + k_index).reshape(-1))
         order.append(rows)

@@ -89,8 +89,9 @@ def permutation_chunk_maps(lay_HMM: torch.Tensor, r: int) -> torch.Tensor | None
     return full.to(torch.int64).argmax(-1)
 
 
-def make_permutation_plan(lay_HMM: torch.Tensor, r: int, block: int, seq_len: int, device,
-                          token_mask: torch.Tensor | None) -> PermutationPlan | None:
+def make_permutation_plan(
+    lay_HMM: torch.Tensor, r: int, block: int, seq_len: int, device, token_mask: torch.Tensor | None
+) -> PermutationPlan | None:
     maps = permutation_chunk_maps(lay_HMM, r)
     if maps is None:
         return None
@@ -100,14 +101,25 @@ def make_permutation_plan(lay_HMM: torch.Tensor, r: int, block: int, seq_len: in
     head = torch.arange(H).repeat_interleave(n)
     tile_map = (torch.arange(H)[:, None] * n + maps).reshape(-1)
     q_index = (torch.arange(n)[:, None] * T + ar).repeat(H, 1)
-    k_index = (maps.reshape(-1)[:, None] * T + ar)
+    k_index = maps.reshape(-1)[:, None] * T + ar
     tm = None
     if token_mask is not None:
-        tm = token_mask.cpu().bool().expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None],
-                                                                  k_index[:, None, :]].to(device)
+        tm = (
+            token_mask.cpu()
+            .bool()
+            .expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None], k_index[:, None, :]]
+            .to(device)
+        )
     identity = torch.equal(tile_map, torch.arange(H * n))
     bijective = torch.equal(tile_map.sort().values, torch.arange(H * n))
-    return PermutationPlan(tile=T, chunks=n, tile_map=None if identity else tile_map.to(device),
-                           tile_unmap=torch.argsort(tile_map).to(device) if bijective and not identity else None,
-                           head_G=head.to(device), q_index_GQ=q_index.to(device), k_index_GK=k_index.to(device),
-                           token_mask_GQK=tm, density=float(lay_HMM.float().mean()))
+    return PermutationPlan(
+        tile=T,
+        chunks=n,
+        tile_map=None if identity else tile_map.to(device),
+        tile_unmap=torch.argsort(tile_map).to(device) if bijective and not identity else None,
+        head_G=head.to(device),
+        q_index_GQ=q_index.to(device),
+        k_index_GK=k_index.to(device),
+        token_mask_GQK=tm,
+        density=float(lay_HMM.float().mean()),
+    )

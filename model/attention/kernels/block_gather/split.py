@@ -182,8 +182,8 @@ def _window_candidate(rest: torch.Tensor, r: int, a: int, b: int):
         return None
     t0, nt = lo + best_at, best_len
     left = rest.clone()
-    sub = left[:, rows[best_at:best_at + nt, :, None], cols[best_at:best_at + nt, None, :]]
-    left[:, rows[best_at:best_at + nt, :, None], cols[best_at:best_at + nt, None, :]] = sub & ~P
+    sub = left[:, rows[best_at : best_at + nt, :, None], cols[best_at : best_at + nt, None, :]]
+    left[:, rows[best_at : best_at + nt, :, None], cols[best_at : best_at + nt, None, :]] = sub & ~P
     return t0, nt, P, left
 
 
@@ -194,8 +194,9 @@ def _squeeze_same(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return x
 
 
-def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device,
-                    token_mask: torch.Tensor | None) -> SplitPlan | None:
+def make_split_plan(
+    lay_HMM: torch.Tensor, block: int, seq_len: int, device, token_mask: torch.Tensor | None
+) -> SplitPlan | None:
     """None when neither a shared block nor a window piece would save work (then the plain gather plan runs)."""
     lay = lay_HMM.cpu().bool()
     H, M, _ = lay.shape
@@ -223,8 +224,9 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device,
             if cand is None:
                 continue
             t0, nt, P, left = cand
-            cost = (H * nt * (_tile_cost(r * block, (r + a + b) * block) + r * block * _PIECE_ROW_KEYS)
-                    + _rest_cost(left, block))
+            cost = H * nt * (_tile_cost(r * block, (r + a + b) * block) + r * block * _PIECE_ROW_KEYS) + _rest_cost(
+                left, block
+            )
             if cost < best_cost:
                 best_cost, best = cost, (r, a, b, t0, nt, P, left)
     if (idx is None and best is None) or shared_cost + best_cost >= plain_cost:
@@ -238,12 +240,24 @@ def make_split_plan(lay_HMM: torch.Tensor, block: int, seq_len: int, device,
         mask = P.repeat_interleave(block, 0).repeat_interleave(block, 1)[None, None]  # [1, 1, T, W]
         if tmc is not None:
             s0, s1, s2 = tmc.stride()
-            tw = tmc.as_strided((tmc.shape[0], nt, T, W), (s0, T * s1 + T * s2, s1, s2),
-                                tmc.storage_offset() + t0 * T * s1 + k_start * s2)
+            tw = tmc.as_strided(
+                (tmc.shape[0], nt, T, W),
+                (s0, T * s1 + T * s2, s1, s2),
+                tmc.storage_offset() + t0 * T * s1 + k_start * s2,
+            )
             mask = mask & tw
         mask = _squeeze_same(mask, (0, 1))
-        window = WindowPiece(r=r, tile=T, t0=t0, nt=nt, k_start=k_start, width=W, nblocks=nb, block=block,
-                             mask=None if bool(mask.all()) else mask.to(device))
+        window = WindowPiece(
+            r=r,
+            tile=T,
+            t0=t0,
+            nt=nt,
+            k_start=k_start,
+            width=W,
+            nblocks=nb,
+            block=block,
+            mask=None if bool(mask.all()) else mask.to(device),
+        )
     rest_piece = None
     if bool(rest.any()):
         gp = make_gather_plan(rest, block, seq_len, device, token_mask)
@@ -308,8 +322,9 @@ def _window_views(x_XND: torch.Tensor, w: WindowPiece, keys: bool) -> torch.Tens
     X, N, D = x_XND.shape
     s0, s1, s2 = x_XND.stride()
     start = w.k_start if keys else w.t0 * w.tile
-    return x_XND.as_strided((X, w.nt, w.width if keys else w.tile, D), (s0, w.tile * s1, s1, s2),
-                            x_XND.storage_offset() + start * s1)
+    return x_XND.as_strided(
+        (X, w.nt, w.width if keys else w.tile, D), (s0, w.tile * s1, s1, s2), x_XND.storage_offset() + start * s1
+    )
 
 
 def _group_slices(rp: RestPiece) -> list[tuple[slice, slice]]:
@@ -365,10 +380,17 @@ class _SplitAttention(torch.autograd.Function):
         if w is not None:  # [B*H, N, D]: views of contiguous inputs, else copies (kept for the backward)
             q3, k3, v3 = meta["xw"](q), meta["xw"](k), meta["xw"](v)
             mask, row_any = meta["W"]
-            oW, lseW = _fwd(_window_views(q3, w, False), _window_views(k3, w, True), _window_views(v3, w, True),
-                            mask, row_any, scale, fold=False)  # [BH, nt, T, *]
+            oW, lseW = _fwd(
+                _window_views(q3, w, False),
+                _window_views(k3, w, True),
+                _window_views(v3, w, True),
+                mask,
+                row_any,
+                scale,
+                fold=False,
+            )  # [BH, nt, T, *]
             full = lseW.new_full((B * H, N), neg)
-            full[:, w.t0 * w.tile:(w.t0 + w.nt) * w.tile] = lseW.reshape(B * H, -1)
+            full[:, w.t0 * w.tile : (w.t0 + w.nt) * w.tile] = lseW.reshape(B * H, -1)
             pieces.append(("W", oW, full.view(B, H, N)))
         rp = plan.rest
         if rp is not None:
@@ -377,8 +399,9 @@ class _SplitAttention(torch.autograd.Function):
             outs = []
             for g, (ts, fs), (mask, row_any) in zip(rp.groups, _group_slices(rp), meta["R"]):
                 G, K = g.k_index_GK.shape
-                o, lse_g = _fwd(qR[:, ts], kR[:, fs].view(B, G, K, D), vR[:, fs].view(B, G, K, Dv), mask, row_any,
-                                scale)
+                o, lse_g = _fwd(
+                    qR[:, ts], kR[:, fs].view(B, G, K, D), vR[:, fs].view(B, G, K, Dv), mask, row_any, scale
+                )
                 if full is None:
                     full = lse_g.new_full((B, rp.plan.num_tiles, TR), neg)
                 full.index_copy_(1, rp.tiles[ts], lse_g)
@@ -438,16 +461,23 @@ class _SplitAttention(torch.autograd.Function):
         if w is not None:
             rows = slice(w.t0 * w.tile, (w.t0 + w.nt) * w.tile)
             shp = (B * H, w.nt, w.tile)
-            gq, gk, gv = _bwd(dout.view(B * H, N, Dv)[:, rows].view(*shp, Dv), _window_views(q3, w, False),
-                              _window_views(k3, w, True), _window_views(v3, w, True),
-                              out.view(B * H, N, Dv)[:, rows].view(*shp, Dv), lse.view(B * H, N)[:, rows].view(shp),
-                              meta["W"][0], scale)
+            gq, gk, gv = _bwd(
+                dout.view(B * H, N, Dv)[:, rows].view(*shp, Dv),
+                _window_views(q3, w, False),
+                _window_views(k3, w, True),
+                _window_views(v3, w, True),
+                out.view(B * H, N, Dv)[:, rows].view(*shp, Dv),
+                lse.view(B * H, N)[:, rows].view(shp),
+                meta["W"][0],
+                scale,
+            )
             dq.view(B * H, N, D)[:, rows] += gq.reshape(B * H, -1, D)
             for j in range(w.nblocks):  # overlapping windows: add each key block of the windows back in place
                 sl = slice(j * w.block, (j + 1) * w.block)
                 for acc, g, E in ((dk, gk, D), (dv, gv, Dv)):
-                    acc.view(B * H, N, E).as_strided((B * H, w.nt, w.block, E), (N * E, w.tile * E, E, 1),
-                                                     (w.k_start + j * w.block) * E).add_(g[:, :, sl])
+                    acc.view(B * H, N, E).as_strided(
+                        (B * H, w.nt, w.block, E), (N * E, w.tile * E, E, 1), (w.k_start + j * w.block) * E
+                    ).add_(g[:, :, sl])
         rp = plan.rest
         if rp is not None:
             TR = rp.plan.tile
@@ -457,9 +487,16 @@ class _SplitAttention(torch.autograd.Function):
             for g, (ts, fs), (mask, _) in zip(rp.groups, _group_slices(rp), meta["R"]):
                 G, K = g.k_index_GK.shape
                 tiles, flat = rp.tiles[ts], rp.flat_index[fs]
-                gq, gk, gv = _bwd(d_t.index_select(1, tiles), qR[:, ts], kR[:, fs].view(B, G, K, D),
-                                  vR[:, fs].view(B, G, K, Dv), o_t.index_select(1, tiles), l_t.index_select(1, tiles),
-                                  mask, scale)
+                gq, gk, gv = _bwd(
+                    d_t.index_select(1, tiles),
+                    qR[:, ts],
+                    kR[:, fs].view(B, G, K, D),
+                    vR[:, fs].view(B, G, K, Dv),
+                    o_t.index_select(1, tiles),
+                    l_t.index_select(1, tiles),
+                    mask,
+                    scale,
+                )
                 dq_t.index_add_(1, tiles, gq)
                 dk_f.index_add_(1, flat, gk.reshape(B, G * K, D))
                 dv_f.index_add_(1, flat, gv.reshape(B, G * K, Dv))
@@ -480,16 +517,22 @@ def _window_allow(plan: SplitPlan, B: int, H: int, N: int, key_padding_mask_BN, 
     allow = None if w.mask is None else w.mask.unsqueeze(0)  # [1, H|1, nt|1, T, W]
     if key_padding_mask_BN is not None:
         kp = key_padding_mask_BN
-        kw = kp.as_strided((B, w.nt, w.width), (kp.stride(0), w.tile * kp.stride(1), kp.stride(1)),
-                           kp.storage_offset() + w.k_start * kp.stride(1))[:, None, :, None, :]
+        kw = kp.as_strided(
+            (B, w.nt, w.width),
+            (kp.stride(0), w.tile * kp.stride(1), kp.stride(1)),
+            kp.storage_offset() + w.k_start * kp.stride(1),
+        )[:, None, :, None, :]
         allow = kw if allow is None else allow & kw
     if token_mask is not None:
         tm = token_mask
         while tm.dim() < 3:
             tm = tm.unsqueeze(0)
         s0, s1, s2 = tm.stride()
-        tw = tm.as_strided((tm.shape[0], w.nt, w.tile, w.width), (s0, w.tile * s1 + w.tile * s2, s1, s2),
-                           tm.storage_offset() + w.t0 * w.tile * s1 + w.k_start * s2).unsqueeze(0)
+        tw = tm.as_strided(
+            (tm.shape[0], w.nt, w.tile, w.width),
+            (s0, w.tile * s1 + w.tile * s2, s1, s2),
+            tm.storage_offset() + w.t0 * w.tile * s1 + w.k_start * s2,
+        ).unsqueeze(0)
         allow = tw if allow is None else allow & tw
     if allow is None:
         return None
@@ -498,9 +541,15 @@ def _window_allow(plan: SplitPlan, B: int, H: int, N: int, key_padding_mask_BN, 
     return allow.expand(B, H, *allow.shape[2:]).reshape(B * H, *allow.shape[2:])
 
 
-def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, plan: SplitPlan,
-                    key_padding_mask_BN: torch.Tensor | None, token_mask: torch.Tensor | None,
-                    scale: float | None) -> torch.Tensor:
+def split_attention(
+    q_BHND: torch.Tensor,
+    k_BHND: torch.Tensor,
+    v_BHND: torch.Tensor,
+    plan: SplitPlan,
+    key_padding_mask_BN: torch.Tensor | None,
+    token_mask: torch.Tensor | None,
+    scale: float | None,
+) -> torch.Tensor:
     B, H, N, D = q_BHND.shape
     dtype = q_BHND.dtype
     meta = {"plan": plan, "scale": scale, "xw": _fold_bh}
@@ -508,8 +557,11 @@ def split_attention(q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Te
         S = plan.shared_index_HS.shape[1]
         allow = None
         if key_padding_mask_BN is not None:
-            allow = (key_padding_mask_BN[:, plan.shared_index_HS[0]] if plan.shared_same
-                     else key_padding_mask_BN[:, plan.shared_index_HS]).view(B, -1, 1, S)
+            allow = (
+                key_padding_mask_BN[:, plan.shared_index_HS[0]]
+                if plan.shared_same
+                else key_padding_mask_BN[:, plan.shared_index_HS]
+            ).view(B, -1, 1, S)
         if token_mask is not None:
             tm = token_mask
             while tm.dim() < 3:

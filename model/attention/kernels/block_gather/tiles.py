@@ -7,9 +7,16 @@ from __future__ import annotations
 import torch
 
 
-def tile_allow(allow: torch.Tensor | None, token_mask: torch.Tensor | None, fixed_GQK: torch.Tensor | None,
-               head_G: torch.Tensor, q_index_GQ: torch.Tensor, k_index_GK: torch.Tensor, H: int,
-               N: int) -> torch.Tensor | None:
+def tile_allow(
+    allow: torch.Tensor | None,
+    token_mask: torch.Tensor | None,
+    fixed_GQK: torch.Tensor | None,
+    head_G: torch.Tensor,
+    q_index_GQ: torch.Tensor,
+    k_index_GK: torch.Tensor,
+    H: int,
+    N: int,
+) -> torch.Tensor | None:
     """``allow`` (bool ``[B|1, G, Q|1, K]`` or None) AND the tiles' part of ``token_mask`` (bool, broadcastable to
     ``[H, N, N]``) AND ``fixed_GQK`` (the plan's mask inside the tiles). None means everything is allowed."""
     if token_mask is not None:
