@@ -32,13 +32,14 @@ class LayerAttention:
     token_mask: TokenMaskConfig | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttentionConfig:
     """Which layout and which kernel each layer's attention uses.
 
     The fields keep the JSON form (what checkpoints and exports store); ``__post_init__`` parses them once into
     typed per-layer objects (:class:`LayerAttention`, :class:`TokenMaskConfig`, layout objects per head count) that
-    the accessors return."""
+    the accessors return. Frozen, so the parsed objects can never go stale: change a setting with
+    ``dataclasses.replace(config, kernel=...)``, which parses again."""
 
     kernel: str = "auto"
     """Kernel registry name (see the kernel table); auto picks by device, dtype, N, density."""
@@ -59,19 +60,25 @@ class AttentionConfig:
         if self.sparsity is not None and not isinstance(self.sparsity, dict):
             raise ValueError(f"attention.sparsity must be a dict or null, got {type(self.sparsity).__name__}")
         top = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
-        self._dam = top if top is not None and top.pattern == "dam" else None
-        if self._dam is not None and (self.sparsity is not None or self.per_layer is not None):
+        dam = top if top is not None and top.pattern == "dam" else None
+        if dam is not None and (self.sparsity is not None or self.per_layer is not None):
             raise ValueError(
                 "attention.token_mask pattern 'dam' searches all n x n positions: it cannot be combined "
                 "with attention.sparsity or attention.per_layer (export the mask, then use 'file')"
             )
-        self._default = LayerAttention(self.kernel, self.sparsity, "attention.sparsity", top)
-        self._layers: list[LayerAttention] | None = None
+        layers: list[LayerAttention] | None = None
         if self.per_layer is not None:
             if not isinstance(self.per_layer, list):
                 raise ValueError("attention.per_layer must be a list of dicts (one per layer)")
-            self._layers = [self._parse_layer(i, d, top) for i, d in enumerate(self.per_layer)]
-        self._layouts: dict[tuple[int, int], SparsityConfig | None] = {}
+            layers = [self._parse_layer(i, d, top) for i, d in enumerate(self.per_layer)]
+        parsed = {
+            "_dam": dam,
+            "_default": LayerAttention(self.kernel, self.sparsity, "attention.sparsity", top),
+            "_layers": layers,
+            "_layouts": {},  # (layer, num_heads) -> layout object, filled by for_layer
+        }
+        for name, value in parsed.items():  # frozen dataclass: the parsed state is set once, here
+            object.__setattr__(self, name, value)
 
     def _parse_layer(self, i: int, d: Any, top: TokenMaskConfig | None) -> LayerAttention:
         where = f"attention.per_layer[{i}]"

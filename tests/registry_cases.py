@@ -11,10 +11,12 @@ from model.attention.layouts import SPARSITY_MODES, SparsityConfig
 
 REFERENCE = "dense"
 """The kernel every other kernel is tested against."""
-ALL_KERNELS = sorted(KERNELS)
-"""Every registered kernel, the reference included."""
-OTHER_KERNELS = sorted(k for k in KERNELS if k != REFERENCE)
-"""Every kernel tested against the reference."""
+ALL_KERNELS = sorted(k for k in KERNELS if KERNELS[k].runs_on_cpu)
+"""Every registered kernel that runs on CPU, the reference included (the CPU parity tests' list)."""
+OTHER_KERNELS = sorted(k for k in ALL_KERNELS if k != REFERENCE)
+"""Every CPU kernel tested against the reference on CPU."""
+CUDA_KERNELS = sorted(k for k in KERNELS if k != REFERENCE)
+"""Every kernel tested against the reference on a CUDA GPU (GPU-only kernels included)."""
 CPU_TRAINING_KERNELS = sorted(k for k in OTHER_KERNELS if KERNELS[k].trains_on_cpu)
 """Kernels with a CPU backward: output and q/k/v-gradient parity on CPU; the others get inference parity."""
 

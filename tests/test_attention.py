@@ -14,7 +14,14 @@ from model.attention.kernels.block_gather import (
     make_gather_plan,
     query_tile_factor,
 )
-from tests.registry_cases import ALL_KERNELS, CPU_TRAINING_KERNELS, LAYOUT_EXAMPLES, OTHER_KERNELS, cpu_trains
+from tests.registry_cases import (
+    ALL_KERNELS,
+    CPU_TRAINING_KERNELS,
+    CUDA_KERNELS,
+    LAYOUT_EXAMPLES,
+    OTHER_KERNELS,
+    cpu_trains,
+)
 
 H, D, B = 4, 16, 2
 
@@ -132,8 +139,9 @@ def test_flex_training_on_cpu_is_a_clear_error():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name", ["fixed", "bigbird", "blockbert_n2"])
-def test_block_gather_half_precision_loose(name, dtype):
+@pytest.mark.parametrize("kernel", CPU_TRAINING_KERNELS)
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_half_precision_loose(name, kernel, dtype):
     cfg = LAYOUTS[name]()
     q, k, v = _inputs(128, dtype)
     kpm = _padding(128, "tail")
@@ -141,7 +149,7 @@ def test_block_gather_half_precision_loose(name, dtype):
         ref, ref_g = _run("dense", cfg, q, k, v, kpm)
     except RuntimeError as e:  # pragma: no cover - depends on the CPU build
         pytest.skip(f"SDPA in {dtype} not supported on this CPU: {e}")
-    out, g = _run("block_gather", cfg, q, k, v, kpm)
+    out, g = _run(kernel, cfg, q, k, v, kpm)
     tol = dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out.float(), ref.float(), **tol)
     for a, b in zip(g, ref_g):
@@ -150,9 +158,9 @@ def test_block_gather_half_precision_loose(name, dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex training, fp16/bf16 kernels)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("kernel", OTHER_KERNELS)
-@pytest.mark.parametrize("n", [128, 240])  # 240: two 128-token sparse blocks, the last one cut
-@pytest.mark.parametrize("name", ["fixed", "bigbird", "blockbert_n3"])
+@pytest.mark.parametrize("kernel", CUDA_KERNELS)
+@pytest.mark.parametrize("n", [128, 250])  # 250: not a multiple of any example's block, the last block is cut
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_kernels_match_dense_on_cuda(name, kernel, dtype, n):
     cfg = LAYOUTS[name]()
     q, k, v = (t.detach().cuda().requires_grad_() for t in _inputs(n, dtype))
@@ -276,11 +284,11 @@ def test_layout_state_roundtrip_changes_output():
 
 
 def test_choose_kernel_rule():
-    assert A.choose_kernel("cpu", torch.float32, 1024, 1.0, True, False) == "dense"
-    assert A.choose_kernel("cpu", torch.float32, 1024, 0.3, True, False) == "block_gather"
-    assert A.choose_kernel("cpu", torch.float32, 1024, 0.8, True, False) == "dense"
-    assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, True, False) == "flex"
-    assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, True, True) == "block_gather"
+    assert A.choose_kernel("cpu", torch.float32, 1024, 1.0, dropout=False) == "dense"
+    assert A.choose_kernel("cpu", torch.float32, 1024, 0.3, dropout=False) == "block_gather"
+    assert A.choose_kernel("cpu", torch.float32, 1024, 0.8, dropout=False) == "dense"
+    assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, dropout=False) == "flex"
+    assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, dropout=True) == "block_gather"
 
 
 class _HoleyLayout(A.SparsityConfig):

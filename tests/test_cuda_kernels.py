@@ -1,8 +1,8 @@
 """The kernels on a CUDA GPU at BERT-base shapes (12 heads x 64, N up to 4096): fp16/bf16 outputs and q/k/v
-gradients of `flex`, `block_gather` and `auto` against an fp32 `dense` reference (not dense in the same low
-precision), with DIET score biases, SparseBERT token masks, ragged and fully padded rows, BlockBERT n=2/n=3, the
-no-grad evaluation path, and the number of graphs compiled FlexAttention builds. Run by run_scripts/gpu_check.sh;
-skipped without a GPU."""
+gradients of every non-reference kernel (tests/registry_cases.CUDA_KERNELS) against an fp32 `dense` reference (not
+dense in the same low precision), with DIET score biases, SparseBERT token masks, ragged and fully padded rows,
+BlockBERT n=2/n=3, the no-grad evaluation path, and the number of graphs compiled FlexAttention builds. Run by
+run_scripts/gpu_check.sh; skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model import attention as A
+from tests.registry_cases import CUDA_KERNELS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -46,7 +47,7 @@ def _fwd_bwd(kernel, cfg, q, k, v, kpm, dtype, grad=True, **extra):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kernel", ["flex", "block_gather", "auto"])
+@pytest.mark.parametrize("kernel", CUDA_KERNELS)
 @pytest.mark.parametrize("n", [512, 1024, 4096])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_low_precision_against_fp32_dense(name, kernel, n, dtype):
@@ -61,7 +62,7 @@ def test_low_precision_against_fp32_dense(name, kernel, n, dtype):
         torch.testing.assert_close(a.float(), b, **TOL[dtype])
 
 
-@pytest.mark.parametrize("kernel", ["flex", "block_gather", "auto"])
+@pytest.mark.parametrize("kernel", CUDA_KERNELS)
 def test_fully_padded_rows_token_masks_and_diet_bias_gradients(kernel):
     cfg = LAYOUTS["bigbird"]()
     n = 1024
@@ -83,7 +84,7 @@ def test_fully_padded_rows_token_masks_and_diet_bias_gradients(kernel):
         torch.testing.assert_close(a.float(), b, **TOL[dtype])
 
 
-@pytest.mark.parametrize("kernel", ["flex", "block_gather", "auto"])
+@pytest.mark.parametrize("kernel", CUDA_KERNELS)
 def test_evaluation_path_without_grad(kernel):
     cfg = LAYOUTS["blockbert_n2"]()
     q, k, v, kpm = _case(1024, "ragged")

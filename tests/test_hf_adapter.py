@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,9 +10,11 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 from transformers import BertForPreTraining as HFBertForPreTraining
 
+from model.attention.module import BlockSparseAttention
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import from_hf, to_hf
+from tests.registry_cases import ALL_KERNELS
 
 
 def _hf_config(**kw):
@@ -50,14 +53,17 @@ def _randomize(module, seed=1):
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
 
 
-@pytest.mark.parametrize("kernel", ["dense", "block_gather"])
+@pytest.mark.parametrize("kernel", ALL_KERNELS)
 def test_from_hf_logits_match_bert_for_masked_lm(kernel):
     torch.manual_seed(0)
     hf = BertForMaskedLM(_hf_config()).eval()
     _randomize(hf)
     sd, config = from_hf(hf.state_dict(), hf.config)
-    config.attention.kernel = kernel  # a full layout on either kernel must still be exact
+    # a full layout on every kernel must still be exact
+    config = dataclasses.replace(config, attention=dataclasses.replace(config.attention, kernel=kernel))
     ours = BertForPreTraining(config).eval()
+    used = {m.kernel_name for m in ours.modules() if isinstance(m, BlockSparseAttention)}
+    assert used == {kernel}
     ours.load_state_dict(sd, strict=True)
     ids, mask, tt = _batch(hf.config.vocab_size)
     with torch.no_grad():

@@ -14,11 +14,11 @@ import torch
 from model import attention as A
 from model.attention import sparsebert as S
 from model.config import ModelConfig
-from tests.registry_cases import ALL_KERNELS
+from tests.registry_cases import ALL_KERNELS, OTHER_KERNELS, cpu_trains
 
 H, D, B, N = 4, 16, 2, 64
-FIXED = S.pattern_names("fixed")  # every registered fixed pattern (each needs a SMALL entry)
-SMALL = {  # settings scaled to n = 64 so that blocks of 8 are partly skipped
+FIXED = S.pattern_names("fixed")  # every registered fixed pattern
+SMALL = {  # optional: settings scaled to n = 64 so that blocks of 8 are partly skipped (else defaults)
     "no_diagonal": {},
     "strided": {"stride": 8},
     "fixed": {"block_len": 16},
@@ -30,7 +30,7 @@ SMALL = {  # settings scaled to n = 64 so that blocks of 8 are partly skipped
 
 
 def _mask(name: str, n: int = N, **kw) -> torch.Tensor:
-    return S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern=name, **{**SMALL[name], **kw})), H, n)
+    return S.make_pattern(S.TokenMaskConfig.from_dict(dict(pattern=name, **{**SMALL.get(name, {}), **kw})), H, n)
 
 
 def test_table3_sparsities_at_n128():
@@ -128,18 +128,17 @@ def test_kernels_match_dense_for_every_mask(name, layout):
         lay = dmod.layout_for(n).bool().repeat_interleave(8, 1).repeat_interleave(8, 2)[:, :n, :n]
         allow = allow & lay
     torch.testing.assert_close(ref, _naive(q, k, v, allow), atol=1e-5, rtol=1e-5)
-    out, g, mod = _run("block_gather", LAYOUTS[layout](), mask, q, k, v, kpm)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    for a, b in zip(g, ref_g):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    out_f, _, _ = _run("flex", LAYOUTS[layout](), mask, q, k, v, kpm, grad=False)
-    torch.testing.assert_close(out_f, ref, atol=1e-5, rtol=1e-5)
-    # fully masked blocks are dropped from the layout the sparse kernels run
     want = S.block_layout_from_mask(mask, 8)
-    if layout == "none":
-        assert torch.equal(mod.master_layout, want)
-    else:
-        assert torch.equal(mod.master_layout.bool(), want.bool() & dmod.master_layout.bool())
+    for kernel in OTHER_KERNELS:  # every registered kernel against dense (inference only without a CPU backward)
+        out, g, mod = _run(kernel, LAYOUTS[layout](), mask, q, k, v, kpm, grad=cpu_trains(kernel))
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{kernel}: {m}")
+        for a, b in zip(g or (), ref_g):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"{kernel} grad: {m}")
+        # fully masked blocks are dropped from the layout the sparse kernels run
+        if layout == "none":
+            assert torch.equal(mod.master_layout, want)
+        else:
+            assert torch.equal(mod.master_layout.bool(), want.bool() & dmod.master_layout.bool())
 
 
 def test_sparse_masks_skip_blocks():

@@ -7,24 +7,46 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.attention.kernels.registry import KERNELS, Kernel, register_kernel
-
-
-@dataclass
-class AutoPlan:
-    layout_HMM: torch.Tensor | None
-    block: int
-    seq_len: int
-    device: torch.device
-    density: float
-    plans: dict
-    token_mask: torch.Tensor | None = None
-    chosen: dict = field(default_factory=dict)  # dtype -> kernel name, decided once
+from model.attention.kernels.registry import KERNELS, Call, Kernel, register_kernel
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     """CUDA compute capability of ``device`` (None off CUDA)."""
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+@dataclass
+class AutoPlan:
+    """The layout plus, per dtype, the kernel :func:`choose_kernel` picked and that kernel's own plan."""
+
+    layout_HMM: torch.Tensor | None
+    block: int
+    seq_len: int
+    device: torch.device
+    density: float
+    token_mask: torch.Tensor | None = None
+    chosen: dict = field(default_factory=dict)
+    """dtype -> kernel name, decided on the first call and kept."""
+    plans: dict = field(default_factory=dict)
+    """kernel name -> its plan, made on first use."""
+
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
+        name = self.chosen.get(q_BHND.dtype)
+        if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
+            name = choose_kernel(
+                q_BHND.device.type,
+                q_BHND.dtype,
+                self.seq_len,
+                self.density,
+                dropout=call.configured_dropout_p > 0,
+                capability=device_capability(q_BHND.device),
+            )
+            self.chosen[q_BHND.dtype] = name
+        if name not in self.plans:
+            self.plans[name] = KERNELS[name].make_plan(
+                self.layout_HMM, self.block, self.seq_len, self.device, token_mask=self.token_mask
+            )
+        return self.plans[name].run(q_BHND, k_BHND, v_BHND, call)
 
 
 @register_kernel("auto")
@@ -35,26 +57,7 @@ class AutoKernel(Kernel):
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
         density = 1.0 if layout_HMM is None else float(layout_HMM.float().mean())
-        return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, {}, token_mask)
-
-    def __call__(self, q_BHND, k_BHND, v_BHND, *, plan, **kw):
-        """Decides on the configured dropout (``dropout_p``), not on whether this call trains."""
-        name = plan.chosen.get(q_BHND.dtype)
-        if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
-            name = choose_kernel(
-                q_BHND.device.type,
-                q_BHND.dtype,
-                plan.seq_len,
-                plan.density,
-                dropout=kw.get("dropout_p", 0.0) > 0,
-                capability=device_capability(q_BHND.device),
-            )
-            plan.chosen[q_BHND.dtype] = name
-        if name not in plan.plans:
-            plan.plans[name] = KERNELS[name].make_plan(
-                plan.layout_HMM, plan.block, plan.seq_len, plan.device, token_mask=plan.token_mask
-            )
-        return KERNELS[name](q_BHND, k_BHND, v_BHND, plan=plan.plans[name], **kw)
+        return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, token_mask)
 
 
 def choose_kernel(
@@ -62,7 +65,6 @@ def choose_kernel(
     dtype: torch.dtype,
     seq_len: int,
     density: float,
-    needs_grad: bool = True,
     dropout: bool = False,
     capability: tuple[int, int] | None = None,
 ) -> str:
@@ -76,8 +78,7 @@ def choose_kernel(
       (Volta: Triton no longer uses its tensor cores, flex runs ~10x slower than SDPA);
     - otherwise density <= 0.75 -> ``block_gather`` (skips blocks; any device; trains), else ``dense``.
 
-    ``needs_grad`` is accepted for compatibility and does not change the choice (the same kernel trains and
-    evaluates).
+    The same kernel trains and evaluates (the choice does not depend on whether a call needs gradients).
     """
     if density >= 1.0:
         return "dense"

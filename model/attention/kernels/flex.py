@@ -126,7 +126,6 @@ class FlexKernel(Kernel):
     """FlexAttention: compiled Triton kernels on CUDA; no backward and no dropout (eager inference) on CPU."""
 
     trains_on_cpu = False
-    supports_dropout = False
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> FlexPlan:
         if layout_HMM is None:  # full attention: an all-on layout at the sparse block size

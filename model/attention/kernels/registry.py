@@ -39,9 +39,12 @@ class Call:
     """Attention dropout of this call (0 outside training)."""
     scale: float | None = None
     """Score scale (None: 1/sqrt(head size))."""
+    configured_dropout_p: float = 0.0
+    """The module's attention dropout whether or not this call trains (``auto`` decides on it, so training and
+    evaluation run the same kernel); not unpacked by ``__iter__``."""
 
     def __iter__(self):
-        """Unpacks in field order without copying (``dataclasses.astuple`` would deep-copy the tensors)."""
+        """The first five fields in order, not copied (``dataclasses.astuple`` would deep-copy the tensors)."""
         return iter((self.key_padding_mask_BN, self.token_mask, self.score_bias, self.dropout_p, self.scale))
 
 
@@ -72,10 +75,11 @@ class Kernel:
     """Base class. ``make_plan`` precomputes what depends only on the layout; ``__call__`` runs the plan."""
 
     name = "base"
+    runs_on_cpu = True
+    """Whether the kernel runs on CPU at all (False: a GPU-only kernel; the CPU parity tests leave it out and the CUDA
+    tests compare it with ``dense``)."""
     trains_on_cpu = True
     """Whether the kernel has a backward on CPU (tests and ``auto`` read it)."""
-    supports_dropout = True
-    """Whether the kernel applies attention dropout itself."""
 
     def make_plan(
         self,
@@ -105,5 +109,5 @@ class Kernel:
             q_BHND,
             k_BHND,
             v_BHND,
-            Call(key_padding_mask_BN, token_mask, score_bias, dropout_p if training else 0.0, scale),
+            Call(key_padding_mask_BN, token_mask, score_bias, dropout_p if training else 0.0, scale, dropout_p),
         )
