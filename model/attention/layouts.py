@@ -621,7 +621,8 @@ class BlockBERTSparsityConfig(SparsityConfig):
         }
 
 
-# Old ds_config keys that some modes ignored in DeepSpeed; accepted (and ignored) so old configs still load.
+# Old ds_config keys that DeepSpeed's own modes ignored when a mode did not use them; accepted (and ignored) for those
+# modes (the keys of _DS_PARSER_DEFAULTS) so old configs still load. Modes DeepSpeed never had refuse them.
 _OLD_DS_KEYS = {
     "num_local_blocks",
     "num_global_blocks",
@@ -689,7 +690,9 @@ def from_deepspeed_block(block: dict[str, Any]) -> dict[str, Any]:
 def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
     """Build a layout from an old ds_config ``sparse_attention`` block (or our BlockBERT dict).
 
-    Unknown keys raise with their names; keys DeepSpeed knew but this mode does not use are ignored, as DeepSpeed did.
+    Unknown keys raise with their names. For DeepSpeed's own modes (dense, fixed, variable, bigbird, bslongformer),
+    keys DeepSpeed knew but the mode does not use are ignored, as DeepSpeed did; other modes accept only their
+    constructor parameters.
     """
     if not isinstance(cfg, dict) or "mode" not in cfg:
         raise ValueError(
@@ -701,7 +704,7 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
             f"sparse_attention mode {mode!r} is not supported; choose one of {sorted(SPARSITY_MODES)}"
         )
     allowed = accepted_keys(SPARSITY_MODES[mode])
-    tolerated = set() if mode == "blockbert" else _OLD_DS_KEYS  # BlockBERT was never a DeepSpeed mode: strict
+    tolerated = _OLD_DS_KEYS if mode in _DS_PARSER_DEFAULTS else set()  # modes DeepSpeed never had are strict
     unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
         raise ValueError(
