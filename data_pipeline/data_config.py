@@ -1,17 +1,18 @@
 """The data settings of pretraining: one dataclass (:class:`DataConfig`) whose field names are the trainer's flag
-names, with every check written once; the sample-index and masking configs are derived from it. Plus Megatron's
+names; it inherits the sample-index and masking fields, so each is defined and checked once. Plus Megatron's
 ``--data-path`` and ``--split`` parsing."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.samples import SampleIndexConfig
+from model.strict import from_dict
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -75,31 +76,18 @@ def split_document_ranges(num_documents: int, split: str) -> list[tuple[int, int
 
 
 @dataclass
-class DataConfig:
-    """What the pretraining batches are made of. Tokenizer is passed separately."""
+class DataConfig(MaskingConfig, SampleIndexConfig):
+    """What the pretraining batches are made of (the tokenizer is passed separately).
 
-    data_path: list[str]
+    One family: the sample-index fields (:class:`SampleIndexConfig`) and the masking fields (:class:`MaskingConfig`)
+    are inherited, each defined, documented and checked once there; :attr:`index_config` and
+    :attr:`masking_config` hand exactly those fields to the index builder and the masker."""
+
+    data_path: list[str] = field(default_factory=list)
     """Megatron style: ["prefix"], ["0.25", "books_prefix", "0.75", "wiki_prefix"] (weight, prefix pairs), or
     several prefixes without weights (each drawn in proportion to its sample count)."""
     split: str = "949,50,1"
     """Train/valid/test proportions of each shard's documents (contiguous ranges, as Megatron)."""
-    seq_length: int = 512
-    """Maximum tokens per sample N, special tokens included (at least 8)."""
-    sample_mode: str = "doc-sentences"
-    """doc-sentences (RoBERTa-1seq), full-sentences (crosses documents), or nsp (segment pair + label)."""
-    seed: int = 1234
-    """Seeds sample packing, epoch shuffles and masks: the global order depends only on it and the position."""
-    short_seq_prob: float = 0.1
-    """Probability of a shorter random budget per sample, as BERT's --short_seq_prob."""
-    cut_fraction: float = 0.1
-    """doc/full-sentences: cut the sentence that does not fit when more than this fraction of N would stay
-    empty (its tail opens the next sample; nothing is dropped). 1.0 = whole sentences only."""
-    mask_prob: float = 0.15
-    """Share of non-special tokens chosen for prediction (80% [MASK], 10% random, 10% kept)."""
-    whole_word_masking: bool = False
-    """Choose whole words (WordPiece ## / SentencePiece ▁ aware) instead of single tokens."""
-    max_predictions_per_seq: int | None = None
-    """Cap on predicted tokens per sample (BERT's max_predictions_per_seq); None = no cap."""
     pad_to_multiple_of: int | None = None
     """Pad batch length up to a multiple of this (e.g. the sparse-attention block size)."""
     dynamic_padding: bool = False
@@ -112,9 +100,14 @@ class DataConfig:
             self.data_path = self.data_path.split()
         self.blend = parse_data_path(self.data_path)
         parse_split(self.split)
-        if self.max_predictions_per_seq is not None and not 0 < self.max_predictions_per_seq <= self.seq_length:
+        try:  # the inherited fields are checked by the configs that define them
+            SampleIndexConfig.__post_init__(self)
+            MaskingConfig.__post_init__(self)
+        except ValueError as e:
+            raise DataConfigError(str(e)) from None
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.seq_length:
             raise DataConfigError(
-                f"max_predictions_per_seq={self.max_predictions_per_seq}: must be in [1, seq_length {self.seq_length}]"
+                f"max_predictions_per_seq={self.max_predictions_per_seq}: must be at most seq_length {self.seq_length}"
             )
         if not 0.0 < self.mask_prob < 1.0:  # stricter than MaskingConfig's [0, 1]: training needs both kinds
             raise DataConfigError(f"mask_prob={self.mask_prob}: must be within (0, 1)")
@@ -122,35 +115,31 @@ class DataConfig:
             not isinstance(self.pad_to_multiple_of, int) or self.pad_to_multiple_of < 1
         ):
             raise DataConfigError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be a positive integer or None")
-        try:  # the sample-index and masking settings are checked by the configs they become
-            self.index_config, self.masking_config = self._index_config(), self._masking_config()
-        except ValueError as e:
-            raise DataConfigError(str(e)) from None
+
+    @property
+    def index_config(self) -> SampleIndexConfig:
+        """The fields that define the sample index (and its cache name)."""
+        return _project(self, SampleIndexConfig)
+
+    @property
+    def masking_config(self) -> MaskingConfig:
+        """The fields that define masking."""
+        return _project(self, MaskingConfig)
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataConfig":
         """Build from a JSON object; unknown keys are an error (typos must not pass silently)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise DataConfigError(f"unknown data config keys {unknown}; known: {sorted(names)}")
-        return cls(**d)
+        try:
+            return from_dict(cls, d, "the data config")
+        except DataConfigError:
+            raise
+        except ValueError as e:
+            raise DataConfigError(str(e)) from None
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def _index_config(self) -> SampleIndexConfig:
-        return SampleIndexConfig(
-            seq_length=self.seq_length,
-            sample_mode=self.sample_mode,
-            seed=self.seed,
-            short_seq_prob=self.short_seq_prob,
-            cut_fraction=self.cut_fraction,
-        )
 
-    def _masking_config(self) -> MaskingConfig:
-        return MaskingConfig(
-            mask_prob=self.mask_prob,
-            whole_word_masking=self.whole_word_masking,
-            max_predictions=self.max_predictions_per_seq,
-        )
+def _project(config: DataConfig, cls: type):
+    """``cls`` built from the same-named fields of ``config`` (a DataConfig is both of its bases)."""
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})

@@ -57,22 +57,20 @@ class MaskingConfig:
     """Of the chosen tokens, the share replaced by a random non-special token; the rest stay unchanged."""
     whole_word_masking: bool = False
     """Choose whole words: all pieces of a word are predicted together (needs the tokenizer's word starts)."""
-    max_predictions: int | None = None
+    max_predictions_per_seq: int | None = None
     """At most this many predicted tokens per sample (BERT's max_predictions_per_seq); None: no cap. A sample that
     drew more keeps those with the smallest selection hashes (whole words, with whole-word masking), so the model
     can gather a fixed number of positions per batch (static shapes for CUDA graphs and compile)."""
 
     def __post_init__(self) -> None:
-        if self.max_predictions is not None and self.max_predictions < 1:
-            raise ValueError(f"MaskingConfig.max_predictions={self.max_predictions}: must be >= 1 (or None)")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
+            raise ValueError(f"max_predictions_per_seq={self.max_predictions_per_seq}: must be >= 1 (or None)")
         for name in ("mask_prob", "mask_token_prob", "random_prob"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
-                raise ValueError(f"MaskingConfig.{name}={v}: must be within [0, 1]")
+                raise ValueError(f"{name}={v}: must be within [0, 1]")
         if self.mask_token_prob + self.random_prob > 1.0 + 1e-9:
-            raise ValueError(
-                f"MaskingConfig: mask_token_prob + random_prob = {self.mask_token_prob + self.random_prob} > 1"
-            )
+            raise ValueError(f"mask_token_prob + random_prob = {self.mask_token_prob + self.random_prob} > 1")
 
 
 def _cap_per_row(chosen_BL: np.ndarray, rank_u: np.ndarray, cap: int) -> np.ndarray:
@@ -172,9 +170,9 @@ class MLMMasker:
             np.maximum.accumulate(idx_BL, axis=1, out=idx_BL)  # position of each token's word start
             word_u = np.take_along_axis(sel_u, idx_BL, axis=1)
             chosen_BL = (word_u < self._t_select) & ~special_BL
-        if self.config.max_predictions is not None:
+        if self.config.max_predictions_per_seq is not None:
             rank_u = sel_u if self.word_start is None else word_u
-            chosen_BL = _cap_per_row(chosen_BL, rank_u, self.config.max_predictions)
+            chosen_BL = _cap_per_row(chosen_BL, rank_u, self.config.max_predictions_per_seq)
 
         labels_BL = np.where(chosen_BL, ids_BL, IGNORE_INDEX)
         out_BL = ids_BL.copy()

@@ -66,23 +66,23 @@ class SampleIndexError(ValueError):
     """Bad settings or data for building samples; the message names the setting or file."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class SampleIndexConfig:
     """Everything that changes a sample index (and therefore its cache name)."""
 
     seq_length: int = 512
-    """Maximum tokens per sample, [CLS]/[SEP] included."""
+    """Maximum tokens per sample N, special tokens included (at least 8)."""
     sample_mode: str = "doc-sentences"
-    """One of doc-sentences, full-sentences, nsp (see module docstring)."""
+    """doc-sentences (RoBERTa-1seq), full-sentences (crosses documents), or nsp (segment pair + label)."""
     seed: int = 1234
-    """Seed of the short-sequence draws and of nsp's split points and random segments."""
+    """Seeds sample packing, epoch shuffles and masks: the global order depends only on it and the position."""
     short_seq_prob: float = 0.1
-    """Probability that a sample gets a random shorter budget, as in BERT."""
+    """Probability of a shorter random budget per sample, as BERT's --short_seq_prob."""
     cut_fraction: float = 0.1
-    """doc/full-sentences: when the next whole sentence does not fit and more than this fraction of the
-    budget would stay empty, cut that sentence: its head fills the sample, its tail opens the next one
-    (nothing is dropped). 1.0 = whole sentences only (strict RoBERTa packing: fill ~0.87 at N=128 on
-    books); 0.0 = every sample filled to the budget. Ignored in nsp mode (segments are whole sentences)."""
+    """doc/full-sentences: cut the sentence that does not fit when more than this fraction of N would stay empty (its
+    head fills the sample, its tail opens the next one; nothing is dropped). 1.0 = whole sentences only (strict
+    RoBERTa packing: fill ~0.87 at N=128 on books); 0.0 = every sample filled to the budget. Ignored in nsp mode
+    (segments are whole sentences)."""
 
     def __post_init__(self) -> None:
         if self.sample_mode not in MODES:

@@ -1,6 +1,6 @@
-"""The one strict dict -> dataclass helper of the model configs: a typo in a JSON config is an error naming the
-key, the place and the allowed keys, never a silently ignored setting. (Standard library only: the model code is
-exported as Hugging Face remote code. data_pipeline, which never imports model/, keeps its own for DataConfig.)"""
+"""The one strict dict -> dataclass helper: a typo in a JSON config is an error naming the key, the place and the
+allowed keys, never a silently ignored setting. Used by the model configs and by data_pipeline's DataConfig.
+(Standard library only: the model code is exported as Hugging Face remote code.)"""
 
 from __future__ import annotations
 

@@ -293,7 +293,15 @@ class DataArgs(DataConfig):
     tokenizer_model: str | None = None
     """SentencePiece / HF tokenizer model."""
 
-    CLI_SKIP = ("seed", "cut_fraction", "pad_to_multiple_of", "dynamic_padding", "cache_dir")
+    CLI_SKIP = (
+        "seed",
+        "cut_fraction",
+        "mask_token_prob",
+        "random_prob",
+        "pad_to_multiple_of",
+        "dynamic_padding",
+        "cache_dir",
+    )
     """DataConfig fields that are not trainer flags (the seed is --seed; the others keep their defaults)."""
 
     def __post_init__(self) -> None:

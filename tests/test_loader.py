@@ -234,7 +234,7 @@ def test_config_errors(shards, tmp_path):
         DataConfig(data_path=[shards[0]], seq_length=4)
     with pytest.raises(DataConfigError, match="split"):
         DataConfig(data_path=[shards[0]], split="a,b")
-    with pytest.raises(DataConfigError, match="unknown data config keys"):
+    with pytest.raises(DataConfigError, match=r"unknown key\(s\) \['seq_len'\] in the data config"):
         DataConfig.from_dict({"data_path": [shards[0]], "seq_len": 128})
     # a uint8 shard cannot hold a 30k vocabulary; ids beyond the vocabulary are caught too
     with IndexedDatasetBuilder(tmp_path / "u8", np.uint8) as b:

@@ -181,7 +181,9 @@ def test_max_predictions_caps_each_sample_keeping_its_first_choices(wwm):
     free = MLMMasker(MaskingConfig(whole_word_masking=wwm), VOCAB, MASK, SPECIALS, word_start)
     out0, lab0 = free(ids, keys)
     cap = int(np.percentile((lab0 != IGNORE_INDEX).sum(1), 50))  # half the samples exceed it
-    capped = MLMMasker(MaskingConfig(whole_word_masking=wwm, max_predictions=cap), VOCAB, MASK, SPECIALS, word_start)
+    capped = MLMMasker(
+        MaskingConfig(whole_word_masking=wwm, max_predictions_per_seq=cap), VOCAB, MASK, SPECIALS, word_start
+    )
     out1, lab1 = capped(ids, keys)
     n0, n1 = (lab0 != IGNORE_INDEX).sum(1), (lab1 != IGNORE_INDEX).sum(1)
     assert (n1 <= cap).all() and (n0 > cap).sum() >= 10

@@ -12,4 +12,3 @@ from model.attention.kernels.block_gather import BlockGatherKernel, GatherPlan, 
 from model.attention.kernels.dense import DenseKernel, DensePlan  # noqa: F401
 from model.attention.kernels.flex import FlexKernel, FlexPlan  # noqa: F401
 from model.attention.kernels.registry import KERNELS, Kernel, get_kernel, register_kernel  # noqa: F401
-
