@@ -16,6 +16,12 @@ from model.strict import check_keys, field_names, from_dict
 _LAYER_KEYS = ["kernel", "sparsity", "token_mask"]
 
 
+def _flag(flag: str, negative: str | None = None) -> dict[str, Any]:
+    """Field metadata naming the trainer flag (Megatron's name) that overrides this ModelConfig field on the command
+    line (pretrain/args.py generates those flags from it; plain data here, the model code stays standard library)."""
+    return {"cli": {"flag": flag, "negative": negative}}
+
+
 def _check_kernel(name: str, where: str) -> None:
     if name not in KERNELS:
         raise ValueError(f"{where}: unknown attention kernel {name!r}; choose one of {sorted(KERNELS)}")
@@ -126,29 +132,29 @@ class ModelConfig:
 
     vocab_size: int = 30522
     """Word-piece vocabulary size (tied MLM decoder has the same size)."""
-    hidden_size: int = 768
+    hidden_size: int = field(default=768, metadata=_flag("--hidden-size"))
     """Width of the residual stream."""
-    num_layers: int = 12
+    num_layers: int = field(default=12, metadata=_flag("--num-layers"))
     """Number of transformer layers."""
-    num_attention_heads: int = 12
+    num_attention_heads: int = field(default=12, metadata=_flag("--num-attention-heads"))
     """Attention heads per layer."""
-    intermediate_size: int = 3072
+    intermediate_size: int = field(default=3072, metadata=_flag("--ffn-hidden-size"))
     """Feed-forward inner width."""
-    max_position_embeddings: int = 512
+    max_position_embeddings: int = field(default=512, metadata=_flag("--max-position-embeddings"))
     """Learned absolute positions; also the longest sequence the attention layouts are built for."""
     type_vocab_size: int = 2
     """Segment (token type) embeddings; 0 disables them."""
-    hidden_dropout: float = 0.1
+    hidden_dropout: float = field(default=0.1, metadata=_flag("--hidden-dropout"))
     """Dropout on embeddings, attention output and feed-forward output."""
-    attention_dropout: float = 0.1
+    attention_dropout: float = field(default=0.1, metadata=_flag("--attention-dropout"))
     """Dropout on attention probabilities (inside the kernel)."""
-    layer_norm_eps: float = 1e-12
+    layer_norm_eps: float = field(default=1e-12, metadata=_flag("--layernorm-epsilon"))
     """LayerNorm epsilon (BERT: 1e-12)."""
-    pre_layer_norm: bool = False
+    pre_layer_norm: bool = field(default=False, metadata=_flag("--pre-layer-norm", negative="--post-layer-norm"))
     """False: post-LN as BERT/RoBERTa. True: LN before each sublayer plus a final LN."""
     nsp_head: bool = False
     """Add the pooler and next-sentence-prediction classifier."""
-    head_size: int | None = None
+    head_size: int | None = field(default=None, metadata=_flag("--kv-channels"))
     """Per-head width; None = hidden_size / num_attention_heads. Q/K/V project to heads*head_size."""
     hidden_act: str = "gelu"
     """gelu (exact, as BERT) | gelu_tanh | relu."""

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from data_pipeline.data_config import DataConfig, DataConfigError
-from pretrain.cli import HelpFormatter, _base_type, add_flags, build, cli, cli_fields, field_docs, flag_name
+from pretrain.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
 
 
 class ArgsError(ValueError):
@@ -22,13 +22,15 @@ class ArgsError(ValueError):
 
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
+OPTIMIZERS = ("adamw", "fused_adam", "lamb")
+LR_DECAY_STYLES = ("linear", "constant")
 
 
 @dataclass
 class OptimConfig:
     """Optimizer and LR schedule (linear warmup then linear decay, as in all three papers)."""
 
-    optimizer: str = "adamw"
+    optimizer: str = field(default="adamw", metadata=cli(choices=lambda: OPTIMIZERS))
     """'adamw' (torch's AdamW: fused kernel on CUDA, no build), 'fused_adam' (DeepSpeed's FusedAdam, CUDA only,
     compiled with nvcc unless prebuilt) or 'lamb' (DeepSpeed's FusedLamb, CUDA only, ZeRO stage 0 only)."""
     lr: float = 1e-4
@@ -41,7 +43,7 @@ class OptimConfig:
     """Warmup length in optimizer steps (used when no fraction is given)."""
     lr_decay_iters: int | None = None
     """Steps over which the LR decays to min_lr (default: the training length)."""
-    lr_decay_style: str = "linear"
+    lr_decay_style: str = field(default="linear", metadata=cli(choices=lambda: LR_DECAY_STYLES))
     """'linear' (the papers) or 'constant'."""
     weight_decay: float = 0.01
     """AdamW weight decay; biases and LayerNorm weights are never decayed."""
@@ -55,10 +57,12 @@ class OptimConfig:
     """Gradient clipping by global norm (DeepSpeed's gradient_clipping); None leaves the ds_config's value."""
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ("adamw", "fused_adam", "lamb"):
-            raise ArgsError(f"--optimizer must be adamw, fused_adam or lamb, got {self.optimizer!r}")
-        if self.lr_decay_style not in ("linear", "constant"):
-            raise ArgsError(f"--lr-decay-style must be linear or constant, got {self.lr_decay_style!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ArgsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ArgsError(
+                f"--lr-decay-style must be one of {', '.join(LR_DECAY_STYLES)}, got {self.lr_decay_style!r}"
+            )
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ArgsError(f"need --lr > 0 and 0 <= --min-lr <= --lr (got {self.lr}, {self.min_lr})")
         if self.lr_warmup_fraction is not None and not 0 <= self.lr_warmup_fraction <= 1:
@@ -186,20 +190,6 @@ class SystemConfig:
             raise ArgsError("--distributed-timeout-minutes must be positive")
         if self.num_workers < 0:
             raise ArgsError("--num-workers must be >= 0")
-
-
-MODEL_FLAGS = {
-    "num_layers": "--num-layers",
-    "hidden_size": "--hidden-size",
-    "num_attention_heads": "--num-attention-heads",
-    "intermediate_size": "--ffn-hidden-size",
-    "max_position_embeddings": "--max-position-embeddings",
-    "head_size": "--kv-channels",
-    "hidden_dropout": "--hidden-dropout",
-    "attention_dropout": "--attention-dropout",
-    "layer_norm_eps": "--layernorm-epsilon",
-}
-"""ModelConfig fields settable from the command line, by Megatron's flag name (help: the field's docstring)."""
 
 
 def _kernel_names() -> list[str]:
@@ -345,39 +335,16 @@ GROUPS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every flag from the config dataclasses (:mod:`pretrain.cli`); ModelConfig overrides from :data:`MODEL_FLAGS`."""
-    import typing
-
+    """Every flag from the config dataclasses (:mod:`pretrain.cli`); the ModelConfig overrides from the ModelConfig
+    fields whose metadata names a flag (``--num-layers``, ``--kv-channels``, ...)."""
     from model.config import ModelConfig
 
     p = argparse.ArgumentParser(prog="pretrain.train", description=__doc__, formatter_class=HelpFormatter)
-    model_docs = field_docs(ModelConfig)
-    hints = typing.get_type_hints(ModelConfig)
     for title, cls in GROUPS:
         g = p.add_argument_group(title, cls.__doc__)
         add_flags(g, cls)
         if cls is ModelArgs:
-            for name, flag in MODEL_FLAGS.items():
-                g.add_argument(
-                    flag,
-                    dest=name,
-                    type=_base_type(hints[name]),
-                    default=None,
-                    help=f"ModelConfig.{name} (default: the preset's): {model_docs[name]}",
-                )
-            g.add_argument(
-                "--pre-layer-norm",
-                dest="pre_layer_norm",
-                action="store_true",
-                default=None,
-                help=f"ModelConfig.pre_layer_norm = True: {model_docs['pre_layer_norm']}",
-            )
-            g.add_argument(
-                "--post-layer-norm",
-                dest="pre_layer_norm",
-                action="store_false",
-                help="ModelConfig.pre_layer_norm = False (post-LN, as BERT/RoBERTa)",
-            )
+            add_override_flags(g, ModelConfig, source="the preset's")
         if cls is SystemConfig:
             g.add_argument(
                 "--deepspeed",
@@ -388,17 +355,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
+    from model.config import ModelConfig
+
     ns = build_parser().parse_args(argv)
-    overrides = {name: getattr(ns, name) for name in MODEL_FLAGS if getattr(ns, name) is not None}
-    if ns.pre_layer_norm is not None:
-        overrides["pre_layer_norm"] = ns.pre_layer_norm
     return RunConfig(
         optim=build(OptimConfig, ns),
         loop=build(LoopConfig, ns),
         checkpoint=build(CheckpointConfig, ns),
         logging=build(LoggingConfig, ns),
         system=build(SystemConfig, ns),
-        model=build(ModelArgs, ns, overrides=overrides),
+        model=build(ModelArgs, ns, overrides=overrides(ModelConfig, ns)),
         data=build(DataArgs, ns, seed=ns.seed),
     )
 

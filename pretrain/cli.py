@@ -110,6 +110,41 @@ def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str 
         group.add_argument(*names, **kw)
 
 
+def override_fields(cls: type) -> list[dataclasses.Field]:
+    """Fields of ``cls`` whose ``metadata["cli"]`` names a flag: optional command-line overrides of a config built
+    elsewhere (a preset or a JSON file)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get(CLI, {}).get("flag")]
+
+
+def add_override_flags(group: argparse._ActionsContainer, cls: type, *, source: str) -> None:
+    """One flag per :func:`override_fields` field, default None (= keep ``source``'s value); help = the docstring. A
+    bool field is a switch setting True, plus its ``negative`` flag setting False when given."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in override_fields(cls):
+        meta = f.metadata[CLI]
+        text = f"{cls.__name__}.{f.name} (default: {source}): {docs.get(f.name, '')}".replace("%", "%%")
+        tp = _base_type(hints[f.name])
+        if tp is bool:
+            group.add_argument(meta["flag"], dest=f.name, action="store_const", const=True, default=None, help=text)
+            if meta.get("negative"):
+                group.add_argument(
+                    meta["negative"],
+                    dest=f.name,
+                    action="store_const",
+                    const=False,
+                    default=None,
+                    help=f"{cls.__name__}.{f.name} = False (see {meta['flag']})",
+                )
+        else:
+            group.add_argument(meta["flag"], dest=f.name, type=tp, default=None, help=text)
+
+
+def overrides(cls: type, ns: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`override_fields` values given on the command line."""
+    return {f.name: getattr(ns, f.name) for f in override_fields(cls) if getattr(ns, f.name) is not None}
+
+
 def build(cls: type, ns: argparse.Namespace, **extra: Any) -> Any:
     """``cls`` from the parsed flags of its fields (plus ``extra`` for fields that are not flags)."""
     return cls(**{f.name: getattr(ns, f.name) for f in cli_fields(cls)}, **extra)

@@ -180,6 +180,27 @@ def test_every_flag_is_generated_from_a_documented_field():
     assert "--lr-warmup-iters" in text and "Warmup length in optimizer steps" in text
 
 
+def test_model_override_flags_come_from_model_config_fields():
+    """The ModelConfig fields whose metadata names a flag are exactly the override flags; a switch and its negative
+    set the field, neither leaves the preset's value."""
+    from model.config import ModelConfig
+    from pretrain.args import build_parser
+    from pretrain.cli import field_docs, override_fields
+
+    by_flag = {o: a for a in build_parser()._actions for o in a.option_strings}
+    docs = field_docs(ModelConfig)
+    names = {f.name for f in override_fields(ModelConfig)}
+    assert {"num_layers", "intermediate_size", "head_size", "pre_layer_norm"} <= names
+    for f in override_fields(ModelConfig):
+        a = by_flag[f.metadata["cli"]["flag"]]
+        assert a.dest == f.name and a.default is None and docs[f.name] in a.help.replace("%%", "%")
+    base = BASE + ["--train-iters", "5"]
+    assert parse_args(base + ["--pre-layer-norm"]).model.overrides == {"pre_layer_norm": True}
+    assert parse_args(base + ["--post-layer-norm"]).model.overrides == {"pre_layer_norm": False}
+    assert parse_args(base + ["--ffn-hidden-size", "64"]).model.overrides == {"intermediate_size": 64}
+    assert parse_args(base).model.overrides == {}
+
+
 def _valid_ids(args: list[str]) -> list[list[int]]:
     """Input ids + labels of the validation batches the trainer's evaluate() would see (rank 0 of 1)."""
     from pretrain import builders

@@ -84,7 +84,7 @@ def trainer_table() -> str:
             meaning = (a.help or "").replace("%%", "%")
             if a.choices:
                 meaning = f"{meaning} (one of {', '.join(map(str, a.choices))})".strip()
-            unset = a.default is None or a.default is False or a.dest == "pre_layer_norm"
+            unset = a.default is None or a.default is False
             default = "" if unset else f"`{a.default!r}`"
             out.append(f"| {flags} | {_cell(default)} | {_cell(meaning)} |")
         out.append("")
