@@ -18,8 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from data_pipeline.batching import build_dataloader
+from data_pipeline.data_config import DataConfig
+from data_pipeline.datasets import build_datasets
 from data_pipeline.indexed import IndexedDataset, shard_exists
-from data_pipeline.loader import DataConfig, build_dataloader, build_datasets
 from data_pipeline.samples import SampleIndexConfig, build_sample_index
 from data_pipeline.tokenization import build_tokenizer
 

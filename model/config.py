@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model.attention.kernels import KERNELS
-from model.attention.layouts import SparsityConfig, from_ds_config
+from model.attention.layouts import SparsityConfig, check_ds_config, from_ds_config
 from model.attention.sparsebert import TokenMaskConfig
 from model.positions import SEGMENT_TYPES, PositionConfig
 from model.strict import check_keys, field_names, from_dict
@@ -25,6 +25,17 @@ def _flag(flag: str, negative: str | None = None) -> dict[str, Any]:
 def _check_kernel(name: str, where: str) -> None:
     if name not in KERNELS:
         raise ValueError(f"{where}: unknown attention kernel {name!r}; choose one of {sorted(KERNELS)}")
+
+
+def _check_sparsity(sparsity: dict | None, where: str) -> None:
+    """Mode and keys of a layout dict, checked when the config is parsed (values are checked when the layout object
+    is built, which needs the head count)."""
+    if sparsity is None:
+        return
+    try:
+        check_ds_config(sparsity)
+    except (ValueError, NotImplementedError) as e:
+        raise ValueError(f"{where}: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class AttentionConfig:
         _check_kernel(self.kernel, "attention.kernel")
         if self.sparsity is not None and not isinstance(self.sparsity, dict):
             raise ValueError(f"attention.sparsity must be a dict or null, got {type(self.sparsity).__name__}")
+        _check_sparsity(self.sparsity, "attention.sparsity")
         top = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
         dam = top if top is not None and top.pattern == "dam" else None
         if dam is not None and (self.sparsity is not None or self.per_layer is not None):
@@ -97,6 +109,7 @@ class AttentionConfig:
             if tm is not None and tm.pattern == "dam":
                 raise ValueError(f"{where}.token_mask: 'dam' is only valid for all layers")
         if "sparsity" in d:
+            _check_sparsity(d["sparsity"], f"{where}.sparsity")
             return LayerAttention(kernel, d["sparsity"], f"{where}.sparsity", tm)
         return LayerAttention(kernel, self.sparsity, "attention.sparsity", tm)
 

@@ -90,7 +90,7 @@ def build_datasets(run: RunConfig, tokenizer, train_samples: int, train_iters: i
 
     ``train_samples`` is the end position of the run in the training stream (consumed samples at a resume plus the
     samples of the remaining steps; train_iters x global batch for a straight run)."""
-    from data_pipeline.loader import build_datasets as _build
+    from data_pipeline.datasets import build_datasets as _build
 
     loop, d = run.loop, run.data
     evals = (train_iters // loop.eval_interval + 1) if loop.eval_interval else 0
@@ -117,7 +117,7 @@ def build_dataloader(
     valid: bool = False,
 ):
     """``valid``: masks drawn with the validation seed (--valid-seed), as the validation dataset was built."""
-    from data_pipeline.loader import build_dataloader as _build
+    from data_pipeline.batching import build_dataloader as _build
 
     return _build(
         dataset,

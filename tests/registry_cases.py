@@ -53,7 +53,7 @@ LAYOUT_EXAMPLES: dict[str, Callable[[int], SparsityConfig]] = {
     "local_bi": lambda H: A.LocalSlidingWindowSparsityConfig(
         H, block=16, num_sliding_window_blocks=3, attention="bidirectional"
     ),
-    "dilated_local": lambda H: A.layouts.DilatedSlidingWindowSparsityConfig(
+    "dilated_local": lambda H: A.DilatedSlidingWindowSparsityConfig(
         H, block=16, num_sliding_window_blocks=3, dilation=2
     ),
     "blockbert_n2": lambda H: A.BlockBERTSparsityConfig(H, num_blocks=2, head_assignment="3:1", block=16),

@@ -15,12 +15,12 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from model.hf_adapter import stock_bert_reason
 from tools.convert_checkpoint import (
     ConversionError,
     hf_to_ds,
     read_hf,
     read_hf_token_masks,
-    stock_bert_reason,
     write_hf,
 )
 from tools.hf_export import remote_code
@@ -269,10 +269,10 @@ def test_exported_code_imports_only_torch_transformers_stdlib(tmp_path):
 
 
 def test_stock_bert_decision():
-    assert stock_bert_reason(_config(_SMALL), _model(_config(_SMALL)).state_dict()) is None
+    assert stock_bert_reason(_config(_SMALL)) is None
     for name in ("fixed", "blockbert", "free_head_preln_mixed", "no_segments_relu"):
         cfg = _config(CUSTOM[name])
-        assert stock_bert_reason(cfg, _model(cfg).state_dict()) is not None, name
+        assert stock_bert_reason(cfg) is not None, name
 
 
 # ------------------------------------------------------------------------------------------------ stock BERT
@@ -438,7 +438,7 @@ def test_issue5_families_need_custom_code_and_masks_change_the_logits(custom_exp
     root, models = custom_exports
     for name in ISSUE5:
         m = models[name]
-        assert stock_bert_reason(m.config, m.state_dict()) is not None, name
+        assert stock_bert_reason(m.config) is not None, name
         if not name.startswith(("mask", "dam")):
             continue
         d = m.config.to_dict()
@@ -487,7 +487,7 @@ def test_every_preset_exports_with_logit_parity(custom_exports, preset):
     got = torch.load(root / f"{name}_got.pt")["logits"]
     assert (got - want).abs().max().item() <= TOL
     stock = json.loads((root / name / "config.json").read_text())["model_type"] == "bert"
-    assert stock == (stock_bert_reason(m.config, m.state_dict()) is None)
+    assert stock == (stock_bert_reason(m.config) is None)
 
 
 def _without_mask_paths(d: dict) -> dict:

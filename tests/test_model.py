@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -54,6 +56,14 @@ def test_presets_and_strict_dicts():
         ModelConfig(**TINY, attention={"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2"}})
     with pytest.raises(ValueError, match="not divisible"):
         ModelConfig(**dict(TINY, hidden_size=30))
+    # layout modes and keys are checked when the AttentionConfig is parsed, before any model or head count
+    with pytest.raises(ValueError, match=r"attention.sparsity: sparse_attention mode 'bogus'"):
+        AttentionConfig(sparsity={"mode": "bogus"})
+    with pytest.raises(ValueError, match=r"attention.per_layer\[1\].sparsity: unknown key\(s\) \['num_lcoal_blocks'\]"):
+        AttentionConfig(per_layer=[{}, {"sparsity": {"mode": "fixed", "num_lcoal_blocks": 2}}])
+    # frozen: a setting changed after parsing would be ignored, so changing one is an error (use dataclasses.replace)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        AttentionConfig().kernel = "dense"
 
 
 def test_attention_from_config_per_layer():

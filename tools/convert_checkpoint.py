@@ -27,8 +27,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from model.hf_adapter import STOCK_FIELDS, from_hf, to_hf
-from model.hf_adapter import stock_bert_reason as hf_stock_reason
+from model.hf_adapter import STOCK_FIELDS, from_hf, stock_bert_reason, to_hf
 from pretrain.checkpoint import (
     COMMIT_MARKER,
     LATEST,
@@ -96,12 +95,6 @@ def check_rank_files(load_dir: str | Path, tag: str, client: dict[str, Any]) -> 
 
 
 # ----------------------------------------------------------------------------------------------- writing HF
-def stock_bert_reason(config: ModelConfig, state_dict: dict[str, torch.Tensor] | None = None) -> str | None:
-    """None if stock ``BertForMaskedLM`` reproduces the model exactly, else why it needs our code (decided by
-    :func:`model.hf_adapter.stock_bert_reason`; ``state_dict`` is accepted for older callers)."""
-    return hf_stock_reason(config)
-
-
 def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespace, max_len: int) -> list[str]:
     from data_pipeline.tokenization import build_tokenizer
 
@@ -178,7 +171,7 @@ def write_hf(
     them from ``config`` (a ``pattern: file`` mask is then read from its path)."""
     from safetensors.torch import save_file
 
-    reason = stock_bert_reason(config, state_dict)
+    reason = stock_bert_reason(config)
     use_remote = remote == "always" or reason is not None
     if remote == "never" and reason is not None:
         raise ConversionError(f"--remote-code never: stock BERT cannot express this model ({reason})")

@@ -18,6 +18,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from model.positions import SEGMENT_TYPES
 
 TABLE6 = {  # DIET paper, Table 6, English column (millions of parameters)
     "bert": 110.1,
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     src.add_argument("--preset", default="bert-base", help="a ModelConfig preset (default bert-base)")
     src.add_argument("--model-config", type=Path, help="a ModelConfig JSON file")
     p.add_argument("--position", help='position block as JSON, e.g. \'{"type": "diet_abs", "rank": 128}\'')
-    p.add_argument("--segment", choices=["input", "per_head"])
+    p.add_argument("--segment", choices=list(SEGMENT_TYPES))
     p.add_argument("--nsp-head", action="store_true", help="count the pooler + NSP classifier too")
     p.add_argument("--table6", action="store_true", help="our counts for DIET Table 6's rows, as JSON")
     args = p.parse_args(argv)

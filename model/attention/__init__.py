@@ -5,6 +5,7 @@ from model.attention.bias import DenseScoreBias, ScoreBias, SumScoreBias  # noqa
 from model.attention.block_sparse_ops import MatMul, Softmax  # noqa: F401,E402
 from model.attention.kernels import KERNELS, choose_kernel, get_kernel, register_kernel  # noqa: F401,E402
 from model.attention.layouts import (  # noqa: F401
+    SPARSITY_MODES,
     BigBirdSparsityConfig,
     BlockBERTSparsityConfig,
     BSLongformerSparsityConfig,
@@ -18,3 +19,6 @@ from model.attention.layouts import (  # noqa: F401
 )
 from model.attention.module import BlockSparseAttention, SparseSelfAttention  # noqa: F401,E402
 from model.attention.sparse_attention_utils import SparseAttentionUtils  # noqa: F401,E402
+
+# every registered layout class, including ones added later, without listing it here
+globals().update({_cls.__name__: _cls for _cls in SPARSITY_MODES.values()})

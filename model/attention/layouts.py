@@ -687,13 +687,13 @@ def from_deepspeed_block(block: dict[str, Any]) -> dict[str, Any]:
     return {"mode": mode, **_DS_PARSER_DEFAULTS.get(mode, {}), **block}
 
 
-def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
-    """Build a layout from an old ds_config ``sparse_attention`` block (or our BlockBERT dict).
+def check_ds_config(cfg: Any) -> dict[str, Any]:
+    """The constructor arguments of ``cfg``'s layout class (``mode`` removed), after checking its mode and keys; no
+    head count needed, so a config is checked when it is parsed, before any model is built.
 
     Unknown keys raise with their names. For DeepSpeed's own modes (dense, fixed, variable, bigbird, bslongformer),
     keys DeepSpeed knew but the mode does not use are ignored, as DeepSpeed did; other modes accept only their
-    constructor parameters.
-    """
+    constructor parameters."""
     if not isinstance(cfg, dict) or "mode" not in cfg:
         raise ValueError(
             f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(SPARSITY_MODES)}); got {cfg!r}"
@@ -710,8 +710,14 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
         raise ValueError(
             f"unknown key(s) {unknown} in sparse_attention config for mode {mode!r}; allowed: {sorted(allowed)}"
         )
-    kwargs = {k: v for k, v in cfg.items() if k in allowed and k != "mode"}
-    return SPARSITY_MODES[mode](num_heads=num_heads, **kwargs)
+    return {k: v for k, v in cfg.items() if k in allowed and k != "mode"}
+
+
+def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
+    """Build a layout from an old ds_config ``sparse_attention`` block (or our BlockBERT dict); keys as
+    :func:`check_ds_config` says."""
+    kwargs = check_ds_config(cfg)
+    return SPARSITY_MODES[cfg["mode"]](num_heads=num_heads, **kwargs)
 
 
 def layout_density(layout: torch.Tensor) -> float:
