@@ -216,7 +216,7 @@ class ModelArgs:
     """Attention kernel of every layer (AttentionConfig.kernel; default: the model config's)."""
     sparsity_config: str | None = None
     """AttentionConfig.sparsity as JSON text or a JSON file: a ds_config-style block with a registered 'mode' (see
-    the layout table in docs/model.md)."""
+    the block-layout table in docs/configuration.md)."""
     blockbert_blocks: int | None = None
     """BlockBERT n (shorthand for a sparsity config with mode 'blockbert'; needs --head-assignment)."""
     head_assignment: str | None = None
