@@ -34,6 +34,7 @@ from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder, best_dt
 from data_pipeline.readers import FORMATS, KIND_LINES, BadInputLog, expand_inputs, read_documents
 from data_pipeline.text import chunk_text
 from data_pipeline.tokenization import TOKENIZER_TYPES, Tokenizer, build_tokenizer
+from pretrain.cli import HelpFormatter, add_flags, cli
 
 #: Big documents are cut into pieces of about this many characters (at paragraph breaks). A constant,
 #: not a flag: with --split-sentences a paragraph longer than this is cut, which changes sentence
@@ -49,7 +50,7 @@ class PreprocessConfig:
     """Files, directories (recursive) and globs to read."""
     output_prefix: str
     """Output files are ``{prefix}_{key}_{sentence|document}.bin/.idx``."""
-    tokenizer_type: str
+    tokenizer_type: str = field(metadata=cli(choices=lambda: TOKENIZER_TYPES))
     """One of BertWordPieceLowerCase, BertWordPieceCase, SentencePieceTokenizer, HuggingFaceTokenizer."""
     vocab_file: str | None = None
     """WordPiece vocab.txt (BertWordPiece*)."""
@@ -57,7 +58,7 @@ class PreprocessConfig:
     """SentencePiece .model, or a Hugging Face tokenizer directory / tokenizer.json."""
     json_keys: list[str] = field(default_factory=lambda: ["text"])
     """JSON / parquet fields to tokenise, one output shard each (other formats have only ``text``)."""
-    input_format: str = "auto"
+    input_format: str = field(default="auto", metadata=cli(choices=lambda: FORMATS))
     """auto (detected per file from content), mediawiki, wikiextractor, jsonl, text, parquet."""
     split_sentences: bool = False
     """One sequence per sentence (blingfire) instead of per document."""
@@ -118,37 +119,20 @@ class PreprocessConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """One flag per :class:`PreprocessConfig` field (name, type, default, choices, docstring as help), plus two of
+    Megatron's flags that are accepted and not needed."""
     p = argparse.ArgumentParser(
         prog="python -m data_pipeline.preprocess",
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    g = p.add_argument_group("input data")
-    g.add_argument("--input", nargs="+", required=True, help="files, directories and globs")
-    g.add_argument("--input-format", default="auto", choices=FORMATS)
-    g.add_argument("--json-keys", nargs="+", default=["text"])
-    g.add_argument("--split-sentences", action="store_true")
-    g.add_argument("--keep-newlines", action="store_true")
-    g = p.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
-    g.add_argument("--vocab-file", default=None)
-    g.add_argument("--tokenizer-model", default=None)
-    g.add_argument("--append-eod", action="store_true")
+    add_flags(p, PreprocessConfig)
+    g = p.add_argument_group("accepted for Megatron command lines")
     g.add_argument(
         "--tokenizer-hf-no-include-special-tokens",
         action="store_true",
         help="accepted for Megatron compatibility; we never wrap sentences in [CLS]/[SEP]",
     )
-    g = p.add_argument_group("output data")
-    g.add_argument("--output-prefix", required=True)
-    g = p.add_argument_group("runtime")
-    g.add_argument("--workers", type=int, default=1)
-    g.add_argument("--chunk-chars", type=int, default=1 << 20)
-    g.add_argument("--max-document-chars", type=int, default=8_000_000)
-    g.add_argument("--resume", action="store_true")
-    g.add_argument("--strict", action="store_true")
-    g.add_argument("--progress", dest="progress", action="store_true", default=None)
-    g.add_argument("--no-progress", dest="progress", action="store_false")
     g.add_argument(
         "--log-interval",
         type=int,

@@ -2,8 +2,9 @@
 place: the dataclass field and its docstring.
 
 A field ``lr_warmup_iters: int = 0`` with a docstring becomes ``--lr-warmup-iters`` (type int, default 0, the
-docstring as help). ``X | None`` fields take X; ``bool`` fields are switches (``--name`` when the default is False,
-``--no-name`` when it is True); ``list[str]`` fields take one or more values. A field's ``metadata["cli"]``
+docstring as help); a field without a default is a required flag. ``X | None`` fields take X; ``bool`` fields are
+switches (``--name`` when the default is False, ``--no-name`` when it is True, both when it is None: None then means
+neither was given); ``list[str]`` fields take one or more values. A field's ``metadata["cli"]``
 (:func:`cli`) gives another flag name (Megatron's), aliases, choices, or keeps the field off the command line.
 """
 
@@ -93,20 +94,33 @@ def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str 
         if not text.strip():
             raise TypeError(f"{cls.__name__}.{f.name} has no docstring: it would be an undocumented flag")
         tp = _base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else None
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None if required else f.default
         kw: dict[str, Any] = {"dest": f.name, "help": text.replace("%", "%%")}  # argparse %-formats help
+        if tp is bool and default is None and not required:  # bool | None: --name / --no-name, None when neither
+            group.add_argument(*names, action="store_const", const=True, default=None, **kw)
+            group.add_argument(
+                "--no-" + f.name.replace("_", "-"),
+                dest=f.name,
+                action="store_const",
+                const=False,
+                help=f"{f.name} = False (see {names[0]})",
+            )
+            continue
         if tp is bool:
             kw.update(action="store_false" if default is True else "store_true", default=bool(default))
         elif typing.get_origin(tp) is list:
-            kw.update(
-                nargs="+",
-                default=[] if f.default_factory is list else default,
-                type=typing.get_args(tp)[0] if typing.get_args(tp) else str,
-            )
+            kw.update(nargs="+", default=default, type=typing.get_args(tp)[0] if typing.get_args(tp) else str)
         else:
             kw.update(type=tp, default=default)
-            if meta.get("choices") is not None:
-                kw["choices"] = list(meta["choices"]())
+        if required:
+            kw.update(required=True)
+            kw.pop("default", None)
+        if meta.get("choices") is not None:
+            kw["choices"] = list(meta["choices"]())
         group.add_argument(*names, **kw)
 
 

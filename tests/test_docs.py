@@ -69,11 +69,15 @@ def _entry_points(line: str) -> list[tuple[Path, list[str]]]:
 
 def _flag_sources(src: Path) -> str:
     """Text in which the entry point's flags are defined (train.py's live in pretrain/args.py)."""
+    import importlib
+
     text = src.read_text(encoding="utf-8")
     if src in (REPO / "pretrain" / "train.py", REPO / "pretrain" / "__main__.py"):
-        from pretrain.args import build_parser  # some model flags are generated there, so ask the parser
-
-        text += " ".join(f'"{o}"' for a in build_parser()._actions for o in a.option_strings)
+        src = REPO / "pretrain" / "args.py"  # the trainer's parser lives there
+    if src.suffix == ".py" and "def build_parser(" in src.read_text(encoding="utf-8"):
+        # flags generated from config dataclasses: ask the parser
+        module = importlib.import_module(".".join(src.relative_to(REPO).with_suffix("").parts))
+        text += " ".join(f'"{o}"' for a in module.build_parser()._actions for o in a.option_strings)
     for imported in re.findall(r"^from ((?:data_pipeline|tools|pretrain)\.[\w.]+) import", text, re.M):
         p = REPO / (imported.replace(".", "/") + ".py")
         if p.exists():

@@ -27,16 +27,22 @@ import re
 import string
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from pretrain.cli import HelpFormatter, add_flags, cli
+from tools.device import PRECISIONS
+
 
 class DataError(ValueError):
     """Bad input data; the message names the file and line."""
+
+
+TASKS = ("classification", "qa")
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -46,8 +52,8 @@ class FinetuneConfig:
 
     model: str
     """Hugging Face directory (from tools.convert_checkpoint, or any BERT-like model)."""
-    task: str
-    """classification | qa."""
+    task: str = field(metadata=cli(choices=lambda: TASKS))
+    """classification (sentence or sentence-pair labels) | qa (SQuAD v1.1-style extractive spans)."""
     train: str
     """Training JSON lines."""
     dev: str
@@ -86,13 +92,13 @@ class FinetuneConfig:
     """Also save the fine-tuned model and tokenizer to output_dir/model."""
     device: str | None = None
     """cpu, cuda or cuda:N; default: the GPU when there is one."""
-    precision: str = "auto"
+    precision: str = field(default="auto", metadata=cli(choices=lambda: PRECISIONS))
     """auto (bf16 on GPUs with bf16 hardware, fp16 with a gradient scaler on older GPUs, fp32 on CPU), fp32, fp16
     or bf16: autocast for the forward passes; weights and optimizer stay fp32."""
 
     def __post_init__(self) -> None:
-        if self.task not in ("classification", "qa"):
-            raise ValueError(f"--task must be classification or qa, got {self.task!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         for name in (
             "doc_stride",
             "max_query_length",
@@ -574,36 +580,9 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m tools.finetune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--model", required=True)
-    p.add_argument("--task", required=True, choices=("classification", "qa"))
-    p.add_argument("--train", required=True)
-    p.add_argument("--dev", required=True)
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--max-length", type=int)
-    p.add_argument("--doc-stride", type=int, default=128)
-    p.add_argument("--max-query-length", type=int, default=64)
-    p.add_argument("--max-answer-length", type=int, default=30)
-    p.add_argument("--n-best", type=int, default=20)
-    p.add_argument("--epochs", type=float, default=4.0)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--gradient-accumulation-steps", type=int, default=1)
-    p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--warmup-fraction", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
-    p.add_argument("--save-model", action="store_true")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=("auto", "fp32", "fp16", "bf16"),
-        help="autocast dtype: auto = bf16 on Ampere+ GPUs, fp16 (+ gradient scaler) on older GPUs, fp32 on CPU",
-    )
+    """One flag per :class:`FinetuneConfig` field (name, type, default, choices, docstring as help)."""
+    p = argparse.ArgumentParser(prog="python -m tools.finetune", description=__doc__, formatter_class=HelpFormatter)
+    add_flags(p, FinetuneConfig)
     return p
 
 
