@@ -96,10 +96,11 @@ class LoopConfig:
     exit_interval: int | None = None
     """Stop (after saving) when the iteration is a multiple of this (Megatron's --exit-interval)."""
     exit_signal_handler: bool = False
-    """On --exit-signal (e.g. Slurm's warning before the time limit), finish the current iteration, save a
-    checkpoint and exit with code 4; the same command with --load resumes exactly (Megatron's flag)."""
+    """On --exit-signal (e.g. Slurm's warning before the time limit) or SIGTERM (Slurm's time limit, preemption,
+    scancel), finish the current iteration, save a checkpoint and exit with code 4; the same command with --load
+    resumes exactly (Megatron's flag)."""
     exit_signal: str = "SIGTERM"
-    """The signal --exit-signal-handler catches: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2."""
+    """The signal --exit-signal-handler catches besides SIGTERM: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2."""
 
     def __post_init__(self) -> None:
         if (self.train_iters is None) == (self.train_samples is None):

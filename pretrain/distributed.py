@@ -86,10 +86,12 @@ def slurm_hosts(nodelist: str) -> list[str]:
 def slurm_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     """torch.distributed's variables for a task started by ``srun`` (None outside a Slurm job step).
 
-    Rank, world size and local rank are the step's task ids; the master is the first host of the job's node list;
-    the port is derived from the job id (10000 + id mod 50000) so two jobs sharing a node do not collide. Set
-    MASTER_ADDR / MASTER_PORT to override (e.g. another network interface). Only a job *step* counts
-    (``SLURM_STEP_NUM_TASKS``): a plain python inside an sbatch script is one process, whatever the allocation.
+    Rank, world size and local rank are the step's task ids; the master is the first host of the step's node list
+    (task 0 runs there with Slurm's block/cyclic distributions; with ``SLURM_HOSTFILE`` / ``--distribution=arbitrary``
+    it is task 0's line of that file); the port is :func:`slurm_port` (job and step id) so jobs and concurrent
+    steps sharing a node do not collide. Set MASTER_ADDR / MASTER_PORT to override (e.g. another network interface).
+    Heterogeneous jobs are refused (their components have their own job ids and task numbering). Only a job *step*
+    counts (``SLURM_STEP_NUM_TASKS``): a plain python inside an sbatch script is one process, whatever the allocation.
     Ranks numbered by another launcher running inside the job (RANK from deepspeed/torchrun, mpirun's
     OMPI_COMM_WORLD_RANK, hydra's MPI_LOCALNRANKS, PMI ranks that differ from the task id) are not srun's tasks:
     None then too.
@@ -105,16 +107,49 @@ def slurm_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
             or (size_var and env.get(size_var, env["SLURM_STEP_NUM_TASKS"]) != env["SLURM_STEP_NUM_TASKS"])
         ):
             return None  # a PMI world other than this step's tasks (mpiexec's proxies started by srun)
+    if "SLURM_HET_SIZE" in env:
+        raise RuntimeError(
+            f"this is a heterogeneous Slurm job (SLURM_HET_SIZE={env['SLURM_HET_SIZE']}): its components have their "
+            "own job ids and task numbers, so the ranks cannot be derived from them; submit one homogeneous "
+            "allocation (e.g. sbatch -N 4 --ntasks-per-node=8 --gpus-per-node=8)"
+        )
     out = {
         "RANK": env["SLURM_PROCID"],
         "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
         "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
     }
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    out["MASTER_ADDR"] = env.get("MASTER_ADDR") or (slurm_hosts(nodelist)[0] if nodelist else "127.0.0.1")
-    job = env.get("SLURM_JOB_ID", "0")
-    out["MASTER_PORT"] = env.get("MASTER_PORT") or str(10000 + int(job) % 50000)
+    out["MASTER_ADDR"] = env.get("MASTER_ADDR") or _slurm_task0_host(env)
+    out["MASTER_PORT"] = env.get("MASTER_PORT") or str(
+        slurm_port(env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID"))
+    )
     return out
+
+
+def slurm_port(job_id: str | int, step_id: str | int | None = None) -> int:
+    """The master port of a Slurm job step: ``10000 + (job_id * 16 + step_id) mod 20000``, i.e. within 10000-29999,
+    below Linux's ephemeral range (32768-60999, where outgoing sockets could already hold it); consecutive jobs and
+    up to 16 concurrent steps of one job get different ports. The batch step (no step id) counts as step 0;
+    run_scripts/slurm/pretrain_deepspeed.sbatch computes the same number in shell."""
+    step = int(step_id) if step_id not in (None, "", "batch", "extern") and str(step_id).isdigit() else 0
+    return 10000 + (int(job_id) * 16 + step) % 20000
+
+
+def _slurm_task0_host(env: dict[str, str]) -> str:
+    """Host of task 0: the first line of SLURM_HOSTFILE when the step was laid out by it (--distribution=arbitrary),
+    else the first host of the step's (or job's) node list."""
+    hostfile = env.get("SLURM_HOSTFILE")
+    if hostfile and env.get("SLURM_DISTRIBUTION", "arbitrary").startswith("arbitrary"):
+        try:
+            with open(hostfile) as f:
+                first = next((ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")), None)
+        except OSError as e:
+            raise RuntimeError(
+                f"SLURM_HOSTFILE={hostfile}: cannot read it ({e}); set MASTER_ADDR to task 0's host"
+            ) from e
+        if first:
+            return first
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    return slurm_hosts(nodelist)[0] if nodelist else "127.0.0.1"
 
 
 def mpirun_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
@@ -141,6 +176,11 @@ def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> D
     found = slurm_env() or mpirun_env()
     if found is not None:  # srun, or mpirun with a known master: the launcher's variables say who we are
         os.environ.update(found)
+        if found["RANK"] == "0":  # a wrong master (stale MASTER_ADDR, wrong interface) shows up here, not as a hang
+            print(
+                f"[dist] {found['WORLD_SIZE']} rank(s); master {found['MASTER_ADDR']}:{found['MASTER_PORT']}",
+                flush=True,
+            )
     elif not any(v in os.environ for v in _LAUNCHER_VARS):
         os.environ.update(
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
@@ -244,20 +284,26 @@ def broadcast_module_state(module: torch.nn.Module, device: torch.device) -> Non
 
 
 class ExitSignal:
-    """Catches one signal (e.g. Slurm's warning before the time limit) and lets every rank agree, at the end of an
-    iteration, that one of them received it (Megatron's DistributedSignalHandler). Costs one tiny all-reduce per
-    iteration, only when enabled."""
+    """Catches the configured signal (e.g. Slurm's warning before the time limit) and SIGTERM (what Slurm sends at the
+    limit, on preemption, ``scancel`` and node drain) and lets every rank agree, at the end of an iteration, that one
+    of them received one (Megatron's DistributedSignalHandler). Costs one tiny all-reduce per iteration, only when
+    enabled."""
 
     def __init__(self, name: str) -> None:
-        self.signum = getattr(signal, name)
+        self.name = name
+        self.signums = sorted({getattr(signal, name), signal.SIGTERM})
         self.received = False
-        self._previous = signal.signal(self.signum, self._handle)
+        self.received_name: str | None = None
+        """The signal this rank received (None: none, or another rank's signal stopped the run)."""
+        self._previous = {s: signal.signal(s, self._handle) for s in self.signums}
 
     def _handle(self, signum, frame) -> None:
         self.received = True
+        self.received_name = signal.Signals(signum).name
 
     def received_anywhere(self, device: torch.device) -> bool:
         return not all_ranks_true(not self.received, device)
 
     def restore(self) -> None:
-        signal.signal(self.signum, self._previous)
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)

@@ -399,7 +399,8 @@ class Trainer:
                     if ckpt.save
                     else "nothing saved (no --save)"
                 )
-                self._print(f"{loop.exit_signal} received: stopping at iteration {self.iteration}; {saved}")
+                name = self._signal.received_name or loop.exit_signal
+                self._print(f"{name} received: stopping at iteration {self.iteration}; {saved}")
                 self._export_dam_masks()
                 self._drain()
                 return False

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pretrain.distributed import slurm_env
+from pretrain.distributed import slurm_env, slurm_port
 from tests import train_utils as tu
 
 
@@ -47,8 +47,18 @@ def test_signal_on_one_rank_saves_stops_all_and_resumes_exactly(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_exit_code_4_and_no_traceback_on_one_rank(tmp_path):
+    """SIGTERM (Slurm's time limit, preemption, scancel) saves too when the configured warning signal is SIGUSR1."""
     tu.prepare(tmp_path)
-    args = tu.train_args(tmp_path, "zero1_fp32.json", 5, "--save", str(tmp_path / "ck"), "--exit-signal-handler")
+    args = tu.train_args(
+        tmp_path,
+        "zero1_fp32.json",
+        5,
+        "--save",
+        str(tmp_path / "ck"),
+        "--exit-signal-handler",
+        "--exit-signal",
+        "SIGUSR1",
+    )
     p = tu.launch("python", args, SPARSEBERT_FAULT_SIGNAL="0:2:SIGTERM")
     assert p.returncode == 4, p.stdout[-3000:]
     assert "SIGTERM received: stopping at iteration 2" in p.stdout and "Traceback" not in p.stdout
@@ -73,8 +83,20 @@ def test_slurm_env_from_a_job_step(tmp_path, monkeypatch):
         "WORLD_SIZE": "8",
         "LOCAL_RANK": "1",
         "MASTER_ADDR": "gpu007",
-        "MASTER_PORT": str(10000 + 123456 % 50000),
+        "MASTER_PORT": str(10000 + (123456 * 16) % 20000),
     }
+    # concurrent steps of one job get different ports, all below Linux's ephemeral range
+    assert slurm_env({**step, "SLURM_STEP_ID": "1"})["MASTER_PORT"] == str(10000 + (123456 * 16 + 1) % 20000)
+    ports = {slurm_port(job, st) for job in range(1000, 1100) for st in range(16)}
+    assert len(ports) == 1600 and max(ports) < 32768 and min(ports) >= 10000
+    assert slurm_port(123456, "batch") == slurm_port(123456, None) == slurm_port(123456, 0)
+    # --distribution=arbitrary: task 0 runs on the first line of SLURM_HOSTFILE, not on the first node of the list
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("gpu008\ngpu008\ngpu007\n")
+    arbitrary = {**step, "SLURM_HOSTFILE": str(hostfile), "SLURM_DISTRIBUTION": "arbitrary"}
+    assert slurm_env(arbitrary)["MASTER_ADDR"] == "gpu008"
+    with pytest.raises(RuntimeError, match="heterogeneous Slurm job"):
+        slurm_env({**step, "SLURM_HET_SIZE": "2"})
     assert slurm_env({**step, "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"})["MASTER_ADDR"] == "10.0.0.7"
     batch_shell = {k: v for k, v in step.items() if k != "SLURM_STEP_NUM_TASKS"}  # sbatch script, not srun
     assert slurm_env(batch_shell) is None

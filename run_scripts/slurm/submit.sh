@@ -20,7 +20,8 @@ opts=(--nodes "${NODES:-1}" --ntasks-per-node "${TASKS_PER_NODE:-$default_tasks}
 [ -n "${ACCOUNT:-}" ] && opts+=(--account "$ACCOUNT")
 if [ "$GPUS" -gt 0 ]; then
   case "${name%.sbatch}" in
-    pretrain_srun) opts+=(--gpus-per-task 1) ;;    # every task sees its own GPU as cuda:0
+    # every task sees all GPUs of its node (CUDA IPC / NVLink between the ranks of a node keep working; per-task
+    # binding with --gpus-per-task=1 also runs but can cut NCCL off P2P, see docs/troubleshooting.md)
     *) opts+=(--gpus-per-node "$GPUS") ;;
   esac
 fi
