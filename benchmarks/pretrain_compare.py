@@ -14,7 +14,8 @@ newest checkpoint (the trainer's ``--load``), so a long comparison can be spread
     .venv/bin/python -m benchmarks.pretrain_compare --out /work/compare_runs/cmp --preset cpu-small \\
         --data-path 0.5 books_text_sentence 0.5 wiki_text_sentence \\
         --valid-data-path 0.5 vbooks_text_sentence 0.5 vwiki_text_sentence --vocab-file vocab.txt
-    .venv/bin/python -m benchmarks.pretrain_compare --out OUT --report-only      # table + plots from what ran
+    # table + plots from what ran: the same command with --report-only (the flags define the runs); copies of the
+    # plots and results.json for the docs with --figures-dir docs/figures (as compare_*.png, compare_results.json)
 
 ``--preset bert-base`` is the paper-scale encoder (12 x 768, N=512, bf16, global batch 256) for a GPU node.
 """
@@ -315,6 +316,8 @@ def launcher_command(ns: argparse.Namespace) -> list[str]:
     if ns.launcher == "deepspeed":
         return [str(bindir / "deepspeed"), "--num_gpus", str(ns.nproc), "--master_port", port, *ns.launcher_arg]
     if ns.launcher == "hostfile":
+        if not ns.hostfile:
+            raise CompareError("--launcher hostfile needs --hostfile FILE (format: run_scripts/hostfile.example)")
         return [str(bindir / "deepspeed"), "--hostfile", ns.hostfile, "--master_port", port, *ns.launcher_arg]
     if ns.launcher == "torchrun":
         return [str(bindir / "torchrun"), "--nproc_per_node", str(ns.nproc), "--master_port", port, *ns.launcher_arg]
@@ -459,6 +462,34 @@ def valid_fingerprint(spec: RunSpec, run_dir: Path, world_size: int) -> str:
         h.update(b["input_ids"].numpy().tobytes())
         h.update(b["labels"].numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def unigram_baseline(spec: RunSpec, run_dir: Path, world_size: int) -> dict[str, float]:
+    """The validation MLM loss, perplexity and accuracy of a model that knows only token frequencies: the training
+    shards' unigram distribution (add-one smoothed, blended with the --data-path weights as in training) scored on
+    the masked tokens of the same held-out batches. A run at this level has learned nothing from the context."""
+    import numpy as np
+
+    from data_pipeline.data_config import parse_data_path
+    from data_pipeline.indexed import IndexedDataset
+
+    run, tok, batches = valid_batches(spec, run_dir, world_size)
+    blend = parse_data_path(run.data.data_path)
+    weights = [1.0 if w is None else float(w) for w, _ in blend]
+    p = np.zeros(tok.vocab_size)
+    for (_, prefix), w in zip(blend, weights):
+        counts = np.bincount(np.asarray(IndexedDataset(prefix).tokens), minlength=tok.vocab_size).astype(np.float64)
+        counts += 1.0  # add-one smoothing: a held-out token never seen in training must not make the loss infinite
+        p += w / sum(weights) * counts / counts.sum()
+    labels = np.concatenate([b["labels"].numpy().ravel() for b in batches])
+    labels = labels[labels != -100]
+    loss = float(-np.log(p[labels]).mean())
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "mlm_accuracy": float((labels == p.argmax()).mean()),
+        "tokens": int(len(labels)),
+    }
 
 
 def evaluate_checkpoint(spec: RunSpec, run_dir: Path, world_size: int) -> dict[str, float]:
@@ -711,6 +742,11 @@ def report(ns: argparse.Namespace, specs: list[RunSpec], preset_name: str, prese
                     {k: v for k, v in json.loads(done.read_text()).items() if k in ("valid_fingerprint", "recheck")}
                 )
     fingerprints = {r.get("valid_fingerprint") for r in runs.values() if r.get("valid_fingerprint")}
+    unigram_file = out / "unigram_baseline.json"
+    if not unigram_file.exists():
+        first = next((spec for spec in specs if (out / "runs" / spec.name / "done.json").exists()), None)
+        if first is not None:  # the validation batches are the same for every run (the fingerprints say so)
+            unigram_file.write_text(json.dumps(unigram_baseline(first, out / "runs" / first.name, ns.nproc)))
     results = {
         "preset": preset_name,
         "settings": dataclasses.asdict(preset),
@@ -721,10 +757,18 @@ def report(ns: argparse.Namespace, specs: list[RunSpec], preset_name: str, prese
         "same_validation_batches": len(fingerprints) <= 1,
         "runs": runs,
         "summary": summarize(runs),
+        "unigram_baseline": json.loads(unigram_file.read_text()) if unigram_file.exists() else None,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "table.md").write_text(markdown_table(results))
     results["plots"] = [str(p) for p in plot(results, out)]
+    if getattr(ns, "figures_dir", None):  # the copies docs/results.md shows, e.g. docs/figures/compare_*.png
+        import shutil
+
+        fig_dir = Path(ns.figures_dir)
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        for src in [*results["plots"], out / "results.json"]:
+            shutil.copyfile(src, fig_dir / f"{ns.figures_prefix}{Path(src).name}")
     return results
 
 
@@ -745,6 +789,11 @@ def markdown_table(results: dict[str, Any]) -> str:
             f"{pm(s['perplexity'], '.1f')} | {pm(s['mlm_accuracy'], '.4f')} | {pm(s['step_time_s'], '.3f')} | "
             f"{s.get('time_vs_dense', float('nan')):.2f}x | {pm(s['peak_memory_mb'], '.0f')} | "
             f"{s.get('memory_vs_dense', float('nan')):.2f}x |"
+        )
+    u = results.get("unigram_baseline")
+    if u:
+        rows.append(
+            f"| *unigram baseline* | | | {u['loss']:.3f} | {u['perplexity']:.1f} | {u['mlm_accuracy']:.4f} | | | | |"
         )
     return "\n".join(rows) + "\n"
 
@@ -807,12 +856,18 @@ def build_parser() -> argparse.ArgumentParser:
     la = p.add_argument_group("launcher")
     la.add_argument("--launcher", choices=["deepspeed", "hostfile", "torchrun"], default="deepspeed")
     la.add_argument("--nproc", type=int, default=2, help="ranks (GPUs, or CPU ranks on gloo without GPUs)")
-    la.add_argument("--hostfile", default=str(REPO / "run_scripts" / "hostfile"))
+    la.add_argument(
+        "--hostfile", help="with --launcher hostfile: DeepSpeed hostfile (see run_scripts/hostfile.example)"
+    )
     la.add_argument("--master-port", type=int, help="default: a free port per launch")
     la.add_argument("--launcher-arg", action="append", default=[], help="extra launcher flag, repeatable")
     r = p.add_argument_group("sittings")
     r.add_argument("--stop-after", type=int, help="stop after this many runs trained in this sitting")
-    r.add_argument("--report-only", action="store_true", help="write results.json and plots, train nothing")
+    r.add_argument(
+        "--report-only", action="store_true", help="with the comparison's own flags: write results.json and plots only"
+    )
+    r.add_argument("--figures-dir", help="also copy the plots and results.json here (e.g. docs/figures)")
+    r.add_argument("--figures-prefix", default="compare_", help="file name prefix of those copies")
     r.add_argument(
         "--recheck",
         action="store_true",

@@ -7,6 +7,7 @@ The end-to-end test launches the real trainer under `deepspeed --num_gpus 2` (2 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,22 @@ def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -
     assert "| dense | 1 | 6 |" in (out / "table.md").read_text()
     for name in ("ppl_vs_step.png", "ppl_vs_time.png", "ppl_vs_tokens.png", "cost.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the unigram baseline: training-token frequencies scored on the masked held-out tokens; its accuracy is that of
+    # always predicting the most frequent token, its perplexity is that of a model that ignores the context
+    u = results["unigram_baseline"]
+    assert u["tokens"] > 0 and 0 < u["mlm_accuracy"] < 0.5 and 1 < u["perplexity"] < 1e6
+    assert u["loss"] == pytest.approx(math.log(u["perplexity"]))
+    assert "| *unigram baseline* |" in (out / "table.md").read_text()
+    # --report-only with --figures-dir: the copies the docs show, named with the prefix
+    figs = tmp_path / "figs"
+    assert pc.main(_argv(out, vocab, "--report-only", "--figures-dir", str(figs))) == 0
+    assert sorted(p.name for p in figs.iterdir()) == [
+        "compare_cost.png",
+        "compare_ppl_vs_step.png",
+        "compare_ppl_vs_time.png",
+        "compare_ppl_vs_tokens.png",
+        "compare_results.json",
+    ]
 
     # evaluating the same checkpoint twice gives the same numbers; another training seed sees the same batches
     ns = pc.parse(_argv(out, vocab, "--seeds", "1", "2"))
