@@ -64,3 +64,20 @@ def test_no_module_level_import_cycle(package):
     for start in graph:
         cycle = walk(start, [start])
         assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+SHIPPED_DATA = ("run_scripts/sample_data/",)
+MAX_TRACKED_BYTES = 1 << 20
+
+
+def test_no_large_tracked_file():
+    """Nothing over 1 MB is tracked outside the shipped sample data (wheels, dumps and build outputs were committed once)."""
+    if not (REPO / ".git").exists():
+        pytest.skip(f"{REPO} is not a git checkout")
+    res = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60)
+    large = []
+    for name in res.stdout.decode().split("\0"):
+        path = REPO / name
+        if name and not name.startswith(SHIPPED_DATA) and path.is_file() and path.stat().st_size > MAX_TRACKED_BYTES:
+            large.append(f"{name} ({path.stat().st_size / 1e6:.1f} MB)")
+    assert not large, "tracked files over 1 MB (git rm --cached them and add a .gitignore rule):\n" + "\n".join(large)
