@@ -16,9 +16,12 @@ inherit the variables of the launcher's own step), then a Slurm step of more tha
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 #: set by mpirun / mpiexec themselves (Open MPI's orted, MPICH's hydra), never by srun
 MPIRUN_VARS = ("OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
@@ -67,7 +70,9 @@ class TorchWorld:
 
     They meet through torch's ``FileStore`` in a file next to the output, which every rank must see anyway (rank 0
     merges the part shards the others wrote): no MPI, so any ``--mpi`` plugin works, and no port, so jobs sharing a
-    node cannot collide. torch removes the file when the last rank leaves. A rank that dies closes its gloo sockets,
+    node cannot collide. Rank 0 removes the file as soon as every rank has joined (see :meth:`_remove_rendezvous`);
+    torch's own clean-up, by the last store destructor, does not run when a process skips interpreter finalization
+    (:func:`exit_process`) and left the file behind under load. A rank that dies closes its gloo sockets,
     so the others fail in their next collective; ``srun --kill-on-bad-exit=1`` (the template's) ends the step at
     once. Ranks may wait long for the slowest one (its share of the corpus), hence the long default timeout.
     """
@@ -77,10 +82,22 @@ class TorchWorld:
     def __init__(self, path: str, rank: int, size: int, timeout: timedelta = timedelta(days=2)) -> None:
         import torch.distributed as dist
 
-        self.rank, self.size = rank, size
-        dist.init_process_group(
-            "gloo", init_method=f"file://{os.path.abspath(path)}", rank=rank, world_size=size, timeout=timeout
-        )
+        self.rank, self.size, self.path = rank, size, Path(os.path.abspath(path))
+        dist.init_process_group("gloo", init_method=f"file://{self.path}", rank=rank, world_size=size, timeout=timeout)
+        self._remove_rendezvous()
+
+    def _remove_rendezvous(self) -> None:
+        """Delete the rendezvous file once no rank needs it, race-free.
+
+        Gloo reads the store only while the group forms. After the first barrier every rank has formed it, so rank 0
+        deletes the file; the second barrier keeps every rank from leaving (and running the store's destructor, which
+        returns early when the file is gone but would re-create it if the deletion came in between) until then."""
+        import torch.distributed as dist
+
+        dist.barrier()
+        if self.rank == 0:
+            self.path.unlink(missing_ok=True)
+        dist.barrier()
 
     def bcast(self, obj: Any) -> Any:
         import torch.distributed as dist
@@ -103,6 +120,29 @@ class TorchWorld:
 
         if ok and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a process that ran gloo collectives without interpreter finalization, after flushing its output.
+
+    Gloo's worker threads drop their last references to finished work (and so to Python-owned tensors) on their
+    own schedule. One that does so after the interpreter began to finalize is terminated by Python inside C++
+    (``PyEval_AcquireThread`` -> ``pthread_exit``), and the process aborts with ``terminate called without an
+    active exception`` and exit code 134 after a complete run (1 run in 3 under load on 2 cores). Destroying the
+    process group does not join those threads while DeepSpeed or a ZeRO-3 parameter still holds the group. Callers
+    close their files, writers and loaders first; this finalizes MPI if mpi4py initialized it (its atexit hook would
+    not run, and mpirun counts a rank without ``MPI_Finalize`` as failed), flushes stdio and logging and leaves with
+    ``os._exit``."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def detect(output_prefix: str, environ: dict[str, str] | None = None) -> MpiWorld | TorchWorld | None:

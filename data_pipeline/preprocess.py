@@ -556,4 +556,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    coordination.exit_process(main())  # no interpreter finalization under srun's gloo group (see exit_process)

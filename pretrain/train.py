@@ -13,6 +13,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by a launcher: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data_pipeline.coordination import exit_process  # noqa: E402
 from pretrain.args import ArgsError, parse_args  # noqa: E402
 from pretrain.checkpoint import CheckpointError  # noqa: E402
 from pretrain.distributed import destroy_distributed  # noqa: E402
@@ -45,4 +46,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Trainer.close() has flushed and closed everything; skipping interpreter finalization keeps gloo's worker
+    # threads from aborting the process after a complete run (see exit_process).
+    exit_process(main())

@@ -77,6 +77,7 @@ class Trainer:
         self._signal: ExitSignal | None = None
         self.writer = None
         self.log_file = None
+        self.train_iter: Iterator[dict[str, torch.Tensor]] | None = None
         self.ds = read_ds_config(run.system.deepspeed_config)
         check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
         numerics_notes = configure_numerics(run.system.deterministic, run.system.tf32)  # before any CUDA op
@@ -412,10 +413,9 @@ class Trainer:
         return True
 
     def _drain(self) -> None:
-        """Every rank's collectives finish before any rank leaves: gloo's barrier waits for all earlier work of the
-        group. A gloo worker thread that still held a tensor at interpreter exit aborted the process during
-        finalisation ("terminate called without an active exception"; 1 of 3 two-iteration ZeRO-3 runs under mpirun
-        on this project's CPU box)."""
+        """Every rank's collectives finish before any rank leaves, so no rank tears down its sockets while a peer is
+        still in a collective. (The gloo abort at interpreter exit this once tried to prevent is avoided by the entry
+        point leaving without finalization: data_pipeline.coordination.exit_process.)"""
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
 
@@ -514,7 +514,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Flush outputs, restore signal handlers, destroy the process group; safe after any failure, safe twice."""
+        """Flush outputs, stop the loader's workers, restore signal handlers, destroy the process group; safe after any
+        failure, safe twice. The entry point then leaves without interpreter finalization (pretrain/train.py), so
+        everything that must reach the disk or be joined is done here."""
+        if self.train_iter is not None:  # joins the DataLoader's worker processes now, not at interpreter exit
+            close_iter = getattr(self.train_iter, "close", None)
+            if close_iter is not None:
+                close_iter()
+            self.train_iter = None
         if self._signal is not None:
             self._signal.restore()
             self._signal = None

@@ -135,6 +135,9 @@ def launch(
     elif kind == "torchrun":
         cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", port, script]
     elif kind == "mpirun":
+        # an explicit master (the documented `-x MASTER_ADDR -x MASTER_PORT` path): DeepSpeed's MPI discovery would
+        # take the fixed port 29500, which collides with any other run on the machine (seen with concurrent tests)
+        env_extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **env_extra}
         cmd = [
             "mpirun",
             "--allow-run-as-root",
