@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from data_pipeline.data_config import DataConfig, DataConfigError
 from pretrain.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
+from pretrain.schedule import WSD_DECAY_STYLES
 
 
 class ArgsError(ValueError):
@@ -23,7 +24,7 @@ class ArgsError(ValueError):
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 OPTIMIZERS = ("adamw", "fused_adam", "lamb")
-LR_DECAY_STYLES = ("linear", "constant")
+LR_DECAY_STYLES = ("linear", "constant", "WSD")
 
 
 @dataclass
@@ -44,7 +45,14 @@ class OptimConfig:
     lr_decay_iters: int | None = None
     """Steps over which the LR decays to min_lr (default: the training length)."""
     lr_decay_style: str = field(default="linear", metadata=cli(choices=lambda: LR_DECAY_STYLES))
-    """'linear' (the papers) or 'constant'."""
+    """'linear' (the papers), 'constant', or 'WSD' (warmup-stable-decay, Megatron's name: the peak LR until the last
+    --lr-wsd-decay-iters of the decay steps, then an anneal to --min-lr shaped by --lr-wsd-decay-style; ModernBERT)."""
+    lr_wsd_decay_iters: int | None = None
+    """With --lr-decay-style WSD: length of the final anneal in optimizer steps (required; at most the decay steps
+    after warmup)."""
+    lr_wsd_decay_style: str | None = field(default=None, metadata=cli(choices=lambda: tuple(WSD_DECAY_STYLES)))
+    """With --lr-decay-style WSD: the anneal's shape, 'minus_sqrt' (1 - sqrt, ModernBERT), 'linear', 'cosine' or
+    'exponential' (the default, as in Megatron-LM)."""
     weight_decay: float = 0.01
     """AdamW weight decay; biases and LayerNorm weights are never decayed."""
     adam_beta1: float = 0.9
@@ -56,12 +64,36 @@ class OptimConfig:
     clip_grad: float | None = 1.0
     """Gradient clipping by global norm (DeepSpeed's gradient_clipping); None leaves the ds_config's value."""
 
+    @property
+    def wsd(self) -> dict[str, Any]:
+        """The WSD settings as pretrain.schedule takes them (neutral unless --lr-decay-style WSD)."""
+        if self.lr_decay_style != "WSD":
+            return {"wsd_decay_iters": 0, "wsd_style": "exponential"}
+        return {"wsd_decay_iters": int(self.lr_wsd_decay_iters), "wsd_style": self.lr_wsd_decay_style or "exponential"}
+
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ArgsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.lr_decay_style not in LR_DECAY_STYLES:
             raise ArgsError(
                 f"--lr-decay-style must be one of {', '.join(LR_DECAY_STYLES)}, got {self.lr_decay_style!r}"
+            )
+        if self.lr_decay_style != "WSD":
+            given = [
+                f
+                for f, v in (
+                    ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters),
+                    ("--lr-wsd-decay-style", self.lr_wsd_decay_style),
+                )
+                if v is not None
+            ]
+            if given:
+                raise ArgsError(f"{' and '.join(given)} need --lr-decay-style WSD (got {self.lr_decay_style!r})")
+        elif self.lr_wsd_decay_iters is None or self.lr_wsd_decay_iters <= 0:
+            raise ArgsError("--lr-decay-style WSD needs --lr-wsd-decay-iters > 0 (the length of the final anneal)")
+        if self.lr_wsd_decay_style is not None and self.lr_wsd_decay_style not in WSD_DECAY_STYLES:
+            raise ArgsError(
+                f"--lr-wsd-decay-style must be one of {', '.join(WSD_DECAY_STYLES)}, got {self.lr_wsd_decay_style!r}"
             )
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ArgsError(f"need --lr > 0 and 0 <= --min-lr <= --lr (got {self.lr}, {self.min_lr})")

@@ -152,7 +152,13 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
 
     def scheduler(opt: torch.optim.Optimizer) -> WarmupLinearDecay:
         return WarmupLinearDecay(
-            opt, peak=optim.lr, min_lr=optim.min_lr, warmup=warmup, decay_iters=decay_iters, style=optim.lr_decay_style
+            opt,
+            peak=optim.lr,
+            min_lr=optim.min_lr,
+            warmup=warmup,
+            decay_iters=decay_iters,
+            style=optim.lr_decay_style,
+            **optim.wsd,
         )
 
     engine, _, _, _ = deepspeed.initialize(

@@ -33,7 +33,11 @@ SCHEDULE_SETTINGS = (
     ("warmup", "warmup steps (--lr-warmup-iters, or --lr-warmup-fraction x decay steps)"),
     ("decay_iters", "--lr-decay-iters (default: --train-iters)"),
     ("style", "--lr-decay-style"),
+    ("wsd_decay_iters", "--lr-wsd-decay-iters"),
+    ("wsd_style", "--lr-wsd-decay-style"),
 )
+#: what a checkpoint from before WSD existed ran with
+SCHEDULE_DEFAULTS = {"wsd_decay_iters": 0, "wsd_style": "exponential"}
 # (args section, field, flag): settings that define which samples a run reads, in which order
 STREAM_SETTINGS = (
     ("data", "data_path", "--data-path"),
@@ -50,7 +54,15 @@ STREAM_SETTINGS = (
 )
 
 
-def schedule_settings(peak: float, min_lr: float, warmup: int, decay_iters: int, style: str) -> dict[str, Any]:
+def schedule_settings(
+    peak: float,
+    min_lr: float,
+    warmup: int,
+    decay_iters: int,
+    style: str,
+    wsd_decay_iters: int = 0,
+    wsd_style: str = "exponential",
+) -> dict[str, Any]:
     """The schedule the flags give, keyed like pretrain.schedule.WarmupLinearDecay's saved state."""
     return {
         "peak": float(peak),
@@ -58,6 +70,8 @@ def schedule_settings(peak: float, min_lr: float, warmup: int, decay_iters: int,
         "warmup": int(warmup),
         "decay_iters": int(decay_iters),
         "style": style,
+        "wsd_decay_iters": int(wsd_decay_iters),
+        "wsd_style": wsd_style,
     }
 
 
@@ -73,9 +87,9 @@ def _same(a: Any, b: Any) -> bool:
 def schedule_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """'flag: checkpoint X, now Y' for each schedule setting that differs."""
     return [
-        f"{flag}: checkpoint {saved.get(key)!r}, now {now[key]!r}"
+        f"{flag}: checkpoint {saved.get(key, SCHEDULE_DEFAULTS.get(key))!r}, now {now[key]!r}"
         for key, flag in SCHEDULE_SETTINGS
-        if not _same(saved.get(key), now[key])
+        if not _same(saved.get(key, SCHEDULE_DEFAULTS.get(key)), now[key])
     ]
 
 
@@ -176,6 +190,7 @@ def install_schedule(scheduler, schedule: dict[str, Any]) -> None:
         schedule["decay_iters"],
         schedule["style"],
     )
+    scheduler.wsd_decay_iters, scheduler.wsd_style = schedule["wsd_decay_iters"], schedule["wsd_style"]
     lrs = scheduler.get_lr()
     for group, lr in zip(scheduler.optimizer.param_groups, lrs):
         group["lr"] = lr

@@ -1,4 +1,7 @@
-"""LR schedule: linear warmup to the peak, then linear decay to min_lr (BERT, RoBERTa, BlockBERT, DIET).
+"""LR schedule: linear warmup to the peak, then linear decay to min_lr (BERT, RoBERTa, BlockBERT, DIET), a constant
+LR, or warmup-stable-decay (WSD: the peak held until the last ``wsd_decay_iters`` of the decay steps, then an anneal to
+min_lr; ModernBERT anneals with 1 - sqrt). Names and formulas follow Megatron-LM's ``--lr-decay-style WSD``,
+``--lr-wsd-decay-style`` and ``--lr-wsd-decay-iters``.
 
 A torch LRScheduler so DeepSpeed saves/loads it with the checkpoint and steps it only on applied optimizer
 steps (skipped fp16 overflow steps do not advance it).
@@ -6,16 +9,43 @@ steps (skipped fp16 overflow steps do not advance it).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+#: the anneal of a WSD schedule: fraction r in [0, 1] of the anneal done -> share of (peak - min_lr) left
+WSD_DECAY_STYLES = {
+    "linear": lambda r: 1.0 - r,
+    "cosine": lambda r: 0.5 * (math.cos(math.pi * r) + 1.0),
+    "exponential": lambda r: 2.0 * 0.5**r - 1.0,
+    "minus_sqrt": lambda r: 1.0 - math.sqrt(r),
+}
 
-def lr_at(step: int, peak: float, min_lr: float, warmup: int, decay_iters: int, style: str = "linear") -> float:
+
+def lr_at(
+    step: int,
+    peak: float,
+    min_lr: float,
+    warmup: int,
+    decay_iters: int,
+    style: str = "linear",
+    wsd_decay_iters: int = 0,
+    wsd_style: str = "exponential",
+) -> float:
     """LR after `step` applied optimizer steps (step 0 is the first update)."""
     if warmup > 0 and step < warmup:
         return peak * (step + 1) / warmup
     if style == "constant":
         return peak
+    if style == "WSD":
+        anneal_start = decay_iters - wsd_decay_iters
+        if step < anneal_start:
+            return peak
+        if wsd_decay_iters <= 0:
+            return min_lr
+        ratio = min(1.0, (step - anneal_start + 1) / wsd_decay_iters)
+        return min_lr + (peak - min_lr) * WSD_DECAY_STYLES[wsd_style](ratio)
     if decay_iters <= warmup:
         return min_lr
     progress = min(1.0, (step - warmup) / (decay_iters - warmup))
@@ -33,10 +63,26 @@ class WarmupLinearDecay(LRScheduler):
         warmup: int,
         decay_iters: int,
         style: str = "linear",
+        wsd_decay_iters: int = 0,
+        wsd_style: str = "exponential",
     ) -> None:
         self.peak, self.min_lr, self.warmup, self.decay_iters, self.style = peak, min_lr, warmup, decay_iters, style
+        self.wsd_decay_iters, self.wsd_style = wsd_decay_iters, wsd_style
         super().__init__(optimizer)
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A checkpoint from before WSD existed has no WSD settings: it ran without an anneal phase."""
+        super().load_state_dict({"wsd_decay_iters": 0, "wsd_style": "exponential", **state_dict})
+
     def get_lr(self) -> list[float]:
-        lr = lr_at(self.last_epoch, self.peak, self.min_lr, self.warmup, self.decay_iters, self.style)
+        lr = lr_at(
+            self.last_epoch,
+            self.peak,
+            self.min_lr,
+            self.warmup,
+            self.decay_iters,
+            self.style,
+            self.wsd_decay_iters,
+            self.wsd_style,
+        )
         return [lr for _ in self.optimizer.param_groups]

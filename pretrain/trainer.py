@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain import builders, checkpoint, faults, resume
-from pretrain.args import RunConfig, train_iterations, warmup_steps
+from pretrain.args import ArgsError, RunConfig, train_iterations, warmup_steps
 from pretrain.distributed import (
     DistInfo,
     ExitSignal,
@@ -107,12 +107,18 @@ class Trainer:
         self.train_iters = self._train_iterations()
         self.decay_iters = run.optim.lr_decay_iters or self.train_iters
         self.warmup = warmup_steps(run.optim, self.decay_iters)
+        wsd_iters = run.optim.wsd["wsd_decay_iters"]
+        if wsd_iters > self.decay_iters - self.warmup:
+            raise ArgsError(
+                f"--lr-wsd-decay-iters {wsd_iters} is longer than the {self.decay_iters - self.warmup} decay steps "
+                f"after warmup ({self.decay_iters} decay iterations, {self.warmup} warmup)"
+            )
         plan = None
         if resuming:
             where = f"{ck.load}/{resume_tag}"
             checkpoint.check_architecture(where, client, self.model_config.to_dict())
             now = resume.schedule_settings(
-                run.optim.lr, run.optim.min_lr, self.warmup, self.decay_iters, run.optim.lr_decay_style
+                run.optim.lr, run.optim.min_lr, self.warmup, self.decay_iters, run.optim.lr_decay_style, **run.optim.wsd
             )
             plan = resume.plan_resume(where, client, run, now, self.global_batch, self.micro)
 
