@@ -186,7 +186,9 @@ class BertModel(nn.Module):
                 kpm = None  # no padding: unmasked fused attention (on GPUs the check would wait for the device;
                 # the trainer drops an all-ones mask on the host instead)
         B, N = input_ids.shape
-        biases = None if self.positional_attention is None else self.positional_attention(N, token_type_ids, B)
+        biases = None
+        if self.positional_attention is not None:
+            biases = self.positional_attention.biases(self.positional_attention(N, token_type_ids, B))
         gates = None
         if self.dam is not None:
             if N > self.dam.n:
@@ -326,6 +328,11 @@ class BertForPreTraining(nn.Module):
             layer.attention.core.load_layout_state(state[f"layer{i}"])
 
     # -- SparseBERT masks: what the trainer logs and exports ------------------------------------------------------
+    def mask_parameters(self) -> list[nn.Parameter]:
+        """The parameters :meth:`mask_stats` and :meth:`export_learned_masks` read outside a forward (DAM's alpha): a
+        wrapper that partitions parameters (ZeRO-3) must gather these around those calls."""
+        return [] if self.bert.dam is None else list(self.bert.dam.parameters())
+
     def mask_stats(self) -> dict[str, float]:
         """Scalars to log: DAM's current binarised sparsity (overall and per head) and mean mask value; for fixed
         token masks each layer's sparsity and block-layout density. Empty when the model has no token mask."""

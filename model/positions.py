@@ -196,30 +196,45 @@ class PositionalAttention(nn.Module):
             self.segment = nn.Parameter(torch.zeros(num_layers, num_heads, type_vocab_size, type_vocab_size))
         self.max_positions = max_positions
 
-    def forward(self, n: int, token_type_ids: torch.Tensor | None, batch: int) -> list[ScoreBias | None]:
-        """One combined bias per layer for a length-n batch."""
+    def forward(self, n: int, token_type_ids: torch.Tensor | None, batch: int) -> tuple[torch.Tensor | None, ...]:
+        """The tables every layer's bias reads for a length-n batch, as a tuple of tensors ``(pq, pk, rel, segment,
+        segment_ids)`` (None where absent); :meth:`biases` wraps them into one :class:`ScoreBias` per layer.
+
+        The tables are new tensors, never views of the parameters, and they leave this module as its output: a
+        wrapper that manages parameters per module (DeepSpeed ZeRO-3 frees them after a module's forward and
+        gathers them again for its backward, hooked on the tensors the module returns) sees every tensor that
+        depends on them. Bias objects holding parameter views broke exactly there (an empty tensor in backward)."""
         if n > self.max_positions:
             raise ValueError(
                 f"sequence length {n} exceeds max_position_embeddings {self.max_positions}; shorten "
                 "the inputs or raise max_position_embeddings in the model config"
             )
-        per_set: list[ScoreBias | None] = []
+        pq = pk = rel = segment = seg = None
         if self.abs_pos is not None:
             p = self.abs_pos[:, :n]  # [S, n, d]
             pq = torch.einsum("snd,shde->shne", p, self.abs_uq)
             pk = torch.einsum("snd,shde->shne", p, self.abs_uk)
-            per_set = [DietAbsBias(pq[s], pk[s]) for s in range(p.shape[0])]
         elif self.rel is not None:
-            per_set = [DietRelBias(self.rel[s]) for s in range(self.rel.shape[0])]
-        seg = None
+            rel = self.rel.clone()  # [S, H|1, 2K+1]
         if self.segment is not None:
+            segment = self.segment.clone()  # [L, H, T, T]
             seg = (
                 token_type_ids
                 if token_type_ids is not None
                 else torch.zeros(batch, n, dtype=torch.long, device=self.segment.device)
             )
+        return pq, pk, rel, segment, seg
+
+    def biases(self, tables: tuple[torch.Tensor | None, ...]) -> list[ScoreBias | None]:
+        """One combined bias per layer from :meth:`forward`'s tables."""
+        pq, pk, rel, segment, seg = tables
+        per_set: list[ScoreBias] = []
+        if pq is not None:
+            per_set = [DietAbsBias(pq[s], pk[s]) for s in range(pq.shape[0])]
+        elif rel is not None:
+            per_set = [DietRelBias(rel[s]) for s in range(rel.shape[0])]
         out = []
         for i in range(self.num_layers):
             pos = per_set[0 if len(per_set) == 1 else i] if per_set else None
-            out.append(combine_biases(pos, None if seg is None else SegmentBias(self.segment[i], seg)))
+            out.append(combine_biases(pos, None if segment is None else SegmentBias(segment[i], seg)))
         return out

@@ -10,7 +10,8 @@ Each step is a separate function so tools and tests can apply a subset.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 import torch.utils.checkpoint
@@ -170,3 +171,16 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
 def apply_compile(engine) -> None:
     """torch.compile through DeepSpeed (keeps the engine's hooks and checkpoint names)."""
     engine.compile()
+
+
+@contextmanager
+def gathered(params: list[torch.nn.Parameter], zero_stage: int) -> Iterator[None]:
+    """Whole parameters for a read outside the forward (logging, export): under ZeRO-3 each rank holds a slice, so
+    every rank must enter this together (DeepSpeed's GatheredParameters is a collective); a no-op below stage 3."""
+    if zero_stage < 3 or not params:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield

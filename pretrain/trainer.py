@@ -31,7 +31,7 @@ from pretrain.distributed import (
 )
 from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
 from pretrain.numerics import configure_numerics
-from pretrain.parallelize import apply_activation_checkpointing, apply_compile, initialize_engine
+from pretrain.parallelize import apply_activation_checkpointing, apply_compile, gathered, initialize_engine
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
 
@@ -431,7 +431,8 @@ class Trainer:
         token_mask = getattr(module.config.attention, "token_mask", None) or {}
         if token_mask.get("pattern") != "dam" or not self.run.checkpoint.save:
             return
-        masks = module.export_learned_masks()
+        with gathered(module.mask_parameters(), self.ds.zero_stage):
+            masks = module.export_learned_masks()
         if self.rank0:
             from model.attention.sparsebert import save_masks
 
@@ -469,8 +470,9 @@ class Trainer:
         if step["aux_loss"] is not None:
             rec["aux_loss"] = float(step["aux_loss"])
         mask_stats = getattr(engine.module, "mask_stats", None)
-        if mask_stats is not None:
-            rec.update({k: float(v) for k, v in mask_stats().items()})  # DAM / token-mask sparsity
+        if mask_stats is not None:  # DAM / token-mask sparsity (every rank: gathering is a collective under ZeRO-3)
+            with gathered(engine.module.mask_parameters(), self.ds.zero_stage):
+                rec.update({k: float(v) for k, v in mask_stats().items()})
         if not self.rank0:
             return
         print("[pretrain] " + log_line(rec, self.train_iters), flush=True)

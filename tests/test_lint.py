@@ -71,7 +71,7 @@ MAX_TRACKED_BYTES = 1 << 20
 
 
 def test_no_large_tracked_file():
-    """Nothing over 1 MB is tracked outside the shipped sample data (wheels, dumps and build outputs were committed once)."""
+    """Nothing over 1 MB is tracked outside the shipped sample data (wheels were committed by accident once)."""
     if not (REPO / ".git").exists():
         pytest.skip(f"{REPO} is not a git checkout")
     res = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60)
