@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
+from common.strict import from_dict
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.samples import SampleIndexConfig
-from model.strict import from_dict
 
 SPLIT_NAMES = ("train", "valid", "test")
 

@@ -27,6 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
+from common.cli import HelpFormatter, add_flags, cli
 from data_pipeline import coordination
 from data_pipeline import resume as rs
 from data_pipeline.encode import Chunk, ChunkResult, EncodeSettings, Piece, encode_chunk, init_worker
@@ -34,7 +35,6 @@ from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder, best_dt
 from data_pipeline.readers import FORMATS, KIND_LINES, BadInputLog, expand_inputs, read_documents
 from data_pipeline.text import chunk_text
 from data_pipeline.tokenization import TOKENIZER_TYPES, Tokenizer, build_tokenizer
-from pretrain.cli import HelpFormatter, add_flags, cli
 
 #: Big documents are cut into pieces of about this many characters (at paragraph breaks). A constant,
 #: not a flag: with --split-sentences a paragraph longer than this is cut, which changes sentence

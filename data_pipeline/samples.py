@@ -417,9 +417,3 @@ def shard_max_token_id(ds: IndexedDataset, cache_dir: str | None = None) -> int:
     except OSError:
         pass
     return m
-
-
-if __name__ == "__main__":  # the CLI lives in tools/inspect_dataset.py; this spelling keeps working
-    from tools.inspect_dataset import samples_main
-
-    sys.exit(samples_main(sys.argv[1:]))

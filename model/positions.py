@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from common.strict import from_dict
 from model.attention.bias import ScoreBias, combine_biases
-from model.strict import from_dict
 
 POSITION_TYPES = ("absolute", "diet_abs", "diet_rel")
 SHARING = ("none", "layer", "head")

@@ -13,8 +13,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
 from data_pipeline.data_config import DataConfig, DataConfigError
-from pretrain.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
 from pretrain.schedule import WSD_DECAY_STYLES
 
 
@@ -368,7 +368,7 @@ GROUPS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every flag from the config dataclasses (:mod:`pretrain.cli`); the ModelConfig overrides from the ModelConfig
+    """Every flag from the config dataclasses (:mod:`common.cli`); the ModelConfig overrides from the ModelConfig
     fields whose metadata names a flag (``--num-layers``, ``--kv-channels``, ...)."""
     from model.config import ModelConfig
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,45 @@ def test_no_large_tracked_file():
         if name and not name.startswith(SHIPPED_DATA) and path.is_file() and path.stat().st_size > MAX_TRACKED_BYTES:
             large.append(f"{name} ({path.stat().st_size / 1e6:.1f} MB)")
     assert not large, "tracked files over 1 MB (git rm --cached them and add a .gitignore rule):\n" + "\n".join(large)
+
+
+OURS = ("common", "data_pipeline", "model", "pretrain", "tools", "benchmarks")
+ALLOWED_IMPORTS: dict[str, set[str]] = {
+    "common": set(),
+    "data_pipeline": {"common"},
+    "model": {"common"},
+    "pretrain": {"common", "data_pipeline", "model"},
+    "tools": {"common", "data_pipeline", "model", "pretrain"},
+    "benchmarks": {"common", "data_pipeline", "model", "pretrain", "tools"},
+}
+"""Which of our packages each package may import (itself always): the table of docs/architecture.md."""
+
+
+def _imported_packages(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, our package) for every import in the file, module level or inside functions, relative ones resolved."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            root = package if node.level else (node.module or "").split(".")[0]
+            out.append((node.lineno, root))
+    return [(line, root) for line, root in out if root in OURS]
+
+
+def test_packages_import_only_the_layers_below():
+    assert set(ALLOWED_IMPORTS) == set(OURS)
+    wrong = []
+    for package, allowed in ALLOWED_IMPORTS.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            for line, root in _imported_packages(path, package):
+                if root != package and root not in allowed:
+                    wrong.append(f"{path.relative_to(REPO)}:{line}: {package} -> {root}")
+    assert not wrong, "imports against the layering (docs/architecture.md, Module boundaries):\n" + "\n".join(wrong)
+
+
+def test_architecture_doc_states_the_same_layering():
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    for package, allowed in ALLOWED_IMPORTS.items():
+        want = ", ".join(f"`{p}/`" for p in OURS if p in allowed) or "nothing of ours"
+        assert f"| `{package}/` | {want} |" in doc, f"docs/architecture.md: the row of `{package}/` should list {want}"

@@ -161,9 +161,9 @@ def test_every_flag_is_generated_from_a_documented_field():
     `--help` documents every flag; --attention-kernel offers exactly the registered kernels."""
     import dataclasses
 
+    from common.cli import cli_fields, field_docs
     from model.attention.kernels import KERNELS
     from pretrain.args import GROUPS, build_parser
-    from pretrain.cli import cli_fields, field_docs
 
     parser = build_parser()
     by_dest = {a.dest: a for a in parser._actions}
@@ -183,9 +183,9 @@ def test_every_flag_is_generated_from_a_documented_field():
 def test_model_override_flags_come_from_model_config_fields():
     """The ModelConfig fields whose metadata names a flag are exactly the override flags; a switch and its negative
     set the field, neither leaves the preset's value."""
+    from common.cli import field_docs, override_fields
     from model.config import ModelConfig
     from pretrain.args import build_parser
-    from pretrain.cli import field_docs, override_fields
 
     by_flag = {o: a for a in build_parser()._actions for o in a.option_strings}
     docs = field_docs(ModelConfig)

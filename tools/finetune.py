@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from pretrain.cli import HelpFormatter, add_flags, cli
+from common.cli import HelpFormatter, add_flags, cli
 from tools.device import PRECISIONS
 
 

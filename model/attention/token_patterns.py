@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from model.strict import check_keys, field_names
+from common.strict import check_keys, field_names
 
 MASK_FILE_FORMAT = "sparsebert-token-masks/1"
 

@@ -51,12 +51,16 @@ class ExportError(RuntimeError):
     """The model code cannot be exported as self-contained remote code."""
 
 
+EXPORTED_PACKAGES = ("model", "common")
+"""Our packages whose modules travel with the export: the model and the base layer it imports (common/)."""
+
+
 def flat_name(module: str) -> str:
-    """``model.attention.kernels`` -> ``ours_attention_kernels``; ``model.attention`` -> ``ours_attention``."""
+    """``model.attention.kernels`` -> ``ours_attention_kernels``; ``common.strict`` -> ``ours_common_strict``."""
     parts = module.split(".")
-    if parts[0] != "model" or len(parts) < 2:
-        raise ExportError(f"not a module of our model package: {module!r}")
-    return "ours_" + "_".join(parts[1:])
+    if parts[0] not in EXPORTED_PACKAGES or len(parts) < 2:
+        raise ExportError(f"not a module of our model or common package: {module!r}")
+    return "ours_" + "_".join(parts[1:] if parts[0] == "model" else parts)
 
 
 def _module_file(module: str) -> Path:
@@ -68,23 +72,24 @@ def _module_file(module: str) -> Path:
 
 
 def _model_imports(path: Path) -> list[str]:
-    """Every ``model.*`` module imported anywhere in ``path`` (top level or inside functions)."""
+    """Every ``model.*`` / ``common.*`` module imported anywhere in ``path`` (top level or inside functions)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "model":
-                raise ExportError(f"{path}: 'from model import ...' cannot be flattened; import from the submodule")
-            if node.module.startswith("model."):
+            root = node.module.split(".")[0]
+            if node.module in EXPORTED_PACKAGES:
+                raise ExportError(f"{path}: 'from {root} import ...' cannot be flattened; import from the submodule")
+            if root in EXPORTED_PACKAGES:
                 out.append(node.module)
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name == "model" or a.name.startswith("model."):
+                if a.name.split(".")[0] in EXPORTED_PACKAGES:
                     raise ExportError(f"{path}: 'import {a.name}' cannot be flattened; use 'from {a.name} import ...'")
     return out
 
 
 def module_closure(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
-    """The ``model.*`` modules the entry modules need, sorted."""
+    """The ``model.*`` and ``common.*`` modules the entry modules need, sorted."""
     seen: set[str] = set()
     todo = list(entries)
     while todo:
@@ -96,11 +101,12 @@ def module_closure(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
     return sorted(seen)
 
 
-_FROM_RE = re.compile(r"^(\s*)from\s+(model(?:\.\w+)+)\s+import\b", re.MULTILINE)
+_FROM_RE = re.compile(r"^(\s*)from\s+((?:model|common)(?:\.\w+)+)\s+import\b", re.MULTILINE)
 
 
 def rewrite_imports(source: str) -> str:
-    """Absolute ``from model.x.y import`` -> relative ``from .ours_x_y import`` (HF's loader follows these)."""
+    """Absolute ``from model.x.y import`` -> relative ``from .ours_x_y import`` (``common.x`` -> ``.ours_common_x``;
+    HF's loader follows these)."""
     return _FROM_RE.sub(lambda m: f"{m.group(1)}from .{flat_name(m.group(2))} import", source)
 
 
@@ -138,7 +144,7 @@ def copy_model_code(out_dir: str | Path) -> list[str]:
         written.append(t.name)
     for name in written:
         _check_external_imports(out / name)
-        leftover = re.search(r"^\s*(from|import)\s+model\b", (out / name).read_text(), re.MULTILINE)
+        leftover = re.search(r"^\s*(from|import)\s+(model|common)\b", (out / name).read_text(), re.MULTILINE)
         if leftover:
             raise ExportError(f"{name}: an absolute import of our package survived flattening: {leftover.group(0)!r}")
     return written
