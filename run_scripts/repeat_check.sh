@@ -26,7 +26,7 @@ log_dir="$(mktemp -d -t repeat_check.XXXXXX)"
 for i in $(seq "$N"); do
   start=$(date +%s)
   if .venv/bin/python -m pytest -q -p no:cacheprovider "$@" > "$log_dir/run_$i.log" 2>&1; then
-    echo "[repeat_check] run $i/$N passed in $(( $(date +%s) - start )) s: $(tail -1 "$log_dir/run_$i.log")"
+    echo "[repeat_check] run $i/$N passed in $(( $(date +%s) - start )) s: $(grep -E '[0-9]+ passed' "$log_dir/run_$i.log" | tail -1)"
   else
     echo "[repeat_check] run $i/$N FAILED after $(( $(date +%s) - start )) s; log: $log_dir/run_$i.log"
     grep -E "^(FAILED|ERROR)" "$log_dir/run_$i.log" || tail -30 "$log_dir/run_$i.log"
