@@ -222,6 +222,25 @@ class ModelConfig:
             )
         for i in range(self.num_layers):  # build every layout object once, so errors surface at config time
             self.attention.for_layer(i, self.num_attention_heads)
+        self._check_kernels()
+
+    def _check_kernels(self) -> None:
+        """Kernel settings that cannot run are refused here, when the config is parsed, not at the first forward."""
+        for i in range(self.num_layers):
+            if self.attention.layer(i).kernel == "flex" and self.attention_dropout > 0:
+                where = "attention.kernel" if self.attention.per_layer is None else f"attention.per_layer[{i}].kernel"
+                raise ValueError(
+                    f"{where} 'flex' (--attention-kernel) has no attention dropout, but attention_dropout is "
+                    f"{self.attention_dropout} (--attention-dropout): set it to 0, or use 'block_gather', 'dense' or "
+                    "'auto' (which picks a kernel with dropout)"
+                )
+        if self.attention.dam() is not None and self.attention.kernel not in ("auto", "dense"):
+            raise ValueError(
+                f"attention.token_mask pattern 'dam' searches its mask with gated dense attention (the probabilities "
+                f"times the soft mask; no block kernel computes that), so attention.kernel {self.attention.kernel!r} "
+                "(--attention-kernel) would not be used: set 'auto' or 'dense' for the search, then train the "
+                "exported mask (pattern 'file') with any kernel"
+            )
 
     @property
     def attention_head_size(self) -> int:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -350,6 +351,9 @@ class RunConfig:
     system: SystemConfig
     model: ModelArgs
     data: DataArgs
+    explicit: frozenset[str] = frozenset()
+    """Field names whose flag was given on the command line (the rest hold defaults): a ds_config block may then
+    supply the value instead, and a flag given against it is refused rather than silently losing."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -390,8 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     from model.config import ModelConfig
 
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
     return RunConfig(
+        explicit=given_flags(parser, sys.argv[1:] if argv is None else argv),
         optim=build(OptimConfig, ns),
         loop=build(LoopConfig, ns),
         checkpoint=build(CheckpointConfig, ns),
@@ -400,6 +406,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         model=build(ModelArgs, ns, overrides=overrides(ModelConfig, ns)),
         data=build(DataArgs, ns, seed=ns.seed),
     )
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> frozenset[str]:
+    """The ``dest`` of every option that appears in ``argv`` (``--flag value``, ``--flag=value`` or an alias)."""
+    words = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+    return frozenset(a.dest for a in parser._actions if any(o in words for o in a.option_strings))
 
 
 def train_iterations(loop: LoopConfig, global_batch: int) -> int:

@@ -46,13 +46,16 @@ def build_model_config(
                 "flag (--sparsity-config / --blockbert-blocks); keep one"
             )
         attention["sparsity"] = sparse_attention
-    if attention:
-        cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, **attention))
-    cfg = dataclasses.replace(
-        cfg,
-        vocab_size=padded_vocab_size(vocab_size, margs.make_vocab_size_divisible_by),
-        nsp_head=data.sample_mode == "nsp",
-    )
+    try:  # the merged settings are validated again here (e.g. a kernel that cannot run with the dropout)
+        if attention:
+            cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, **attention))
+        cfg = dataclasses.replace(
+            cfg,
+            vocab_size=padded_vocab_size(vocab_size, margs.make_vocab_size_divisible_by),
+            nsp_head=data.sample_mode == "nsp",
+        )
+    except ValueError as e:
+        raise ArgsError(f"model settings: {e}") from e
     if cfg.max_position_embeddings < data.seq_length:
         raise ArgsError(
             f"--seq-length {data.seq_length} exceeds the model's max_position_embeddings "

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain import faults
+from pretrain.ds_config import precision_of, precision_summary
 
 COMMIT_MARKER = "commit.json"
 LATEST = "latest"
@@ -266,16 +267,16 @@ def read_client_state(load_dir: str | os.PathLike, tag: str) -> dict[str, Any]:
     client = {k: state.get(k) for k in _CLIENT_KEYS}
     ds = state.get("ds_config") or {}
     stage = int((ds.get("zero_optimization") or {}).get("stage", 0))
-    prec = (
-        "bf16" if (ds.get("bf16") or {}).get("enabled") else "fp16" if (ds.get("fp16") or {}).get("enabled") else "fp32"
-    )
+    prec = precision_of(ds)
     world = int(state.get("dp_world_size") or client.get("world_size") or 1)
     client.update(
         zero_stage=stage,
         precision=prec,
         dp_world_size=world,
         global_batch=ds.get("train_batch_size"),
-        ds_summary=f"ZeRO stage {stage}, {prec}, {world} rank(s), deepspeed {state.get('ds_version', '?')}",
+        ds_summary=(
+            f"ZeRO stage {stage}, {precision_summary(ds)}, {world} rank(s), deepspeed {state.get('ds_version', '?')}"
+        ),
     )
     return client
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 
 class DSConfigError(ValueError):
     """A ds_config problem; the message always names the file."""
@@ -63,16 +65,80 @@ class ResolvedDSConfig:
 
     @property
     def precision(self) -> str:
-        """'fp16', 'bf16' or 'fp32' as the engine will run."""
-        if self.config.get("fp16", {}).get("enabled", False):
-            return "fp16"
-        if self.config.get("bf16", {}).get("enabled", False):
-            return "bf16"
-        return "fp32"
+        """'fp16', 'bf16' or 'fp32': the dtype the engine computes in (a torch_autocast block counts as its dtype)."""
+        return precision_of(self.config)
+
+    @property
+    def precision_summary(self) -> str:
+        """The precision as logs and checkpoint summaries say it (``bf16 (torch_autocast)`` for autocast)."""
+        return precision_summary(self.config)
 
     @property
     def zero_stage(self) -> int:
         return int(self.config.get("zero_optimization", {}).get("stage", 0))
+
+
+def precision_of(cfg: dict[str, Any]) -> str:
+    """The compute precision of a ds_config dict, read by DeepSpeed's own parsers, so every spelling DeepSpeed
+    accepts counts (``"bf16"`` and its older name ``"bfloat16"``, ``"torch_autocast"`` with its dtype)."""
+    from deepspeed.runtime.config import get_torch_autocast_dtype, get_torch_autocast_enabled
+    from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+
+    if get_float16_config(cfg).enabled:
+        return "fp16"
+    if get_bfloat16_config(cfg).enabled:
+        return "bf16"
+    if get_torch_autocast_enabled(cfg):
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(get_torch_autocast_dtype(cfg), "fp32")
+    return "fp32"
+
+
+def precision_summary(cfg: dict[str, Any]) -> str:
+    from deepspeed.runtime.config import get_torch_autocast_enabled
+
+    prec = precision_of(cfg)
+    return f"{prec} (torch_autocast)" if prec != "fp32" and get_torch_autocast_enabled(cfg) else prec
+
+
+def _check_precision_blocks(cfg: dict[str, Any], path: str) -> None:
+    """Refuse what DeepSpeed would read differently from what the file seems to say, naming the keys."""
+    from deepspeed.runtime.config import get_torch_autocast_dtype, get_torch_autocast_enabled
+    from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+
+    for key in ("fp16", "bf16", "bfloat16", "torch_autocast"):
+        if key in cfg and not isinstance(cfg[key], dict):
+            raise DSConfigError(f"{path}: '{key}' must be an object like {{\"enabled\": true}}")
+        if key in cfg and not isinstance(cfg[key].get("enabled", False), bool):
+            raise DSConfigError(
+                f"{path}: '{key}.enabled' is {cfg[key]['enabled']!r}; DeepSpeed reads anything but true as false "
+                '("auto" is filled in by Hugging Face\'s Trainer integration, not by DeepSpeed): write true or false'
+            )
+    if "bf16" in cfg and "bfloat16" in cfg:
+        raise DSConfigError(f"{path}: both 'bf16' and its old name 'bfloat16' are present; keep one ('bf16')")
+    enabled = [
+        name
+        for name, on in (
+            ("fp16", get_float16_config(cfg).enabled),
+            ("bf16" if "bf16" in cfg else "bfloat16", get_bfloat16_config(cfg).enabled),
+            ("torch_autocast", get_torch_autocast_enabled(cfg)),
+        )
+        if on
+    ]
+    if len(enabled) > 1:
+        raise DSConfigError(f"{path}: {' and '.join(repr(k) for k in enabled)} are both enabled; enable at most one")
+    if enabled == ["torch_autocast"]:
+        dtype = get_torch_autocast_dtype(cfg)
+        if dtype is None:
+            raise DSConfigError(
+                f"{path}: 'torch_autocast' has no 'dtype'; DeepSpeed would use the device's autocast default (fp16 "
+                'on CUDA, bf16 on CPU): name it, e.g. "torch_autocast": {"enabled": true, "dtype": "bfloat16"}'
+            )
+        if dtype != torch.bfloat16:
+            raise DSConfigError(
+                f"{path}: 'torch_autocast' with dtype {dtype} is not supported by this trainer (its loss-scale, "
+                'overflow and skip logic is built on DeepSpeed\'s \'fp16\' block): use "fp16": {"enabled": true} '
+                'or "torch_autocast": {"enabled": true, "dtype": "bfloat16"}'
+            )
 
 
 def read_ds_config(path: str | Path) -> ResolvedDSConfig:
@@ -111,11 +177,7 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
             f"{path}: unknown top-level key(s) {unknown}; DeepSpeed 0.19.8 would silently ignore "
             "them. Fix the spelling or remove them (see docs/training.md for the accepted blocks)"
         )
-    for key in ("fp16", "bf16"):
-        if key in cfg and not isinstance(cfg[key], dict):
-            raise DSConfigError(f"{path}: '{key}' must be an object like {{\"enabled\": true}}")
-    if cfg.get("fp16", {}).get("enabled") and cfg.get("bf16", {}).get("enabled"):
-        raise DSConfigError(f"{path}: 'fp16' and 'bf16' are both enabled; enable at most one")
+    _check_precision_blocks(cfg, path)
     return out
 
 

@@ -9,6 +9,7 @@ Each step is a separate function so tools and tests can apply a subset.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -94,6 +95,50 @@ def fused_op_problem(op: str) -> str | None:
             f"of CUDA {torch.version.cuda}, or --optimizer adamw"
         )
     return None
+
+
+#: optimizer-block key -> (OptimConfig field, flag); "betas" maps to two fields
+_BLOCK_PARAMS = (
+    ("lr", "lr", "--lr"),
+    ("weight_decay", "weight_decay", "--weight-decay"),
+    ("eps", "adam_eps", "--adam-eps"),
+    ("betas", "adam_beta1", "--adam-beta1"),
+    ("betas", "adam_beta2", "--adam-beta2"),
+)
+
+
+def optimizer_from_block(ds: ResolvedDSConfig, optim: OptimConfig, explicit: frozenset[str]) -> OptimConfig:
+    """The optimizer settings a ds_config ``optimizer`` block implies: its values replace the flags' defaults (the
+    LR schedule peaks at its ``lr``, the parameter groups decay with its ``weight_decay``); a flag given on the
+    command line that the block also sets is refused naming both, and so is --optimizer. Unchanged without a block."""
+    block = ds.config.get("optimizer")
+    if block is None:
+        return optim
+    if not isinstance(block, dict) or not isinstance(block.get("params", {}), dict):
+        raise DSConfigError(f'{ds.path}: \'optimizer\' must be an object like {{"type": "AdamW", "params": {{...}}}}')
+    params = block.get("params", {})
+    if "optimizer" in explicit:
+        raise DSConfigError(
+            f"--optimizer {optim.optimizer} conflicts with {ds.path}'s optimizer block (type {block.get('type')!r}): "
+            "drop the flag or the block"
+        )
+    values: dict[str, Any] = {}
+    for key, name, flag in _BLOCK_PARAMS:
+        if key not in params:
+            continue
+        value = params[key][0 if name == "adam_beta1" else 1] if key == "betas" else params[key]
+        if name in explicit and value != getattr(optim, name):
+            raise DSConfigError(
+                f"{flag} {getattr(optim, name)} conflicts with {ds.path}: optimizer.params.{key} = {params[key]}; "
+                "drop one of them"
+            )
+        values[name] = type(getattr(optim, name))(value)
+    unset = [flag for key, name, flag in _BLOCK_PARAMS if key not in params and name not in explicit]
+    ds.notes.append(
+        f"{ds.path}: the optimizer block's {', '.join(sorted({k for k, *_ in _BLOCK_PARAMS if k in params})) or 'no'} "
+        f"values are used" + (f"; {', '.join(unset)} keep the flags' defaults" if unset else "")
+    )
+    return dataclasses.replace(optim, **values)
 
 
 def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:

@@ -6,6 +6,7 @@ seed -> model (identical on every rank) -> per-rank seed -> engine -> --load -> 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -31,7 +32,13 @@ from pretrain.distributed import (
 )
 from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
 from pretrain.numerics import configure_numerics
-from pretrain.parallelize import apply_activation_checkpointing, apply_compile, gathered, initialize_engine
+from pretrain.parallelize import (
+    apply_activation_checkpointing,
+    apply_compile,
+    gathered,
+    initialize_engine,
+    optimizer_from_block,
+)
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
 
@@ -80,6 +87,7 @@ class Trainer:
         self.train_iter: Iterator[dict[str, torch.Tensor]] | None = None
         self.ds = read_ds_config(run.system.deepspeed_config)
         check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
+        run = self.run = dataclasses.replace(run, optim=optimizer_from_block(self.ds, run.optim, run.explicit))
         numerics_notes = configure_numerics(run.system.deterministic, run.system.tf32)  # before any CUDA op
         if run.loop.exit_signal_handler:  # before the (slow) set-up, so an early signal is not lost
             self._signal = ExitSignal(run.loop.exit_signal)

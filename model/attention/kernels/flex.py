@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -115,9 +114,7 @@ class FlexPlan:
             bm = _PADDING_MASKS.get(self.key, kpm, lambda: self.build_block_mask(lay, kpm, self.token_mask))
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the eager-CPU performance warning; documented in docs/model.md
-            out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale)
+        out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale)
         return out  # FlexAttention returns 0 for rows with no allowed key (tested against dense)
 
 
