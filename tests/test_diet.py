@@ -75,8 +75,8 @@ def _run(kernel, layout, variant, layer, grad=True):
     kpm[1, 40:] = False
     if not grad:
         with torch.no_grad():
-            return mod(q, k, v, key_padding_mask_BN=kpm, score_bias=pa(N, seg, B)[layer]), None
-    out = mod(q, k, v, key_padding_mask_BN=kpm, score_bias=pa(N, seg, B)[layer])
+            return mod(q, k, v, key_padding_mask_BN=kpm, score_bias=pa.biases(pa(N, seg, B))[layer]), None
+    out = mod(q, k, v, key_padding_mask_BN=kpm, score_bias=pa.biases(pa(N, seg, B))[layer])
     params = [p for p in pa.parameters()]
     grads = torch.autograd.grad(out, [q, k, v, *params], torch.randn_like(out, generator=g), allow_unused=True)
     return out, grads
@@ -106,7 +106,7 @@ def test_sharing_and_no_input_positions():
     pa = abs_layer.bert.positional_attention
     assert pa.abs_pos.shape == (1, 64, 8) and pa.abs_uq.shape == (1, 4, 8, 8)
     assert abs_layer.bert.embeddings.position_embeddings is None
-    biases = pa(10, None, 1)
+    biases = pa.biases(pa(10, None, 1))
     assert biases[0] is biases[2]  # one set for all layers
     rel_head = BertForPreTraining(
         ModelConfig.preset(
