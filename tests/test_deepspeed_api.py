@@ -158,3 +158,81 @@ def test_hf_bert_made_sparse_padded_longer_finetuned_and_unpadded():
     assert torch.isfinite(loss) and model.config.max_position_embeddings == 512
     assert model.bert.embeddings.position_embeddings.weight.shape[0] == 512
     assert model.bert.encoder.layer[0].attention.self.query.weight.grad is not None
+
+
+# -- get_ops / ops, transpose_key_for_scores, transpose_mask_for_sparse (DeepSpeed 0.19.5's behaviour) ----------------
+def _dense_reference(q, k, v, layout, block, kpm_add=None, am_mul=None):
+    """softmax(q k^T / sqrt(D) + masks) v with everything outside the block layout excluded, written out densely."""
+    N, D = q.shape[2], q.shape[3]
+    allowed = layout.repeat_interleave(block, 1).repeat_interleave(block, 2).bool()[None]  # [1, H, N, N]
+    s = q.float() @ k.float().transpose(-1, -2) * D**-0.5
+    if kpm_add is not None:
+        s = s + kpm_add.float()[:, None, None, :]
+    if am_mul is not None:
+        allowed = allowed & (am_mul != 0)
+    s = s.masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+
+def test_get_ops_returns_deepspeeds_three_ops_cached_per_length():
+    A.SparseSelfAttention.ops.clear()
+    m = A.SparseSelfAttention(A.FixedSparsityConfig(4, block=16, num_local_blocks=2), max_seq_length=128)
+    sdd, dsd, softmax = m.get_ops(4, 64)
+    assert isinstance(sdd, A.MatMul) and isinstance(dsd, A.MatMul) and isinstance(softmax, A.Softmax)
+    assert (sdd.mode, sdd.trans_a, sdd.trans_b) == ("sdd", False, True)
+    assert (dsd.mode, dsd.trans_a, dsd.trans_b) == ("dsd", False, False)
+    assert all(a is b for a, b in zip(m.get_ops(4, 64), (sdd, dsd, softmax)))  # cached, class-wide
+    other = A.SparseSelfAttention(A.FixedSparsityConfig(4, block=16, num_local_blocks=2), max_seq_length=128)
+    assert other.get_ops(4, 64)[0] is sdd  # same layout and length: DeepSpeed's shared cache
+    assert m.get_ops(4, 128)[0] is not sdd and len(A.SparseSelfAttention.ops) == 2
+    dense = A.SparseSelfAttention(A.DenseSparsityConfig(4, block=16), max_seq_length=128)
+    assert dense.get_ops(4, 64)[0] is not sdd  # another layout never reuses the cached ops (DeepSpeed's did)
+    with pytest.raises(ValueError, match="dividable by Block size 16"):
+        m.get_ops(4, 40)
+
+
+def test_transpose_key_for_scores_and_mask_for_sparse_follow_deepspeed():
+    m = A.SparseSelfAttention(A.DenseSparsityConfig(2, block=16), max_seq_length=64)
+    k = torch.arange(2 * 2 * 32 * 8.0).view(2, 2, 32, 8)
+    assert m.transpose_key_for_scores(k, 32) is k
+    assert torch.equal(m.transpose_key_for_scores(k.transpose(2, 3).contiguous(), 32), k)
+    kpm = torch.tensor([[1, 1, 0]], dtype=torch.bool).view(1, 1, 1, 3)
+    out = m.transpose_mask_for_sparse(torch.float16, kpm, is_key_padding_mask=True)
+    assert out.dtype == torch.float16 and out.tolist() == [[1.0, 1.0, 0.0]]  # batch dim kept even when it is 1
+    am = torch.ones(1, 1, 3, 3, dtype=torch.int64)
+    out = m.transpose_mask_for_sparse(torch.bfloat16, am)
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_through_get_ops_equals_the_dense_reference(dtype):
+    """A subclass that overrides get_ops has its ops run by forward (DeepSpeed's path); the plain module runs its
+    kernel; both equal the dense reference, forward and backward, with an additive padding and a mul attn mask."""
+    calls = []
+
+    class Counting(A.SparseSelfAttention):
+        def get_ops(self, H, L):
+            calls.append((H, L))
+            return super().get_ops(H, L)
+
+        def transpose_mask_for_sparse(self, qtype, x, is_key_padding_mask=False):
+            calls.append(("mask", is_key_padding_mask))
+            return super().transpose_mask_for_sparse(qtype, x, is_key_padding_mask)
+
+    cfg = A.FixedSparsityConfig(4, block=16, num_local_blocks=2, num_global_blocks=1)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 8, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    kpm = torch.zeros(2, 64)
+    kpm[1, 50:] = -10000.0
+    am = torch.ones(64, 64)
+    am[3, 5] = 0
+    layout = cfg.make_layout(64)
+    want = _dense_reference(q, k, v, layout, 16, kpm, am)
+    (gq_want,) = torch.autograd.grad(want.float().sum(), q)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    for module in (Counting(cfg, max_seq_length=64), A.SparseSelfAttention(cfg, max_seq_length=64)):
+        out = module(q, k.transpose(2, 3), v, key_padding_mask=kpm.view(2, 1, 1, 64), attn_mask=am)
+        torch.testing.assert_close(out.float(), want.float(), **tol)
+        (gq,) = torch.autograd.grad(out.float().sum(), q)
+        torch.testing.assert_close(gq.float(), gq_want.float(), **tol)
+    assert calls == [("mask", True), ("mask", False), (4, 64)]

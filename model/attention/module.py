@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.attention.bias import DenseScoreBias, ScoreBias, combine_biases
+from model.attention.block_sparse_ops import MatMul, Softmax
 from model.attention.kernels import get_kernel
 from model.attention.layouts import DenseSparsityConfig, SparsityConfig
 from model.attention.sparsebert import block_layout_from_mask
@@ -180,7 +181,17 @@ class SparseSelfAttention(nn.Module):
     Differences: fp32/fp16/bf16, attention dropout (``attn_dropout``), a kernel choice (``kernel``), sequence
     lengths that are not block multiples are padded instead of rejected, and plans are cached per layout (DeepSpeed
     kept one class-wide cache keyed by length, shared between different layouts).
+
+    The methods user subclasses call or override keep DeepSpeed's behaviour: ``get_layout``, ``get_ops(H, L)``
+    (the ``sdd``/``dsd`` :class:`MatMul` and :class:`Softmax` for a length, in the class-wide ``ops`` cache),
+    ``transpose_key_for_scores`` and ``transpose_mask_for_sparse`` (both called by ``forward``). ``forward`` runs the
+    configured kernel; a subclass that overrides ``get_ops`` gets its ops run by ``forward`` as DeepSpeed did
+    (scores, softmax with the masks, context).
     """
+
+    ops: dict = {}
+    """Class-wide cache of ``get_ops`` results, as DeepSpeed's; keyed by length, block and the layout itself (DeepSpeed
+    keyed by length only, so two modules with different layouts shared, and used, the first one's ops)."""
 
     def __init__(
         self,
@@ -225,14 +236,67 @@ class SparseSelfAttention(nn.Module):
         nb = L // self.sparsity_config.block
         return self.master_layout[..., :nb, :nb].cpu()
 
+    def get_ops(self, H: int, L: int) -> tuple[MatMul, MatMul, Softmax]:
+        """(scores ``sdd`` q k^T, context ``dsd`` p v, ``Softmax``) for length ``L`` (a block multiple), built on
+        ``get_layout(L)`` once and kept in the class-wide :attr:`ops` cache (``H`` is unused, as in DeepSpeed)."""
+        layout = self.get_layout(L)
+        key = (L, self.sparsity_config.block, tuple(layout.shape), layout.numpy().tobytes())
+        if key not in SparseSelfAttention.ops:
+            block = self.sparsity_config.block
+            SparseSelfAttention.ops[key] = (
+                MatMul(layout, block, "sdd", trans_a=False, trans_b=True),
+                MatMul(layout, block, "dsd", trans_a=False, trans_b=False),
+                Softmax(layout, block),
+            )
+        return SparseSelfAttention.ops[key]
+
+    def transpose_key_for_scores(self, x: torch.Tensor, L: int) -> torch.Tensor:
+        """``key`` as ``[B, H, L, D]``: a key given transposed (``[B, H, D, L]``, its length dim not L) is permuted."""
+        if x.size(2) != L:
+            return x.permute(0, 1, 3, 2)
+        return x
+
+    def transpose_mask_for_sparse(
+        self, qtype: torch.dtype, x: torch.Tensor, is_key_padding_mask: bool = False
+    ) -> torch.Tensor:
+        """A mask cast to the query's dtype and squeezed: a key padding mask keeps its batch dim (every other unit
+        dim goes, ``[B, 1, 1, N]`` -> ``[B, N]``), an attention mask loses every unit dim (``[1, 1, N, N]`` ->
+        ``[N, N]``)."""
+        x = x.type(qtype)
+        if is_key_padding_mask:
+            for d in range(x.dim() - 1, 0, -1):
+                x = x.squeeze(dim=d)
+            return x
+        return x.squeeze()
+
+    def _run_ops(self, query, key, value, rpe, key_padding_mask, attn_mask) -> torch.Tensor:
+        """DeepSpeed's forward through ``get_ops``: block-sparse scores, softmax with scale/rpe/masks, context."""
+        _, H, L, D = query.shape
+        sdd, dsd, softmax = self.get_ops(H, L)
+        probs = softmax(
+            sdd(query, key),
+            scale=float(D) ** -0.5,
+            rpe=rpe,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            key_padding_mask_mode=self.key_padding_mask_mode,
+            attn_mask_mode=self.attn_mask_mode,
+        )
+        return dsd(probs, value)
+
     def forward(self, query, key, value, rpe=None, key_padding_mask=None, attn_mask=None):
         """q/k/v ``[B, H, N, D]`` (key may be ``[B, H, D, N]``); key_padding_mask ``[B, N]`` (extra unit dims are
         squeezed); attn_mask ``[N, N]``; rpe broadcastable to ``[B, H, N, N]``, added after scaling."""
         B, H, N, D = query.shape
-        if key.shape[2] != N and key.shape[3] == N:
-            key = key.transpose(2, 3)
+        key = self.transpose_key_for_scores(key, N)
         if query.shape != key.shape or key.shape[:3] != value.shape[:3]:
             raise NotImplementedError("only self-attention is supported for now")
+        if key_padding_mask is not None:
+            key_padding_mask = self.transpose_mask_for_sparse(query.dtype, key_padding_mask, is_key_padding_mask=True)
+        if attn_mask is not None:
+            attn_mask = self.transpose_mask_for_sparse(query.dtype, attn_mask)
+        if type(self).get_ops is not SparseSelfAttention.get_ops:  # a subclass's own ops, run as DeepSpeed ran them
+            return self._run_ops(query, key, value, rpe, key_padding_mask, attn_mask)
         kpm_allow = token_allow = None
         biases: list[ScoreBias | None] = []
         if key_padding_mask is not None:
