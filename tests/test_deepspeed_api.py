@@ -163,7 +163,7 @@ def test_hf_bert_made_sparse_padded_longer_finetuned_and_unpadded():
 # -- get_ops / ops, transpose_key_for_scores, transpose_mask_for_sparse (DeepSpeed 0.19.5's behaviour) ----------------
 def _dense_reference(q, k, v, layout, block, kpm_add=None, am_mul=None):
     """softmax(q k^T / sqrt(D) + masks) v with everything outside the block layout excluded, written out densely."""
-    N, D = q.shape[2], q.shape[3]
+    D = q.shape[3]
     allowed = layout.repeat_interleave(block, 1).repeat_interleave(block, 2).bool()[None]  # [1, H, N, N]
     s = q.float() @ k.float().transpose(-1, -2) * D**-0.5
     if kpm_add is not None:

@@ -78,7 +78,9 @@ def _flag_sources(src: Path) -> str:
         # flags generated from config dataclasses: ask the parser
         module = importlib.import_module(".".join(src.relative_to(REPO).with_suffix("").parts))
         text += " ".join(f'"{o}"' for a in module.build_parser()._actions for o in a.option_strings)
-    for imported in re.findall(r"^from ((?:data_pipeline|tools|pretrain)\.[\w.]+) import", text, re.M):
+    for imported in re.findall(
+        r"^from ((?:data_pipeline|tools|pretrain|benchmarks|common)\.[\w.]+) import", text, re.M
+    ):
         p = REPO / (imported.replace(".", "/") + ".py")
         if p.exists():
             text += p.read_text(encoding="utf-8")

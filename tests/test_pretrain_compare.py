@@ -1,4 +1,4 @@
-"""benchmarks/pretrain_compare.py at a tiny scale: the table, the same held-out batches for every config and seed,
+"""benchmarks/pretrain_compare/ at a tiny scale: the table, the same held-out batches for every config and seed,
 reproducible evaluation of a checkpoint, resume of an interrupted comparison, plots.
 
 The end-to-end test launches the real trainer under `deepspeed --num_gpus 2` (2 CPU ranks on gloo) three times
@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import pretrain_compare as pc
+from benchmarks.pretrain_compare.cli import main, parse
+from benchmarks.pretrain_compare.evaluate import evaluate_checkpoint, valid_fingerprint
+from benchmarks.pretrain_compare.launch import check_spec
+from benchmarks.pretrain_compare.presets import CONFIG_NAMES, PRESETS, CompareError, head_assignment, model_config_dict
+from benchmarks.pretrain_compare.specs import RunSpec, run_specs
+from benchmarks.pretrain_compare.stats import summarize_run
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
@@ -73,15 +78,15 @@ def _argv(out: Path, vocab: Path, *extra: str) -> list[str]:
 
 
 def test_head_assignment_scales_the_paper_split() -> None:
-    assert pc.head_assignment(12, 2) == "10:2" and pc.head_assignment(12, 3) == "8:2:2"
-    assert pc.head_assignment(4, 2) == "3:1" and pc.head_assignment(4, 3) == "2:1:1"
-    with pytest.raises(pc.CompareError):
-        pc.head_assignment(2, 3)
+    assert head_assignment(12, 2) == "10:2" and head_assignment(12, 3) == "8:2:2"
+    assert head_assignment(4, 2) == "3:1" and head_assignment(4, 3) == "2:1:1"
+    with pytest.raises(CompareError):
+        head_assignment(2, 3)
 
 
-@pytest.mark.parametrize("config", pc.CONFIG_NAMES)
+@pytest.mark.parametrize("config", CONFIG_NAMES)
 def test_every_config_is_a_valid_model(config: str) -> None:
-    d = pc.model_config_dict(config, pc.PRESETS["cpu-small"])
+    d = model_config_dict(config, PRESETS["cpu-small"])
     assert (d["num_layers"], d["hidden_size"], d["num_attention_heads"]) == (4, 128, 4)
     assert d["max_position_embeddings"] == 512
 
@@ -117,8 +122,8 @@ def test_log_reading_keeps_the_resumed_records(tmp_path: Path) -> None:
         {"iteration": 4, "valid": {"loss": 3.5, "perplexity": 33.1, "mlm_accuracy": 0.1}},
     ]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    spec = pc.RunSpec("dense_s1", "dense", 1, [], {})
-    s = pc.summarize_run(spec, tmp_path, 8)
+    spec = RunSpec("dense_s1", "dense", 1, [], {})
+    s = summarize_run(spec, tmp_path, 8)
     assert [e["iteration"] for e in s["evals"]] == [4]
     assert s["train_time_s"] == pytest.approx(2 * 2 / 2.0 + 2 * 2 / 4.0)  # 2 s + 1 s
     assert s["tokens"] == pytest.approx(20.0 * 2 + 40.0 * 1)
@@ -138,16 +143,16 @@ def test_a_stalled_window_is_counted_at_the_median_step(tmp_path: Path) -> None:
         for i in (2, 4, 6, 8, 10)
     ]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    s = pc.summarize_run(pc.RunSpec("dense_s1", "dense", 1, [], {}), tmp_path, 8)
+    s = summarize_run(RunSpec("dense_s1", "dense", 1, [], {}), tmp_path, 8)
     assert s["step_time_s"] == pytest.approx(1.0)
     assert s["stalls"] == [{"iteration": 8, "steps": 2, "seconds": 400.0}]
     assert s["train_time_s"] == pytest.approx(10.0)  # 5 windows of 2 steps at 1 s, the stall included
 
 
 def test_bad_invocations_are_refused(tmp_path: Path, vocab: Path) -> None:
-    assert pc.main(["--out", str(tmp_path), "--data-path", "x", "--vocab-file", str(tmp_path / "none")]) == 2
-    assert pc.main(["--out", str(tmp_path), "--vocab-file", str(vocab)]) == 2  # no data
-    assert pc.main(["--out", str(tmp_path), "--train-inputs", "a", "--vocab-file", str(vocab)]) == 2  # no held-out
+    assert main(["--out", str(tmp_path), "--data-path", "x", "--vocab-file", str(tmp_path / "none")]) == 2
+    assert main(["--out", str(tmp_path), "--vocab-file", str(vocab)]) == 2  # no data
+    assert main(["--out", str(tmp_path), "--train-inputs", "a", "--vocab-file", str(vocab)]) == 2  # no held-out
 
 
 @pytest.mark.slow
@@ -157,20 +162,20 @@ def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -
     out = tmp_path / "cmp"
     # sitting 1: rank 1 dies at iteration 5 of the first run (after the checkpoint of iteration 3)
     monkeypatch.setenv("SPARSEBERT_FAULT_KILL_RANK", "1:5")
-    assert pc.main(_argv(out, vocab)) == 2
+    assert main(_argv(out, vocab)) == 2
     dense, block = out / "runs" / "dense_s1", out / "runs" / "blockbert_n2_s1"
     assert not (dense / "done.json").exists() and not block.exists()
     monkeypatch.delenv("SPARSEBERT_FAULT_KILL_RANK")
 
     # sitting 2: the first run continues from its checkpoint (not from scratch), then the second trains
-    assert pc.main(_argv(out, vocab, "--recheck")) == 0
+    assert main(_argv(out, vocab, "--recheck")) == 0
     stdout = (dense / "stdout.log").read_text()
     assert "resumed from" in stdout and "iteration 3" in stdout.split("resumed from", 1)[1].splitlines()[0]
     assert len((dense / "launches.jsonl").read_text().splitlines()) == 2
     log_before = (dense / "log.jsonl").read_text(), (block / "log.jsonl").read_text()
 
     # sitting 3: everything is done: nothing is retrained
-    assert pc.main(_argv(out, vocab)) == 0
+    assert main(_argv(out, vocab)) == 0
     assert ((dense / "log.jsonl").read_text(), (block / "log.jsonl").read_text()) == log_before
     assert len((block / "launches.jsonl").read_text().splitlines()) == 1
 
@@ -197,7 +202,7 @@ def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -
     assert "| *unigram baseline* |" in (out / "table.md").read_text()
     # --report-only with --figures-dir: the copies the docs show, named with the prefix
     figs = tmp_path / "figs"
-    assert pc.main(_argv(out, vocab, "--report-only", "--figures-dir", str(figs))) == 0
+    assert main(_argv(out, vocab, "--report-only", "--figures-dir", str(figs))) == 0
     assert sorted(p.name for p in figs.iterdir()) == [
         "compare_cost.png",
         "compare_ppl_vs_step.png",
@@ -207,22 +212,22 @@ def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -
     ]
 
     # evaluating the same checkpoint twice gives the same numbers; another training seed sees the same batches
-    ns = pc.parse(_argv(out, vocab, "--seeds", "1", "2"))
+    ns = parse(_argv(out, vocab, "--seeds", "1", "2"))
     ns.data_path, ns.valid_data_path = (
         [str(out / "data" / "train_text_sentence")],
         [str(out / "data" / "valid_text_sentence")],
     )
-    specs = {s.name: s for s in pc.run_specs(ns, pc.PRESETS["tiny"])}
+    specs = {s.name: s for s in run_specs(ns, PRESETS["tiny"])}
     assert set(specs) == {"dense_s1", "blockbert_n2_s1", "dense_s2", "blockbert_n2_s2"}
-    assert pc.evaluate_checkpoint(specs["dense_s1"], dense, 2) == pc.evaluate_checkpoint(specs["dense_s1"], dense, 2)
+    assert evaluate_checkpoint(specs["dense_s1"], dense, 2) == evaluate_checkpoint(specs["dense_s1"], dense, 2)
     (tmp_path / "s2").mkdir()
-    fingerprint = pc.valid_fingerprint(specs["dense_s2"], tmp_path / "s2", 2)
+    fingerprint = valid_fingerprint(specs["dense_s2"], tmp_path / "s2", 2)
     assert fingerprint == results["runs"]["dense_s1"]["valid_fingerprint"]
 
 
 def test_a_run_directory_refuses_other_settings(tmp_path: Path) -> None:
-    spec = pc.RunSpec("dense_s1", "dense", 1, ["--lr", "1e-3"], {"a": 1})
-    pc._check_spec(tmp_path / "r", spec)
-    pc._check_spec(tmp_path / "r", spec)  # same settings: fine
-    with pytest.raises(pc.CompareError, match="train_args"):
-        pc._check_spec(tmp_path / "r", pc.RunSpec("dense_s1", "dense", 1, ["--lr", "2e-3"], {"a": 1}))
+    spec = RunSpec("dense_s1", "dense", 1, ["--lr", "1e-3"], {"a": 1})
+    check_spec(tmp_path / "r", spec)
+    check_spec(tmp_path / "r", spec)  # same settings: fine
+    with pytest.raises(CompareError, match="train_args"):
+        check_spec(tmp_path / "r", RunSpec("dense_s1", "dense", 1, ["--lr", "2e-3"], {"a": 1}))

@@ -1,0 +1,148 @@
+"""Scales (presets) and attention configurations of the comparison, as registries: a new config is one entry."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class CompareError(RuntimeError):
+    """A comparison cannot go on; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Encoder size and training length shared by every config of a comparison."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int | None  # None: micro batch x ranks
+    train_iters: int
+    eval_interval: int
+    eval_iters: int
+    log_interval: int
+    lr: float
+    ds_config: str
+    strided_stride: int  # SparseBERT strided l: ~70% sparsity at this N, as Table 3's strided (70.4% at n=128)
+
+
+PRESETS: dict[str, Preset] = {
+    # the test's scale: seconds per run on 2 CPU cores
+    "tiny": Preset(
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        ffn_hidden_size=128,
+        seq_length=128,
+        micro_batch_size=2,
+        global_batch_size=None,
+        train_iters=6,
+        eval_interval=3,
+        eval_iters=2,
+        log_interval=1,
+        lr=1e-3,
+        ds_config="ds_configs/zero2_fp32.json",
+        strided_stride=16,
+    ),
+    # the committed CPU comparison (docs/results.md): ~1 s per step on the 2-core dev box (2 ranks x 4 x 512)
+    "cpu-small": Preset(
+        num_layers=4,
+        hidden_size=128,
+        num_heads=4,
+        ffn_hidden_size=512,
+        seq_length=512,
+        micro_batch_size=4,
+        global_batch_size=None,
+        train_iters=500,
+        eval_interval=50,
+        eval_iters=8,
+        log_interval=10,
+        lr=2e-3,
+        ds_config="ds_configs/zero2_fp32.json",
+        strided_stride=80,
+    ),
+    # BERT-base at N=512 with the blockwise paper's batch (131,072 tokens) for a GPU node; set --train-iters
+    "bert-base": Preset(
+        num_layers=12,
+        hidden_size=768,
+        num_heads=12,
+        ffn_hidden_size=3072,
+        seq_length=512,
+        micro_batch_size=32,
+        global_batch_size=256,
+        train_iters=20000,
+        eval_interval=1000,
+        eval_iters=50,
+        log_interval=100,
+        lr=5e-4,
+        ds_config="ds_configs/zero2_bf16.json",
+        strided_stride=80,
+    ),
+}
+
+CONFIG_NAMES = ("dense", "blockbert_n2", "blockbert_n3", "sparsebert_strided", "diet_rel", "diet_abs")
+DEFAULT_CONFIGS = ("dense", "blockbert_n2", "blockbert_n3", "sparsebert_strided", "diet_rel")
+
+
+def head_assignment(num_heads: int, blocks: int) -> str:
+    """The blockwise paper's split scaled to ``num_heads``: 12 heads -> 10:2 (n=2), 8:2:2 (n=3); 4 -> 3:1, 2:1:1."""
+    shifted = max(1, round(num_heads / 6))
+    first = num_heads - shifted * (blocks - 1)
+    if first < 1:
+        raise CompareError(f"{num_heads} heads cannot be split over {blocks} BlockBERT permutations")
+    return ":".join([str(first)] + [str(shifted)] * (blocks - 1))
+
+
+def attention_and_position(config: str, preset: Preset) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """ModelConfig ``attention`` fields and ``position`` block of a named config (see the flags of
+    run_scripts/pretrain_*.sh: the same set-ups, scaled to the preset's heads and N)."""
+    n = preset.seq_length
+    if config == "dense":  # RoBERTa-1seq
+        return {"kernel": "dense"}, None
+    if config in ("blockbert_n2", "blockbert_n3"):
+        blocks = int(config[-1])
+        return {
+            "kernel": "auto",
+            "sparsity": {
+                "mode": "blockbert",
+                "num_blocks": blocks,
+                "block": 16,
+                "head_assignment": head_assignment(preset.num_heads, blocks),
+            },
+        }, None
+    if config == "sparsebert_strided":
+        return {
+            "kernel": "auto",
+            "token_mask": {"pattern": "strided", "stride": preset.strided_stride, "seq_len": n},
+        }, None
+    if config == "diet_rel":
+        return {"kernel": "auto"}, {"type": "diet_rel", "max_distance": min(128, n), "sharing": "none"}
+    if config == "diet_abs":
+        return {"kernel": "auto"}, {"type": "diet_abs", "rank": min(128, preset.hidden_size), "sharing": "none"}
+    raise CompareError(f"unknown config {config!r}; choose from {', '.join(CONFIG_NAMES)}")
+
+
+def model_config_dict(config: str, preset: Preset) -> dict[str, Any]:
+    """The full ModelConfig (validated by ModelConfig.from_dict) a run trains; vocab comes from the tokenizer."""
+    from model.config import ModelConfig
+
+    d = ModelConfig.preset(
+        "bert-base",
+        num_layers=preset.num_layers,
+        hidden_size=preset.hidden_size,
+        num_attention_heads=preset.num_heads,
+        intermediate_size=preset.ffn_hidden_size,
+        max_position_embeddings=preset.seq_length,
+    ).to_dict()
+    attention, position = attention_and_position(config, preset)
+    d["attention"].update(attention)
+    if position is not None:
+        d["position"] = position
+    return ModelConfig.from_dict(d).to_dict()
