@@ -356,7 +356,9 @@ class RunConfig:
     supply the value instead, and a flag given against it is refused rather than silently losing."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["explicit"] = sorted(self.explicit)  # JSON-friendly
+        return d
 
 
 GROUPS = [

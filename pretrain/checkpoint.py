@@ -191,8 +191,8 @@ def load(engine, load_dir: str, tag: str, client: dict[str, Any], restore_rng: b
     rng_file = Path(load_dir, tag, f"rng_rank{rank}.pt")
     if saved_world != world or not rng_file.is_file():
         raise CheckpointError(
-            f"{load_dir}/{tag} was saved by {saved_world} ranks, this run has {world}: the "
-            "per-rank RNG cannot be restored exactly; pass --no-load-rng to resume anyway"
+            f"{load_dir}/{tag}: no RNG state for rank {rank} of {world} (saved by {saved_world} rank(s)); "
+            "pass --no-load-rng to resume without it"
         )
     return torch.load(rng_file, weights_only=False)
 

@@ -18,8 +18,13 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
+from deepspeed.checkpoint.constants import (
+    UNIVERSAL_CHECKPOINT_INFO,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+)
 
-from pretrain import builders, checkpoint, faults, resume
+from pretrain import builders, checkpoint, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, train_iterations, warmup_steps
 from pretrain.distributed import (
     DistInfo,
@@ -130,6 +135,24 @@ class Trainer:
             )
             plan = resume.plan_resume(where, client, run, now, self.global_batch, self.micro)
 
+        load_tag = resume_tag
+        if resuming:
+            saved_world = int(client.get("world_size") or self.dist.world_size)
+            universal = resize.prepare(self.ds, ck.load, resume_tag, client, self.dist.world_size)
+            if universal is not None:
+                load_tag = universal
+                self._print(
+                    f"{ck.load}/{resume_tag} was saved by {saved_world} rank(s), this run has {self.dist.world_size}: "
+                    f"ZeRO stage {client.get('zero_stage')} state re-partitioned through DeepSpeed's universal "
+                    f"checkpoint {ck.load}/{universal}"
+                )
+            if saved_world != self.dist.world_size:
+                self._print(
+                    f"global batch {self.global_batch} kept ({self.gas} accumulation step(s) of {self.micro} on "
+                    f"{self.dist.world_size} rank(s)); the per-rank RNG of {saved_world} rank(s) is not restored, "
+                    "so dropout masks differ from a run that kept its ranks"
+                )
+
         seed_everything(run.loop.seed)
         model = builders.build_model(self.model_config)
         if ck.finetune and resume_tag:
@@ -145,7 +168,8 @@ class Trainer:
 
         rng = None
         if resuming:
-            rng = checkpoint.load(self.engine, ck.load, resume_tag, client, restore_rng=not ck.no_load_rng)
+            same_world = int(client.get("world_size") or self.dist.world_size) == self.dist.world_size
+            rng = checkpoint.load(self.engine, ck.load, load_tag, client, restore_rng=same_world and not ck.no_load_rng)
             if client.get("layout_state") is not None:
                 self.engine.module.load_layout_state(client["layout_state"])
             if plan.schedule is not None:
@@ -371,6 +395,8 @@ class Trainer:
             "args": self.run.to_dict(),
             "layout_state": module.layout_state(),
             "world_size": self.dist.world_size,
+            # what deepspeed.checkpoint.ds_to_universal requires of a checkpoint (a plain data-parallel model)
+            UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
         }
         tag = checkpoint.save(
             self.engine, self.run.checkpoint.save, self.iteration, client, self.run.checkpoint.keep_last, rng

@@ -1,0 +1,70 @@
+"""Resuming on another number of data-parallel ranks (a lost node, a bigger allocation).
+
+ZeRO 1-3 checkpoints hold the optimizer state partitioned over the ranks that saved them, and DeepSpeed refuses to
+load them on another world size. DeepSpeed's own universal checkpoint re-partitions them: rank 0 converts the
+resumed tag once with ``deepspeed.checkpoint.ds_to_universal`` into ``TAG_universal`` next to it (written under a
+temporary name and renamed when complete, so a killed conversion is redone, never half-read), and every rank loads
+that with ``"checkpoint": {"load_universal": true}``. The global batch stays what the flags say (gradient
+accumulation absorbs the change) and the data position is the stored sample count, so the sample stream continues
+exactly; the per-rank RNG cannot be mapped onto other ranks and is not restored (dropout masks then differ from a
+straight run; with dropout 0 the losses equal it up to the order of floating-point reductions).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pretrain.checkpoint import CheckpointError
+from pretrain.ds_config import ResolvedDSConfig
+
+UNIVERSAL_SUFFIX = "_universal"
+DONE = "universal.done"
+"""Written into the universal folder once it is complete."""
+
+
+def needs_universal(client: dict[str, Any], world_size: int) -> bool:
+    """True when the checkpoint was saved by another number of ranks with ZeRO-partitioned optimizer state."""
+    saved = int(client.get("world_size") or world_size)
+    return saved != world_size and int(client.get("zero_stage") or 0) >= 1
+
+
+def convert_to_universal(load_dir: str, tag: str) -> str:
+    """Rank 0: ``load_dir/tag`` -> ``load_dir/tag_universal`` with DeepSpeed's converter (reused when complete).
+    Returns the universal tag; raises CheckpointError with the converter's output on failure."""
+    out_tag = tag + UNIVERSAL_SUFFIX
+    out = Path(load_dir, out_tag)
+    if (out / DONE).is_file():
+        return out_tag
+    tmp = Path(load_dir, out_tag + ".partial")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(Path(load_dir, tag))]
+    cmd += ["--output_folder", str(tmp), "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    cmd += ["--inject_missing_state"]  # checkpoints of a plain data-parallel model carry no TP/PP layout info
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if res.returncode != 0:
+        raise CheckpointError(
+            f"converting {load_dir}/{tag} to a universal checkpoint failed ({' '.join(cmd)}):\n{res.stdout[-3000:]}"
+        )
+    (tmp / DONE).write_text(tag + "\n")
+    tmp.rename(out)
+    return out_tag
+
+
+def prepare(ds: ResolvedDSConfig, load_dir: str, tag: str, client: dict[str, Any], world_size: int) -> str | None:
+    """Every rank: the tag to load when the world size changed under ZeRO 1-3 (converted by rank 0, told to all),
+    with the ds_config switched to DeepSpeed's universal loading; None when the checkpoint loads as it is."""
+    from pretrain.distributed import rank0_result
+
+    if not needs_universal(client, world_size):
+        return None
+    block = ds.config.setdefault("checkpoint", {})
+    if not isinstance(block, dict):
+        raise CheckpointError(f"{ds.path}: 'checkpoint' must be an object")
+    block["load_universal"] = True
+    return rank0_result(lambda: convert_to_universal(load_dir, tag))
