@@ -112,3 +112,40 @@ def test_main_exits_1_when_a_step_fails(tmp_path, monkeypatch):
     assert gc.main(["--out-dir", str(tmp_path)]) == 1
     md = (tmp_path / "report.md").read_text()
     assert "| fine | passed |" in md and "| boom | failed |" in md and "fake GPU" in md
+
+
+CUDA_126 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+CUDA_13 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+
+
+@pytest.mark.parametrize(
+    "gpu, capability, arch_list, runs",
+    [
+        ("V100", (7, 0), CUDA_126, True),
+        ("V100", (7, 0), CUDA_13, False),  # sm_75 SASS does not run on 7.0, compute_120 PTX needs 12.0
+        ("V100", (7, 0), ["sm_75", "compute_70"], True),  # PTX of 7.0 is JIT-compiled
+        ("T4", (7, 5), CUDA_13, True),
+        ("A100", (8, 0), CUDA_13, True),
+        ("A10", (8, 6), ["sm_80"], True),  # same major, lower minor SASS runs
+        ("H100", (9, 0), CUDA_13, True),
+        ("H100", (9, 0), ["sm_80", "sm_86"], False),
+    ],
+)
+def test_environment_step_matches_the_gpu_to_the_builds_architectures(gpu, capability, arch_list, runs, monkeypatch):
+    assert gc.arch_runs_on(capability, arch_list) is runs
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: arch_list)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: gpu)
+    _, _, problems = gc.environment_report()
+    assert (problems == []) is runs, problems
+
+
+def test_smoke_resume_comparison_fails_on_any_loss_difference():
+    straight = [8.0 - i / 100 for i in range(200)]
+    assert gc.resume_comparison(straight, list(straight), 200) == (0.0, [])
+    resumed = list(straight)
+    resumed[150] += 1e-6
+    worst, problems = gc.resume_comparison(straight, resumed, 200)
+    assert worst == pytest.approx(1e-6) and "first at iteration 151" in problems[0]
+    assert "incomplete (200 straight vs 120 resumed" in gc.resume_comparison(straight, straight[:120], 200)[1][0]

@@ -238,6 +238,40 @@ def smoke_checks(records: list[dict], output: str, iters: int) -> list[str]:
     return problems
 
 
+def resume_comparison(straight: list[float], resumed: list[float], iters: int) -> tuple[float | None, list[str]]:
+    """(largest |loss difference|, problems): a run stopped and resumed with --deterministic must log exactly the
+    straight run's losses (docs/gpu_check.md), so any difference, or a missing loss, is a failure."""
+    if not (len(straight) == len(resumed) == iters):
+        return None, [f"resume comparison incomplete ({len(straight)} straight vs {len(resumed)} resumed losses)"]
+    diffs = [abs(x - y) for x, y in zip(straight, resumed)]
+    worst = max(diffs)
+    if worst != 0.0:
+        first = next(i for i, d in enumerate(diffs) if d != 0.0) + 1
+        return worst, [
+            f"the resumed run's losses differ from the straight run's (first at iteration {first}, largest "
+            f"|difference| {worst:.3g}); with --deterministic they must be equal"
+        ]
+    return worst, []
+
+
+def arch_runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether a torch build with ``arch_list`` has kernels for a GPU of compute ``capability``.
+
+    SASS ``sm_XY`` runs on the same major version with an equal or higher minor one only (``sm_75`` does not run on
+    a 7.0 V100); PTX ``compute_XY`` is JIT-compiled for any GPU of capability XY or higher."""
+    major, minor = capability
+    for arch in arch_list:
+        kind, _, digits = arch.partition("_")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        a_major, a_minor = int(digits[:-1]), int(digits[-1])
+        if kind == "sm" and a_major == major and a_minor <= minor:
+            return True
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return True
+    return False
+
+
 def _smoke_step(out: Path, budget: float, gpus: int) -> Step:
     d = out / "smoke"
     script = f"""
@@ -277,9 +311,8 @@ $DS pretrain/train.py "${{ARGS[@]}}" --train-iters 200 --deterministic --save "$
         problems += smoke_checks(log("smoke.jsonl"), out_text, 200)
         a = [r["loss"] for r in log("straight.jsonl") if "loss" in r]
         b = [r["loss"] for r in log("resumed.jsonl") if "loss" in r]
-        diff = max((abs(x - y) for x, y in zip(a, b)), default=None) if len(a) == len(b) == 200 else None
-        if diff is None:
-            problems.append(f"resume comparison incomplete ({len(a)} straight vs {len(b)} resumed losses)")
+        diff, resume_problems = resume_comparison(a, b, 200)
+        problems += resume_problems
         res.details = {"problems": problems, "resume_max_abs_loss_diff": diff, "resume_bitwise": diff == 0.0}
         res.status = "failed" if problems else "passed"
         res.summary = (
@@ -310,9 +343,7 @@ def environment_report() -> tuple[str, dict, list[str]]:
         major, minor = torch.cuda.get_device_capability(i)
         name = torch.cuda.get_device_name(i)
         data["gpus"].append({"index": i, "name": name, "capability": f"{major}.{minor}"})
-        if f"sm_{major}{minor}" not in data["arch_list"] and not any(
-            a.startswith(f"sm_{major}") for a in data["arch_list"]
-        ):
+        if not arch_runs_on((major, minor), data["arch_list"]):
             problems.append(
                 f"GPU {i} {name} (sm_{major}{minor}) has no kernels in this torch build "
                 f"({' '.join(data['arch_list'])}): re-run run_scripts/setup_env.sh "
