@@ -35,10 +35,11 @@ def configure_numerics(deterministic: bool, tf32: bool) -> list[str]:
             "--deterministic: torch deterministic algorithms on, cuDNN deterministic, "
             f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}"
         )
-    # the CUDA backends' own switches (torch 2.9+ API): CPU matmul precision stays untouched
-    precision = "tf32" if tf32 else "ieee"
-    torch.backends.cuda.matmul.fp32_precision = precision
-    torch.backends.cudnn.conv.fp32_precision = precision
+    # One API only, the one every reader understands: the CUDA switches `allow_tf32` (torch keeps its newer
+    # per-backend `fp32_precision` in step, and `torch.get_float32_matmul_precision()`, which inductor calls, keeps
+    # working; setting only the new per-backend value made that getter raise). CPU matmul precision stays untouched.
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     if torch.cuda.is_available() and tf32 and torch.cuda.get_device_capability()[0] >= 8:
         notes.append("TF32 tensor cores on for fp32 matmuls and convolutions (--no-tf32 for IEEE fp32)")
     return notes

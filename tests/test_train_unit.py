@@ -129,8 +129,8 @@ def test_numerics_deterministic_and_tf32(monkeypatch):
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
-        torch.backends.cuda.matmul.fp32_precision,
-        torch.backends.cudnn.conv.fp32_precision,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
     )
     try:
         notes = configure_numerics(deterministic=True, tf32=False)
@@ -140,13 +140,16 @@ def test_numerics_deterministic_and_tf32(monkeypatch):
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
         assert not torch.backends.cudnn.benchmark
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert torch.get_float32_matmul_precision() == "highest"  # the getter inductor calls must not raise
         assert any("--deterministic" in n for n in notes)
         configure_numerics(deterministic=False, tf32=True)
         assert torch.backends.cuda.matmul.fp32_precision == "tf32" == torch.backends.cudnn.conv.fp32_precision
+        assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.mkldnn.matmul.fp32_precision == "none"  # CPU matmuls untouched
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before[4], before[5]
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[4], before[5]
 
 
 def test_deterministic_and_tf32_flags():
