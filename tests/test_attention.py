@@ -289,6 +289,11 @@ def test_choose_kernel_rule():
     assert A.choose_kernel("cpu", torch.float32, 1024, 0.8, dropout=False) == "dense"
     assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, dropout=False) == "flex"
     assert A.choose_kernel("cuda", torch.bfloat16, 1024, 0.3, dropout=True) == "block_gather"
+    for cap in [(7, 0), (7, 5)]:  # flex is far slower than SDPA/block_gather below Ampere (attention-gym #21)
+        for dtype in (torch.float16, torch.float32, torch.bfloat16):
+            assert A.choose_kernel("cuda", dtype, 4096, 0.1, dropout=False, capability=cap) == "block_gather"
+    assert A.choose_kernel("cuda", torch.float16, 4096, 0.1, dropout=False, capability=(8, 0)) == "flex"
+    assert A.choose_kernel("cuda", torch.float16, 4096, 0.1, dropout=False, capability=(9, 0)) == "flex"
 
 
 class _HoleyLayout(A.SparsityConfig):
@@ -506,7 +511,7 @@ def test_choose_kernel_per_device_generation():
             assert ck("cuda", dt, 1024, 0.3, dropout=False, capability=cap) == "flex"
     assert ck("cuda", torch.float16, 1024, 0.3, dropout=False, capability=(7, 0)) == "block_gather"  # Volta
     assert ck("cuda", torch.float16, 1024, 0.8, dropout=False, capability=(7, 0)) == "dense"
-    assert ck("cuda", torch.float16, 1024, 0.3, dropout=False, capability=(7, 5)) == "flex"  # Turing fp16
+    assert ck("cuda", torch.float16, 1024, 0.3, dropout=False, capability=(7, 5)) == "block_gather"  # below sm80
     assert ck("cuda", torch.bfloat16, 1024, 0.3, dropout=False, capability=(7, 5)) == "block_gather"  # emulated
     assert ck("cuda", torch.bfloat16, 256, 0.3, dropout=False, capability=(9, 0)) == "block_gather"  # short N
     assert ck("cuda", torch.bfloat16, 1024, 0.3, dropout=True, capability=(9, 0)) == "block_gather"
@@ -564,6 +569,10 @@ def test_flex_padding_block_mask_is_built_once_per_forward(monkeypatch):
         models["flex"](ids, mask.clone())
         assert len(builds) == 2  # a new batch's mask: rebuilt once
         ref = models["dense"](ids, mask)
+        builds.clear()
+        for _ in range(4):  # training-like steps of unpadded batches of one shape: the plans' masks are reused
+            models["flex"](torch.randint(5, 50, (2, 256)), torch.ones(2, 256, dtype=torch.long))
+        assert builds == []
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 

@@ -73,9 +73,9 @@ def choose_kernel(
 
     - a full layout (density 1) -> ``dense`` (fused SDPA, nothing to skip);
     - ``flex`` only on CUDA, without attention dropout (FlexAttention has none), at N >= 512 (its 128-token
-      blocks leave little to skip below that), density < 0.9, and where Triton runs it well: compute capability
-      8.0+ (Ampere, Hopper) in any dtype; 7.5 (Turing) in fp16/fp32 only (bf16 is emulated there); never 7.0
-      (Volta: Triton no longer uses its tensor cores, flex runs ~10x slower than SDPA);
+      blocks leave little to skip below that), density < 0.9, and on compute capability 8.0+ (Ampere, Hopper)
+      only: on Volta (7.0) Triton no longer uses the tensor cores and flex runs ~10x slower than SDPA
+      (attention-gym issue 21), and Turing (7.5) gets the same conservative answer (no bf16, no measurement);
     - otherwise density <= 0.75 -> ``block_gather`` (skips blocks; any device; trains), else ``dense``.
 
     The same kernel trains and evaluates (the choice does not depend on whether a call needs gradients).
@@ -83,7 +83,6 @@ def choose_kernel(
     if density >= 1.0:
         return "dense"
     if device_type == "cuda" and not dropout and density < 0.9 and seq_len >= 512:
-        cap = capability or (8, 0)
-        if cap >= (8, 0) or (cap >= (7, 5) and dtype != torch.bfloat16):
+        if (capability or (8, 0)) >= (8, 0):
             return "flex"
     return "block_gather" if density <= 0.75 else "dense"
