@@ -134,14 +134,28 @@ class LoopConfig:
     resumes exactly (Megatron's flag)."""
     exit_signal: str = "SIGTERM"
     """The signal --exit-signal-handler catches besides SIGTERM: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2."""
+    exit_signal_interval: int | None = None
+    """With --exit-signal-handler: ask every this many iterations whether any rank received the signal (one tiny
+    all-reduce, a host sync; also at every save and at --exit-interval). Default: --log-interval, where the step
+    waits for the device anyway. The run stops at most this many iterations after the signal: keep that shorter than
+    Slurm's warning time (--signal=B:USR1@120)."""
 
     def __post_init__(self) -> None:
         if (self.train_iters is None) == (self.train_samples is None):
             raise ArgsError("give exactly one of --train-iters and --train-samples")
-        for name in ("train_iters", "train_samples", "micro_batch_size", "global_batch_size", "exit_interval"):
+        for name in (
+            "train_iters",
+            "train_samples",
+            "micro_batch_size",
+            "global_batch_size",
+            "exit_interval",
+            "exit_signal_interval",
+        ):
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise ArgsError(f"--{name.replace('_', '-')} must be positive, got {v}")
+        if self.exit_signal_interval is not None and not self.exit_signal_handler:
+            raise ArgsError("--exit-signal-interval needs --exit-signal-handler")
         if self.exit_signal not in EXIT_SIGNALS:
             raise ArgsError(f"--exit-signal must be one of {', '.join(EXIT_SIGNALS)}, got {self.exit_signal!r}")
         if self.eval_interval < 0 or self.eval_iters < 0 or self.log_interval <= 0:

@@ -286,8 +286,8 @@ def broadcast_module_state(module: torch.nn.Module, device: torch.device) -> Non
 class ExitSignal:
     """Catches the configured signal (e.g. Slurm's warning before the time limit) and SIGTERM (what Slurm sends at the
     limit, on preemption, ``scancel`` and node drain) and lets every rank agree, at the end of an iteration, that one
-    of them received one (Megatron's DistributedSignalHandler). Costs one tiny all-reduce per iteration, only when
-    enabled."""
+    of them received one (Megatron's DistributedSignalHandler). The trainer asks every --exit-signal-interval
+    iterations (default: the log interval) and at saves, since each question is an all-reduce the host waits for."""
 
     def __init__(self, name: str) -> None:
         self.name = name

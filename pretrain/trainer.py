@@ -412,6 +412,7 @@ class Trainer:
         loop, ckpt = run.loop, run.checkpoint
         self.engine.train()
         window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
+        signal_every = loop.exit_signal_interval or loop.log_interval  # the check is a host sync: not every step
         while self.iteration < self.train_iters:
             faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
             faults.maybe_signal_self(self.iteration + 1, self.dist.rank)
@@ -426,10 +427,14 @@ class Trainer:
                 self._log_eval(self.evaluate())
             done = self.iteration == self.train_iters
             stop = bool(loop.exit_interval and self.iteration % loop.exit_interval == 0)
-            signalled = self._signal is not None and not done and self._signal.received_anywhere(self.dist.device)
-            if ckpt.save and (
-                done or stop or signalled or (ckpt.save_interval and self.iteration % ckpt.save_interval == 0)
-            ):
+            save_now = bool(ckpt.save_interval and self.iteration % ckpt.save_interval == 0)
+            signalled = (
+                self._signal is not None
+                and not done
+                and (self.iteration % signal_every == 0 or stop or save_now)
+                and self._signal.received_anywhere(self.dist.device)
+            )
+            if ckpt.save and (done or stop or signalled or save_now):
                 self.save()
             # evaluation and checkpointing are not training: keep them out of the window's tokens/s (as
             # Megatron-LM stops its interval timer around evaluation)

@@ -5,6 +5,8 @@ resumes exactly where a straight run would be. Plus Slurm's rank discovery from 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -101,3 +103,53 @@ def test_slurm_env_from_a_job_step(tmp_path, monkeypatch):
     batch_shell = {k: v for k, v in step.items() if k != "SLURM_STEP_NUM_TASKS"}  # sbatch script, not srun
     assert slurm_env(batch_shell) is None
     assert slurm_env({}) is None
+
+
+COUNTING_ENTRY = """import sys
+sys.path.insert(0, {repo!r})
+from pretrain import distributed
+real = distributed.ExitSignal.received_anywhere
+checked = []
+def counting(self, device):
+    checked.append(1)
+    return real(self, device)
+distributed.ExitSignal.received_anywhere = counting
+from pretrain.train import main
+code = main(sys.argv[1:])
+print(f"[count] signal checks: {{len(checked)}}", flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "extra, checks",
+    [([], 1), (["--exit-signal-interval", "2"], 3), (["--save-interval", "3"], 3)],
+    ids=["log_interval", "every_2", "saves"],
+)
+def test_the_signal_check_is_not_a_sync_per_step(tmp_path, extra, checks):
+    """8 iterations, log interval 4: the all-reduce that asks about the signal runs at iteration 4 only (the last
+    iteration ends the run anyway), every 2 with --exit-signal-interval 2, and at every save (3 and 6, plus 4)."""
+    tu.prepare(tmp_path)
+    entry = tmp_path / "count_checks.py"
+    entry.write_text(COUNTING_ENTRY.format(repo=str(tu.REPO)))
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 8, "--exit-signal-handler", "--log-interval", "4", *extra)
+    if "--save-interval" in extra:
+        args += ["--save", str(tmp_path / "ck")]
+    p = subprocess.run(
+        [sys.executable, str(entry)] + args, cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=240
+    )
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert f"[count] signal checks: {checks}" in p.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_signal_stops_the_run_at_the_next_check(tmp_path):
+    tu.prepare(tmp_path)
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 12, "--save", str(tmp_path / "ck"), "--exit-signal-handler")
+    args += ["--log-interval", "4"]
+    p = tu.launch("python", args, SPARSEBERT_FAULT_SIGNAL="0:5:SIGTERM")
+    assert p.returncode == 4, p.stdout[-3000:]
+    assert "SIGTERM received: stopping at iteration 8" in p.stdout
