@@ -6,6 +6,7 @@ ds_config block read as DeepSpeed's own parser read it."""
 from __future__ import annotations
 
 import importlib
+import sys
 import types
 
 import pytest
@@ -236,3 +237,29 @@ def test_forward_through_get_ops_equals_the_dense_reference(dtype):
         (gq,) = torch.autograd.grad(out.float().sum(), q)
         torch.testing.assert_close(gq.float(), gq_want.float(), **tol)
     assert calls == [("mask", True), ("mask", False), (4, 64)]
+
+
+def test_the_deepspeed_path_never_asks_the_device_for_a_python_bool(monkeypatch):
+    """A forward with additive masks makes no host sync: Tensor.__bool__ / .item() would make the host wait for the
+    device on every layer call (a CPU step counts them)."""
+    m = A.SparseSelfAttention(A.FixedSparsityConfig(4, block=16, num_local_blocks=2), max_seq_length=64, kernel="dense")
+    q, k, v = (torch.randn(2, 4, 64, 8) for _ in range(3))
+    kpm = torch.zeros(2, 64)
+    kpm[1, 40:] = float("-inf")
+    syncs = []
+
+    def counting(real):
+        def wrapper(self):
+            caller = sys._getframe(1).f_code
+            # kernels/sdpa.py skips a fix-up only when the tensor is on the CPU (no device to wait for)
+            if not (caller.co_filename.endswith("kernels/sdpa.py") and self.device.type == "cpu"):
+                syncs.append(f"{caller.co_filename}:{caller.co_name}")
+            return real(self)
+
+        return wrapper
+
+    for name in ("__bool__", "item"):
+        monkeypatch.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
+    out = m(q, k, v, key_padding_mask=kpm, attn_mask=torch.ones(64, 64))
+    monkeypatch.undo()
+    assert syncs == [] and torch.isfinite(out).all()

@@ -163,15 +163,15 @@ def _mask_from_mode(x: torch.Tensor, mode: str, what: str) -> tuple[torch.Tensor
     """DeepSpeed's mask modes -> (allowed bool or None, additive bias or None).
 
     ``mul``: 0 means masked (-inf), anything else 0 added. ``add``: the values are added; -inf entries become
-    boolean masks so that fully masked rows can return zeros instead of NaN.
+    boolean masks so that fully masked rows can return zeros instead of NaN. The mask is returned whether or not it
+    has a -inf (asking would make the host wait for the device on every layer call).
     """
     if mode == "mul":
         return x != 0, None
     if mode == "add":
         x = x.float() if not x.is_floating_point() else x
         neg_inf = torch.isneginf(x)
-        allow = ~neg_inf if bool(neg_inf.any()) else None
-        return allow, x.masked_fill(neg_inf, 0.0)
+        return ~neg_inf, x.masked_fill(neg_inf, 0.0)
     raise ValueError(f"{what} mode must be 'add' or 'mul', got {mode!r}")
 
 
