@@ -185,6 +185,15 @@ def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> D
         os.environ.update(
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
         )
+    node_local = os.environ.get("LOCAL_RANK") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+    if torch.cuda.is_available() and node_local is not None:
+        # before DeepSpeed: it passes device_id=cuda:LOCAL_RANK to init_process_group, which fails where a task sees
+        # only its own GPU (srun --gpus-per-task=1: SLURM_LOCALID 3 must become cuda:0)
+        index = cuda_device_index(int(node_local), torch.cuda.device_count())
+        os.environ["LOCAL_RANK"] = str(index)
+        torch.cuda.set_device(index)
+        if local_rank is None:
+            local_rank = int(node_local)
     deepspeed.init_distributed(
         dist_backend=None,
         auto_mpi_discovery=True,
@@ -196,7 +205,7 @@ def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> D
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         index = cuda_device_index(local_rank, torch.cuda.device_count())
-        if index != local_rank:  # srun --gpus-per-task=1: DeepSpeed's engine and ZeRO index GPUs by LOCAL_RANK
+        if index != local_rank:  # (MPI discovery set LOCAL_RANK only now) the engine and ZeRO index GPUs by it
             os.environ["LOCAL_RANK"] = str(index)
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)

@@ -15,7 +15,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${1:-${QUICKSTART_OUT:-./out/quickstart}}"
 WORKERS="${WORKERS:-2}"
-NPROC="${NPROC:-2}"
+[ -n "${NPROC:-}" ] && NPROC_GIVEN=1
+source run_scripts/ranks.sh
+NPROC="$(ranks_for_node "${NPROC:-2}" 2)"
 ITERS="${ITERS:-300}"
 SAMPLE=run_scripts/sample_data/corpus
 START=$SECONDS

@@ -340,3 +340,59 @@ def test_torch_world_failed_rank_stops_the_waiting_ones(tmp_path):
     res = _run_ranks(str(tmp_path / "out.rendezvous-1.0"), fail_rank=2)
     assert res[2] == (2, "from 0", "exited")
     assert isinstance(res[0][2], str) and res[0][2].startswith("error: "), res  # rank 0 does not wait for ever
+
+
+@pytest.mark.parametrize(
+    "env, visible, want",
+    [
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "3"}, 1, "0"),  # srun --gpus-per-task=1
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "3"}, 4, "3"),  # srun --gpus-per-node=4
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 1, "0"),  # two ranks, one visible GPU each
+    ],
+)
+def test_local_rank_is_a_visible_gpu_before_deepspeed_initialises(monkeypatch, env, visible, want):
+    """DeepSpeed passes device_id=cuda:LOCAL_RANK to init_process_group: LOCAL_RANK must already index a GPU the
+    task can see (faked CUDA on CPU; DeepSpeed's init is replaced by a recorder)."""
+    import deepspeed
+    import torch
+
+    from pretrain import distributed as D
+
+    for var in ("SLURM_STEP_NUM_TASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "12345", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7"}
+    if "SLURM_PROCID" in env:
+        base.update(SLURM_STEP_NUM_TASKS=env["SLURM_NTASKS"], SLURM_STEP_NODELIST="n1", SLURM_NODEID="0")
+    for k, v in {**base, **env}.items():
+        monkeypatch.setenv(k, v)
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: seen.setdefault("set_device", i))
+    monkeypatch.setattr(
+        D,
+        "slurm_env",
+        lambda: (
+            None
+            if "SLURM_PROCID" not in env
+            else {
+                "RANK": env["SLURM_PROCID"],
+                "WORLD_SIZE": env["SLURM_NTASKS"],
+                "LOCAL_RANK": env["SLURM_LOCALID"],
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "12345",
+            }
+        ),
+    )
+
+    class Stop(Exception):
+        pass
+
+    def fake_init(**kwargs):
+        seen["LOCAL_RANK"] = os.environ["LOCAL_RANK"]
+        raise Stop
+
+    monkeypatch.setattr(deepspeed, "init_distributed", fake_init)
+    with pytest.raises(Stop):
+        D.init_distributed(1.0)
+    assert seen == {"set_device": int(want), "LOCAL_RANK": want}
