@@ -638,3 +638,33 @@ def test_cpu_split_plan_switch(monkeypatch):
     monkeypatch.setenv("SPARSEBERT_CPU_SPLIT", "maybe")
     with pytest.raises(ValueError, match="SPARSEBERT_CPU_SPLIT"):
         kernel.make_plan(lay, 16, 256, "cpu")
+
+
+def test_deterministic_mode_picks_deterministic_kernels(monkeypatch):
+    """--deterministic on CUDA: auto never picks flex, and SDPA runs its math backend (flash and memory-efficient
+    backward passes use atomics). Checked on CPU with the CUDA branch's inputs faked."""
+    from model.attention.kernels import sdpa
+
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert A.choose_kernel("cuda", torch.float16, 4096, 0.1, dropout=False, capability=(9, 0)) == "block_gather"
+    assert A.choose_kernel("cuda", torch.float16, 4096, 0.9, dropout=False, capability=(9, 0)) == "dense"
+    monkeypatch.undo()
+    import types
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+        assert sdpa._deterministic_cuda(types.SimpleNamespace(is_cuda=True))
+        assert not sdpa._deterministic_cuda(types.SimpleNamespace(is_cuda=False))
+    used = []
+    real = sdpa.F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):  # which backends SDPA may use during the call
+        used.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", recording)
+    q = torch.randn(1, 2, 8, 4)
+    sdpa.sdpa_with_allow(q, q, q, None, None, 0.0, None)
+    monkeypatch.setattr(sdpa, "_deterministic_cuda", lambda q: True)  # the CUDA branch, run on CPU tensors
+    sdpa.sdpa_with_allow(q, q, q, None, None, 0.0, None)
+    assert used == [(True, True), (False, True)]  # flash off, math only, in deterministic mode

@@ -78,10 +78,14 @@ def choose_kernel(
       (attention-gym issue 21), and Turing (7.5) gets the same conservative answer (no bf16, no measurement);
     - otherwise density <= 0.75 -> ``block_gather`` (skips blocks; any device; trains), else ``dense``.
 
-    The same kernel trains and evaluates (the choice does not depend on whether a call needs gradients).
+    Under ``--deterministic`` (torch's deterministic algorithms on) a CUDA run never gets ``flex``: ``dense`` and
+    ``block_gather`` then run SDPA's math backend, which is deterministic; FlexAttention's backward makes no such
+    promise. The same kernel trains and evaluates (the choice does not depend on whether a call needs gradients).
     """
     if density >= 1.0:
         return "dense"
+    if device_type == "cuda" and torch.are_deterministic_algorithms_enabled():
+        return "block_gather" if density <= 0.75 else "dense"  # deterministic SDPA (math); flex's is not promised
     if device_type == "cuda" and not dropout and density < 0.9 and seq_len >= 512:
         if (capability or (8, 0)) >= (8, 0):
             return "flex"

@@ -5,6 +5,22 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def _deterministic_cuda(q: torch.Tensor) -> bool:
+    return q.is_cuda and torch.are_deterministic_algorithms_enabled()
+
+
+def _sdpa(q, k, v, mask, dropout_p: float, scale: float | None) -> torch.Tensor:
+    """torch's SDPA; on CUDA with deterministic algorithms on (``--deterministic``) its math backend, since the
+    flash and memory-efficient backward passes accumulate with atomics and are not deterministic (torch only warns
+    under ``warn_only=True``). The math backend is matmuls and a softmax: deterministic with cuBLAS's fixed
+    workspace, slower and larger."""
+    if _deterministic_cuda(q):
+        with sdpa_kernel([SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
 def sdpa_with_allow(
@@ -22,14 +38,14 @@ def sdpa_with_allow(
     """
     if allow is None:
         mask = None if bias is None else bias.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        return _sdpa(q, k, v, mask, dropout_p, scale)
     row_any = allow.any(-1, keepdim=True)
     # on CPU, skip the fix-up (a full-size multiply) when every row has a key; on GPU avoid the host sync
     fix = allow.device.type != "cpu" or not bool(row_any.all())
     if fix:
         allow = allow | ~row_any
     mask = allow if bias is None else bias.to(q.dtype).masked_fill(~allow, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    out = _sdpa(q, k, v, mask, dropout_p, scale)
     return out * row_any.to(out.dtype) if fix else out
 
 
