@@ -13,9 +13,10 @@ from tests import train_utils as tu
 
 pytestmark = [pytest.mark.slow, pytest.mark.multirank]
 ITERS, SAVED = 4, 2
-#: the largest relative loss difference allowed per precision (measured on the 2-core CPU box: fp32 0 to 1e-7,
-#: bf16 up to ~3e-5; the bound leaves room for other reduction orders, far below any real change of the run)
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-3}
+#: the largest relative loss difference allowed per precision (measured on the 2-core CPU box: fp32 0 to 3.6e-6,
+#: bf16 1.3e-6 to 2.4e-5, ZeRO-3 the largest; the bound leaves room for other reduction orders and stays far below
+#: what a wrong sample position or LR does to the loss, > 1e-3)
+TOLERANCE = {"fp32": 1e-4, "bf16": 1e-3}
 
 
 @pytest.fixture(scope="module")
