@@ -16,7 +16,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-# Slurm and munge, optional: tests/test_slurm.py starts a one-node cluster from them (its own slurm.conf, munge key
+# Slurm, munge and openssh-server, optional: tests/test_slurm.py starts a one-node cluster from them, and
+# tests/test_multinode.py starts test hosts (network namespaces) with an sshd each (its own slurm.conf, munge key
 # and daemons in a temp dir; the packages' own services are neither configured nor started here). Installed only as
 # root, since the test cluster's daemons run as root anyway; where apt-get is missing or fails, the set-up goes on
 # and the Slurm tests skip, naming what is missing.
@@ -25,6 +26,7 @@ need_slurm=()
 [ -x /usr/sbin/slurmd ] || need_slurm+=(slurmd)
 command -v srun >/dev/null 2>&1 || need_slurm+=(slurm-client)
 [ -x /usr/sbin/munged ] || need_slurm+=(munge)
+[ -x /usr/sbin/sshd ] || need_slurm+=(openssh-server)   # tests/test_multinode.py: an sshd per test host
 if [ ${#need_slurm[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "[setup] not root: ${need_slurm[*]} not installed (the Slurm tests will skip)"

@@ -70,3 +70,73 @@ def test_deepspeed_pdsh_across_two_hosts_trains_saves_and_resumes_exactly(cluste
     a, b = tu.train_records(tmp_path / "a.jsonl"), tu.train_records(tmp_path / "b.jsonl")
     assert [r["iteration"] for r in b] == [1, 2, 3, 4]
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # bitwise: same ranks, same batches
+
+
+@pytest.mark.timeout(900)
+def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
+    """Every process of host 1 is killed mid-run: the surviving rank exits non-zero within a bounded time, no
+    checkpoint is half-written, and the same command on host 0 alone resumes from the last committed checkpoint
+    with one rank (ZeRO-2 state re-partitioned, global batch and sample position kept)."""
+    import subprocess
+    import time
+
+    data = tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
+    launch = _launch_dir(tmp_path, cluster)
+    ck = tmp_path / "ck"
+    args = tu.train_args(data, "zero2_fp32.json", 400, global_batch=4)
+    args += ["--save", str(ck), "--load", str(ck), "--save-interval", "3", "--distributed-timeout-minutes", "1"]
+    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
+    cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
+    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options))
+    full = ["ip", "netns", "exec", cluster.namespaces[0], *cmd, str(tu.REPO / "pretrain" / "train.py"), *args]
+    log = open(tmp_path / "lost.log", "w")
+    proc = subprocess.Popen(full, cwd=launch, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (ck / "iter_0000006" / "commit.json").is_file():
+            assert proc.poll() is None, (tmp_path / "lost.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no second checkpoint within 300 s"
+            time.sleep(0.2)
+        killed = time.monotonic()
+        cluster.kill_host(1)
+        code = proc.wait(timeout=180)
+        waited = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    out = (tmp_path / "lost.log").read_text()
+    assert code != 0, out[-3000:]
+    assert waited < 120, f"the surviving rank took {waited:.0f} s to stop"
+    tags = sorted(p.name for p in ck.glob("iter_*"))
+    committed = [t for t in tags if (ck / t / "commit.json").is_file()]
+    assert committed and committed[-1] >= "iter_0000006"
+    resumed = cluster.run(
+        0,
+        [
+            str(tu.VENV_BIN / "deepspeed"),
+            "--num_gpus",
+            "1",
+            "--master_port",
+            str(tu.free_port()),
+            str(tu.REPO / "pretrain" / "train.py"),
+            *tu.train_args(data, "zero2_fp32.json", int(committed[-1][5:]) + 2, global_batch=4),
+            "--save",
+            str(ck),
+            "--load",
+            str(ck),
+            "--override-opt-param-scheduler",
+            "--log-json",
+            str(tmp_path / "after.jsonl"),
+        ],
+        timeout=400,
+        cwd=launch,
+        env=env,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert "was saved by 2 rank(s), this run has 1" in resumed.stdout
+    assert "global batch 4 kept (2 accumulation step(s) of 2 on 1 rank(s))" in resumed.stdout
+    last = int(committed[-1][5:])
+    recs = tu.train_records(tmp_path / "after.jsonl")
+    assert [r["iteration"] for r in recs] == [last + 1, last + 2]
+    assert recs[0]["consumed_samples"] == (last + 1) * 4
