@@ -140,3 +140,21 @@ def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
     recs = tu.train_records(tmp_path / "after.jsonl")
     assert [r["iteration"] for r in recs] == [last + 1, last + 2]
     assert recs[0]["consumed_samples"] == (last + 1) * 4
+
+
+@pytest.mark.timeout(600)
+def test_a_wrong_network_interface_fails_in_bounded_time_naming_it(cluster, tmp_path):
+    import time
+
+    data = tu.prepare(tmp_path)
+    launch = _launch_dir(tmp_path, cluster)
+    env_file = launch / ".deepspeed_env"
+    env_file.write_text(env_file.read_text().replace(f"GLOO_SOCKET_IFNAME={IFNAME}", "GLOO_SOCKET_IFNAME=ib0"))
+    start = time.monotonic()
+    p = deepspeed_across(
+        cluster, launch, tu.train_args(data, "zero2_fp32.json", 2) + ["--distributed-timeout-minutes", "1"]
+    )
+    took = time.monotonic() - start
+    assert p.returncode != 0
+    assert "ib0" in p.stdout, p.stdout[-3000:]
+    assert took < 240, f"{took:.0f} s"
