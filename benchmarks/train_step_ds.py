@@ -197,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), default="bert-base")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
-    p.add_argument("--precisions", nargs="+", choices=["fp16", "bf16"], default=["bf16", "fp16"])
+    p.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=["fp16", "bf16"],
+        default=None,
+        help="default: bf16 and fp16, fp16 only on GPUs below compute capability 8.0 (no bf16 hardware)",
+    )
     p.add_argument("--kernel", default="auto", help="attention kernel of the sparse variants")
     p.add_argument("--vocab", type=int, default=30522)
     p.add_argument("--tokens", type=int, help="b x N per step (default: the preset's)")
@@ -219,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rows = []
+    if args.precisions is None:
+        from tools.gpu_check import gpus_support_bf16
+
+        bf16 = args.device != "cuda" or gpus_support_bf16()
+        args.precisions = ["bf16", "fp16"] if bf16 else ["fp16"]
+        if not bf16:
+            print("[train_step_ds] bf16 left out: a GPU below compute capability 8.0 has no bf16 hardware", flush=True)
     for precision in args.precisions:
         for n in args.seq_lens:
             for v in args.variants:

@@ -21,6 +21,14 @@ LAYOUTS = {
     "bigbird": lambda: A.BigBirdSparsityConfig(H, block=64, seed=1),
     "fixed": lambda: A.FixedSparsityConfig(H, block=64),
 }
+
+
+def tu_bf16_skip() -> str | None:
+    from tests.train_utils import bf16_gpu_skip_reason
+
+    return bf16_gpu_skip_reason()
+
+
 TOL = {torch.float16: dict(atol=2e-2, rtol=2e-2), torch.bfloat16: dict(atol=6e-2, rtol=6e-2)}
 
 
@@ -93,6 +101,7 @@ def test_evaluation_path_without_grad(kernel):
     torch.testing.assert_close(out.float(), ref, **TOL[torch.float16])
 
 
+@pytest.mark.skipif(tu_bf16_skip() is not None, reason=str(tu_bf16_skip()))
 def test_compiled_flex_builds_few_graphs_over_a_training_like_sequence():
     """Padded and unpadded batches, training and evaluation, a DIET bias and the last short batch of an epoch:
     the compiled FlexAttention stays well below Dynamo's recompile limit (8), so it never falls back to eager."""

@@ -85,6 +85,7 @@ def _check_overflow_log(tmp_path):
         assert (r["loss"] == float("inf")) == (r["iteration"] in (2, 4))
 
 
+@pytest.mark.skipif(tu.bf16_gpu_skip_reason() is not None, reason=str(tu.bf16_gpu_skip_reason()))
 def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path):
     args = tu.train_args(
         data, "zero2_bf16.json", 6, "--save", str(tmp_path / "ck"), "--save-interval", "2", global_batch=4
@@ -99,6 +100,7 @@ def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path)
     assert time.monotonic() - start < 180
 
 
+@pytest.mark.skipif(tu.bf16_gpu_skip_reason() is not None, reason=str(tu.bf16_gpu_skip_reason()))
 def test_kill_during_save_resumes_from_previous_complete_checkpoint(data, tmp_path):
     ck = tmp_path / "ck"  # ZeRO-3 bf16: the other tests cover ZeRO-2 checkpoints
     args = tu.train_args(

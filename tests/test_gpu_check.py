@@ -149,3 +149,19 @@ def test_smoke_resume_comparison_fails_on_any_loss_difference():
     worst, problems = gc.resume_comparison(straight, resumed, 200)
     assert worst == pytest.approx(1e-6) and "first at iteration 151" in problems[0]
     assert "incomplete (200 straight vs 120 resumed" in gc.resume_comparison(straight, straight[:120], 200)[1][0]
+
+
+@pytest.mark.parametrize("caps, bf16", [([(7, 0)], False), ([(8, 0), (8, 0)], True), ([(9, 0), (7, 0)], False)])
+def test_bf16_steps_are_gated_by_capability(monkeypatch, tmp_path, caps, bf16):
+    """A healthy V100 must pass the check: bf16 benchmark steps are skipped below sm80 (the trainer refuses bf16
+    there), and the bf16 training tests skip with the reason."""
+    from tests import train_utils as tu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(caps))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: caps[i])
+    assert gc.gpus_support_bf16() is bf16
+    assert (tu.bf16_gpu_skip_reason() is None) is bf16
+    steps = {s.name: s for s in gc.plan(tmp_path, len(caps))}
+    res = gc.run_step(steps["attention_bench_bf16"], tmp_path, time.monotonic() + 600)
+    assert (res.status == "skipped") is not bf16

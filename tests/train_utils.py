@@ -208,3 +208,15 @@ def fp16_policy_entry(tmp: Path, supported: bool) -> Path:
     path = tmp / f"train_cpu_fp16_{'on' if supported else 'off'}.py"
     path.write_text(FP16_POLICY_ENTRY.format(repo=str(REPO), supported=bool(supported)))
     return path
+
+
+def bf16_gpu_skip_reason() -> str | None:
+    """Why a bf16 run cannot be tested on this machine's GPUs (None on CPU and on sm80+): below compute capability
+    8.0 the trainer refuses bf16 with exit 2 (tested in tests/test_ds_config.py), so bf16 training tests skip."""
+    import torch
+
+    if torch.cuda.is_available() and any(
+        torch.cuda.get_device_capability(i)[0] < 8 for i in range(torch.cuda.device_count())
+    ):
+        return "bf16 needs compute capability 8.0+ (this GPU has none; the trainer refuses it with exit 2)"
+    return None

@@ -67,6 +67,23 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
 
 
+NO_BF16 = "a GPU below compute capability 8.0 (e.g. a V100) has no bf16 hardware: fp16 only"
+
+
+def gpus_support_bf16() -> bool:
+    """Every visible GPU has bf16 hardware (compute capability 8.0+); the trainer refuses bf16 below that."""
+    import torch
+
+    return all(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(torch.cuda.device_count()))
+
+
+def _skipped(name: str, why: str) -> Step:
+    def check(res: StepResult, proc) -> None:
+        res.status, res.summary = "skipped", why
+
+    return Step(name, 1, None, check)
+
+
 def run_step(step: Step, out: Path, deadline: float) -> StepResult:
     """Run one step within min(its budget, the time left); never raises."""
     res = StepResult(step.name, command=shlex.join(step.command) if step.command else "")
@@ -399,7 +416,7 @@ def plan(out: Path, gpus: int) -> list[Step]:
             420,
         ),
         _attention_step("fp16", out, 180),
-        _attention_step("bf16", out, 180),
+        _attention_step("bf16", out, 180) if gpus_support_bf16() else _skipped("attention_bench_bf16", NO_BF16),
         _train_step_step(out, 240),
         _smoke_step(out, 300, gpus),
     ]
