@@ -98,6 +98,11 @@ def stock_bert_reason(config: ModelConfig, weights_only: bool = False) -> str | 
         )
     if config.hidden_act not in ("gelu", "relu", "gelu_tanh"):
         return f"hidden_act {config.hidden_act!r} has no Hugging Face equivalent"
+    if config.ffn_type != "standard" or not config.linear_bias or not config.norm_bias:
+        return (
+            f"Hugging Face BERT has a standard feed-forward with biases everywhere; this model has ffn_type "
+            f"{config.ffn_type!r}, linear_bias {config.linear_bias}, norm_bias {config.norm_bias}"
+        )
     if weights_only:
         return None
     default = ModelConfig().to_dict()
