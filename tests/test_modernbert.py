@@ -132,3 +132,141 @@ def test_every_kernel_matches_dense_on_the_model(kernel):
         got = other.eval()(ids, am).logits
     valid = am.bool()
     torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=1e-4)
+
+
+# -- export to stock transformers.ModernBertForMaskedLM -----------------------------------------------------------
+EXPORTS = {  # name -> overrides of modernbert-tiny; each must export to stock ModernBERT
+    "preset": {},
+    "odd_window_every2_biases_tanh": dict(
+        linear_bias=True,
+        norm_bias=True,
+        hidden_act="gelu_tanh",
+        position={"type": "rotary", "rope_theta": 5000.0, "rope_theta_local": 300.0},
+        attention={"global_every": 2, "local": {"token_mask": {"pattern": "sliding_window", "window": 17}}},
+    ),
+    "all_global": dict(attention={"kernel": "block_gather"}),
+}
+
+
+def _random_model(config: ModelConfig, seed: int = 0) -> BertForPreTraining:
+    torch.manual_seed(seed)
+    m = BertForPreTraining(config).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # non-trivial norms and biases, so a wrong mapping cannot hide behind init constants
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return m
+
+
+def _export(m: BertForPreTraining, out, remote: str = "auto") -> dict:
+    from tools.convert_checkpoint import write_hf
+    from tools.hf_export import remote_code
+
+    out.mkdir(parents=True)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    return write_hf(sd, m.config, m.layout_state(), out, remote, remote_code.token_mask_state(m))
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_export_to_stock_modernbert_logits_match(name, tmp_path):
+    """Ours (dense reference kernel) vs the exported stock model (eager and SDPA attention) on a padded batch."""
+    transformers = pytest.importorskip("transformers")
+    from model.hf_adapter import stock_export
+
+    cfg = _tiny(**EXPORTS[name])
+    assert stock_export(cfg) == ("modernbert", None)
+    m = _random_model(cfg)
+    info = _export(m, tmp_path / "hf")
+    assert info == {"remote_code": False, "reason": None, "architecture": "ModernBertForMaskedLM"}
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]  # no code
+    ids, am = _inputs(N=80)
+    with torch.no_grad():
+        want = m(ids, am).logits
+    valid = am.bool()
+    for impl in ("eager", "sdpa"):
+        hf, loading = transformers.AutoModelForMaskedLM.from_pretrained(
+            tmp_path / "hf", attn_implementation=impl, output_loading_info=True
+        )
+        assert type(hf) is transformers.ModernBertForMaskedLM
+        assert not any(loading[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), loading
+        with torch.no_grad():
+            got = hf.eval()(input_ids=ids, attention_mask=am).logits
+        torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=1e-5, msg=lambda s: f"{impl}: {s}")
+
+
+def test_window_matters_and_roundtrips_through_from_hf(tmp_path):
+    """The window really acts (a wider one changes the logits), and --from-hf restores our model exactly: from our
+    export (full config kept) and from a plain ModernBERT directory (no ``sparse_bert`` entry)."""
+    transformers = pytest.importorskip("transformers")
+    from tools.convert_checkpoint import read_hf
+
+    m = _random_model(_tiny())
+    _export(m, tmp_path / "ours")
+    ids, am = _inputs(N=80)
+    valid = am.bool()
+    with torch.no_grad():
+        want = m(ids, am).logits
+    wide = BertForPreTraining(
+        _tiny(attention={"global_every": 3, "local": {"token_mask": {"pattern": "sliding_window", "window": 64}}})
+    ).eval()
+    wide.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        assert (wide(ids, am).logits[valid] - want[valid]).abs().max() > 1e-3
+    sd, cfg, layouts = read_hf(tmp_path / "ours")
+    assert cfg == m.config and layouts is None
+    assert sd.keys() == m.state_dict().keys() and all(torch.equal(sd[k], v) for k, v in m.state_dict().items())
+    # a plain ModernBERT directory, as transformers writes it
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "ours")
+    hf.config.sparse_bert = None
+    hf.save_pretrained(tmp_path / "plain")
+    sd2, cfg2, _ = read_hf(tmp_path / "plain")
+    assert cfg2.attention.global_every == 3 and cfg2.attention.token_mask_for_layer(1).params.window == 32
+    back = BertForPreTraining(cfg2).eval()
+    back.load_state_dict(sd2)
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, am).logits[valid], want[valid], atol=1e-5, rtol=1e-5)
+
+
+REMOTE = {  # combinations stock ModernBERT cannot express: the reason names what is missing
+    "blockbert_global": (
+        dict(
+            attention={
+                "kernel": "block_gather",
+                "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+                "global_every": 3,
+                "local": {"token_mask": {"pattern": "sliding_window", "window": 32}, "sparsity": None},
+            }
+        ),
+        "global layer with layout 'blockbert'",
+    ),
+    "block_local_layout": (
+        dict(
+            attention={
+                "global_every": 3,
+                "local": {"sparsity": {"mode": "local", "num_sliding_window_blocks": 3, "attention": "bidirectional"}},
+            }
+        ),
+        "block layout 'local'",
+    ),
+    "diet_rel": (dict(position={"type": "diet_rel", "max_distance": 8}), "rotary positions"),
+    "segments": (dict(type_vocab_size=2), "segment"),
+    "first_attn_norm": (dict(first_attn_norm=True), "layer 0"),
+    "standard_ffn": (dict(ffn_type="standard"), "GLU"),
+    "two_windows": (
+        dict(attention={"per_layer": [{}, {"token_mask": {"pattern": "sliding_window", "window": 8}}, {}, {}]}),
+        "global layer with token mask 'sliding_window'",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REMOTE))
+def test_inexpressible_combinations_keep_remote_code(name, tmp_path):
+    from model.hf_adapter import stock_export
+
+    overrides, why = REMOTE[name]
+    cfg = _tiny(**overrides)
+    stock, reason = stock_export(cfg)
+    assert stock is None and why in reason, reason
+    info = _export(_random_model(cfg), tmp_path / "hf")
+    assert info["remote_code"] and info["reason"] == reason
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "sparsebert"
