@@ -12,6 +12,7 @@ from model.attention.module import BlockSparseAttention
 from model.attention.sparsebert import DAMConfig, DAMMask, build_token_mask, gated_attention, sparsity
 from model.config import ModelConfig
 from model.positions import AbsolutePositionEmbedding, PositionalAttention
+from model.rotary import apply_rotary
 
 _ACT = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
@@ -45,7 +46,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = (
             nn.Embedding(c.type_vocab_size, c.hidden_size) if c.type_vocab_size and c.segment == "input" else None
         )
-        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias)
         self.dropout = nn.Dropout(c.hidden_dropout)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
@@ -61,14 +62,19 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """Fused Q/K/V projection to heads x head_size, the shared attention module, output projection back."""
+    """Fused Q/K/V projection to heads x head_size, rotary positions (if configured), the shared attention module,
+    output projection back."""
 
     def __init__(self, c: ModelConfig, kernel: str, sparsity, index: int = 0):
         super().__init__()
         self.num_heads = c.num_attention_heads
         self.head_size = c.attention_head_size
         inner = self.num_heads * self.head_size
-        self.qkv = nn.Linear(c.hidden_size, 3 * inner)
+        self.qkv = nn.Linear(c.hidden_size, 3 * inner, bias=c.linear_bias)
+        self.rope_theta = None  # rotary base of this layer (ModernBERT: global vs local layers differ)
+        if c.position.type == "rotary":
+            global_ = c.attention.is_global(index)
+            self.rope_theta = c.position.rope_theta if global_ else c.position.rope_theta_local
         tm_cfg = c.attention.token_mask_for_layer(index)
         n_mask = c.max_position_embeddings if tm_cfg is None or tm_cfg.seq_len is None else tm_cfg.seq_len
         if n_mask > c.max_position_embeddings:
@@ -84,7 +90,7 @@ class BertSelfAttention(nn.Module):
             fixed_token_mask=token_mask,
             mask_block=16 if tm_cfg is None else tm_cfg.block,
         )
-        self.out_proj = nn.Linear(inner, c.hidden_size)
+        self.out_proj = nn.Linear(inner, c.hidden_size, bias=c.linear_bias)
 
     def forward(
         self,
@@ -95,28 +101,45 @@ class BertSelfAttention(nn.Module):
     ) -> torch.Tensor:
         B, N, _ = x_BND.shape
         qkv = self.qkv(x_BND).view(B, N, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
+        q_BHND, k_BHND, v_BHND = qkv[0], qkv[1], qkv[2]
+        if self.rope_theta is not None:
+            q_BHND, k_BHND = apply_rotary(q_BHND, k_BHND, self.rope_theta)
         if gate_HNN is not None:  # DAM search: probabilities gated by the soft mask (dense by nature)
             drop = self.core.dropout_p if self.training else 0.0
-            ctx_BHND = gated_attention(qkv[0], qkv[1], qkv[2], gate_HNN, key_padding_mask_BN, drop, None, score_bias)
+            ctx_BHND = gated_attention(q_BHND, k_BHND, v_BHND, gate_HNN, key_padding_mask_BN, drop, None, score_bias)
         else:
-            ctx_BHND = self.core(qkv[0], qkv[1], qkv[2], key_padding_mask_BN=key_padding_mask_BN, score_bias=score_bias)
+            ctx_BHND = self.core(q_BHND, k_BHND, v_BHND, key_padding_mask_BN=key_padding_mask_BN, score_bias=score_bias)
         return self.out_proj(ctx_BHND.transpose(1, 2).reshape(B, N, -1))
 
 
 class BertLayer(nn.Module):
-    """Attention + feed-forward, post-LN (BERT) or pre-LN."""
+    """Attention + feed-forward (standard or GLU), post-LN (BERT) or pre-LN."""
 
     def __init__(self, c: ModelConfig, index: int):
         super().__init__()
         kernel, sparsity = c.attention.for_layer(index, c.num_attention_heads)
         self.pre_ln = c.pre_layer_norm
         self.attention = BertSelfAttention(c, kernel, sparsity, index)
-        self.attn_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.ffn_in = nn.Linear(c.hidden_size, c.intermediate_size)
-        self.ffn_out = nn.Linear(c.intermediate_size, c.hidden_size)
-        self.ffn_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        # ModernBERT's layer 0 reads the embedding LayerNorm's output as it is (first_attn_norm False)
+        skip_norm = index == 0 and not c.first_attn_norm
+        self.attn_layer_norm = (
+            nn.Identity() if skip_norm else nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias)
+        )
+        self.glu = c.ffn_type == "glu"
+        ffn_in_width = 2 * c.intermediate_size if self.glu else c.intermediate_size
+        self.ffn_in = nn.Linear(c.hidden_size, ffn_in_width, bias=c.linear_bias)
+        self.ffn_out = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.linear_bias)
+        self.ffn_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias)
         self.dropout = nn.Dropout(c.hidden_dropout)
         self.act = _ACT[c.hidden_act]
+
+    def ffn(self, x_BND: torch.Tensor) -> torch.Tensor:
+        """The feed-forward sublayer: ffn_out(act(ffn_in(x))), or with GLU ffn_out(act(input) * gate)."""
+        h = self.ffn_in(x_BND)
+        if self.glu:
+            input_BNI, gate_BNI = h.chunk(2, dim=-1)
+            return self.ffn_out(self.act(input_BNI) * gate_BNI)
+        return self.ffn_out(self.act(h))
 
     def forward(
         self,
@@ -129,18 +152,20 @@ class BertLayer(nn.Module):
             x_BND = x_BND + self.dropout(
                 self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN, score_bias, gate_HNN)
             )
-            return x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(self.ffn_layer_norm(x_BND)))))
+            return x_BND + self.dropout(self.ffn(self.ffn_layer_norm(x_BND)))
         x_BND = self.attn_layer_norm(
             x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN, score_bias, gate_HNN))
         )
-        return self.ffn_layer_norm(x_BND + self.dropout(self.ffn_out(self.act(self.ffn_in(x_BND)))))
+        return self.ffn_layer_norm(x_BND + self.dropout(self.ffn(x_BND)))
 
 
 class BertEncoder(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(c, i) for i in range(c.num_layers))
-        self.final_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.pre_layer_norm else None
+        self.final_layer_norm = (
+            nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias) if c.pre_layer_norm else None
+        )
 
     def forward(
         self,
@@ -161,7 +186,7 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
         self.positional_attention = None
-        if c.position.type != "absolute" or c.segment == "per_head":
+        if c.position.type not in ("absolute", "rotary") or c.segment == "per_head":
             self.positional_attention = PositionalAttention(
                 c.position,
                 c.segment,
@@ -202,8 +227,8 @@ class BertModel(nn.Module):
 class MLMTransform(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
-        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=c.linear_bias)
+        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias)
         self.act = _ACT[c.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -242,7 +267,8 @@ class BertForPreTraining(nn.Module):
                     m.weight[m.padding_idx].zero_()
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(self.cls.transform(hidden), self.bert.embeddings.word_embeddings.weight, self.cls.bias)

@@ -14,6 +14,7 @@ from model.attention.sparsebert import TokenMaskConfig
 from model.positions import SEGMENT_TYPES, PositionConfig
 
 _LAYER_KEYS = ["kernel", "sparsity", "token_mask"]
+FFN_TYPES = ("standard", "glu")
 
 
 def _flag(flag: str, negative: str | None = None) -> dict[str, Any]:
@@ -71,6 +72,14 @@ class AttentionConfig:
     per_layer: list[dict] | None = None
     """Optional list, one dict per layer with ``kernel``, ``sparsity`` and/or ``token_mask`` overriding the fields
     above (``"sparsity": null`` makes that layer dense)."""
+    global_every: int | None = None
+    """ModernBERT's layer cadence (instead of ``per_layer``): layer i is global when i % global_every == 0 and uses
+    the fields above (full attention, or any layout, e.g. BlockBERT), local otherwise and uses ``local``. Rotary
+    positions use position.rope_theta on global and position.rope_theta_local on local layers. None = no cadence."""
+    local: dict | None = None
+    """The local layers' settings under ``global_every``, a dict like a ``per_layer`` entry: ModernBERT's exact
+    window ``{"token_mask": {"pattern": "sliding_window", "window": 128}}``, or any layout, e.g. ``{"sparsity":
+    {"mode": "local", "num_sliding_window_blocks": 9, "attention": "bidirectional"}}``."""
 
     def __post_init__(self) -> None:
         _check_kernel(self.kernel, "attention.kernel")
@@ -79,27 +88,50 @@ class AttentionConfig:
         _check_sparsity(self.sparsity, "attention.sparsity")
         top = None if self.token_mask is None else TokenMaskConfig.from_dict(self.token_mask)
         dam = top if top is not None and top.pattern == "dam" else None
-        if dam is not None and (self.sparsity is not None or self.per_layer is not None):
+        if dam is not None and (
+            self.sparsity is not None or self.per_layer is not None or self.global_every is not None
+        ):
             raise ValueError(
                 "attention.token_mask pattern 'dam' searches all n x n positions: it cannot be combined "
-                "with attention.sparsity or attention.per_layer (export the mask, then use 'file')"
+                "with attention.sparsity, attention.per_layer or attention.global_every (export the mask, then use "
+                "'file')"
             )
         layers: list[LayerAttention] | None = None
         if self.per_layer is not None:
             if not isinstance(self.per_layer, list):
                 raise ValueError("attention.per_layer must be a list of dicts (one per layer)")
-            layers = [self._parse_layer(i, d, top) for i, d in enumerate(self.per_layer)]
+            layers = [self._parse_layer(f"attention.per_layer[{i}]", d, top) for i, d in enumerate(self.per_layer)]
         parsed = {
             "_dam": dam,
             "_default": LayerAttention(self.kernel, self.sparsity, "attention.sparsity", top),
             "_layers": layers,
+            "_local": self._parse_cadence(top),
             "_layouts": {},  # (layer, num_heads) -> layout object, filled by for_layer
         }
         for name, value in parsed.items():  # frozen dataclass: the parsed state is set once, here
             object.__setattr__(self, name, value)
 
-    def _parse_layer(self, i: int, d: Any, top: TokenMaskConfig | None) -> LayerAttention:
-        where = f"attention.per_layer[{i}]"
+    def _parse_cadence(self, top: TokenMaskConfig | None) -> LayerAttention | None:
+        """The local layers' settings of ``global_every`` (None without a cadence)."""
+        if self.global_every is None:
+            if self.local is not None:
+                raise ValueError("attention.local is read only with attention.global_every; set both or neither")
+            return None
+        if isinstance(self.global_every, bool) or not isinstance(self.global_every, int) or self.global_every < 1:
+            raise ValueError(f"attention.global_every must be a positive integer or null, got {self.global_every!r}")
+        if self.per_layer is not None:
+            raise ValueError("give either attention.per_layer or attention.global_every (with attention.local)")
+        if self.local is None:
+            raise ValueError(
+                "attention.global_every needs attention.local, the local layers' settings, e.g. "
+                '{"token_mask": {"pattern": "sliding_window", "window": 128}}'
+            )
+        local = self._parse_layer("attention.local", self.local, top)
+        if local.token_mask is not None and local.token_mask.pattern == "file":
+            raise ValueError("attention.local.token_mask: a 'file' mask holds one mask per layer; use per_layer")
+        return local
+
+    def _parse_layer(self, where: str, d: Any, top: TokenMaskConfig | None) -> LayerAttention:
         d = check_keys(d, _LAYER_KEYS, where)
         kernel = d.get("kernel", self.kernel)
         _check_kernel(kernel, f"{where}.kernel")
@@ -115,7 +147,13 @@ class AttentionConfig:
 
     def layer(self, index: int) -> LayerAttention:
         """The parsed settings of layer ``index``."""
-        return self._default if self._layers is None else self._layers[index]
+        if self._layers is not None:
+            return self._layers[index]
+        return self._default if self.is_global(index) else self._local
+
+    def is_global(self, index: int) -> bool:
+        """False for the local layers of ``global_every`` (ModernBERT: index % k != 0), True for every other layer."""
+        return self.global_every is None or index % self.global_every == 0
 
     def token_mask_for_layer(self, index: int) -> TokenMaskConfig | None:
         """The token-mask settings of layer ``index`` (None = no token mask)."""
@@ -178,10 +216,21 @@ class ModelConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """Layout + kernel (+ SparseBERT token mask), for all layers or per layer."""
     position: PositionConfig = field(default_factory=PositionConfig)
-    """absolute (BERT input embeddings) | diet_abs | diet_rel (DIET decoupled positional attention); see
-    :class:`model.positions.PositionConfig`."""
+    """absolute (BERT input embeddings) | diet_abs | diet_rel (DIET decoupled positional attention) | rotary (RoPE,
+    ModernBERT); see :class:`model.positions.PositionConfig`."""
     segment: str = "input"
     """input: token-type embeddings added at the input (BERT). per_head: DIET's logits += s_h[seg_i, seg_j]."""
+    ffn_type: str = field(default="standard", metadata=_flag("--ffn-type"))
+    """standard: ffn_out(act(ffn_in(x))) (BERT). glu: ffn_in projects to 2 x intermediate_size, split into (input,
+    gate), ffn_out(act(input) * gate); with hidden_act gelu that is ModernBERT's GeGLU."""
+    linear_bias: bool = field(default=True, metadata=_flag("--add-bias-linear", negative="--disable-bias-linear"))
+    """Biases of the attention (Q/K/V, output), feed-forward and MLM-transform linears (ModernBERT: none). The MLM
+    decoder keeps its bias either way (ModernBERT's decoder_bias)."""
+    norm_bias: bool = field(default=True, metadata=_flag("--norm-bias", negative="--no-norm-bias"))
+    """Biases of every LayerNorm (ModernBERT: none)."""
+    first_attn_norm: bool = True
+    """Pre-LN only: False gives layer 0 no attention LayerNorm, as ModernBERT (the embedding LayerNorm has just
+    normalised its input)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
@@ -216,6 +265,12 @@ class ModelConfig:
             raise ValueError(f"head_size must be a positive integer or null, got {self.head_size}")
         if self.hidden_act not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"hidden_act must be gelu | gelu_tanh | relu, got {self.hidden_act!r}")
+        if self.ffn_type not in FFN_TYPES:
+            raise ValueError(f"ffn_type (--ffn-type) must be one of {list(FFN_TYPES)}, got {self.ffn_type!r}")
+        if not self.first_attn_norm and not self.pre_layer_norm:
+            raise ValueError("first_attn_norm False (no attention LayerNorm in layer 0) needs pre_layer_norm True")
+        if self.position.type == "rotary" and self.attention_head_size % 2:
+            raise ValueError(f"position.type 'rotary' needs an even head size, got {self.attention_head_size}")
         if self.attention.per_layer is not None and len(self.attention.per_layer) != self.num_layers:
             raise ValueError(
                 f"attention.per_layer has {len(self.attention.per_layer)} entries but num_layers is {self.num_layers}"
@@ -276,6 +331,27 @@ _BASE = dict(
     max_position_embeddings=512,
     type_vocab_size=2,
 )
+_MODERNBERT = dict(
+    _BASE,
+    num_layers=22,
+    intermediate_size=1152,
+    max_position_embeddings=1024,  # ModernBERT's first pretraining phase; its 8192 context came after
+    type_vocab_size=0,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    layer_norm_eps=1e-5,
+    pre_layer_norm=True,
+    ffn_type="glu",
+    linear_bias=False,
+    norm_bias=False,
+    first_attn_norm=False,
+    position={"type": "rotary", "rope_theta": 160000.0, "rope_theta_local": 10000.0},
+    attention={
+        "kernel": "auto",
+        "global_every": 3,
+        "local": {"token_mask": {"pattern": "sliding_window", "window": 128}},
+    },
+)
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base": dict(_BASE),
     "bert-large": dict(_BASE, hidden_size=1024, num_layers=24, num_attention_heads=16, intermediate_size=4096),
@@ -287,6 +363,18 @@ PRESETS: dict[str, dict[str, Any]] = {
             "kernel": "auto",
             "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 16},
         },
+    ),
+    # ModernBERT (arXiv 2412.13663): pre-LN without biases, GeGLU, RoPE, a 128-token window in two of every three
+    # layers (global attention where layer % 3 == 0); exports to stock transformers.ModernBertForMaskedLM
+    "modernbert-base": dict(_MODERNBERT),
+    "modernbert-tiny": dict(
+        _MODERNBERT,
+        hidden_size=64,
+        num_layers=4,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        attention={**_MODERNBERT["attention"], "local": {"token_mask": {"pattern": "sliding_window", "window": 32}}},
     ),
     "blockbert-base-n3": dict(
         _BASE,

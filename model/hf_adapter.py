@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from model.config import AttentionConfig, ModelConfig
+from model.hf_modernbert import stock_modernbert_reason
 
 _HF_IGNORED = ("position_ids", "token_type_ids")  # buffers some transformers versions keep in state dicts
 
@@ -98,6 +99,11 @@ def stock_bert_reason(config: ModelConfig, weights_only: bool = False) -> str | 
         )
     if config.hidden_act not in ("gelu", "relu", "gelu_tanh"):
         return f"hidden_act {config.hidden_act!r} has no Hugging Face equivalent"
+    if config.ffn_type != "standard" or not config.linear_bias or not config.norm_bias:
+        return (
+            f"Hugging Face BERT has a standard feed-forward with biases everywhere; this model has ffn_type "
+            f"{config.ffn_type!r}, linear_bias {config.linear_bias}, norm_bias {config.norm_bias}"
+        )
     if weights_only:
         return None
     default = ModelConfig().to_dict()
@@ -114,6 +120,24 @@ def stock_bert_reason(config: ModelConfig, weights_only: bool = False) -> str | 
         if tm is not None:
             return f"SparseBERT token mask {tm.pattern!r} (layer {i})"
     return None
+
+
+STOCK_ARCHITECTURES = {"bert": "BertForMaskedLM", "modernbert": "ModernBertForMaskedLM"}
+"""Stock transformers classes an export can be (``model_type`` -> MLM class); everything else is remote code."""
+
+
+def stock_export(config: ModelConfig) -> tuple[str | None, str | None]:
+    """``(model_type, None)`` when a stock transformers class computes exactly this model ("bert": BERT's
+    architecture, sparse or not expressible; "modernbert": rotary + GeGLU + pre-LN with full / exact-window
+    layers), else ``(None, why not)`` with the reason of each: the converter's one decision between stock and
+    remote code."""
+    bert = stock_bert_reason(config)
+    if bert is None:
+        return "bert", None
+    modern = stock_modernbert_reason(config)
+    if modern is None:
+        return "modernbert", None
+    return None, f"stock BERT: {bert}; stock ModernBERT: {modern}"
 
 
 def _check_representable(config: ModelConfig) -> None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from common.strict import from_dict
 from model.attention.bias import ScoreBias, combine_biases
 
-POSITION_TYPES = ("absolute", "diet_abs", "diet_rel")
+POSITION_TYPES = ("absolute", "diet_abs", "diet_rel", "rotary")
 SHARING = ("none", "layer", "head")
 SEGMENT_TYPES = ("input", "per_head")
 
@@ -42,13 +42,19 @@ class PositionConfig:
 
     type: str = "absolute"
     """absolute: BERT's input embeddings. diet_abs: logits += (p_i U_Q^h)(p_j U_K^h)^T / sqrt(rank) with learned
-    absolute p (no input positions). diet_rel: logits += r_h[clip(j - i, -K, K)] (no input positions)."""
+    absolute p (no input positions). diet_rel: logits += r_h[clip(j - i, -K, K)] (no input positions). rotary: q and k
+    rotated by their position (RoPE, as ModernBERT; :mod:`model.rotary`), no input positions."""
     rank: int = 128
     """diet_abs: d_p, width of p and of the per-head positional query/key (paper: 64..512, best 128)."""
     sharing: str = "none"
     """none: parameters per layer and head. layer: one set for all layers. head: one bias for all heads of a layer."""
     max_distance: int = 128
     """diet_rel: K, relative distances are clipped to [-K, K] (not given in the paper: our choice)."""
+    rope_theta: float = 160000.0
+    """rotary: base of the global layers (every layer unless attention.global_every makes some local); ModernBERT:
+    160000."""
+    rope_theta_local: float = 10000.0
+    """rotary: base of the local (sliding-window) layers of attention.global_every; ModernBERT: 10000."""
 
     def __post_init__(self) -> None:
         if self.type not in POSITION_TYPES:
@@ -59,8 +65,13 @@ class PositionConfig:
             raise ValueError(
                 f"position.rank and position.max_distance must be >= 1 (got {self.rank}, {self.max_distance})"
             )
-        if self.type == "absolute" and self.sharing != "none":
-            raise ValueError("position.sharing applies to diet_abs / diet_rel only; use 'none' with 'absolute'")
+        if self.type in ("absolute", "rotary") and self.sharing != "none":
+            raise ValueError(f"position.sharing applies to diet_abs / diet_rel only; use 'none' with {self.type!r}")
+        if not (self.rope_theta > 0 and self.rope_theta_local > 0):
+            raise ValueError(
+                f"position.rope_theta and position.rope_theta_local must be > 0 (got {self.rope_theta}, "
+                f"{self.rope_theta_local})"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PositionConfig":

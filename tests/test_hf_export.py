@@ -15,7 +15,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from model.hf_adapter import stock_bert_reason
+from model.hf_adapter import stock_bert_reason, stock_export
 from tools.convert_checkpoint import (
     ConversionError,
     hf_to_ds,
@@ -127,6 +127,22 @@ CUSTOM = {
                 {"token_mask": {"pattern": "file", "path": "<set by the fixture>", "drop_diagonal": True}},
                 {"token_mask": {"pattern": "star"}},
             ],
+        },
+    ),
+    "modernbert_blockbert_global": dict(  # rotary, GeGLU, no biases, exact windows; BlockBERT on the global layers
+        _SMALL,
+        type_vocab_size=0,
+        pre_layer_norm=True,
+        ffn_type="glu",
+        linear_bias=False,
+        norm_bias=False,
+        first_attn_norm=False,
+        position={"type": "rotary", "rope_theta": 1000.0, "rope_theta_local": 100.0},
+        attention={
+            "kernel": "block_gather",
+            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16},
+            "global_every": 2,
+            "local": {"sparsity": None, "token_mask": {"pattern": "sliding_window", "window": 9}},
         },
     ),
     "dam": dict(
@@ -486,8 +502,8 @@ def test_every_preset_exports_with_logit_parity(custom_exports, preset):
         want = m(inp["input_ids"], attention_mask=inp["attention_mask"], token_type_ids=inp["token_type_ids"]).logits
     got = torch.load(root / f"{name}_got.pt")["logits"]
     assert (got - want).abs().max().item() <= TOL
-    stock = json.loads((root / name / "config.json").read_text())["model_type"] == "bert"
-    assert stock == (stock_bert_reason(m.config) is None)
+    model_type = json.loads((root / name / "config.json").read_text())["model_type"]
+    assert model_type == (stock_export(m.config)[0] or remote_code.MODEL_TYPE)
 
 
 def _without_mask_paths(d: dict) -> dict:

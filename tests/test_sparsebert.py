@@ -26,6 +26,7 @@ SMALL = {  # optional: settings scaled to n = 64 so that blocks of 8 are partly 
     "logsparse": {},
     "bigbird": {},
     "star": {"relay": 5},
+    "sliding_window": {"window": 17},  # odd: the band is |i - j| <= 8, as transformers' ModernBERT
 }
 
 

@@ -6,10 +6,12 @@
 
 ZeRO 1/2/3 shards of any number of ranks (fp32, fp16, bf16) are consolidated to fp32 by DeepSpeed's own
 zero_to_fp32; ZeRO-0 fp16/bf16 checkpoints give the optimizer's fp32 master weights. Models that stock BERT can
-express (decided by model.hf_adapter.stock_bert_reason) become a plain ``BertForMaskedLM`` directory (names
-mapped by model/hf_adapter.py); the others carry our own model code (tools/hf_export) and load
-with ``trust_remote_code=True``. Output directories are written to a temporary sibling and renamed at the end, so a
-failed conversion leaves nothing half-written.
+express (decided by model.hf_adapter.stock_export) become a plain ``BertForMaskedLM`` directory (names
+mapped by model/hf_adapter.py), ModernBERT-style models (rotary, GeGLU, full or exact-window layers) a plain
+``ModernBertForMaskedLM`` one (model/hf_modernbert.py); the others carry our own model code (tools/hf_export) and
+load with ``trust_remote_code=True``. ``--from-hf`` reads BERT, ModernBERT and our custom-code exports. Output
+directories are written to a temporary sibling and renamed at the end, so a failed conversion leaves nothing
+half-written.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from model.hf_adapter import STOCK_FIELDS, from_hf, stock_bert_reason, to_hf
+from model.hf_adapter import STOCK_ARCHITECTURES, STOCK_FIELDS, from_hf, stock_export, to_hf
+from model.hf_modernbert import from_hf_modernbert, to_hf_modernbert
 from pretrain.checkpoint import (
     COMMIT_MARKER,
     LATEST,
@@ -167,14 +170,17 @@ def write_hf(
     token_masks: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Write config.json + model.safetensors (+ code, + mask files) into ``out_dir``; returns {"remote_code",
-    "reason"}. ``token_masks`` are the masks the model applies (:func:`remote_code.token_mask_state`); None = build
-    them from ``config`` (a ``pattern: file`` mask is then read from its path)."""
+    "reason", "architecture"}. ``token_masks`` are the masks the model applies
+    (:func:`remote_code.token_mask_state`); None = build them from ``config`` (a ``pattern: file`` mask is then read
+    from its path)."""
     from safetensors.torch import save_file
 
-    reason = stock_bert_reason(config)
-    use_remote = remote == "always" or reason is not None
-    if remote == "never" and reason is not None:
-        raise ConversionError(f"--remote-code never: stock BERT cannot express this model ({reason})")
+    stock, reason = stock_export(config)
+    use_remote = remote == "always" or stock is None
+    if remote == "never" and stock is None:
+        raise ConversionError(
+            f"--remote-code never: stock BERT cannot express this model and neither can stock ModernBERT ({reason})"
+        )
     if use_remote:
         if token_masks is None:
             needs = any(config.attention.token_mask_for_layer(i) is not None for i in range(config.num_layers))
@@ -188,6 +194,8 @@ def write_hf(
             "sparse_bert": remote_code.export_model_config(config, token_masks, out_dir),
             "token_mask_lengths": {k: int(v.shape[-1]) for k, v in sorted(token_masks.items())},
         }
+    elif stock == "modernbert":
+        tensors, hf_config = to_hf_modernbert(state_dict, config)  # (decoder.weight tied: not stored)
     else:
         tensors, hf_config = to_hf(state_dict, config)
         tensors = dict(tensors)
@@ -195,7 +203,11 @@ def write_hf(
     tensors = {k: v.contiguous().clone() for k, v in tensors.items()}  # safetensors refuses shared storage
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    return {"remote_code": use_remote, "reason": reason or ("--remote-code always" if use_remote else None)}
+    return {
+        "remote_code": use_remote,
+        "reason": reason or ("--remote-code always" if use_remote else None),
+        "architecture": hf_config["architectures"][0],
+    }
 
 
 def ds_to_hf(
@@ -292,9 +304,15 @@ def read_hf(hf_dir: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig, d
         except (remote_code.ExportError, KeyError, ValueError, TypeError) as e:
             raise ConversionError(f"--from-hf {hf_dir}: {e}") from e
         return ours, config, layouts or None
+    if mtype == "modernbert":
+        try:
+            ours, config = from_hf_modernbert(sd, cfg)
+        except (KeyError, ValueError, TypeError) as e:
+            raise ConversionError(f"--from-hf {hf_dir}: {e}") from e
+        return ours, config, None
     if mtype != "bert":
         raise ConversionError(
-            f"--from-hf {hf_dir}: config.json has model_type {mtype!r}; only 'bert' (and our "
+            f"--from-hf {hf_dir}: config.json has model_type {mtype!r}; only {sorted(STOCK_ARCHITECTURES)} (and our "
             f"'{remote_code.MODEL_TYPE}' exports) can be converted"
         )
     sd = _legacy_names(sd)
@@ -524,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             if not a.to_hf:
                 p.error("--load needs --to-hf OUT_DIR")
             info = ds_to_hf(a.load, a.to_hf, a.tag, a.remote_code, not a.no_tokenizer, a, a.overwrite)
-            kind = f"custom code ({info['reason']})" if info["remote_code"] else "stock BertForMaskedLM"
+            kind = f"custom code ({info['reason']})" if info["remote_code"] else f"stock {info['architecture']}"
             print(
                 f"[convert] {a.load}/{info['tag']} -> {info['out']} as {kind}; tokenizer files: "
                 f"{info['tokenizer_files'] or 'none'}"

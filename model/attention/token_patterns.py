@@ -132,6 +132,15 @@ class BigBirdParams:
 
 
 @dataclass
+class SlidingWindowParams:
+    window: int = 128
+    """ModernBERT's local_attention: query i attends key j iff |i - j| <= window // 2 (128: 64 keys each side)."""
+
+    def __post_init__(self) -> None:
+        _check(int(self.window) >= 0, f"window must be >= 0, got {self.window}")
+
+
+@dataclass
 class StarParams:
     relay: int = 0
     """The relay token (attends and is attended by all); the others see a ring |i-j| <= 1 (wrapping)."""
@@ -282,6 +291,13 @@ def bigbird(p: BigBirdParams, num_heads: int, n: int, gen: torch.Generator, laye
         mh.scatter_(1, r, True)
         heads.append(_globals(mh, list(pos)))
     return torch.stack(heads)
+
+
+@register_pattern("sliding_window", SlidingWindowParams)
+def sliding_window(p: SlidingWindowParams, num_heads: int, n: int, gen: torch.Generator, layer: int) -> torch.Tensor:
+    """ModernBERT's local attention, exact at token level: the band |i - j| <= window // 2 (Hugging Face
+    ModernBERT's sliding-window mask; a block ``local`` layout can only approximate it)."""
+    return _offsets(n).abs() <= p.window // 2
 
 
 @register_pattern("star", StarParams)
