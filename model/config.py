@@ -283,7 +283,11 @@ class ModelConfig:
         """Kernel settings that cannot run are refused here, when the config is parsed, not at the first forward."""
         for i in range(self.num_layers):
             if self.attention.layer(i).kernel == "flex" and self.attention_dropout > 0:
-                where = "attention.kernel" if self.attention.per_layer is None else f"attention.per_layer[{i}].kernel"
+                where = "attention.kernel"
+                if self.attention.per_layer is not None:
+                    where = f"attention.per_layer[{i}].kernel"
+                elif self.attention.global_every and i % self.attention.global_every:
+                    where = "attention.local.kernel"
                 raise ValueError(
                     f"{where} 'flex' (--attention-kernel) has no attention dropout, but attention_dropout is "
                     f"{self.attention_dropout} (--attention-dropout): set it to 0, or use 'block_gather', 'dense' or "

@@ -137,6 +137,8 @@ def test_flex_with_attention_dropout_is_refused_when_the_config_is_parsed():
     ModelConfig.preset("tiny", attention={"kernel": "flex"}, attention_dropout=0.0)
     with pytest.raises(ValueError, match=r"attention.per_layer\[1\].kernel 'flex'"):
         ModelConfig.preset("tiny", attention={"per_layer": [{}, {"kernel": "flex"}]})
+    with pytest.raises(ValueError, match=r"attention.local.kernel 'flex'"):
+        ModelConfig.preset("tiny", attention={"global_every": 2, "local": {"kernel": "flex"}})
 
 
 @pytest.mark.timeout(300)
