@@ -12,7 +12,7 @@ N="${1:-10}"; shift || true
 if [ $# -eq 0 ]; then
   set -- tests/test_launch.py tests/test_faults.py tests/test_train_resume.py tests/test_exit_signal.py \
     tests/test_rank_agreement.py tests/test_slurm.py
-  for extra in tests/test_multinode.py tests/test_resize_resume.py; do
+  for extra in tests/test_multinode.py; do
     [ -f "$extra" ] && set -- "$@" "$extra"
   done
 fi
