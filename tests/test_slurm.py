@@ -393,6 +393,11 @@ def test_local_rank_is_a_visible_gpu_before_deepspeed_initialises(monkeypatch, e
         raise Stop
 
     monkeypatch.setattr(deepspeed, "init_distributed", fake_init)
-    with pytest.raises(Stop):
-        D.init_distributed(1.0)
+    saved = dict(os.environ)  # init_distributed writes RANK/WORLD_SIZE/... itself: none may leak to later tests
+    try:
+        with pytest.raises(Stop):
+            D.init_distributed(1.0)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     assert seen == {"set_device": int(want), "LOCAL_RANK": want}
