@@ -158,3 +158,28 @@ def test_a_wrong_network_interface_fails_in_bounded_time_naming_it(cluster, tmp_
     assert p.returncode != 0
     assert "ib0" in p.stdout, p.stdout[-3000:]
     assert took < 240, f"{took:.0f} s"
+
+
+@pytest.mark.timeout(600)
+def test_deepspeed_openmpi_launcher_across_two_hosts(cluster, tmp_path):
+    """`deepspeed --hostfile --launcher openmpi`: mpirun starts its daemons on the other host over ssh (its rsh agent
+    with the cluster's key) and the ranks meet over the cluster interface."""
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not installed (run_scripts/setup_env.sh)")
+    data = tu.prepare(tmp_path)
+    launch = _launch_dir(tmp_path, cluster)
+    ssh = "ssh " + " ".join(cluster.ssh_options)
+    mpi = f"--allow-run-as-root --mca plm_rsh_agent '{ssh}' --mca oob_tcp_if_include {IFNAME}"
+    port = tu.free_port()
+    # the master given to every rank (-x): no MPI call at all (DeepSpeed's MPI discovery would bcast over the btl
+    # that its openmpi runner pins to eth0, which these hosts do not have)
+    mpi += f" -x GLOO_SOCKET_IFNAME={IFNAME} -x TORCH_EXTENSIONS_DIR -x OMP_NUM_THREADS=1"
+    mpi += f" -x MASTER_ADDR={cluster.addresses[0]} -x MASTER_PORT={port}"
+    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "openmpi"]
+    cmd += ["--launcher_args", mpi, "--no_ssh_check", "--master_addr", cluster.addresses[0]]
+    cmd += ["--master_port", str(port), str(tu.REPO / "pretrain" / "train.py")]
+    args = tu.train_args(data, "zero2_fp32.json", 2, "--log-json", str(tmp_path / "log.jsonl"))
+    p = cluster.run(0, cmd + args, timeout=500, cwd=launch, env=tu.env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    assert "2 rank(s), backend gloo" in p.stdout
+    assert [r["iteration"] for r in tu.train_records(tmp_path / "log.jsonl")] == [1, 2]
