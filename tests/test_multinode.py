@@ -183,3 +183,34 @@ def test_deepspeed_openmpi_launcher_across_two_hosts(cluster, tmp_path):
     assert p.returncode == 0, p.stdout[-4000:]
     assert "2 rank(s), backend gloo" in p.stdout
     assert [r["iteration"] for r in tu.train_records(tmp_path / "log.jsonl")] == [1, 2]
+
+
+@pytest.mark.timeout(600)
+def test_preprocessing_under_mpirun_across_two_hosts_writes_the_bytes_of_one_process(
+    cluster, bert_uncased_vocab, tmp_path
+):
+    """`mpirun --host A,B python -m data_pipeline.preprocess`: one rank per host, rank 0 merges what both wrote on
+    the shared filesystem; the shards equal a single process's byte for byte."""
+    import sys
+
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not installed (run_scripts/setup_env.sh)")
+    vocab = bert_uncased_vocab
+    sample = tu.REPO / "run_scripts" / "sample_data" / "corpus"
+    args = ["-m", "data_pipeline.preprocess", "--input", str(sample), "--tokenizer-type", "BertWordPieceLowerCase"]
+    args += ["--vocab-file", str(vocab), "--split-sentences", "--workers", "1", "--no-progress"]
+    one = cluster.run(0, [sys.executable, *args, "--output-prefix", str(tmp_path / "one")], env=tu.env(), cwd=tu.REPO)
+    assert one.returncode == 0, one.stdout[-3000:]
+    ssh = "ssh " + " ".join(cluster.ssh_options)
+    mpirun = ["mpirun", "--allow-run-as-root", "--host", ",".join(cluster.addresses), "-np", "2"]
+    mpirun += ["--mca", "plm_rsh_agent", ssh, "--mca", "oob_tcp_if_include", IFNAME]
+    mpirun += ["--mca", "btl_tcp_if_include", IFNAME, "--mca", "btl", "tcp,self", "-x", "PYTHONPATH"]
+    two = cluster.run(
+        0, mpirun + [sys.executable, *args, "--output-prefix", str(tmp_path / "two")], env=tu.env(), cwd=tu.REPO
+    )
+    assert two.returncode == 0, two.stdout[-3000:]
+    assert "rank 1/2" in two.stdout
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"one_text_sentence{ext}").read_bytes() == (
+            tmp_path / f"two_text_sentence{ext}"
+        ).read_bytes()
