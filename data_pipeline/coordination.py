@@ -16,12 +16,10 @@ inherit the variables of the launcher's own step), then a Slurm step of more tha
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 #: set by mpirun / mpiexec themselves (Open MPI's orted, MPICH's hydra), never by srun
 MPIRUN_VARS = ("OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
@@ -72,7 +70,7 @@ class TorchWorld:
     merges the part shards the others wrote): no MPI, so any ``--mpi`` plugin works, and no port, so jobs sharing a
     node cannot collide. Rank 0 removes the file as soon as every rank has joined (see :meth:`_remove_rendezvous`);
     torch's own clean-up, by the last store destructor, does not run when a process skips interpreter finalization
-    (:func:`exit_process`) and left the file behind under load. A rank that dies closes its gloo sockets,
+    (:func:`common.process.exit_process`) and left the file behind under load. A rank that dies closes its gloo sockets,
     so the others fail in their next collective; ``srun --kill-on-bad-exit=1`` (the template's) ends the step at
     once. Ranks may wait long for the slowest one (its share of the corpus), hence the long default timeout.
     """
@@ -120,29 +118,6 @@ class TorchWorld:
 
         if ok and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def exit_process(code: int) -> NoReturn:
-    """End a process that ran gloo collectives without interpreter finalization, after flushing its output.
-
-    Gloo's worker threads drop their last references to finished work (and so to Python-owned tensors) on their
-    own schedule. One that does so after the interpreter began to finalize is terminated by Python inside C++
-    (``PyEval_AcquireThread`` -> ``pthread_exit``), and the process aborts with ``terminate called without an
-    active exception`` and exit code 134 after a complete run (1 run in 3 under load on 2 cores). Destroying the
-    process group does not join those threads while DeepSpeed or a ZeRO-3 parameter still holds the group. Callers
-    close their files, writers and loaders first; this finalizes MPI if mpi4py initialized it (its atexit hook would
-    not run, and mpirun counts a rank without ``MPI_Finalize`` as failed), flushes stdio and logging and leaves with
-    ``os._exit``."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def detect(output_prefix: str, environ: dict[str, str] | None = None) -> MpiWorld | TorchWorld | None:

@@ -28,6 +28,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 
 from common.cli import HelpFormatter, add_flags, cli
+from common.process import exit_process
 from data_pipeline import coordination
 from data_pipeline import resume as rs
 from data_pipeline.encode import Chunk, ChunkResult, EncodeSettings, Piece, encode_chunk, init_worker
@@ -556,4 +557,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    coordination.exit_process(main())  # no interpreter finalization under srun's gloo group (see exit_process)
+    exit_process(main())  # no interpreter finalization under srun's gloo group (see exit_process)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
 from data_pipeline.data_config import DataConfig, DataConfigError
-from pretrain.schedule import WSD_DECAY_STYLES
+from pretrain.schedule import PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE
 
 
 class ArgsError(ValueError):
@@ -69,8 +69,11 @@ class OptimConfig:
     def wsd(self) -> dict[str, Any]:
         """The WSD settings as pretrain.schedule takes them (neutral unless --lr-decay-style WSD)."""
         if self.lr_decay_style != "WSD":
-            return {"wsd_decay_iters": 0, "wsd_style": "exponential"}
-        return {"wsd_decay_iters": int(self.lr_wsd_decay_iters), "wsd_style": self.lr_wsd_decay_style or "exponential"}
+            return dict(PRE_WSD_SETTINGS)
+        return {
+            "wsd_decay_iters": int(self.lr_wsd_decay_iters),
+            "wsd_style": self.lr_wsd_decay_style or WSD_DEFAULT_STYLE,
+        }
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:

@@ -25,6 +25,7 @@ from typing import Any
 
 from pretrain.args import RunConfig
 from pretrain.checkpoint import CheckpointError
+from pretrain.schedule import PRE_WSD_SETTINGS, SETTINGS, WSD_DEFAULT_STYLE
 
 # (scheduler state key, how the flags name it)
 SCHEDULE_SETTINGS = (
@@ -37,7 +38,7 @@ SCHEDULE_SETTINGS = (
     ("wsd_style", "--lr-wsd-decay-style"),
 )
 #: what a checkpoint from before WSD existed ran with
-SCHEDULE_DEFAULTS = {"wsd_decay_iters": 0, "wsd_style": "exponential"}
+SCHEDULE_DEFAULTS = PRE_WSD_SETTINGS
 # (args section, field, flag): settings that define which samples a run reads, in which order
 STREAM_SETTINGS = (
     ("data", "data_path", "--data-path"),
@@ -61,7 +62,7 @@ def schedule_settings(
     decay_iters: int,
     style: str,
     wsd_decay_iters: int = 0,
-    wsd_style: str = "exponential",
+    wsd_style: str = WSD_DEFAULT_STYLE,
 ) -> dict[str, Any]:
     """The schedule the flags give, keyed like pretrain.schedule.WarmupLinearDecay's saved state."""
     return {
@@ -184,13 +185,8 @@ def plan_resume(
 
 def install_schedule(scheduler, schedule: dict[str, Any]) -> None:
     """Replace a restored WarmupLinearDecay's settings, keeping its step count, and set the LR it implies now."""
-    scheduler.peak, scheduler.min_lr = schedule["peak"], schedule["min_lr"]
-    scheduler.warmup, scheduler.decay_iters, scheduler.style = (
-        schedule["warmup"],
-        schedule["decay_iters"],
-        schedule["style"],
-    )
-    scheduler.wsd_decay_iters, scheduler.wsd_style = schedule["wsd_decay_iters"], schedule["wsd_style"]
+    for key in SETTINGS:
+        setattr(scheduler, key, schedule[key])
     lrs = scheduler.get_lr()
     for group, lr in zip(scheduler.optimizer.param_groups, lrs):
         group["lr"] = lr

@@ -21,6 +21,12 @@ WSD_DECAY_STYLES = {
     "exponential": lambda r: 2.0 * 0.5**r - 1.0,
     "minus_sqrt": lambda r: 1.0 - math.sqrt(r),
 }
+WSD_DEFAULT_STYLE = "exponential"
+"""Megatron-LM's default --lr-wsd-decay-style."""
+PRE_WSD_SETTINGS = {"wsd_decay_iters": 0, "wsd_style": WSD_DEFAULT_STYLE}
+"""What a schedule saved before WSD existed ran with (no anneal phase)."""
+SETTINGS = ("peak", "min_lr", "warmup", "decay_iters", "style", "wsd_decay_iters", "wsd_style")
+"""The schedule's settings: lr_at's keywords, WarmupLinearDecay's attributes and saved state."""
 
 
 def lr_at(
@@ -31,7 +37,7 @@ def lr_at(
     decay_iters: int,
     style: str = "linear",
     wsd_decay_iters: int = 0,
-    wsd_style: str = "exponential",
+    wsd_style: str = WSD_DEFAULT_STYLE,
 ) -> float:
     """LR after `step` applied optimizer steps (step 0 is the first update)."""
     if warmup > 0 and step < warmup:
@@ -64,7 +70,7 @@ class WarmupLinearDecay(LRScheduler):
         decay_iters: int,
         style: str = "linear",
         wsd_decay_iters: int = 0,
-        wsd_style: str = "exponential",
+        wsd_style: str = WSD_DEFAULT_STYLE,
     ) -> None:
         self.peak, self.min_lr, self.warmup, self.decay_iters, self.style = peak, min_lr, warmup, decay_iters, style
         self.wsd_decay_iters, self.wsd_style = wsd_decay_iters, wsd_style
@@ -72,17 +78,8 @@ class WarmupLinearDecay(LRScheduler):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """A checkpoint from before WSD existed has no WSD settings: it ran without an anneal phase."""
-        super().load_state_dict({"wsd_decay_iters": 0, "wsd_style": "exponential", **state_dict})
+        super().load_state_dict({**PRE_WSD_SETTINGS, **state_dict})
 
     def get_lr(self) -> list[float]:
-        lr = lr_at(
-            self.last_epoch,
-            self.peak,
-            self.min_lr,
-            self.warmup,
-            self.decay_iters,
-            self.style,
-            self.wsd_decay_iters,
-            self.wsd_style,
-        )
+        lr = lr_at(self.last_epoch, **{k: getattr(self, k) for k in SETTINGS})
         return [lr for _ in self.optimizer.param_groups]

@@ -13,7 +13,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by a launcher: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_pipeline.coordination import exit_process  # noqa: E402
+from common.process import exit_process  # noqa: E402
 from pretrain.args import ArgsError, parse_args  # noqa: E402
 from pretrain.checkpoint import CheckpointError  # noqa: E402
 from pretrain.distributed import destroy_distributed  # noqa: E402

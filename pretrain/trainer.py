@@ -136,8 +136,8 @@ class Trainer:
             plan = resume.plan_resume(where, client, run, now, self.global_batch, self.micro)
 
         load_tag = resume_tag
+        saved_world = int(client.get("world_size") or self.dist.world_size) if resuming else self.dist.world_size
         if resuming:
-            saved_world = int(client.get("world_size") or self.dist.world_size)
             universal = resize.prepare(self.ds, ck.load, resume_tag, client, self.dist.world_size)
             if universal is not None:
                 load_tag = universal
@@ -168,7 +168,7 @@ class Trainer:
 
         rng = None
         if resuming:
-            same_world = int(client.get("world_size") or self.dist.world_size) == self.dist.world_size
+            same_world = saved_world == self.dist.world_size
             rng = checkpoint.load(self.engine, ck.load, load_tag, client, restore_rng=same_world and not ck.no_load_rng)
             if client.get("layout_state") is not None:
                 self.engine.module.load_layout_state(client["layout_state"])
@@ -460,7 +460,7 @@ class Trainer:
     def _drain(self) -> None:
         """Every rank's collectives finish before any rank leaves, so no rank tears down its sockets while a peer is
         still in a collective. (The gloo abort at interpreter exit this once tried to prevent is avoided by the entry
-        point leaving without finalization: data_pipeline.coordination.exit_process.)"""
+        point leaving without finalization: common.process.exit_process.)"""
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pretrain.trainer as trainer_module  # noqa: E402
-from data_pipeline.coordination import exit_process  # noqa: E402
+from common.process import exit_process  # noqa: E402
 from pretrain.args import parse_args  # noqa: E402
 from pretrain.distributed import destroy_distributed  # noqa: E402
 
