@@ -226,6 +226,36 @@ def agree_on_resume(load_dir: str, read_client: bool = True) -> tuple[str | None
     return tag, client
 
 
+def check_save_dir_shared(save_dir: str) -> None:
+    """Stop at start, on every rank, when some rank cannot see what rank 0 writes into ``--save``.
+
+    A node-local save directory is otherwise found only at the first resume (or never: each node keeps its own
+    shards and no checkpoint is whole). Rank 0 writes a probe file with a fresh name, every rank looks for it, rank
+    0 removes it.
+    """
+    import secrets
+
+    from pretrain.distributed import all_gather_objects, rank0_result
+
+    def write_probe() -> str:
+        Path(save_dir).mkdir(parents=True, exist_ok=True)
+        probe = Path(save_dir, f".shared-check-{secrets.token_hex(8)}")
+        probe.write_text(socket.gethostname())
+        return str(probe)
+
+    probe = rank0_result(write_probe)
+    seen = all_gather_objects((Path(probe).is_file(), socket.gethostname()))
+    if dist.get_rank() == 0:
+        Path(probe).unlink(missing_ok=True)
+    blind = [f"rank {r} on {host}" for r, (ok, host) in enumerate(seen) if not ok]
+    if blind:
+        raise CheckpointError(
+            f"--save {save_dir}: rank 0 on {seen[0][1]} wrote {probe} there, but " + ", ".join(blind) + " cannot "
+            "see it: --save must be a directory every node sees with the same contents (a shared file system, not "
+            "node-local disks); check the mount on those hosts"
+        )
+
+
 # DeepSpeed names rank 0's module file differently under ZeRO-3 (and with a bf16_ prefix in bf16 ZeRO runs).
 _MODEL_STATE_FILES = (
     "mp_rank_00_model_states.pt",

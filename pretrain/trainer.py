@@ -111,6 +111,8 @@ class Trainer:
             run.model, run.data, self.tokenizer.vocab_size, self.ds.sparse_attention, self.ds.path
         )
         ck = run.checkpoint
+        if ck.save and self.dist.world_size > 1:  # a node-local --save stops here, not at the first resume
+            checkpoint.check_save_dir_shared(ck.save)
         resume_tag, client = checkpoint.agree_on_resume(ck.load) if ck.load else (None, None)
         if ck.load and resume_tag is None:
             self._print(f"--load {ck.load}: no complete checkpoint there; starting from scratch")

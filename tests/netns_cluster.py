@@ -2,9 +2,15 @@
 and its own sshd (Debian's openssh-server, keys made here), so launchers that reach hosts over ssh (the deepspeed
 launcher's pdsh path) run for real across them. The machine's filesystem stands in for the cluster's shared one.
 
+Each host also has its own host name (a UTS namespace per command, named like its network namespace) that every
+host resolves through its own ``/etc/hosts`` (``/etc/netns/NS/hosts``, mounted over ``/etc/hosts`` in the
+host's mount namespace), as on a real cluster where Slurm node names, MASTER_ADDR and gloo's default interface come from
+host names. ``private_dirs`` gives a host node-local directories: its commands (and its sshd's sessions) see an
+empty directory of their own at those paths, every other host the shared one.
+
 Traffic stays between the namespaces: the bridge has no address in the root namespace, there is no default route,
 no forwarding and no NAT. Every name carries a random run id (parallel runs never collide) and ``close()`` removes
-namespaces, links, daemons and keys, also after a failure.
+namespaces, links, daemons, ``/etc/netns`` entries and keys, also after a failure.
 
     with NetnsCluster(tmp_dir, hosts=2) as c:      # raises Unavailable(reason) where it cannot start
         c.run(0, ["hostname", "-I"])                # a command inside host 0's namespace
@@ -47,7 +53,7 @@ def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 class NetnsCluster:
-    def __init__(self, root: Path, hosts: int = 2) -> None:
+    def __init__(self, root: Path, hosts: int = 2, private_dirs: dict[int, list[Path]] | None = None) -> None:
         reason = why_unavailable()
         if reason:
             raise Unavailable(reason)
@@ -57,6 +63,9 @@ class NetnsCluster:
         subnet = 16 + int(self.id[:2], 16) % 200
         self.addresses = [f"10.77.{subnet}.{i + 2}" for i in range(hosts)]
         self.namespaces = [f"sb{self.id}h{i}" for i in range(hosts)]
+        self.names = list(self.namespaces)
+        """Each host's name (its UTS host name; every host resolves all of them)."""
+        self.private_dirs = {h: [Path(d) for d in ds] for h, ds in (private_dirs or {}).items()}
         self.bridge = f"sb{self.id}br"
         self.key = self.root / "id_ed25519"
         self._sshd_pids: list[Path] = []
@@ -70,6 +79,10 @@ class NetnsCluster:
 
     # -- set-up ------------------------------------------------------------------------------------------------------
     def _network(self) -> None:
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
+        for ns in self.namespaces:
+            Path("/etc/netns", ns).mkdir(parents=True, exist_ok=True)
+            Path("/etc/netns", ns, "hosts").write_text(hosts)
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         self._links.append(self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
@@ -101,7 +114,7 @@ class NetnsCluster:
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
                 "PrintMotd no\nMaxStartups 100\nMaxSessions 100\n"
             )
-            _sh("ip", "netns", "exec", ns, sshd, "-f", str(conf), "-E", str(self.root / f"sshd{i}.log"))
+            _sh(*self.host_cmd(i, [sshd, "-f", str(conf), "-E", str(self.root / f"sshd{i}.log")]))
             self._sshd_pids.append(pid)
         deadline = time.monotonic() + 30
         for i in range(len(self.namespaces)):
@@ -111,6 +124,20 @@ class NetnsCluster:
                 time.sleep(0.5)
 
     # -- use ---------------------------------------------------------------------------------------------------------
+    def host_cmd(self, host: int, cmd: list[str]) -> list[str]:
+        """``cmd`` as host ``host`` runs it: in its network namespace, under its host name, with its ``/etc/hosts``
+        and private dirs (in a mount namespace of its own). Not ``ip netns exec``: that remounts ``/sys``, which
+        hides the cgroup mounts slurmd needs."""
+        binds = f"mount --bind '/etc/netns/{self.namespaces[host]}/hosts' /etc/hosts && "
+        for j, d in enumerate(self.private_dirs.get(host, [])):
+            local = self.root / f"local{host}_{j}"
+            local.mkdir(parents=True, exist_ok=True)
+            d.mkdir(parents=True, exist_ok=True)
+            binds += f"mount --bind '{local}' '{d}' && "
+        script = f'hostname "$0" && {binds}exec "$@"'
+        netns = f"--net=/run/netns/{self.namespaces[host]}"
+        return ["nsenter", netns, "unshare", "--mount", "--uts", "sh", "-c", script, self.names[host], *cmd]
+
     @property
     def ssh_options(self) -> list[str]:
         return ["-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"] + [
@@ -127,7 +154,7 @@ class NetnsCluster:
     def run(self, host: int, cmd: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
         """``cmd`` inside host ``host``'s namespace (stdout and stderr merged)."""
         return subprocess.run(
-            ["ip", "netns", "exec", self.namespaces[host], *cmd],
+            self.host_cmd(host, cmd),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -153,6 +180,7 @@ class NetnsCluster:
                 except ProcessLookupError:
                     pass
             _sh("ip", "netns", "del", ns, check=False)
+            shutil.rmtree(Path("/etc/netns", ns), ignore_errors=True)
         for link in reversed(self._links):
             _sh("ip", "link", "del", link, check=False)
         for f in self.root.glob("*ed25519*"):

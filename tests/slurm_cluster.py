@@ -1,4 +1,7 @@
-"""A real one-node Slurm cluster for tests: Debian's munge, slurmctld and slurmd, started as root in a temp dir.
+"""A real Slurm cluster for tests: Debian's munge, slurmctld and slurmd, started as root in a temp dir. One node (this
+host), or one node per test host of a ``NetnsCluster`` (tests/netns_cluster.py): a slurmd in each host's network
+namespace under its host name, slurmctld on the first host, one munged for all (its socket is a file every host
+sees), clients run on the first host.
 
 Everything lives under the given directory: its own munge key and socket (so a system munged, if any, is neither
 used nor touched), ``slurm.conf`` with free ports for slurmctld and slurmd, state and spool dirs, pid and log
@@ -75,15 +78,27 @@ def _tail(path: Path, n: int = 15) -> str:
 
 
 class SlurmCluster:
-    """One node (this host, all its CPUs), one default partition ``test``; daemons in the foreground, as children."""
+    """One partition ``test`` over one node (this host) or the hosts of ``hosts`` (each with all CPUs of the
+    machine); daemons in the foreground, as children. ``hosts`` must give every host ``slurm_run_dir(root)`` as a
+    private directory (each slurmd writes its pid file there)."""
 
-    def __init__(self, root: Path, partition: str = "test") -> None:
+    def __init__(self, root: Path, partition: str = "test", hosts=None) -> None:
         self.root = Path(root).resolve()
         self.partition = partition
-        self.node = socket.gethostname().split(".")[0]
+        self.hosts = hosts
+        self.nodes = list(hosts.names) if hosts else [socket.gethostname().split(".")[0]]
+        self.node = self.nodes[0]
         self.conf = self.root / "slurm.conf"
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = {name: self.root / "log" / f"{name}.log" for name in DAEMONS}
+        self.logs.update({f"slurmd-{n}": self.root / "log" / f"slurmd-{n}.log" for n in self.nodes})
+        if hosts:
+            for i in range(len(self.nodes)):
+                if slurm_run_dir(self.root) not in hosts.private_dirs.get(i, []):
+                    raise ValueError(f"host {i} needs {slurm_run_dir(self.root)} as a private directory")
+
+    def _on_host(self, host: int, cmd: list[str]) -> list[str]:
+        return self.hosts.host_cmd(host, cmd) if self.hosts else cmd
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -96,6 +111,8 @@ class SlurmCluster:
     def _write_files(self) -> None:
         for d in ("munge", "state", "spool", "log", "run"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        for n in self.nodes:
+            (self.root / "spool" / n).mkdir(exist_ok=True)
         os.chmod(self.root / "munge", 0o700)
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -107,9 +124,19 @@ class SlurmCluster:
             mem_mb = 1024
         ctld_port, d_port = _free_port(), _free_port()
         r = self.root
-        self.conf.write_text(f"""# written by tests/slurm_cluster.py: a one-node test cluster
+        if self.hosts:
+            ctld = f"{self.node}({self.hosts.addresses[0]})"
+            nodes = "\n".join(
+                f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={cpus} RealMemory={max(mem_mb // 2 - 256, 256)}"
+                " State=UNKNOWN"
+                for n, a in zip(self.nodes, self.hosts.addresses)
+            )
+        else:
+            ctld = self.node
+            nodes = f"NodeName={self.node} CPUs={cpus} RealMemory={max(mem_mb - 512, 256)} State=UNKNOWN"
+        self.conf.write_text(f"""# written by tests/slurm_cluster.py: a test cluster of {len(self.nodes)} node(s)
 ClusterName=sbtest{ctld_port}
-SlurmctldHost={self.node}
+SlurmctldHost={ctld}
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 AuthType=auth/munge
@@ -137,11 +164,11 @@ SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/run/slurmctld.pid
 SlurmdPidFile={r}/run/slurmd.pid
 SlurmctldLogFile={self.logs["slurmctld"]}
-SlurmdLogFile={self.logs["slurmd"]}
+SlurmdLogFile={r}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName={self.node} CPUs={cpus} RealMemory={max(mem_mb - 512, 256)} State=UNKNOWN
-PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{nodes}
+PartitionName={self.partition} Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
@@ -153,7 +180,7 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
 
     def _failed(self, what: str) -> Unavailable:
         tails = []
-        for name in DAEMONS:
+        for name in ("munged", "slurmctld", *(f"slurmd-{n}" for n in self.nodes)):
             p = self.procs.get(name)
             state = "not started" if p is None else ("running" if p.poll() is None else f"exited {p.returncode}")
             tails.append(
@@ -183,13 +210,17 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
                 ],
             )
             self._wait(lambda: (r / "munge" / "munge.socket").exists(), 15, "munged did not create its socket")
-            self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+            self._spawn("slurmctld", self._on_host(0, [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)]))
             self._wait(lambda: self._ok(["scontrol", "ping"], "UP"), 30, "slurmctld did not answer `scontrol ping`")
-            self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
-            self._wait(self._node_idle, timeout, f"node {self.node} not idle in `sinfo` within {timeout:.0f} s")
-            p = self.run(["srun", "-N1", "-n2", "--time=1", "hostname"], timeout=60, check=False)
-            if p.returncode != 0 or len(p.stdout.split()) != 2:
-                raise self._failed(f"`srun -N1 -n2 hostname` failed (exit {p.returncode}): {p.stdout}{p.stderr}")
+            for i, node in enumerate(self.nodes):
+                slurmd = [_which("slurmd"), "-D", "-f", str(self.conf), "-N", node]
+                self._spawn(f"slurmd-{node}", self._on_host(i, slurmd))
+            self._wait(self._node_idle, timeout, f"nodes {self.nodes} not idle in `sinfo` within {timeout:.0f} s")
+            n = len(self.nodes)
+            srun = ["srun", f"-N{n}", f"-n{2 if n == 1 else n}", "--time=1", "hostname"]
+            p = self.run(srun, timeout=60, check=False)
+            if p.returncode != 0 or len(p.stdout.split()) != (2 if n == 1 else n):
+                raise self._failed(f"`{' '.join(srun)}` failed (exit {p.returncode}): {p.stdout}{p.stderr}")
         except BaseException:
             self.stop()
             raise
@@ -204,7 +235,7 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
 
     def _node_idle(self) -> bool:
         p = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=10, check=False)
-        return p.returncode == 0 and f"{self.node} idle" in p.stdout
+        return p.returncode == 0 and all(f"{n} idle" in p.stdout for n in self.nodes)
 
     def _wait(self, ready, timeout: float, what: str) -> None:
         deadline = time.time() + timeout
@@ -219,7 +250,7 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
 
     def stop(self) -> None:
         """Stop the daemons this object started (slurmd, slurmctld, then munged); kill what does not go."""
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"):
             p = self.procs.pop(name, None)
             if p is None or p.poll() is not None:
                 continue
@@ -242,7 +273,7 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
     ) -> subprocess.CompletedProcess:
         e = self.env
         e.update(env or {})
-        p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout, **kw)
+        p = subprocess.run(self._on_host(0, cmd), env=e, capture_output=True, text=True, timeout=timeout, **kw)
         if check and p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
@@ -286,7 +317,13 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         raise TimeoutError(f"job {job_id} not done in {timeout:.0f} s: {j}")
 
     def daemon_logs(self) -> str:
-        return "\n".join(f"--- {n}:\n{_tail(self.logs[n], 30)}" for n in ("slurmctld", "slurmd"))
+        names = ("slurmctld", *(f"slurmd-{n}" for n in self.nodes))
+        return "\n".join(f"--- {n}:\n{_tail(self.logs[n], 30)}" for n in names)
+
+
+def slurm_run_dir(root: Path) -> Path:
+    """Where the daemons write their pid files: private to each test host (one slurmd per host, one pid file name)."""
+    return Path(root).resolve() / "run"
 
 
 def main(argv: list[str]) -> int:

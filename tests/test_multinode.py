@@ -88,7 +88,7 @@ def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
     cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
     cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
     env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options))
-    full = ["ip", "netns", "exec", cluster.namespaces[0], *cmd, str(tu.REPO / "pretrain" / "train.py"), *args]
+    full = cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
     log = open(tmp_path / "lost.log", "w")
     proc = subprocess.Popen(full, cwd=launch, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -210,6 +210,165 @@ def test_preprocessing_under_mpirun_across_two_hosts_writes_the_bytes_of_one_pro
     )
     assert two.returncode == 0, two.stdout[-3000:]
     assert "rank 1/2" in two.stdout
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"one_text_sentence{ext}").read_bytes() == (
+            tmp_path / f"two_text_sentence{ext}"
+        ).read_bytes()
+
+
+@pytest.mark.timeout(600)
+def test_a_node_local_save_directory_stops_the_run_at_start_naming_the_host(tmp_path):
+    """Host 1 sees an empty directory of its own at the --save path (a node-local disk, in a mount namespace of its
+    own): the run stops before training, on every rank, with the message that names host 1."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    save = tmp_path / "ck"
+    try:
+        c = NetnsCluster(tmp_path / "cluster", hosts=2, private_dirs={1: [save]})
+    except Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        data = tu.prepare(tmp_path)
+        launch = _launch_dir(tmp_path, c)
+        args = tu.train_args(data, "zero2_fp32.json", 2) + ["--save", str(save), "--log-json", str(tmp_path / "l")]
+        p = deepspeed_across(c, launch, args + ["--distributed-timeout-minutes", "1"])
+    finally:
+        c.close()
+    assert p.returncode != 0
+    assert f"rank 1 on {c.names[1]} cannot see it" in p.stdout, p.stdout[-3000:]
+    assert "a shared file system, not node-local disks" in p.stdout
+    assert not (tmp_path / "l").exists() or not tu.train_records(tmp_path / "l")  # stopped before any step
+    assert not list(save.iterdir())  # the probe is gone; nothing half-written
+
+
+# ---------------------------------------------------------------------------------------------------- Slurm, 2 nodes
+ITERS = 20
+
+
+@pytest.fixture(scope="module")
+def slurm2(tmp_path_factory):
+    """Two test hosts with a slurmd each (slurmctld on the first): `sbatch -N 2` spans both."""
+    from tests.slurm_cluster import SlurmCluster, slurm_run_dir
+    from tests.slurm_cluster import Unavailable as SlurmUnavailable
+    from tests.slurm_cluster import why_unavailable as slurm_why
+
+    reason = _skip_reason() or slurm_why()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("slurm2")
+    try:
+        hosts = NetnsCluster(root / "hosts", hosts=2, private_dirs={i: [slurm_run_dir(root / "slurm")] for i in (0, 1)})
+    except Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        with SlurmCluster(root / "slurm", hosts=hosts) as s:
+            yield s
+    except SlurmUnavailable as e:
+        pytest.skip(f"no 2-node test Slurm cluster: {e}")
+    finally:
+        hosts.close()
+
+
+def _job_env(**extra: str) -> dict[str, str]:
+    """What a user's job gets: no GLOO_SOCKET_IFNAME (gloo takes the interface of the host's name, as on a cluster
+    whose host names resolve to the cluster network)."""
+    e = {"PYTHONPATH": str(tu.REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return {**e, "TORCH_EXTENSIONS_DIR": tu.env()["TORCH_EXTENSIONS_DIR"], **extra}
+
+
+def _template_job(s, template: str, data: Path, out: Path, **env: str) -> str:
+    args = ["args", *tu.train_args(data, "zero2_fp32.json", ITERS, global_batch=4)]
+    sbatch = ["-N2", "--ntasks-per-node=1", "-o", str(out), str(tu.REPO / "run_scripts" / "slurm" / template), *args]
+    return s.sbatch(sbatch, env=_job_env(**env), cwd=tu.REPO)
+
+
+def _wait_lines(path: Path, n: int, s, job: str, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and len(tu.train_records(path)) >= n:
+            return
+        if s.job(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"job {job}: fewer than {n} records in {path}: {s.job(job)}\n{s.daemon_logs()}")
+
+
+@pytest.mark.timeout(900)
+def test_sbatch_two_nodes_srun_template_trains_and_a_requeue_resumes_exactly(slurm2, tmp_path):
+    """`sbatch -N 2 pretrain_srun.sbatch`: one rank per node; the time-limit signal mid-run saves, the job requeues
+    itself (on both nodes again) and resumes to the losses of the uninterrupted job, bitwise."""
+    data = tu.prepare(tmp_path)
+    job = _template_job(slurm2, "pretrain_srun.sbatch", data, tmp_path / "a.out", OUT=str(tmp_path / "a"))
+    info = slurm2.wait_job(job, timeout=400)
+    text = (tmp_path / "a.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:] + slurm2.daemon_logs()
+    assert info["NumNodes"] == "2" and "2 node(s), 2 task(s)" in text and "[pretrain] 2 rank(s), backend gloo" in text
+    straight = [r["loss"] for r in tu.train_records(tmp_path / "a" / "log.jsonl")]
+    assert len(straight) == ITERS
+
+    run = tmp_path / "b"
+    job = _template_job(slurm2, "pretrain_srun.sbatch", data, tmp_path / "b.out", OUT=str(run))
+    _wait_lines(run / "log.jsonl", 3, slurm2, job, timeout=300)
+    slurm2.run(["scancel", "--signal=USR1", job])  # what --signal=USR1@120 does before the time limit
+    slurm2.wait_job(job, timeout=180, until=lambda j: j.get("Restarts") == "1")
+    info = slurm2.wait_job(job, timeout=400)
+    text = (tmp_path / "b.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    import re
+
+    stop = re.search(r"SIGUSR1 received: stopping at iteration (\d+)", text)
+    assert stop and f"job {job} (restart 1)" in text, text[-3000:]
+    stopped = int(stop.group(1))
+    assert f"resumed from {run}/ckpt/iter_{stopped:07d}" in text and 3 <= stopped < ITERS
+    recs = tu.train_records(run / "log.jsonl")
+    assert [r["iteration"] for r in recs] == list(range(1, ITERS + 1))
+    assert [r["loss"] for r in recs] == straight  # exact, across the requeue
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("launcher", ["openmpi", "pdsh"])
+def test_sbatch_two_nodes_deepspeed_template(slurm2, launcher, tmp_path):
+    """`sbatch -N 2 pretrain_deepspeed.sbatch`: the hostfile comes from the allocation; DS_LAUNCHER=openmpi: mpirun
+    starts its daemon on the second node through srun; pdsh: over ssh (the test hosts' sshd and key, as a cluster
+    with passwordless ssh between its nodes), the environment through DeepSpeed's .deepspeed_env file."""
+    if not shutil.which("mpirun" if launcher == "openmpi" else "pdsh"):
+        pytest.skip(f"{'mpirun' if launcher == 'openmpi' else 'pdsh'} not installed (run_scripts/setup_env.sh)")
+    data = tu.prepare(tmp_path)
+    env = {"DS_LAUNCHER": launcher}
+    if launcher == "pdsh":
+        env_file = tmp_path / "deepspeed_env"
+        env_file.write_text(f"TORCH_EXTENSIONS_DIR={tu.env()['TORCH_EXTENSIONS_DIR']}\nOMP_NUM_THREADS=1\n")
+        env.update(DS_ENV_FILE=str(env_file), PDSH_SSH_ARGS_APPEND=" ".join(slurm2.hosts.ssh_options))
+    out = tmp_path / "job.out"
+    job = _template_job(slurm2, "pretrain_deepspeed.sbatch", data, out, OUT=str(tmp_path / "run"), **env)
+    info = slurm2.wait_job(job, timeout=500)
+    text = (tmp_path / "job.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-4000:] + slurm2.daemon_logs()
+    assert "2 node(s) x 1 slot(s)" in text and "[pretrain] 2 rank(s), backend gloo" in text
+    assert len(tu.train_records(tmp_path / "run" / "log.jsonl")) == ITERS
+
+
+@pytest.mark.timeout(600)
+def test_preprocessing_under_srun_across_two_nodes_writes_the_bytes_of_one_process(
+    slurm2, bert_uncased_vocab, tmp_path
+):
+    import subprocess
+    import sys
+
+    sample = tu.REPO / "run_scripts" / "sample_data" / "corpus"
+    args = ["-m", "data_pipeline.preprocess", "--input", str(sample), "--tokenizer-type", "BertWordPieceLowerCase"]
+    args += ["--vocab-file", str(bert_uncased_vocab), "--split-sentences", "--workers", "1", "--no-progress"]
+    one = [sys.executable, *args, "--output-prefix", str(tmp_path / "one")]
+    subprocess.run(one, cwd=tu.REPO, check=True, capture_output=True, env=tu.env())
+    srun = ["srun", "-N2", "-n2", "--kill-on-bad-exit=1", sys.executable, *args]
+    p = slurm2.run(
+        srun + ["--output-prefix", str(tmp_path / "two")], env=_job_env(), cwd=tu.REPO, timeout=300, check=False
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rank 1/2" in p.stderr
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"one_text_sentence{ext}").read_bytes() == (
             tmp_path / f"two_text_sentence{ext}"
