@@ -231,3 +231,16 @@ def test_a_run_directory_refuses_other_settings(tmp_path: Path) -> None:
     check_spec(tmp_path / "r", spec)  # same settings: fine
     with pytest.raises(CompareError, match="train_args"):
         check_spec(tmp_path / "r", RunSpec("dense_s1", "dense", 1, ["--lr", "2e-3"], {"a": 1}))
+
+
+def test_modernbert_configs_are_modernbert_at_the_preset_size() -> None:
+    from model.config import ModelConfig
+
+    d = model_config_dict("modernbert", PRESETS["cpu-small"])
+    cfg = ModelConfig.from_dict(d)
+    assert cfg.pre_layer_norm and cfg.ffn_type == "glu" and not cfg.linear_bias and cfg.position.type == "rotary"
+    assert d["attention"]["global_every"] == 3 and d["attention"].get("sparsity") is None
+    assert d["attention"]["local"]["token_mask"] == {"pattern": "sliding_window", "window": 128}
+    b = model_config_dict("modernbert_blockbert", PRESETS["cpu-small"])
+    assert b["attention"]["sparsity"]["mode"] == "blockbert" and b["attention"]["global_every"] == 3
+    assert {k: v for k, v in b.items() if k != "attention"} == {k: v for k, v in d.items() if k != "attention"}

@@ -87,7 +87,20 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-CONFIG_NAMES = ("dense", "blockbert_n2", "blockbert_n3", "sparsebert_strided", "diet_rel", "diet_abs")
+CONFIG_NAMES = (
+    "dense",
+    "blockbert_n2",
+    "blockbert_n3",
+    "sparsebert_strided",
+    "diet_rel",
+    "diet_abs",
+    "modernbert",
+    "modernbert_blockbert",
+)
+MODERNBERT_CONFIGS = ("modernbert", "modernbert_blockbert")
+"""ModernBERT's architecture (model preset ``modernbert-base``: pre-LN without biases, GeGLU, RoPE, a 128-token
+window in two of every three layers) at the preset's size; ``modernbert_blockbert`` puts BlockBERT n=2 on the
+global layers."""
 DEFAULT_CONFIGS = ("dense", "blockbert_n2", "blockbert_n3", "sparsebert_strided", "diet_rel")
 
 
@@ -129,10 +142,31 @@ def attention_and_position(config: str, preset: Preset) -> tuple[dict[str, Any],
     raise CompareError(f"unknown config {config!r}; choose from {', '.join(CONFIG_NAMES)}")
 
 
+def _modernbert_dict(config: str, preset: Preset) -> dict[str, Any]:
+    from model.config import ModelConfig
+
+    # GeGLU's intermediate size as ModernBERT-base's ratio (1152 / 768); the window as ModernBERT's, capped at N / 4
+    d = ModelConfig.preset(
+        "modernbert-base",
+        num_layers=preset.num_layers,
+        hidden_size=preset.hidden_size,
+        num_attention_heads=preset.num_heads,
+        intermediate_size=preset.hidden_size * 3 // 2,
+        max_position_embeddings=preset.seq_length,
+    ).to_dict()
+    window = min(128, preset.seq_length // 4)
+    d["attention"]["local"] = {"token_mask": {"pattern": "sliding_window", "window": window}}
+    if config == "modernbert_blockbert":
+        d["attention"].update(attention_and_position("blockbert_n2", preset)[0])
+    return ModelConfig.from_dict(d).to_dict()
+
+
 def model_config_dict(config: str, preset: Preset) -> dict[str, Any]:
     """The full ModelConfig (validated by ModelConfig.from_dict) a run trains; vocab comes from the tokenizer."""
     from model.config import ModelConfig
 
+    if config in MODERNBERT_CONFIGS:
+        return _modernbert_dict(config, preset)
     d = ModelConfig.preset(
         "bert-base",
         num_layers=preset.num_layers,
