@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from common.strict import from_dict
-from data_pipeline.masking import MaskingConfig
+from data_pipeline.masking import MaskingConfig, derived_max_predictions
 from data_pipeline.samples import SampleIndexConfig
 
 SPLIT_NAMES = ("train", "valid", "test")
@@ -94,6 +94,14 @@ class DataConfig(MaskingConfig, SampleIndexConfig):
     """Pad to the longest sample of the batch (rounded up to pad_to_multiple_of) instead of seq_length."""
     cache_dir: str | None = None
     """Where to cache sample indices; None = a cache/ sub-directory beside each shard."""
+    max_predictions_per_seq: int | None = None
+    """At most this many predicted tokens per sample (BERT's max_predictions_per_seq), gathered by the MLM head with
+    static shapes (no device-to-host sync). None: derived from mask_prob and seq_length (p x N plus 6 binomial
+    standard deviations, a multiple of 8: 128 at N=512, 48 at N=128 with p=0.15), so the cap almost never binds. A
+    sample that drew more keeps those with the smallest selection hashes (whole words, with whole-word masking)."""
+    dynamic_mlm_gather: bool = False
+    """Select the masked positions with a boolean mask instead: no cap, a dynamic shape and one device-to-host sync
+    per micro-batch (the path before the static gather became the default)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.data_path, str):
@@ -105,6 +113,11 @@ class DataConfig(MaskingConfig, SampleIndexConfig):
             MaskingConfig.__post_init__(self)
         except ValueError as e:
             raise DataConfigError(str(e)) from None
+        if self.dynamic_mlm_gather and self.max_predictions_per_seq is not None:
+            raise DataConfigError(
+                f"max_predictions_per_seq={self.max_predictions_per_seq} and dynamic_mlm_gather: the dynamic gather "
+                "has no cap; give one or the other"
+            )
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.seq_length:
             raise DataConfigError(
                 f"max_predictions_per_seq={self.max_predictions_per_seq}: must be at most seq_length {self.seq_length}"
@@ -122,9 +135,19 @@ class DataConfig(MaskingConfig, SampleIndexConfig):
         return _project(self, SampleIndexConfig)
 
     @property
+    def max_predictions(self) -> int | None:
+        """The per-sample cap the masker applies and the MLM head gathers: ``max_predictions_per_seq`` if given,
+        else derived from mask_prob and seq_length; None with ``dynamic_mlm_gather``."""
+        if self.dynamic_mlm_gather:
+            return None
+        if self.max_predictions_per_seq is not None:
+            return self.max_predictions_per_seq
+        return derived_max_predictions(self.seq_length, self.mask_prob)
+
+    @property
     def masking_config(self) -> MaskingConfig:
-        """The fields that define masking."""
-        return _project(self, MaskingConfig)
+        """The fields that define masking (with the effective cap, :attr:`max_predictions`)."""
+        return dataclasses.replace(_project(self, MaskingConfig), max_predictions_per_seq=self.max_predictions)
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataConfig":

@@ -16,6 +16,7 @@ predicted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,20 @@ def sample_keys(seed: int, positions: np.ndarray, salt: int = 0) -> np.ndarray:
     """One 64-bit key per sample from the masking seed, an optional salt and the sample's stream position."""
     base = splitmix64(np.array([(seed & 0xFFFFFFFF) << 32 | (salt & 0xFFFFFFFF)], dtype=np.uint64))
     return splitmix64(splitmix64(positions) ^ base)
+
+
+def derived_max_predictions(seq_length: int, mask_prob: float) -> int:
+    """The default per-sample cap on predicted tokens: ``p x N`` plus 6 binomial standard deviations, rounded up to a
+    multiple of 8 (at most N): 128 at N=512, 48 at N=128 with p=0.15.
+
+    BERT chooses exactly ``round(p x N)`` tokens and caps them at ``max_predictions_per_seq`` (20 at N=128, 80 at
+    N=512). Our masking draws every token on its own (a sample's count is binomial), so a cap near the mean would
+    cut about half the samples; 6 standard deviations cut about one sample in 10^9 (more with whole-word masking,
+    whose counts vary more); such a sample keeps its first choices, as with an explicit cap.
+    """
+    mean = mask_prob * seq_length
+    k = math.ceil(mean + 6.0 * math.sqrt(seq_length * mask_prob * (1.0 - mask_prob)))
+    return max(1, min(seq_length, -(-k // 8) * 8))
 
 
 @dataclass

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from model.attention.module import BlockSparseAttention
 from model.attention.sparsebert import DAMConfig, DAMMask, build_token_mask, gated_attention, sparsity
 from model.config import ModelConfig
+from model.host import cpu_all
 from model.positions import AbsolutePositionEmbedding, PositionalAttention
 from model.rotary import apply_rotary
 
@@ -207,7 +208,7 @@ class BertModel(nn.Module):
         kpm = None
         if attention_mask is not None:
             kpm = attention_mask.to(torch.bool)
-            if kpm.device.type == "cpu" and bool(kpm.all()):
+            if cpu_all(kpm):
                 kpm = None  # no padding: unmasked fused attention (on GPUs the check would wait for the device;
                 # the trainer drops an all-ones mask on the host instead)
         B, N = input_ids.shape

@@ -238,7 +238,8 @@ class Trainer:
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The model's inputs on this rank's device. Decisions that need the values are made here, on the host
         batch, so the step never waits for the device: an attention mask without padding is dropped (the model
-        then runs unmasked attention), and --max-predictions-per-seq selects the static MLM gather. On CUDA the
+        then runs unmasked attention), and the MLM head gathers a fixed number of positions per sample (the
+        masker's cap, DataConfig.max_predictions; --dynamic-mlm-gather selects with a boolean mask instead). On CUDA the
         tensors are staged through pinned memory, so the copy is asynchronous."""
         keys = [k for k in _BATCH_KEYS if k in batch]
         if "attention_mask" in batch and bool(batch["attention_mask"].all()):
@@ -247,8 +248,8 @@ class Trainer:
             out: dict[str, Any] = {k: batch[k].pin_memory().to(self.dist.device, non_blocking=True) for k in keys}
         else:
             out = {k: batch[k] for k in keys}
-        if self.run.data.max_predictions_per_seq is not None and "labels" in out:
-            out["max_predictions"] = self.run.data.max_predictions_per_seq
+        if self.run.data.max_predictions is not None and "labels" in out:
+            out["max_predictions"] = self.run.data.max_predictions
         return out
 
     @staticmethod

@@ -1,5 +1,6 @@
-"""--max-predictions-per-seq: through the real trainer the static MLM gather trains like the dynamic one when the
-cap never binds; through the loader a binding cap holds in every batch and changes nothing else."""
+"""The static MLM gather (the default, with a derived or given --max-predictions-per-seq): through the real trainer it
+trains like the dynamic one (--dynamic-mlm-gather) when the cap never binds; through the loader a binding cap holds
+in every batch and changes nothing else; the derived cap almost never binds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from tests import train_utils as tu
 def test_static_gather_matches_dynamic_when_the_cap_never_binds(tmp_path):
     tu.prepare(tmp_path)
     losses = {}
-    for name, extra in (("dynamic", []), ("static", ["--max-predictions-per-seq", "64"])):
+    runs = (("dynamic", ["--dynamic-mlm-gather"]), ("derived", []), ("static", ["--max-predictions-per-seq", "64"]))
+    for name, extra in runs:
         log = tmp_path / f"{name}.jsonl"
         p = tu.launch(
             "python",
@@ -34,6 +36,7 @@ def test_static_gather_matches_dynamic_when_the_cap_never_binds(tmp_path):
         assert p.returncode == 0, p.stdout[-3000:]
         losses[name] = [r["loss"] for r in tu.train_records(log)]
     assert losses["static"] == pytest.approx(losses["dynamic"], rel=1e-5)
+    assert losses["derived"] == losses["static"]  # the derived cap (32 at N=64) never bound here either
 
 
 def test_binding_cap_holds_in_every_batch_and_leaves_other_samples_alone(tmp_path):
@@ -55,6 +58,7 @@ def test_binding_cap_holds_in_every_batch_and_leaves_other_samples_alone(tmp_pat
             seq_length=64,
             split="1,0,0",
             max_predictions_per_seq=cap,
+            dynamic_mlm_gather=cap is None,
             cache_dir=str(tmp_path / "cache"),
         )
         train = build_datasets(cfg, tok, num_samples=(64, 0, 0))[0]
@@ -77,3 +81,22 @@ def test_binding_cap_holds_in_every_batch_and_leaves_other_samples_alone(tmp_pat
             static = model(capped["input_ids"], capped["attention_mask"], labels=capped["labels"], max_predictions=4)
         torch.testing.assert_close(static.mlm_loss, dyn.mlm_loss, rtol=1e-5, atol=1e-6)
     assert binding >= 32  # the cap bound most of the 64 samples (about 9 of 62 tokens are chosen on average)
+
+
+@pytest.mark.parametrize("n, p", [(128, 0.15), (512, 0.15), (512, 0.3), (1024, 0.3)])
+def test_the_derived_cap_binds_almost_never(n, p):
+    """The derived cap against the binomial count of chosen tokens (each of N tokens chosen with probability p): the
+    share of samples it would cut is below 1e-8, while a cap at BERT's round(p x N) would cut about half."""
+    import math
+
+    from data_pipeline.masking import derived_max_predictions
+
+    def above(k: int) -> float:  # P(count > k), exact binomial tail
+        log = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) for j in range(k + 1, n + 1)]
+        return sum(math.exp(c + j * math.log(p) + (n - j) * math.log1p(-p)) for c, j in zip(log, range(k + 1, n + 1)))
+
+    k = derived_max_predictions(n, p)
+    assert k % 8 == 0 and k <= n
+    assert above(k) < 1e-8
+    assert above(round(p * n)) > 0.4
+    assert k < p * n + 6 * math.sqrt(n * p * (1 - p)) + 8  # no more slots than that: the gather stays small

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from model.host import cpu_all
+
 
 def _deterministic_cuda(q: torch.Tensor) -> bool:
     return q.is_cuda and torch.are_deterministic_algorithms_enabled()
@@ -41,7 +43,7 @@ def sdpa_with_allow(
         return _sdpa(q, k, v, mask, dropout_p, scale)
     row_any = allow.any(-1, keepdim=True)
     # on CPU, skip the fix-up (a full-size multiply) when every row has a key; on GPU avoid the host sync
-    fix = allow.device.type != "cpu" or not bool(row_any.all())
+    fix = not cpu_all(row_any)
     if fix:
         allow = allow | ~row_any
     mask = allow if bias is None else bias.to(q.dtype).masked_fill(~allow, float("-inf"))
