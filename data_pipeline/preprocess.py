@@ -29,7 +29,7 @@ import numpy as np
 
 from common.cli import HelpFormatter, add_flags, cli
 from common.process import exit_process
-from data_pipeline import coordination
+from data_pipeline import coordination, multistream
 from data_pipeline import resume as rs
 from data_pipeline.encode import Chunk, ChunkResult, EncodeSettings, Piece, encode_chunk, init_worker
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder, best_dtype
@@ -73,8 +73,12 @@ class PreprocessConfig:
     """Characters of text per task sent to a worker (affects speed only, never the output)."""
     max_document_chars: int = 8_000_000
     """Documents longer than this are reported as ``oversized_document`` (still processed, in pieces)."""
+    multistream_unit_mb: float = 64.0
+    """A Wikimedia multistream dump with its index beside it (``...-multistream-index.txt.bz2``) is split into
+    units of whole bz2 streams, about this many MB of the dump each, spread over workers, ranks and tasks like input
+    files (each reads only its own streams; resume is per unit). 0: one unit per dump. Never changes the output."""
     resume: bool = False
-    """Continue an interrupted run, skipping input files already finished."""
+    """Continue an interrupted run, skipping input files (or dump units) already finished."""
     strict: bool = False
     """Exit non-zero, writing no final shards, if any bad input was found."""
     progress: bool | None = None
@@ -87,6 +91,8 @@ class PreprocessConfig:
             raise ValueError(f"--tokenizer-type {self.tokenizer_type!r}: choose one of {', '.join(TOKENIZER_TYPES)}")
         if self.input_format not in FORMATS:
             raise ValueError(f"--input-format {self.input_format!r}: choose one of {', '.join(FORMATS)}")
+        if not self.multistream_unit_mb >= 0:
+            raise ValueError(f"--multistream-unit-mb must be >= 0, got {self.multistream_unit_mb}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.chunk_chars < 1:
@@ -428,14 +434,16 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
         if not files:
             err = f"no input files found in --input {' '.join(cfg.input)}\n{expand_log.format()}"
         else:
-            try:
+            try:  # multistream dumps with an index -> units of streams (rank 0 reads the indexes, once)
+                unit_bytes = int(cfg.multistream_unit_mb * (1 << 20))
+                files = [u for f in files for u in multistream.split_dump(f, unit_bytes)]
                 resuming = rs.prepare(layout, shash, files, cfg.resume)
                 if resuming:
                     print(f"[preprocess] resuming from {layout.manifest}", file=sys.stderr)
-            except rs.ResumeError as e:
+            except (rs.ResumeError, ValueError) as e:
                 err = str(e)
     if comm:
-        err = comm.bcast(err)
+        err, files = comm.bcast((err, files))
     if err:
         if rank == 0:
             print(f"error: {err}", file=sys.stderr)

@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+from data_pipeline import multistream
 from data_pipeline.text import trim_gutenberg, unwrap_paragraphs
 
 FORMATS = ("auto", "mediawiki", "wikiextractor", "jsonl", "text", "parquet")
@@ -256,49 +257,87 @@ def read_text(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawD
     yield RawDoc({keys[0]: "\n".join(unwrap_paragraphs(text))}, KIND_LINES, "whole file")
 
 
+def _pages(events: Iterator[tuple[str, ET.Element]], key: str, counter: list[int]) -> Iterator[RawDoc]:
+    """Article pages of a MediaWiki XML event stream (namespace 0, redirects skipped); ``counter[0]`` counts pages."""
+    root = None
+    for event, elem in events:
+        if root is None:
+            root = elem
+        if event != "end" or not elem.tag.endswith("page"):
+            continue
+        counter[0] += 1
+        ns_tag = title = text = None
+        redirect = False
+        for child in elem:
+            tag = child.tag.rsplit("}", 1)[-1]
+            if tag == "ns":
+                ns_tag = (child.text or "").strip()
+            elif tag == "title":
+                title = child.text or ""
+            elif tag == "redirect":
+                redirect = True
+            elif tag == "revision":
+                for rc in child:
+                    if rc.tag.rsplit("}", 1)[-1] == "text":
+                        text = rc.text or ""
+        elem.clear()
+        root.clear()  # keep memory flat: drop finished pages from the tree
+        if ns_tag not in (None, "0") or redirect:
+            continue
+        if text is None:
+            text = ""
+        if text.lstrip()[:9].upper() == "#REDIRECT":
+            continue
+        yield RawDoc({key: text}, KIND_WIKITEXT, f"page {title!r} (#{counter[0]})")
+
+
 def read_mediawiki(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
-    """MediaWiki ``pages-articles`` XML, streamed with iterparse: namespace 0 only, redirects skipped."""
-    key = keys[0]
+    """MediaWiki ``pages-articles`` XML, streamed with iterparse: namespace 0 only, redirects skipped. A unit of a
+    multistream dump (``DUMP#streams=START-END``, data_pipeline/multistream.py) reads only its own streams."""
+    if multistream.parse_unit(path) is not None:
+        yield from _read_mediawiki_unit(path, keys[0], log)
+        return
     f = open_binary(path)
-    n_pages = 0
+    counter = [0]
     try:
-        ctx = ET.iterparse(f, events=("start", "end"))
-        root = None
-        for event, elem in ctx:
-            if root is None:
-                root = elem
-            if event != "end" or not elem.tag.endswith("page"):
-                continue
-            n_pages += 1
-            ns_tag = title = text = None
-            redirect = False
-            for child in elem:
-                tag = child.tag.rsplit("}", 1)[-1]
-                if tag == "ns":
-                    ns_tag = (child.text or "").strip()
-                elif tag == "title":
-                    title = child.text or ""
-                elif tag == "redirect":
-                    redirect = True
-                elif tag == "revision":
-                    for rc in child:
-                        if rc.tag.rsplit("}", 1)[-1] == "text":
-                            text = rc.text or ""
-            elem.clear()
-            root.clear()  # keep memory flat: drop finished pages from the tree
-            if ns_tag not in (None, "0") or redirect:
-                continue
-            if text is None:
-                text = ""
-            if text.lstrip()[:9].upper() == "#REDIRECT":
-                continue
-            yield RawDoc({key: text}, KIND_WIKITEXT, f"page {title!r} (#{n_pages})")
+        yield from _pages(ET.iterparse(f, events=("start", "end")), keys[0], counter)
     except ET.ParseError as e:
-        log.add("malformed_xml", path, f"after page {n_pages}", f"{e}; kept pages read so far")
+        log.add("malformed_xml", path, f"after page {counter[0]}", f"{e}; kept pages read so far")
     except (EOFError, OSError) as e:
-        log.add("truncated_file", path, f"after page {n_pages}", f"{type(e).__name__}: {e}; kept pages read so far")
+        log.add("truncated_file", path, f"after page {counter[0]}", f"{type(e).__name__}: {e}; kept pages read so far")
     finally:
         f.close()
+
+
+def _unit_events(path: str, start: int, end: int) -> Iterator[tuple[str, ET.Element]]:
+    """XML events of the ``<page>`` streams in a byte range, parsed under a synthetic root: the dump's own
+    ``</mediawiki>`` (the last stream) is dropped, as is a header stream, should a range hold one."""
+    parser = ET.XMLPullParser(events=("start", "end"))
+    parser.feed(b"<mediawiki>")
+    yield from parser.read_events()
+    for data in multistream.read_streams(path, start, end):
+        body = data.strip()
+        if body.startswith(b"<mediawiki"):  # the header stream: <mediawiki ...><siteinfo>...</siteinfo>
+            cut = body.find(b"</siteinfo>")
+            body = body[cut + len(b"</siteinfo>") :] if cut >= 0 else b""
+        if body.endswith(b"</mediawiki>"):
+            body = body[: -len(b"</mediawiki>")]
+        parser.feed(body)
+        yield from parser.read_events()
+    parser.feed(b"</mediawiki>")
+    yield from parser.read_events()
+    parser.close()
+
+
+def _read_mediawiki_unit(spec: str, key: str, log: BadInputLog) -> Iterator[RawDoc]:
+    path, start, end = multistream.parse_unit(spec)
+    counter = [0]
+    try:
+        yield from _pages(_unit_events(path, start, end), key, counter)
+    except ET.ParseError as e:
+        log.add("malformed_xml", spec, f"after page {counter[0]}", f"{e}; kept pages read so far")
+    except (EOFError, OSError) as e:
+        log.add("truncated_file", spec, f"after page {counter[0]}", f"{type(e).__name__}: {e}; kept pages read so far")
 
 
 def read_parquet(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
@@ -340,7 +379,7 @@ def read_documents(path: str, fmt: str, keys: Sequence[str], log: BadInputLog) -
     """Documents of one file in the given (or detected) format; unreadable files are reported."""
     try:
         if fmt == "auto":
-            fmt = detect_format(path)
+            fmt = "mediawiki" if multistream.parse_unit(path) else detect_format(path)
         yield from READERS[fmt](path, keys, log)
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
         log.add("missing_input", path, "open", str(e))

@@ -14,6 +14,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from data_pipeline import multistream
+
 MANIFEST_VERSION = 1
 
 
@@ -40,8 +42,10 @@ def settings_hash(settings: dict) -> str:
 
 
 def input_stamp(path: str) -> dict:
+    """What identifies an input as it is now: its name (a file, or a unit of a multistream dump) and its file's size
+    and modification time."""
     try:
-        st = os.stat(path)
+        st = os.stat(multistream.unit_file(path))
         return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     except OSError:
         return {"path": path, "size": None, "mtime_ns": None}
