@@ -121,6 +121,11 @@ class LoopConfig:
     """Number of iterations (optimizer steps, skipped fp16 steps included)."""
     train_samples: int | None = None
     """Alternative to train_iters: samples to consume (rounded down to whole global batches)."""
+    rampup_batch_size: list[int] | None = None
+    """Batch-size warm-up, as Megatron-LM's flag: START INCREMENT SAMPLES. The global batch starts at START and grows
+    by INCREMENT every SAMPLES / ((global batch - START) / INCREMENT) consumed samples up to --global-batch-size;
+    the micro batch stays, the accumulation steps change. Needs --train-samples (as Megatron). The LR schedule
+    counts optimizer steps (Megatron counts samples when ramping)."""
     eval_interval: int = 1000
     """Validate every this many iterations (0 disables)."""
     eval_iters: int = 10
@@ -146,6 +151,18 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if (self.train_iters is None) == (self.train_samples is None):
             raise ArgsError("give exactly one of --train-iters and --train-samples")
+        if self.rampup_batch_size is not None:
+            r = self.rampup_batch_size
+            if len(r) != 3 or not all(isinstance(v, int) for v in r) or r[0] < 1 or r[1] < 1 or r[2] < 0:
+                raise ArgsError(
+                    f"--rampup-batch-size {' '.join(map(str, r))}: give START INCREMENT SAMPLES (START, INCREMENT "
+                    "positive, SAMPLES >= 0)"
+                )
+            if self.train_samples is None:
+                raise ArgsError(
+                    "--rampup-batch-size needs --train-samples instead of --train-iters (as Megatron-LM: with a "
+                    "growing batch the run's length is a number of samples)"
+                )
         for name in (
             "train_iters",
             "train_samples",

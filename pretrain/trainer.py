@@ -103,6 +103,11 @@ class Trainer:
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
         )
         apply_clip_grad(self.ds, run.optim.clip_grad)
+        self.ramp = None
+        if run.loop.rampup_batch_size is not None:
+            from pretrain.batch_ramp import BatchRamp
+
+            self.ramp = BatchRamp(run.loop.rampup_batch_size, self.global_batch, self.micro, self.dist.world_size)
         for note in self.ds.notes + numerics_notes:
             self._print(note)
 
@@ -186,7 +191,7 @@ class Trainer:
         self.train_ds, self.valid_ds, _ = builders.build_datasets(
             run,
             self.tokenizer,
-            self.consumed_samples + (self.train_iters - self.iteration) * self.global_batch,
+            self._samples_needed(),
             self.train_iters,
             self.global_batch,
         )
@@ -204,12 +209,31 @@ class Trainer:
 
     def _train_iterations(self) -> int:
         """--train-iters, or the steps --train-samples allows; on resume, the samples still to consume are counted
-        with this run's global batch (it may differ from the checkpoint's)."""
+        with this run's global batch (it may differ from the checkpoint's). With a batch ramp, Megatron's count from
+        the start: the ramp depends only on consumed samples, so a resume has the same steps."""
         loop = self.run.loop
+        if self.ramp is not None:
+            return self.ramp.train_iters(loop.train_samples)
         if loop.train_samples is None or self.iteration == 0:
             return train_iterations(loop, self.global_batch)
         remaining = max(0, loop.train_samples - self.consumed_samples) // self.global_batch
         return self.iteration + remaining
+
+    def _samples_needed(self) -> int:
+        """Samples the sample index must hold: those consumed plus those of the steps still to run."""
+        left = self.train_iters - self.iteration
+        if self.ramp is not None:
+            return self.ramp.samples_after(self.consumed_samples, left)
+        return self.consumed_samples + left * self.global_batch
+
+    def _step_batch(self) -> tuple[int, int]:
+        """(global batch, accumulation steps) of the next step: the ramp's (DeepSpeed's engine told), else fixed."""
+        if self.ramp is None:
+            return self.global_batch, self.gas
+        batch = self.ramp.batch_at(self.consumed_samples)
+        if batch != self.engine.train_batch_size():
+            self.engine.set_train_batch_size(batch)
+        return batch, batch // (self.micro * self.dist.world_size)
 
     # ------------------------------------------------------------------ helpers
     def _print(self, msg: str) -> None:
@@ -302,7 +326,10 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         tokens = 0
         aux_sum = None
-        for micro in range(self.gas):
+        batch_size, gas = self._step_batch()
+        for micro in range(gas):
+            if self.ramp is not None:  # DeepSpeed's own count of micro-steps assumes a fixed accumulation
+                engine.set_gradient_accumulation_boundary(micro == gas - 1)
             try:
                 host = next(self.train_iter)
                 tokens += self._tokens(host)
@@ -322,16 +349,17 @@ class Trainer:
                 loss = loss * float("inf")
             engine.backward(loss)
             loss_sum += loss.detach().double()
-            if micro == self.gas - 1:
+            if micro == gas - 1:
                 self._before_update(loss_sum)
             engine.step()
         self.iteration += 1
-        self.consumed_samples += self.global_batch
+        self.consumed_samples += batch_size
         return {
-            "loss_sum": loss_sum / self.gas,
+            "loss_sum": loss_sum / gas,
             "tokens": tokens,
+            "samples": batch_size,
             "skipped": engine.skipped_steps - skipped_before,
-            "aux_loss": None if aux_sum is None else aux_sum / self.gas,
+            "aux_loss": None if aux_sum is None else aux_sum / gas,
             "lr": lr,
         }
 
@@ -415,16 +443,19 @@ class Trainer:
         loop, ckpt = run.loop, run.checkpoint
         self.engine.train()
         window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
+        window_samples = 0
         signal_every = loop.exit_signal_interval or loop.log_interval  # the check is a host sync: not every step
         while self.iteration < self.train_iters:
             faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
             faults.maybe_signal_self(self.iteration + 1, self.dist.rank)
             step = self.train_step()
             window_tokens += step["tokens"]
+            window_samples += step["samples"]
             window_iters += 1
             if self.iteration % loop.log_interval == 0 or self.iteration == self.train_iters:
-                self._log(step, window_start, window_tokens, window_iters)
+                self._log(step, window_start, window_tokens, window_samples)
                 window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
+                window_samples = 0
             paused = time.perf_counter()
             if loop.eval_interval and self.iteration % loop.eval_interval == 0:
                 self._log_eval(self.evaluate())
@@ -485,7 +516,7 @@ class Trainer:
                 f'{{"pattern": "file", "path": "{path}"}})'
             )
 
-    def _log(self, step: dict[str, Any], window_start: float, window_tokens: int, window_iters: int) -> None:
+    def _log(self, step: dict[str, Any], window_start: float, window_tokens: int, window_samples: int) -> None:
         engine = self.engine
         loss, tokens, skipped_max, skipped_min = self._dp_mean_and_counts(step, window_tokens)
         elapsed = time.perf_counter() - window_start  # after the read: the device finished the window's work
@@ -506,9 +537,11 @@ class Trainer:
             "skipped_steps": int(skipped_max),
             "consumed_samples": self.consumed_samples,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
-            "samples_per_s": window_iters * self.global_batch / elapsed if elapsed > 0 else None,
+            "samples_per_s": window_samples / elapsed if elapsed > 0 else None,
             "memory": peak_memory_mb(self.dist.device),
         }  # MB
+        if self.ramp is not None:
+            rec["global_batch_size"] = step["samples"]
         if step["aux_loss"] is not None:
             rec["aux_loss"] = float(step["aux_loss"])
         mask_stats = getattr(engine.module, "mask_stats", None)
