@@ -7,6 +7,7 @@ line, like WikiExtractor does). Runs inside the workers: it is the expensive par
 
 from __future__ import annotations
 
+import gc
 import html
 import re
 
@@ -38,6 +39,10 @@ _DROP_TAGS = {
 _DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:", "wikt:", "wiktionary:", ":category:")
 _INTERWIKI = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
 _MULTISPACE = re.compile(r" [ \t]+|\t[ \t]*")  # = [ \t]+ -> " ", without replacing every single space
+# What the parser leaves as text when an unbalanced '' or ''' inside breaks the construct around it (the tokenizer
+# then gives up on the <ref> or [[File:...]] and emits its markup as text): the reference, or the file link's line.
+_UNPARSED_REF = re.compile(r"<ref(?:\s[^<>]*)?/>|<ref(?:\s[^<>]*)?>.*?</ref\s*>", re.IGNORECASE)
+_UNPARSED_FILE = re.compile(r"\[\[\s*(?:file|image)\s*:", re.IGNORECASE)
 _EMPTY_PARENS = re.compile(r"\([^\S\n]*[,;]?[^\S\n]*\)")  # within a line (finish_text runs it on the whole text)
 
 
@@ -47,15 +52,23 @@ def wikitext_to_text(wikitext: str) -> str:
     The text is rendered straight from mwparserfromhell's token stream (``_render``), never built into a node
     tree; a page whose tokens take a shape the renderer leaves alone (a link title or tag name that is more than
     text) goes through the tree instead (``tree_text``), which gives the same text for every page."""
+    # The tokens are ~10^5 small dicts per page that refcounting frees; with the cyclic collector on, their
+    # allocation alone set off collections that cost ~15% of this function (none of them finds a cycle here).
+    collect = gc.isenabled()
+    gc.disable()
     try:
-        tokens = (CTokenizer or Tokenizer)().tokenize(wikitext, 0, False)
-    except Exception:  # the parser is robust, but never let one page stop a dump
-        return ""
-    out: list[str] = []
-    try:
-        _seq(tokens, list(map(type, tokens)), 0, True, out, _NO_STOP)
-    except Exception:  # _Fallback, or a token stream the tree builder would refuse too
-        return tree_text(tokens)
+        try:
+            tokens = (CTokenizer or Tokenizer)().tokenize(wikitext, 0, False)
+        except Exception:  # the parser is robust, but never let one page stop a dump
+            return ""
+        out: list[str] = []
+        try:
+            _seq(tokens, list(map(type, tokens)), 0, True, out, _NO_STOP)
+        except Exception:  # _Fallback, or a token stream the tree builder would refuse too
+            return tree_text(tokens)
+    finally:
+        if collect:
+            gc.enable()
     return finish_text("".join(out))
 
 
@@ -75,10 +88,12 @@ def finish_text(text: str) -> str:
     # the two substitutions run over the whole text: neither pattern can match a newline, so they find what they
     # would line by line (one C call instead of two per line)
     text = _EMPTY_PARENS.sub("", _MULTISPACE.sub(" ", html.unescape(text)))
+    if "<ref" in text or "<REF" in text or "<Ref" in text:
+        text = _UNPARSED_REF.sub("", text)
     lines = []
     for line in text.split("\n"):
         line = line.strip().lstrip("*#:;").strip()
-        if line and not line.startswith(("{|", "|", "!")):
+        if line and not line.startswith(("{|", "|", "!")) and not _UNPARSED_FILE.match(line):
             lines.append(line)
     return "\n".join(lines)
 
