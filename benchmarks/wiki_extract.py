@@ -7,7 +7,10 @@ Speed, side by side in one run, on the same dump, the two commands in turn (A B 
     read, wikitext -> text, sentences, WordPiece ids, shards; one core (``--workers 1`` runs in-process);
   * WikiExtractor: ``python -m wikiextractor.WikiExtractor --processes 1 -o OUT DUMP`` (text only, no tokens;
     it still runs a reader, one extractor and a writer process).
-Wall seconds (median, and the ratio pair by pair), CPU seconds of the reaped processes, MB/s of bz2 per core.
+Both run pinned to one core (``--pin``; WikiExtractor's reader, extractor and writer processes share it), so wall
+time is all the CPU time either spends: MB/s of bz2 per core = dump MB / wall (median, and the ratio pair by
+pair). Also: our reader's own rate (what one rank's parent can feed) and, from these rates, projected hours for
+the full English dump.
 
 Quality, on the pages both tools keep (matched by title): the share of lines with residue (``{{``, ``}}``,
 ``[[``, ``<ref``, table pipes), words kept, and a few pages written side by side (``--diff-pages``) to be read.
@@ -45,11 +48,13 @@ RESIDUE = re.compile(r"\{\{|\}\}|\[\[|<ref|^\s*(\{\||\|\}|\|-|\||!)|\|\||!!", re
 _DOC = re.compile(r'<doc id="[^"]*" url="[^"]*" title="([^"]*)">\n(.*?)\n</doc>', re.DOTALL)
 
 
-def _run(cmd: list[str], env: dict) -> tuple[float, float, str]:
-    """(wall s, CPU s of the processes it reaped, stderr)."""
+def _run(cmd: list[str], env: dict, cpu: int | None = None) -> tuple[float, float, str]:
+    """(wall s, CPU s of the processes it reaped, stderr); ``cpu``: the command and all its processes on that
+    one core (then wall time is the CPU time of all of them, reaped or not)."""
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=pin)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
@@ -106,12 +111,58 @@ def quality(pages: dict[str, str]) -> dict:
     }
 
 
+def reader_rate(dump: Path) -> float:
+    """MB/s of bz2 (per CPU second) of the reader alone: what one rank's parent can feed its workers."""
+    from data_pipeline.readers import BadInputLog, read_mediawiki
+
+    t = time.process_time()
+    for _ in read_mediawiki(str(dump), ["text"], BadInputLog()):
+        pass
+    return dump.stat().st_size / 1e6 / (time.process_time() - t)
+
+
+#: enwiki pages-articles as its split files (pages-articles1.xml-p...bz2 ...): MPI ranks take whole files
+FULL_DUMP_MB, FULL_DUMP_FILES = 22_000, 27
+
+
+def projection(report: dict, reader: float) -> dict:
+    """Hours for the full enwiki dump at the measured rates per CPU second (the 1-process runs above, start-up
+    included; per CPU second, so that other load on a shared box does not enter; WikiExtractor's may be flattered
+    by processes it did not reap), for 2, 16 and 64 cores per node on 1 and 4 nodes. Model: every core works at
+    the 1-process rate; one reader per rank feeds at most ``reader`` MB/s, so a node runs enough ranks to feed
+    its cores (never more than there are files); a file is one rank's, so the run lasts at least one file at its
+    rank's rate."""
+    out = {}
+    print(f"\nprojected hours, {FULL_DUMP_MB / 1000:.0f} GB bz2 in {FULL_DUMP_FILES} even files:")
+    print(f"{'cores/node':>10}{'nodes':>7}" + "".join(f"{n:>16}" for n in report["timing"]))
+    for cores in (2, 16, 64):
+        for nodes in (1, 4):
+            row = {}
+            for name, t in report["timing"].items():
+                rate = t["mb_cpu_s"]
+                ranks = min(FULL_DUMP_FILES, nodes * max(1, -(-cores * rate // reader)))
+                per_rank = min(reader, cores * nodes / ranks * rate)
+                file_mb = FULL_DUMP_MB / FULL_DUMP_FILES
+                rounds = -(-FULL_DUMP_FILES // ranks)
+                seconds = max(FULL_DUMP_MB / (cores * nodes * rate), rounds * file_mb / per_rank)
+                row[name] = seconds / 3600
+            out[f"{cores}x{nodes}"] = row
+            print(f"{cores:>10}{nodes:>7}" + "".join(f"{h:>16.2f}" for h in row.values()))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dump", default=str(DEFAULT_DUMP), help="a pages-articles .xml.bz2")
     ap.add_argument("--vocab-file", default=str(DEFAULT_VOCAB))
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each command (after one warm-up each)")
     ap.add_argument("--diff-pages", type=int, default=5, help="pages written side by side for reading")
+    ap.add_argument(
+        "--pin",
+        type=int,
+        default=max(os.sched_getaffinity(0)),
+        help="run both commands on this one core (default: the highest this process may use); -1: not pinned",
+    )
     ap.add_argument("--output-dir", default=str(REPO / "out" / "bench" / "wiki_extract"))
     a = ap.parse_args()
 
@@ -126,6 +177,8 @@ def main() -> int:
     version = has_wikiextractor(env)
     print(f"dump {dump.name}: {bz2_mb:.2f} MB bz2")
     print(f"WikiExtractor: {version or 'not installed (pip install wikiextractor==3.1.0): ours alone'}")
+    cpu = a.pin if a.pin >= 0 else None
+    print(f"both commands pinned to core {cpu} (MB/s per core = MB / wall)" if cpu is not None else "not pinned")
 
     py = sys.executable
     ours = [py, "-m", "data_pipeline.preprocess", "--input", str(dump), "--output-prefix", str(tmp / "ours" / "wiki")]
@@ -136,24 +189,26 @@ def main() -> int:
     runs: dict[str, list[tuple[float, float]]] = {"ours": [], "wikiextractor": []}
     we_log = ""
     for r in range(a.repeat + 1):  # run 0 warms the page cache and the imports, not counted
-        res = _run(ours, env)
+        res = _run(ours, env, cpu)
         if r:
             runs["ours"].append(res[:2])
         if version:
-            res = _run(theirs, env)
+            res = _run(theirs, env, cpu)
             we_log = res[2]
             if r:
                 runs["wikiextractor"].append(res[:2])
 
-    report: dict = {"dump": str(dump), "bz2_mb": bz2_mb, "wikiextractor": version, "repeat": a.repeat, "timing": {}}
-    print(f"\n{'command':<16}{'wall s (median)':>17}{'CPU s (median)':>16}{'MB/s bz2 per core':>19}")
+    report: dict = {"dump": str(dump), "bz2_mb": bz2_mb, "wikiextractor": version, "repeat": a.repeat, "pin": cpu}
+    report["timing"] = {}
+    print(f"\n{'command':<16}{'wall s (median)':>17}{'CPU s (median)':>16}{'MB/s bz2 per core':>19}{'per CPU s':>11}")
     for name, rs in runs.items():
         if not rs:
             continue
         wall = statistics.median(w for w, _ in rs)
         cpu = statistics.median(c for _, c in rs)
-        report["timing"][name] = {"wall_s": [w for w, _ in rs], "cpu_s": [c for _, c in rs], "mb_s": bz2_mb / wall}
-        print(f"{name:<16}{wall:>17.2f}{cpu:>16.2f}{bz2_mb / wall:>19.3f}")
+        t = {"wall_s": [w for w, _ in rs], "cpu_s": [c for _, c in rs], "mb_s": bz2_mb / wall, "mb_cpu_s": bz2_mb / cpu}
+        report["timing"][name] = t
+        print(f"{name:<16}{wall:>17.2f}{cpu:>16.2f}{bz2_mb / wall:>19.3f}{bz2_mb / cpu:>11.3f}")
     if version:
         ratios = [o[0] / w[0] for o, w in zip(runs["ours"], runs["wikiextractor"])]
         cpu_ratios = [o[1] / w[1] for o, w in zip(runs["ours"], runs["wikiextractor"])]
@@ -164,6 +219,12 @@ def main() -> int:
         m = re.search(r"extraction of (\d+) articles in ([\d.]+)s", we_log)
         if m:
             print(f"WikiExtractor's own log, last run: {m.group(1)} articles extracted in {m.group(2)} s")
+
+    reader = reader_rate(dump)
+    report["reader_mb_s"] = reader
+    print(f"\nour reader alone (bz2 + XML pages, the parent's share): {reader:.2f} MB/s of bz2 (CPU time)")
+    if report["timing"]:
+        report["projection"] = projection(report, reader)
 
     ours_pages = our_pages(dump)
     report["quality"] = {"ours_all": quality(ours_pages)}
