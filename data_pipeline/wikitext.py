@@ -1,4 +1,5 @@
-"""Wikitext -> plain text with mwparserfromhell (a real parser; regexes only for left-over entities).
+"""Wikitext -> plain text with mwparserfromhell (a real parser; regexes only on the rendered text: spaces, empty
+parentheses, and the few references / file links the parser leaves as text).
 
 What goes: templates/infoboxes, tables, references, comments, file/image/category/interwiki links,
 galleries, math and code blocks. What stays: prose, link labels, list items, headings (as their own
@@ -49,10 +50,10 @@ _EMPTY_PARENS = re.compile(r"\([^\S\n]*[,;]?[^\S\n]*\)")  # within a line (finis
 def wikitext_to_text(wikitext: str) -> str:
     """Plain text of one article; paragraphs (and headings, list items) on their own lines.
 
-    The text is rendered straight from mwparserfromhell's token stream (``_render``), never built into a node
+    The text is rendered straight from mwparserfromhell's token stream (``_seq``), never built into a node
     tree; a page whose tokens take a shape the renderer leaves alone (a link title or tag name that is more than
     text) goes through the tree instead (``tree_text``), which gives the same text for every page."""
-    # The tokens are ~10^5 small dicts per page that refcounting frees; with the cyclic collector on, their
+    # The tokens are thousands of small dicts per page that refcounting frees; with the cyclic collector on, their
     # allocation alone set off collections that cost ~15% of this function (none of them finds a cycle here).
     collect = gc.isenabled()
     gc.disable()
@@ -277,6 +278,8 @@ def _tag(tokens: list, kinds: list, i: int, prune: bool, out: list) -> int:
                 continue
             if kind not in _TAG_PHASE_STOPS:
                 raise _Fallback("tag name is not plain text")
+            if len(name) > 1 and prune and "".join(name).strip().lower() in _DROP_TAGS:
+                raise _Fallback("tag name in pieces")  # _dropped_tag saw only the first; _prune sees them all
         else:
             i, _ = _seq(tokens, kinds, i, prune and phase == 1, contents if phase == 1 else [], _TAG_PHASE_STOPS)
         kind = type(tokens[i])
