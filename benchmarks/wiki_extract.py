@@ -228,6 +228,10 @@ def main() -> int:
 
     ours_pages = our_pages(dump)
     report["quality"] = {"ours_all": quality(ours_pages)}
+    if not version:
+        q = report["quality"]["ours_all"]
+        print(f"\nours: {q['pages']} pages, {q['lines']} lines, {q['residue_lines']} with residue", end="")
+        print(f", {q['words']:,} words")
     if version:
         we_pages = wikiextractor_pages(tmp / "we")
         common = sorted(set(ours_pages) & set(we_pages))
