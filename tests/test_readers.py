@@ -150,3 +150,47 @@ def test_unreadable_truncated_bz2_is_still_reported_as_its_format(tmp_path):
     assert detect_format(str(cut)) == "mediawiki"
     docs, log = _docs(cut)
     assert docs == [] and log.counts == {"truncated_file": 1}
+
+
+def _read_all(f, size: int) -> tuple[bytes, str | None]:
+    """Bytes read in ``size`` pieces until the end or an error, and the error's type."""
+    got = []
+    try:
+        while True:
+            block = f.read(size)
+            if not block:
+                return b"".join(got), None
+            got.append(block)
+    except (EOFError, OSError) as e:
+        return b"".join(got), type(e).__name__
+    finally:
+        f.close()
+
+
+def test_threaded_bz2_reads_what_bz2_open_reads(tmp_path):
+    """The XML reader's bz2 stream is decompressed ahead by a thread; it must give bz2.open's bytes and errors:
+    one stream, several streams (pbzip2 / multistream dumps), trailing bytes after the last stream (ignored),
+    a file cut inside a stream (EOFError after the same bytes), and a reader that stops early (no hang)."""
+    from data_pipeline.readers import open_binary
+
+    xml = bz2.decompress((SAMPLE / "wiki" / "sample-pages-articles.xml.bz2").read_bytes())
+    one = bz2.compress(xml, 1)
+    cases = {
+        "one": one,
+        "multi": one + bz2.compress(b"<!-- a second stream -->\n") + one,
+        "trailing": one + b"\0\0 not bz2",
+        "cut": one[: len(one) * 2 // 3],
+    }
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.xml.bz2"
+        path.write_bytes(data)
+        for size in (1, 16384, 1 << 20):
+            if size == 1 and name != "one":
+                continue
+            expect = _read_all(bz2.open(path, "rb"), size if size > 1 else 7)
+            got = _read_all(open_binary(str(path), prefetch=True), size if size > 1 else 7)
+            assert got == expect, name
+            assert got[1] == ("EOFError" if name == "cut" else None)
+    f = open_binary(str(tmp_path / "multi.xml.bz2"), prefetch=True)
+    assert f.read(10) == xml[:10]
+    f.close()  # the thread is stopped and joined, its queue full or not
