@@ -24,7 +24,7 @@ class ArgsError(ValueError):
 
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
-OPTIMIZERS = ("adamw", "fused_adam", "lamb")
+OPTIMIZERS = ("adamw", "fused_adam", "lamb", "stableadamw")
 LR_DECAY_STYLES = ("linear", "constant", "WSD")
 
 
@@ -34,7 +34,9 @@ class OptimConfig:
 
     optimizer: str = field(default="adamw", metadata=cli(choices=lambda: OPTIMIZERS))
     """'adamw' (torch's AdamW: fused kernel on CUDA, no build), 'fused_adam' (DeepSpeed's FusedAdam, CUDA only,
-    compiled with nvcc unless prebuilt) or 'lamb' (DeepSpeed's FusedLamb, CUDA only, ZeRO stage 0 only)."""
+    compiled with nvcc unless prebuilt), 'lamb' (DeepSpeed's FusedLamb, CUDA only, ZeRO stage 0 only) or
+    'stableadamw' (torch-optimi's StableAdamW, ModernBERT's optimizer: AdamW whose per-tensor step is scaled down
+    when the gradient's RMS against the second moment exceeds 1; ZeRO stage 0 in fp32 or torch_autocast only)."""
     lr: float = 1e-4
     """Peak learning rate."""
     min_lr: float = 0.0

@@ -148,10 +148,25 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
     fused_adam -> DeepSpeed's FusedAdam (CUDA only; JIT-built with nvcc unless prebuilt: checked here first).
     lamb       -> DeepSpeed's FusedLamb (CUDA only, same build check). ZeRO 1-3 shard flattened tensors, so LAMB's
                   per-tensor trust ratio would be computed on shards: refused with ZeRO > 0.
+    stableadamw -> torch-optimi's StableAdamW as a client optimizer (initialize_engine): its per-tensor RMS needs
+                  whole tensors, which ZeRO 1-3 and DeepSpeed's bf16/fp16 optimizers (flat fp32 groups) do not
+                  hand it: ZeRO stage 0 with fp32 or torch_autocast only.
     """
     cfg = ds.config
     if "optimizer" in cfg:
         ds.notes.append(f"{ds.path}: using the file's optimizer block {cfg['optimizer'].get('type')}")
+        return
+    if optim.optimizer == "stableadamw":
+        autocast = (cfg.get("torch_autocast") or {}).get("enabled") in (True, "true", 1)
+        if ds.zero_stage > 0 or not (ds.precision == "fp32" or autocast):
+            raise DSConfigError(
+                f"--optimizer stableadamw cannot run with ZeRO stage {ds.zero_stage} in {ds.precision_summary} "
+                f"({ds.path}): its per-tensor update clipping needs whole parameter tensors, and ZeRO 1-3 and "
+                "DeepSpeed's bf16/fp16 optimizers hand the optimizer flattened shards. Use a ZeRO stage 0 config in "
+                "fp32 or with torch_autocast, or --optimizer adamw"
+            )
+        if "scheduler" in cfg:
+            raise DSConfigError(f"{ds.path}: remove the 'scheduler' block; the LR schedule comes from the flags")
         return
     if "scheduler" in cfg:
         raise DSConfigError(
@@ -207,8 +222,19 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
             **optim.wsd,
         )
 
+    groups = param_groups(model, optim.weight_decay)
+    client = None
+    if optim.optimizer == "stableadamw" and "optimizer" not in ds.config:
+        from optimi import StableAdamW
+
+        betas = (optim.adam_beta1, optim.adam_beta2)
+        client = StableAdamW(groups, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay, eps=optim.adam_eps)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, optim.weight_decay), config=ds.config, lr_scheduler=scheduler
+        model=model,
+        model_parameters=None if client else groups,
+        optimizer=client,
+        config=ds.config,
+        lr_scheduler=scheduler,
     )
     return engine
 

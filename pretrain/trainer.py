@@ -168,6 +168,8 @@ class Trainer:
             apply_activation_checkpointing(model)
         seed_everything(run.loop.seed + 100 * self.dist.rank)  # dropout differs across data-parallel ranks
         self.engine = initialize_engine(model, self.ds, run.optim, self.warmup, self.decay_iters)
+        if type(self.engine.optimizer).__module__.startswith("optimi"):
+            self._print(f"optimizer {type(self.engine.optimizer).__name__} (torch-optimi, a client optimizer)")
         if run.system.compile:
             apply_compile(self.engine)
         # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then
