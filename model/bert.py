@@ -337,6 +337,15 @@ class BertForPreTraining(nn.Module):
         loss = sum(losses[1:], losses[0]) if losses else None
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, nsp_logits, mlm_correct, mlm_count)
 
+    def build_attention_plans(
+        self, seq_len: int, device: torch.device | str, dtype: torch.dtype = torch.float32
+    ) -> None:
+        """Build every attention layer's kernel plan for ``dtype`` inputs of ``seq_len`` on ``device`` ahead of the
+        first forward: call it before torch.compile, so the plans (host-side layout work) stay out of the graph."""
+        for m in self.modules():
+            if isinstance(m, BlockSparseAttention):
+                m.build_plan(seq_len, torch.device(device), dtype)
+
     def auxiliary_loss(self) -> torch.Tensor | None:
         """Sum of ``auxiliary_loss()`` of submodules that have one (DAM's L1 term); None if none do."""
         terms = [m.auxiliary_loss() for m in self.modules() if m is not self and hasattr(m, "auxiliary_loss")]

@@ -164,7 +164,7 @@ class Trainer:
         seed_everything(run.loop.seed + 100 * self.dist.rank)  # dropout differs across data-parallel ranks
         self.engine = initialize_engine(model, self.ds, run.optim, self.warmup, self.decay_iters)
         if run.system.compile:
-            apply_compile(self.engine)
+            apply_compile(self.engine, run.data.seq_length, self.dist.device)
         # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then
         self._own_grad_norm = self.ds.zero_stage == 0 and self.ds.precision == "fp32"
 
