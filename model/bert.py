@@ -306,7 +306,7 @@ class BertForPreTraining(nn.Module):
     ) -> PreTrainingOutput:
         """``max_predictions``: at most this many labelled positions per row (the data pipeline's
         max_predictions_per_seq). Given, the MLM head gathers exactly B x max_predictions positions (static
-        shapes, no host sync: CUDA graphs and compile can capture it); without it, the labelled positions are
+        shapes, no host sync: torch.compile keeps it in one graph); without it, the labelled positions are
         selected by a boolean mask (dynamic shape, one device-to-host sync)."""
         hidden_BND = self.bert(input_ids, attention_mask, token_type_ids)
         mlm_loss = mlm_correct = mlm_count = None

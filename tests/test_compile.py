@@ -132,3 +132,34 @@ def test_compiled_step_equals_eager(case):
             torch.testing.assert_close(g["grads"][name], w["grads"][name], rtol=1e-4, atol=1e-5, msg=name)
         for name in w["weights"]:
             torch.testing.assert_close(g["weights"][name], w["weights"][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_trainer_with_compile_logs_the_eager_losses(tmp_path):
+    """A real Trainer run with --compile (DeepSpeed's engine.compile(), inductor on CPU, ZeRO-1 fp32, BlockBERT n=2
+    through auto -> block_gather) logs the eager run's losses, with no graph break and no recompile in its log.
+    Dropout 0: inductor draws its own random numbers (fallback_random is not a flag of the trainer)."""
+    tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
+    losses = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        log = tmp_path / f"{name}.jsonl"
+        args = tu.train_args(
+            tmp_path,
+            "zero1_fp32.json",
+            3,
+            "--log-json",
+            str(log),
+            "--blockbert-blocks",
+            "2",
+            "--head-assignment",
+            "3:1",
+            *extra,
+        )
+        p = tu.launch("python", args, timeout=1100, TORCH_LOGS="graph_breaks,recompiles,graph_code")
+        assert p.returncode == 0, p.stdout[-4000:]
+        assert "Graph break" not in p.stdout and "Recompiling" not in p.stdout, p.stdout[-4000:]
+        assert ("TRACED GRAPH" in p.stdout) == bool(extra)  # the logs are on: Dynamo traced the compiled run
+        losses[name] = [r["loss"] for r in tu.train_records(log)]
+    assert len(losses["eager"]) == 3
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5)
