@@ -75,7 +75,7 @@ class MaskingConfig:
     max_predictions_per_seq: int | None = None
     """At most this many predicted tokens per sample (BERT's max_predictions_per_seq); None: no cap. A sample that
     drew more keeps those with the smallest selection hashes (whole words, with whole-word masking), so the model
-    can gather a fixed number of positions per batch (static shapes for CUDA graphs and compile)."""
+    can gather a fixed number of positions per batch (static shapes: no host sync, one compiled graph)."""
 
     def __post_init__(self) -> None:
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:

@@ -306,7 +306,7 @@ class BertForPreTraining(nn.Module):
     ) -> PreTrainingOutput:
         """``max_predictions``: at most this many labelled positions per row (the data pipeline's
         max_predictions_per_seq). Given, the MLM head gathers exactly B x max_predictions positions (static
-        shapes, no host sync: CUDA graphs and compile can capture it); without it, the labelled positions are
+        shapes, no host sync: torch.compile keeps it in one graph); without it, the labelled positions are
         selected by a boolean mask (dynamic shape, one device-to-host sync)."""
         hidden_BND = self.bert(input_ids, attention_mask, token_type_ids)
         mlm_loss = mlm_correct = mlm_count = None
@@ -336,6 +336,15 @@ class BertForPreTraining(nn.Module):
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
         loss = sum(losses[1:], losses[0]) if losses else None
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, nsp_logits, mlm_correct, mlm_count)
+
+    def build_attention_plans(
+        self, seq_len: int, device: torch.device | str, dtype: torch.dtype = torch.float32
+    ) -> None:
+        """Build every attention layer's kernel plan for ``dtype`` inputs of ``seq_len`` on ``device`` ahead of the
+        first forward: call it before torch.compile, so the plans (host-side layout work) stay out of the graph."""
+        for m in self.modules():
+            if isinstance(m, BlockSparseAttention):
+                m.build_plan(seq_len, torch.device(device), dtype)
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """Sum of ``auxiliary_loss()`` of submodules that have one (DAM's L1 term); None if none do."""

@@ -239,8 +239,15 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
     return engine
 
 
-def apply_compile(engine) -> None:
-    """torch.compile through DeepSpeed (keeps the engine's hooks and checkpoint names)."""
+def apply_compile(engine, seq_len: int, device: torch.device) -> None:
+    """torch.compile through DeepSpeed (keeps the engine's hooks and checkpoint names), after building every
+    attention layer's kernel plan for ``seq_len`` (plan building is host work on the layout: traced, it would
+    break the graph at every layer)."""
+    module = engine.module
+    build = getattr(module, "build_attention_plans", None)
+    if build is not None:
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+        build(seq_len, device, dtype)
     engine.compile()
 
 

@@ -64,6 +64,22 @@ def log_line(rec: dict[str, Any], train_iters: int) -> str:
     return " | ".join(parts)
 
 
+def device_batch(batch: dict[str, torch.Tensor], device: torch.device, max_predictions: int | None) -> dict[str, Any]:
+    """What Trainer._to_device makes of a host batch (benchmarks time the same inputs): an all-ones attention mask
+    dropped on the host, the rest copied (pinned and asynchronous on CUDA), and ``max_predictions`` for the static MLM
+    gather (None: the boolean-mask head)."""
+    keys = [k for k in _BATCH_KEYS if k in batch]
+    if "attention_mask" in batch and bool(batch["attention_mask"].all()):
+        keys.remove("attention_mask")
+    if device.type == "cuda":
+        out: dict[str, Any] = {k: batch[k].pin_memory().to(device, non_blocking=True) for k in keys}
+    else:
+        out = {k: batch[k] for k in keys}
+    if max_predictions is not None and "labels" in out:
+        out["max_predictions"] = max_predictions
+    return out
+
+
 class NonFiniteLossError(RuntimeError):
     """A NaN/inf loss in bf16/fp32 (fp16 overflows are skipped by the loss scaler instead)."""
 
@@ -171,7 +187,7 @@ class Trainer:
         if type(self.engine.optimizer).__module__.startswith("optimi"):
             self._print(f"optimizer {type(self.engine.optimizer).__name__} (torch-optimi, a client optimizer)")
         if run.system.compile:
-            apply_compile(self.engine)
+            apply_compile(self.engine, run.data.seq_length, self.dist.device)
         # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then
         self._own_grad_norm = self.ds.zero_stage == 0 and self.ds.precision == "fp32"
 
@@ -267,16 +283,7 @@ class Trainer:
         then runs unmasked attention), and the MLM head gathers a fixed number of positions per sample (the
         masker's cap, DataConfig.max_predictions; --dynamic-mlm-gather selects with a boolean mask instead). On CUDA the
         tensors are staged through pinned memory, so the copy is asynchronous."""
-        keys = [k for k in _BATCH_KEYS if k in batch]
-        if "attention_mask" in batch and bool(batch["attention_mask"].all()):
-            keys.remove("attention_mask")
-        if self.dist.device.type == "cuda":
-            out: dict[str, Any] = {k: batch[k].pin_memory().to(self.dist.device, non_blocking=True) for k in keys}
-        else:
-            out = {k: batch[k] for k in keys}
-        if self.run.data.max_predictions is not None and "labels" in out:
-            out["max_predictions"] = self.run.data.max_predictions
-        return out
+        return device_batch(batch, self.dist.device, self.run.data.max_predictions)
 
     @staticmethod
     def _tokens(batch: dict[str, torch.Tensor]) -> int:

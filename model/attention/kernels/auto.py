@@ -30,23 +30,29 @@ class AutoPlan:
     plans: dict = field(default_factory=dict)
     """kernel name -> its plan, made on first use."""
 
-    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
-        name = self.chosen.get(q_BHND.dtype)
+    def prepare(self, device: torch.device, dtype: torch.dtype, configured_dropout_p: float):
+        """The chosen kernel's plan for ``dtype``, chosen and built on first use (host work: before torch.compile
+        traces a forward, :meth:`model.attention.module.BlockSparseAttention.build_plan` calls this)."""
+        name = self.chosen.get(dtype)
         if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
             name = choose_kernel(
-                q_BHND.device.type,
-                q_BHND.dtype,
+                device.type,
+                dtype,
                 self.seq_len,
                 self.density,
-                dropout=call.configured_dropout_p > 0,
-                capability=device_capability(q_BHND.device),
+                dropout=configured_dropout_p > 0,
+                capability=device_capability(device),
             )
-            self.chosen[q_BHND.dtype] = name
+            self.chosen[dtype] = name
         if name not in self.plans:
             self.plans[name] = KERNELS[name].make_plan(
                 self.layout_HMM, self.block, self.seq_len, self.device, token_mask=self.token_mask
             )
-        return self.plans[name].run(q_BHND, k_BHND, v_BHND, call)
+        return self.plans[name]
+
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
+        plan = self.prepare(q_BHND.device, q_BHND.dtype, call.configured_dropout_p)
+        return plan.run(q_BHND, k_BHND, v_BHND, call)
 
 
 @register_kernel("auto")

@@ -1,0 +1,31 @@
+"""benchmarks/train_step_ds.py times the trainer's inputs and the paper set-ups' kernels (issue 25 item 3): no
+all-ones attention mask reaches the engine (dense runs unmasked SDPA), the MLM head gets the derived static cap, and
+with the papers' attention dropout 0.1 ``auto`` trains BlockBERT with block_gather (flex has no dropout)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from data_pipeline.masking import derived_max_predictions
+from tests import train_utils as tu
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_rows_record_the_inputs_and_kernels_the_trainer_uses(tmp_path):
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, "-m", "benchmarks.train_step_ds", "--preset", "tiny", "--device", "cpu"]
+    cmd += ["--precisions", "bf16", "--steps", "1", "--warmup", "1", "--seq-lens", "128", "--json", str(out)]
+    p = subprocess.run(cmd, cwd=tu.REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.returncode == 0, p.stdout[-3000:]
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"dense", "blockbert-n2", "blockbert-n3"}
+    for r in rows.values():
+        assert r["attention_mask_passed"] is False
+        assert r["max_predictions"] == derived_max_predictions(128, 0.15)
+    assert rows["dense"]["kernel_used"] == "dense"
+    assert rows["blockbert-n2"]["kernel_used"] == rows["blockbert-n3"]["kernel_used"] == "block_gather"
