@@ -130,9 +130,7 @@ class BertSelfAttention(nn.Module):
         qkv = self.qkv(x_BND).view(B, N, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
         q_BHND, k_BHND, v_BHND = qkv[0], qkv[1], qkv[2]
         if self.rope_theta is not None:
-            q_BHND, k_BHND = apply_rotary(
-                q_BHND, k_BHND, self.rope_theta, None if docs is None else docs.positions_BN
-            )
+            q_BHND, k_BHND = apply_rotary(q_BHND, k_BHND, self.rope_theta, None if docs is None else docs.positions_BN)
         if docs is not None:
             if gate_HNN is not None:
                 raise ValueError("packed sequences (doc_ids) are not supported during the DAM mask search")

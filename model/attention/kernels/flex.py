@@ -61,8 +61,10 @@ class _PaddingMaskCache:
         """``tensors``: the per-call inputs the mask depends on (None entries allowed)."""
         hit = self._entries.get(key)
         refs = tuple(None if t is None else (id(t), t._version) for t in tensors)
-        if hit is not None and hit[1] == refs and all(
-            (w is None) == (t is None) and (w is None or w() is t) for w, t in zip(hit[0], tensors)
+        if (
+            hit is not None
+            and hit[1] == refs
+            and all((w is None) == (t is None) and (w is None or w() is t) for w, t in zip(hit[0], tensors))
         ):
             return hit[2]
         bm = build()
@@ -126,9 +128,7 @@ class FlexPlan:
             bm = self.build_block_mask(lay, key_padding_mask_BN, tm, doc)
         elif key_padding_mask_BN is not None or doc is not None:  # one BlockMask per forward, shared by the layers
             kpm = key_padding_mask_BN
-            bm = _PADDING_MASKS.get(
-                self.key, (kpm, doc), lambda: self.build_block_mask(lay, kpm, self.token_mask, doc)
-            )
+            bm = _PADDING_MASKS.get(self.key, (kpm, doc), lambda: self.build_block_mask(lay, kpm, self.token_mask, doc))
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
         out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale)
