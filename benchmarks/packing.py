@@ -9,7 +9,8 @@ trainer's batches hold), the share of samples whose text starts inside a sentenc
 documents (pieces) per sample. The attention part takes the first B samples of packed-docs and doc-sentences at
 one N and times forward + backward of the dense kernel over the padded ``[B, H, N, N]`` problem (packed: with the
 document mask) against what a varlen kernel computes: one SDPA call per document, no padding, no cross-document
-scores (emulated by a loop of SDPA calls over the unpadded documents, so its per-call overhead counts against it).
+scores (emulated by a loop of SDPA forward + backward calls over each document's own q/k/v, so the per-call
+overhead counts against it).
 Prints one JSON object; figures go to docs/samples.md with the machine.
 """
 
@@ -85,13 +86,13 @@ def attention_times(prefix: str, N: int, B: int, H: int, D: int, repeats: int) -
             o.sum().backward()
 
         segs = [(b, int(s), int(s + n)) for b, ls in enumerate(lens) for s, n in zip(np.cumsum(ls) - ls, ls)]
+        # each document its own contiguous leaf tensors, as a varlen kernel reads them (slicing the padded q/k/v
+        # here would make every slice's backward write a full-size zero gradient)
+        docs_qkv = [[t[b : b + 1, :, s:e].detach().clone().requires_grad_() for t in (q, k, v)] for b, s, e in segs]
 
         def varlen():
-            outs = [
-                F.scaled_dot_product_attention(q[b : b + 1, :, s:e], k[b : b + 1, :, s:e], v[b : b + 1, :, s:e])
-                for b, s, e in segs
-            ]
-            torch.cat([o.reshape(-1) for o in outs]).sum().backward()
+            for dq, dk, dv in docs_qkv:
+                F.scaled_dot_product_attention(dq, dk, dv).sum().backward()
 
         real = int(kpm.sum())
         same_doc_scores = sum((e - s) ** 2 for _, s, e in segs)
@@ -113,13 +114,14 @@ def main() -> None:
     p.add_argument("--attention-seq-length", type=int, default=512)
     p.add_argument("--attention-batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--attention-only", action="store_true", help="skip the fill table")
     args = p.parse_args()
     result: dict = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "load_average_before": os.getloadavg(),
     }
     shards = _corpus_shards(Path(args.work_dir), args.vocab_file)
-    for name, (prefix, _) in shards.items():
+    for name, (prefix, _) in shards.items() if not args.attention_only else ():
         result[name] = {f"{mode}@{N}": mode_stats(prefix, mode, N) for N in args.seq_lengths for mode in MODES}
     result["attention"] = {
         name: attention_times(prefix, args.attention_seq_length, args.attention_batch, 12, 64, args.repeats)
