@@ -251,7 +251,13 @@ def _pack_documents(u_start: np.ndarray, u_len: np.ndarray, u_doc: np.ndarray, c
 
     def top_up() -> None:
         nonlocal nxt
-        while nxt < len(order) and (len(short) < PACK_WINDOW_DOCS or len(s_doc) < PACK_WINDOW_STREAMS):
+        # both pools are topped up, but short documents never pile up beyond 4 windows while long ones are
+        # scarce (the pool's sorted insert would grow with the corpus)
+        while (
+            nxt < len(order)
+            and len(short) < 4 * PACK_WINDOW_DOCS
+            and (len(short) < PACK_WINDOW_DOCS or len(s_doc) < PACK_WINDOW_STREAMS)
+        ):
             d = int(order[nxt])
             nxt += 1
             if doc_tokens[d] + 2 <= N:

@@ -14,7 +14,14 @@ from model import attention as A
 from model.attention.kernels.block_gather import GatherPlan, PermutationPlan, SplitPlan
 from model.attention.kernels.flex import mask_mod_for
 from model.attention.kernels.flex_mask import layout_block_mask
-from tests.registry_cases import ALL_KERNELS, CPU_TRAINING_KERNELS, LAYOUT_EXAMPLES, OTHER_KERNELS, cpu_trains
+from tests.registry_cases import (
+    ALL_KERNELS,
+    CPU_TRAINING_KERNELS,
+    CUDA_KERNELS,
+    LAYOUT_EXAMPLES,
+    OTHER_KERNELS,
+    cpu_trains,
+)
 
 H, D = 4, 16
 LAYOUTS = {"full": lambda: None, **{name: (lambda make=make: make(H)) for name, make in LAYOUT_EXAMPLES.items()}}
@@ -97,6 +104,22 @@ def test_inference_only_kernels_doc_mask_match_dense(name, kernel):
     ref, _ = _run("dense", cfg, q, k, v, kpm, doc, grad=False)
     out, _ = _run(kernel, cfg, q, k, v, kpm, doc, grad=False)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex training, half-precision kernels)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", CUDA_KERNELS)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_kernel_doc_mask_matches_dense_on_cuda(name, kernel, dtype):
+    cfg = LAYOUTS[name]()
+    n, doc, kpm = _case(name)
+    q, k, v = (t.detach().to("cuda", dtype).requires_grad_() for t in _inputs(len(doc), n))
+    ref, ref_g = _run("dense", cfg, q, k, v, kpm.cuda(), doc.cuda())
+    out, g = _run(kernel, cfg, q, k, v, kpm.cuda(), doc.cuda())
+    tol = dict(atol=1e-4, rtol=1e-3) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out.float(), ref.float(), **tol)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
 
 
 @pytest.mark.parametrize("name", ["blockbert_n2", "fixed", "bigbird"])
