@@ -382,11 +382,24 @@ def test_packed_docs_whole_pieces_cover_every_token_once(shard, N):
     assert (lens[sent] > N - 2).all() and ((idx[inside, A_START] - ptr[sent]) % (N - 2) == 0).all()
 
 
-def test_packed_docs_deterministic_and_seed_dependent(shard):
+def test_packed_docs_deterministic_cached_and_seed_dependent(shard, tmp_path):
     a, _ = _packed(shard, 48, seed=3)
     np.testing.assert_array_equal(a, _packed(shard, 48, seed=3)[0])
     b, _ = _packed(shard, 48, seed=4)
     assert a.shape != b.shape or (a != b).any()
+    cfg = SampleIndexConfig(seq_length=48, sample_mode="packed-docs", seed=3)
+    path, _ = index_cache_path(shard.prefix, (0, shard.num_documents), cfg, str(tmp_path))
+    assert (
+        path
+        != index_cache_path(
+            shard.prefix, (0, shard.num_documents), SampleIndexConfig(seq_length=48, seed=3), str(tmp_path)
+        )[0]
+    )
+    first = load_or_build_index(shard, (0, shard.num_documents), cfg, str(tmp_path))
+    again = load_or_build_index(shard, (0, shard.num_documents), cfg, str(tmp_path))
+    assert path.is_file() and isinstance(again, np.memmap)
+    np.testing.assert_array_equal(first, a)
+    np.testing.assert_array_equal(again, a)
 
 
 def test_packed_docs_fill(tmp_path):
