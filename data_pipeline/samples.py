@@ -223,13 +223,14 @@ def _pack_documents(u_start: np.ndarray, u_len: np.ndarray, u_doc: np.ndarray, c
 
     A piece costs its tokens + 2 ([CLS] ... [SEP]). Documents enter in a seeded random order. One that fits in N
     is a whole item in a pool of short documents; a longer one is a stream of sentence units. Each sample opens
-    with the oldest open item (the oldest short document, or the next whole-sentence piece of the oldest stream,
-    as long as fits), so nothing waits for ever; then, while at least 3 tokens are left, the best fit among all
-    candidates goes in: the largest short document that fits, or the longest run of whole sentences that fits
-    from any open stream. Pieces of long documents therefore always start at a sentence start (except the
-    budget-sized pieces of sentences longer than N - 2), and the gaps that whole-sentence cutting leaves are
-    filled by other documents instead of padding (ModernBERT packs for >99% fill the same way, on whole
-    sequences; NeoBERT measured that packing without a document mask costs GLUE points).
+    with the oldest open item (the oldest short document, or the longest whole-sentence run of the oldest stream;
+    up to PACK_OPENER_TRIES - 1 sentences less when the rest then fills tighter), so nothing waits for ever; then,
+    while at least 3 tokens are left, the best fit among all candidates goes in: the largest short document that
+    fits, or the longest run of whole sentences that fits from any other open stream. (A stream is never picked
+    twice for one sample: its next sentence did not fit.) Pieces of long documents therefore start at a sentence
+    start (except the budget-sized pieces of sentences longer than N - 2), and the gaps that whole-sentence cutting
+    leaves are filled by other documents instead of padding. ModernBERT reports >99% fill from greedy best-fit
+    packing of whole (truncated) sequences; NeoBERT measured that packing without a document mask costs GLUE.
     """
     import bisect
     from collections import deque
