@@ -7,6 +7,7 @@ import torch
 
 from data_pipeline.data_config import DataConfig
 from data_pipeline.masking import MLMMasker, sample_keys
+from data_pipeline.samples import PACKED
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -22,6 +23,7 @@ class Collator:
         self.multiple = config.pad_to_multiple_of
         self.dynamic = config.dynamic_padding
         self.nsp = config.sample_mode == "nsp"
+        self.packed = config.sample_mode == PACKED
         self.seed = config.seed
         self.salt = int(mask_salt)
 
@@ -31,8 +33,9 @@ class Collator:
             n = -(-n // self.multiple) * self.multiple
         return n
 
-    def compact(self, items: list[tuple[np.ndarray, int, int, int]]) -> np.ndarray:
-        """Pad + mask into one flat int32 array ``[ids (B*L) | labels (B*L) | lengths, first, nsp (3*B) | B, L]``.
+    def compact(self, items: list[tuple]) -> np.ndarray:
+        """Pad + mask into one flat int32 array ``[ids (B*L) | labels (B*L) | lengths, first, nsp (3*B) |
+        doc ids (B*L, packed-docs only) | B, L]``.
 
         This is what dataloader workers send: one int32 numpy array, pickled through the worker pipe,
         instead of five int64 tensors, each moved to its own shared-memory segment (the transfer, not the
@@ -45,13 +48,18 @@ class Collator:
             ids_BL[b, : lens[b]] = it[0]
         positions = np.fromiter((it[3] for it in items), dtype=np.int64, count=B)
         masked_BL, labels_BL = self.masker(ids_BL, sample_keys(self.seed, positions, self.salt))
-        out = np.empty(2 * B * L + 3 * B + 2, dtype=np.int32)
+        out = np.empty(2 * B * L + 3 * B + (B * L if self.packed else 0) + 2, dtype=np.int32)
         out[: B * L] = masked_BL.ravel()
         out[B * L : 2 * B * L] = labels_BL.ravel()
         meta = out[2 * B * L : 2 * B * L + 3 * B].reshape(3, B)
         meta[0] = lens
         meta[1] = np.fromiter((it[1] for it in items), dtype=np.int64, count=B)
         meta[2] = np.fromiter((it[2] for it in items), dtype=np.int64, count=B)
+        if self.packed:  # document of every token (0, 1, ... per row), -1 on padding
+            docs_BL = out[2 * B * L + 3 * B : 3 * B * L + 3 * B].reshape(B, L)
+            docs_BL[:] = -1
+            for b, it in enumerate(items):
+                docs_BL[b, : lens[b]] = np.repeat(np.arange(len(it[4])), it[4])
         out[-2:] = (B, L)
         return out
 
@@ -71,7 +79,9 @@ class Collator:
         else:
             out["token_type_ids"] = torch.zeros((B, L), dtype=torch.int64)
         out["labels"] = labels
+        if self.packed:
+            out["doc_ids"] = flat[2 * B * L + 3 * B : 3 * B * L + 3 * B].view(B, L).long()
         return out
 
-    def __call__(self, items: list[tuple[np.ndarray, int, int, int]]) -> dict[str, torch.Tensor]:
+    def __call__(self, items: list[tuple]) -> dict[str, torch.Tensor]:
         return self.expand(self.compact(items))

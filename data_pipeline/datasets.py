@@ -33,8 +33,10 @@ from data_pipeline.samples import (
     B_END,
     B_START,
     NSP_LABEL,
+    PACKED,
     SampleIndexError,
     load_or_build_index,
+    packed_sample_rows,
     shard_max_token_id,
 )
 
@@ -57,14 +59,22 @@ class ShardSplit:
         self._flat: np.ndarray | None = None
         self._rows: np.ndarray | None = None
         self._doc_bounds: np.ndarray | None = None
+        self._pack_rows: np.ndarray | None = None
+
+    @property
+    def pack_rows(self) -> np.ndarray:
+        """packed-docs: ``[S + 1]`` offsets of each sample's piece rows in the index."""
+        if self._pack_rows is None:
+            self._pack_rows = packed_sample_rows(np.asarray(self.index))
+        return self._pack_rows
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.pack_rows) - 1 if self.mode == PACKED else len(self.index)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_ds"] = None  # memmaps are reopened in the worker, never pickled
-        state["_flat"] = state["_rows"] = state["_doc_bounds"] = None
+        state["_flat"] = state["_rows"] = state["_doc_bounds"] = state["_pack_rows"] = None
         if isinstance(self.index, np.memmap) or getattr(self.index, "filename", None):
             state["index"] = None
             state["_index_path"] = self.index.filename
@@ -101,6 +111,8 @@ class ShardSplit:
         """Real tokens of every sample (specials included), vectorized over the whole index."""
         idx = np.asarray(self.index)
         n = idx[:, A_END] - idx[:, A_START] + 2
+        if self.mode == PACKED:  # the pieces of a sample, each with its [CLS] and [SEP]
+            return np.add.reduceat(n, self.pack_rows[:-1]) if len(n) else n
         if self.mode == "nsp":
             n += idx[:, B_END] - idx[:, B_START] + 1
         elif self.mode == "full-sentences":
@@ -108,13 +120,32 @@ class ShardSplit:
             n += np.searchsorted(b, idx[:, A_END], "left") - np.searchsorted(b, idx[:, A_START], "right")
         return n
 
+    def sample_text_starts(self) -> np.ndarray:
+        """Token offset where the text of every sample begins (packed-docs: its first piece)."""
+        idx = np.asarray(self.index)
+        return idx[self.pack_rows[:-1], A_START] if self.mode == PACKED else idx[:, A_START]
+
+    def doc_lengths(self, s: int) -> np.ndarray | None:
+        """packed-docs: tokens of each document piece of sample ``s``, specials included (None in other modes)."""
+        if self.mode != PACKED:
+            return None
+        rows = np.asarray(self.index[self.pack_rows[s] : self.pack_rows[s + 1]])
+        return rows[:, A_END] - rows[:, A_START] + 2
+
     def tokens(self, s: int) -> tuple[np.ndarray, int, int]:
         """Token ids of sample ``s`` with its specials, the length of its first segment, its nsp label."""
         if self._flat is None:  # plain ndarray views: np.memmap's per-slice overhead is 3x the work here
             self._flat = np.asarray(self.shard.tokens)
             self._rows = np.asarray(self.index)
-        row = self._rows[s]
         flat = self._flat
+        if self.mode == PACKED:  # [CLS] piece [SEP] per document piece
+            rows = self._rows[self.pack_rows[s] : self.pack_rows[s + 1]]
+            parts = []
+            for r in rows:
+                parts += [[self.cls_id], flat[r[A_START] : r[A_END]], [self.sep_id]]
+            ids = np.concatenate(parts).astype(np.int64)
+            return ids, len(ids), -1
+        row = self._rows[s]
         a = np.asarray(flat[row[A_START] : row[A_END]], dtype=np.int64)
         if self.mode == "full-sentences":
             b = self.doc_bounds
@@ -137,7 +168,8 @@ class PretrainingDataset(torch.utils.data.Dataset):
 
     Index = stream position. ``len`` is the nominal size (``num_samples`` or the components' total), but
     any position >= 0 is valid: components simply continue into their next, reshuffled epochs.
-    Items are ``(token ids, first-segment length, nsp label, position)``; ``Collator`` pads and masks.
+    Items are ``(token ids, first-segment length, nsp label, position, document lengths)`` (the last is None outside
+    packed-docs); ``Collator`` pads and masks.
     """
 
     def __init__(
@@ -192,12 +224,15 @@ class PretrainingDataset(torch.utils.data.Dataset):
             rows[sel] = out
         return d, rows
 
-    def __getitems__(self, positions: Sequence[int]) -> list[tuple[np.ndarray, int, int, int]]:
+    def __getitems__(self, positions: Sequence[int]) -> list[tuple]:
         positions = np.asarray(positions, dtype=np.int64)
         d, rows = self.locate(positions)
-        return [(*self.components[k].tokens(int(r)), int(p)) for k, r, p in zip(d, rows, positions)]
+        return [
+            (*self.components[k].tokens(int(r)), int(p), self.components[k].doc_lengths(int(r)))
+            for k, r, p in zip(d, rows, positions)
+        ]
 
-    def __getitem__(self, position: int) -> tuple[np.ndarray, int, int, int]:
+    def __getitem__(self, position: int) -> tuple:
         return self.__getitems__([int(position)])[0]
 
 

@@ -15,6 +15,11 @@ Modes (the tokens around the ranges are added at batch time):
 - ``nsp``: ``[CLS] A [SEP] B [SEP]`` with BERT's recipe: pack up to N - 3, cut at a random sentence,
   B is the rest (label 0) or, half the time, sentences from a random other document (label 1; the
   unused sentences go back and start the next sample); a random B is trimmed to fit, A never is.
+- ``packed-docs``: ``[CLS] D1 [SEP] [CLS] D2 [SEP] ...``: several whole documents, or whole-sentence pieces of
+  long ones, packed into one sequence by a greedy best-fit packer (:func:`_pack_documents`); the batch carries
+  per-token document ids and the model keeps attention inside each document. Here every index row is one piece
+  (``a_start, a_end``) and ``b_start`` holds the sample the piece belongs to (:data:`PACK_SAMPLE`); a sample is
+  the run of rows with the same number. ``short_seq_prob`` and ``cut_fraction`` do not apply.
 
 Sentences longer than the budget are split into budget-sized pieces (nsp: half-budget pieces), never
 dropped. With probability
@@ -53,13 +58,23 @@ import numpy as np
 from data_pipeline.indexed import IndexedDataset, data_file_path, index_file_path
 from data_pipeline.masking import sample_keys
 
-MODES = ("doc-sentences", "full-sentences", "nsp")
+MODES = ("doc-sentences", "full-sentences", "nsp", "packed-docs")
 INDEX_VERSION = 2
 #: the packing walk runs over chains in parallel; chains (documents, or runs of sentences crossing them in
 #: full-sentences mode) are also cut at a sentence start about every this many samples' worth of tokens,
 #: so a long book costs few steps (at most one shorter sample per chain: < 0.2% of the fill)
 CHAIN_SAMPLES = 256
 A_START, A_END, B_START, B_END, NSP_LABEL = range(5)
+PACK_SAMPLE = B_START
+"""packed-docs: the column holding the sample number of each piece row."""
+PACKED = "packed-docs"
+#: packed-docs: how many whole short documents and how many long documents (streams of sentences) the packer
+#: keeps open at once; documents enter in a seeded order, so any window is a deterministic function of the seed
+PACK_WINDOW_DOCS = 512
+PACK_WINDOW_STREAMS = 64
+#: packed-docs: a long document opening a sample may give up to this many - 1 of its last sentences (to the next
+#: sample) when the gap left is then filled tighter
+PACK_OPENER_TRIES = 4
 
 
 class SampleIndexError(ValueError):
@@ -73,7 +88,8 @@ class SampleIndexConfig:
     seq_length: int = 512
     """Maximum tokens per sample N, special tokens included (at least 8)."""
     sample_mode: str = "doc-sentences"
-    """doc-sentences (RoBERTa-1seq), full-sentences (crosses documents), or nsp (segment pair + label)."""
+    """doc-sentences (RoBERTa-1seq), full-sentences (crosses documents), nsp (segment pair + label), or packed-docs
+    (whole documents / whole-sentence pieces packed by best fit; attention kept inside each document)."""
     seed: int = 1234
     """Seeds sample packing, epoch shuffles and masks: the global order depends only on it and the position."""
     short_seq_prob: float = 0.1
@@ -202,8 +218,165 @@ def _pack_tokens(
     return out[keep]
 
 
+def _pack_documents(u_start: np.ndarray, u_len: np.ndarray, u_doc: np.ndarray, config: SampleIndexConfig) -> np.ndarray:
+    """packed-docs: greedy best-fit packing of documents into sequences of N tokens; returns piece rows ``[P, 5]``.
+
+    A piece costs its tokens + 2 ([CLS] ... [SEP]). Documents enter in a seeded random order. One that fits in N
+    is a whole item in a pool of short documents; a longer one is a stream of sentence units. Each sample opens
+    with the oldest open item (the oldest short document, or the longest whole-sentence run of the oldest stream;
+    up to PACK_OPENER_TRIES - 1 sentences less when the rest then fills tighter), so nothing waits for ever; then,
+    while at least 3 tokens are left, the best fit among all candidates goes in: the largest short document that
+    fits, or the longest run of whole sentences that fits from any other open stream. (A stream is never picked
+    twice for one sample: its next sentence did not fit.) Pieces of long documents therefore start at a sentence
+    start (except the budget-sized pieces of sentences longer than N - 2), and the gaps that whole-sentence cutting
+    leaves are filled by other documents instead of padding. ModernBERT reports >99% fill from greedy best-fit
+    packing of whole (truncated) sequences; NeoBERT measured that packing without a document mask costs GLUE.
+    """
+    import bisect
+    from collections import deque
+
+    N = int(config.seq_length)
+    U = len(u_len)
+    doc_first = np.flatnonzero(np.r_[True, u_doc[1:] != u_doc[:-1]])
+    doc_end = np.r_[doc_first[1:], U]
+    cum = np.r_[0, np.cumsum(u_len)]
+    doc_tokens = cum[doc_end] - cum[doc_first]
+    order = np.random.default_rng([config.seed, MODES.index(PACKED), N, INDEX_VERSION]).permutation(len(doc_first))
+    pieces: list[tuple[int, int, int]] = []  # (first unit, end unit, sample)
+    short: list[tuple[int, int]] = []  # sorted (size, document) of open short documents
+    arrivals: deque = deque()  # open items, oldest first: (is_stream, document)
+    used_short: set[int] = set()
+    s_doc: list[int] = []  # open streams: document, next unit
+    s_pos: list[int] = []
+    nxt = 0
+
+    def top_up() -> None:
+        nonlocal nxt
+        # both pools are topped up, but short documents never pile up beyond 4 windows while long ones are
+        # scarce (the pool's sorted insert would grow with the corpus)
+        while (
+            nxt < len(order)
+            and len(short) < 4 * PACK_WINDOW_DOCS
+            and (len(short) < PACK_WINDOW_DOCS or len(s_doc) < PACK_WINDOW_STREAMS)
+        ):
+            d = int(order[nxt])
+            nxt += 1
+            if doc_tokens[d] + 2 <= N:
+                bisect.insort(short, (int(doc_tokens[d]) + 2, d))
+                arrivals.append((False, d))
+            else:
+                s_doc.append(d)
+                s_pos.append(int(doc_first[d]))
+                arrivals.append((True, d))
+
+    def stream_run(i: int, room: int) -> int:
+        """End unit of the longest run of whole units of stream i within ``room`` tokens (its start if none)."""
+        p, e = s_pos[i], int(doc_end[s_doc[i]])
+        return min(int(np.searchsorted(cum, cum[p] + room, side="right")) - 1, e)
+
+    def plan_fill(room: int, opener: int = -1) -> tuple[list[tuple], int]:
+        """Best-fit choices for ``room`` tokens without changing the pools (the opener stream, if any, is left
+        out: its next sentences would have been part of its own piece); returns the actions and the room left."""
+        actions: list[tuple] = []
+        taken: set[int] = set()
+        pos = np.asarray(s_pos, dtype=np.int64)
+        ends_cap = doc_end[np.asarray(s_doc, dtype=np.int64)] if s_doc else None
+        if opener >= 0:
+            pos[opener] = ends_cap[opener]  # exhausted for this sample
+        while room >= 3:
+            k = bisect.bisect_right(short, (room, 1 << 62)) - 1  # the largest short document that fits
+            while k >= 0 and short[k][1] in taken:
+                k -= 1
+            best_short = short[k][0] if k >= 0 else 0
+            best_stream = best_i = best_end = 0
+            if s_doc:
+                ends = np.minimum(np.searchsorted(cum, cum[pos] + room - 2, side="right") - 1, ends_cap)
+                got = cum[ends] - cum[pos]
+                best_i = int(np.argmax(got))
+                if got[best_i] > 0:
+                    best_stream, best_end = int(got[best_i]) + 2, int(ends[best_i])
+            if best_short == 0 and best_stream == 0:
+                break
+            if best_short >= best_stream:
+                taken.add(short[k][1])
+                actions.append((False, short[k][1], short[k][0]))
+                room -= best_short
+            else:
+                actions.append((True, best_i, int(pos[best_i]), best_end))
+                pos[best_i] = best_end
+                room -= best_stream
+        return actions, room
+
+    sample = 0
+    while True:
+        top_up()
+        opener = None
+        while arrivals:  # the oldest open item opens the sample
+            is_stream, d = arrivals[0]
+            if is_stream and d in s_doc:
+                opener = s_doc.index(d)
+                break
+            arrivals.popleft()
+            if not is_stream and d not in used_short:
+                size = int(doc_tokens[d]) + 2
+                short.pop(bisect.bisect_left(short, (size, d)))
+                used_short.add(d)
+                pieces.append((int(doc_first[d]), int(doc_end[d]), sample))
+                break
+        else:
+            break
+        if opener is None:
+            actions, _ = plan_fill(N - int(cum[pieces[-1][1]] - cum[pieces[-1][0]]) - 2)
+        else:  # the opener's longest whole-sentence run, or up to 3 sentences less when that packs tighter
+            p0 = s_pos[opener]
+            end0 = max(stream_run(opener, N - 2), p0 + 1)
+            best = None
+            for end in range(end0, max(end0 - PACK_OPENER_TRIES, p0), -1):
+                room = N - int(cum[end] - cum[p0]) - 2
+                actions, left = plan_fill(room, opener)
+                if best is None or left < best[2]:
+                    best = (end, actions, left)
+                if left < 3:
+                    break
+            end, actions, _ = best
+            pieces.append((p0, end, sample))
+            s_pos[opener] = end
+        gone = []
+        for act in actions:
+            if act[0]:
+                _, i, lo, hi = act
+                pieces.append((lo, hi, sample))
+                s_pos[i] = hi
+            else:
+                _, d, size = act
+                short.pop(bisect.bisect_left(short, (size, d)))
+                used_short.add(d)
+                pieces.append((int(doc_first[d]), int(doc_end[d]), sample))
+        for i in range(len(s_doc)):
+            if s_pos[i] >= doc_end[s_doc[i]]:
+                gone.append(i)
+        for i in reversed(gone):
+            del s_doc[i], s_pos[i]
+        sample += 1
+    out = np.zeros((len(pieces), 5), dtype=np.int64)
+    if pieces:
+        arr = np.asarray(pieces, dtype=np.int64)
+        out[:, A_START] = u_start[arr[:, 0]]
+        out[:, A_END] = u_start[arr[:, 1] - 1] + u_len[arr[:, 1] - 1]
+        out[:, PACK_SAMPLE] = arr[:, 2]
+    out[:, NSP_LABEL] = -1
+    return out
+
+
+def packed_sample_rows(index: np.ndarray) -> np.ndarray:
+    """packed-docs: ``[S + 1]`` row offsets; sample s is index rows ``[rows[s], rows[s + 1])``."""
+    col = np.asarray(index[:, PACK_SAMPLE])
+    return np.r_[np.flatnonzero(np.r_[True, col[1:] != col[:-1]]), len(col)] if len(col) else np.zeros(1, np.int64)
+
+
 def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: SampleIndexConfig) -> np.ndarray:
-    """Build the ``[S, 5]`` int64 index of the documents ``doc_range`` of ``ds`` (no caching)."""
+    """Build the ``[S, 5]`` int64 index of the documents ``doc_range`` of ``ds`` (no caching; packed-docs: one row
+    per piece, see :data:`PACK_SAMPLE`)."""
     doc_lo, doc_hi = doc_range
     L = config.budget
     # nsp: pieces of at most half the budget, so a chunk holds two pieces and B can truly follow A
@@ -212,6 +385,8 @@ def build_sample_index(ds: IndexedDataset, doc_range: tuple[int, int], config: S
     U = len(u_len)
     if U == 0:
         return np.zeros((0, 5), dtype=np.int64)
+    if config.sample_mode == PACKED:
+        return _pack_documents(u_start, u_len, u_doc, config)
     doc_first = np.r_[True, u_doc[1:] != u_doc[:-1]]  # piece opens a document
     if config.sample_mode != "nsp":
         return _pack_tokens(u_start, u_len, doc_first, config)

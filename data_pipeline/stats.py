@@ -8,7 +8,6 @@ import numpy as np
 from data_pipeline.collate import Collator
 from data_pipeline.datasets import PretrainingDataset
 from data_pipeline.masking import IGNORE_INDEX
-from data_pipeline.samples import A_START
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -34,7 +33,7 @@ def dataset_stats(
                 np.concatenate(
                     [
                         ~np.isin(
-                            np.asarray(c.index)[:, A_START],
+                            c.sample_text_starts(),
                             np.asarray(c.shard.sequence_pointers) // c.shard.dtype.itemsize,
                         )
                         for c in dataset.components

@@ -34,6 +34,24 @@ class PreTrainingOutput:
     """Number of positions with a label."""
 
 
+@dataclass
+class Documents:
+    """Packed sequences: the document of every token and its position inside that document."""
+
+    doc_ids_BN: torch.Tensor
+    positions_BN: torch.Tensor
+
+    @staticmethod
+    def from_ids(doc_ids_BN: torch.Tensor) -> "Documents":
+        """Positions count from 0 at every change of id along a row (a document is a run of equal ids)."""
+        B, N = doc_ids_BN.shape
+        ar = torch.arange(N, device=doc_ids_BN.device)
+        starts = torch.ones_like(doc_ids_BN, dtype=torch.bool)
+        starts[:, 1:] = doc_ids_BN[:, 1:] != doc_ids_BN[:, :-1]
+        first = torch.where(starts, ar, torch.zeros_like(ar)).cummax(1).values
+        return Documents(doc_ids_BN, ar - first)
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -50,10 +68,18 @@ class BertEmbeddings(nn.Module):
         self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias)
         self.dropout = nn.Dropout(c.hidden_dropout)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        positions_BN: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         x = self.word_embeddings(input_ids)
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings.forward_positions(input_ids.shape[1], input_ids.device)
+            if positions_BN is None:
+                x = x + self.position_embeddings.forward_positions(input_ids.shape[1], input_ids.device)
+            else:  # packed sequences: positions restart at every document
+                x = x + self.position_embeddings(positions_BN)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 x = x + self.token_type_embeddings.weight[0]
@@ -99,13 +125,25 @@ class BertSelfAttention(nn.Module):
         key_padding_mask_BN: torch.Tensor | None,
         score_bias=None,
         gate_HNN: torch.Tensor | None = None,
+        docs: "Documents | None" = None,
     ) -> torch.Tensor:
         B, N, _ = x_BND.shape
         qkv = self.qkv(x_BND).view(B, N, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
         q_BHND, k_BHND, v_BHND = qkv[0], qkv[1], qkv[2]
         if self.rope_theta is not None:
-            q_BHND, k_BHND = apply_rotary(q_BHND, k_BHND, self.rope_theta)
-        if gate_HNN is not None:  # DAM search: probabilities gated by the soft mask (dense by nature)
+            q_BHND, k_BHND = apply_rotary(q_BHND, k_BHND, self.rope_theta, None if docs is None else docs.positions_BN)
+        if docs is not None:
+            if gate_HNN is not None:
+                raise ValueError("packed sequences (doc_ids) are not supported during the DAM mask search")
+            ctx_BHND = self.core(
+                q_BHND,
+                k_BHND,
+                v_BHND,
+                key_padding_mask_BN=key_padding_mask_BN,
+                score_bias=score_bias,
+                doc_ids_BN=docs.doc_ids_BN,
+            )
+        elif gate_HNN is not None:  # DAM search: probabilities gated by the soft mask (dense by nature)
             drop = self.core.dropout_p if self.training else 0.0
             ctx_BHND = gated_attention(q_BHND, k_BHND, v_BHND, gate_HNN, key_padding_mask_BN, drop, None, score_bias)
         else:
@@ -148,14 +186,15 @@ class BertLayer(nn.Module):
         key_padding_mask_BN: torch.Tensor | None = None,
         score_bias=None,
         gate_HNN: torch.Tensor | None = None,
+        docs: "Documents | None" = None,
     ) -> torch.Tensor:
         if self.pre_ln:
             x_BND = x_BND + self.dropout(
-                self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN, score_bias, gate_HNN)
+                self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN, score_bias, gate_HNN, docs)
             )
             return x_BND + self.dropout(self.ffn(self.ffn_layer_norm(x_BND)))
         x_BND = self.attn_layer_norm(
-            x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN, score_bias, gate_HNN))
+            x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN, score_bias, gate_HNN, docs))
         )
         return self.ffn_layer_norm(x_BND + self.dropout(self.ffn(x_BND)))
 
@@ -174,10 +213,11 @@ class BertEncoder(nn.Module):
         key_padding_mask_BN: torch.Tensor | None,
         biases=None,
         gates_LHNN: torch.Tensor | None = None,
+        docs: "Documents | None" = None,
     ) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             gate = None if gates_LHNN is None else gates_LHNN[0 if gates_LHNN.shape[0] == 1 else i]
-            x_BND = layer(x_BND, key_padding_mask_BN, None if biases is None else biases[i], gate)
+            x_BND = layer(x_BND, key_padding_mask_BN, None if biases is None else biases[i], gate, docs)
         return x_BND if self.final_layer_norm is None else self.final_layer_norm(x_BND)
 
 
@@ -204,7 +244,10 @@ class BertModel(nn.Module):
             dcfg = DAMConfig.from_dict(dam.params.dam)
             self.dam = DAMMask(dcfg, 1 if dcfg.share_layers else c.num_layers, c.num_attention_heads, n)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, doc_ids=None) -> torch.Tensor:
+        """``doc_ids`` (int ``[B, N]``): packed sequences, several documents per row; attention stays inside each
+        document and positions (absolute embeddings, rotary) restart at every document, so a packed row computes
+        what each of its documents would compute alone."""
         kpm = None
         if attention_mask is not None:
             kpm = attention_mask.to(torch.bool)
@@ -212,6 +255,14 @@ class BertModel(nn.Module):
                 kpm = None  # no padding: unmasked fused attention (on GPUs the check would wait for the device;
                 # the trainer drops an all-ones mask on the host instead)
         B, N = input_ids.shape
+        docs = None
+        if doc_ids is not None:
+            if self.positional_attention is not None:
+                raise ValueError(
+                    "packed sequences (doc_ids) need absolute or rotary positions: DIET's positional attention and "
+                    "per-head segments do not restart per document; use a non-packed sample mode"
+                )
+            docs = Documents.from_ids(doc_ids.to(input_ids.device))
         biases = None
         if self.positional_attention is not None:
             biases = self.positional_attention.biases(self.positional_attention(N, token_type_ids, B))
@@ -222,7 +273,8 @@ class BertModel(nn.Module):
                     f"sequence length {N} exceeds the DAM mask length {self.dam.n}; raise attention.token_mask.seq_len"
                 )
             gates = self.dam()
-        return self.encoder(self.embeddings(input_ids, token_type_ids), kpm, biases, gates)
+        positions = None if docs is None else docs.positions_BN
+        return self.encoder(self.embeddings(input_ids, token_type_ids, positions), kpm, biases, gates, docs)
 
 
 class MLMTransform(nn.Module):
@@ -303,12 +355,13 @@ class BertForPreTraining(nn.Module):
         labels=None,
         next_sentence_label=None,
         max_predictions: int | None = None,
+        doc_ids=None,
     ) -> PreTrainingOutput:
         """``max_predictions``: at most this many labelled positions per row (the data pipeline's
         max_predictions_per_seq). Given, the MLM head gathers exactly B x max_predictions positions (static
         shapes, no host sync: torch.compile keeps it in one graph); without it, the labelled positions are
         selected by a boolean mask (dynamic shape, one device-to-host sync)."""
-        hidden_BND = self.bert(input_ids, attention_mask, token_type_ids)
+        hidden_BND = self.bert(input_ids, attention_mask, token_type_ids, doc_ids)
         mlm_loss = mlm_correct = mlm_count = None
         if labels is not None and max_predictions is not None:
             mlm_loss, mlm_correct, mlm_count, logits = self._mlm_static(hidden_BND, labels, max_predictions)

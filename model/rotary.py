@@ -38,10 +38,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rotary(q_BHND: torch.Tensor, k_BHND: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k rotated by their positions 0 .. N-1 (the sequence axis is dim 2); same dtype as given."""
+def apply_rotary(
+    q_BHND: torch.Tensor, k_BHND: torch.Tensor, theta: float, positions_BN: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated by their positions (the sequence axis is dim 2): 0 .. N-1, or ``positions_BN`` per row (packed
+    sequences restart at every document, as Hugging Face's ``position_ids``); same dtype as given."""
     n, d = q_BHND.shape[-2], q_BHND.shape[-1]
-    cos_ND, sin_ND = rotary_cos_sin(n, d, theta, q_BHND.device, q_BHND.dtype)
+    if positions_BN is None:
+        cos_ND, sin_ND = rotary_cos_sin(n, d, theta, q_BHND.device, q_BHND.dtype)
+    else:
+        freqs = positions_BN.float()[:, None, :, None] * inverse_frequencies(d, theta, q_BHND.device)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [B, 1, N, D]
+        cos_ND, sin_ND = emb.cos().to(q_BHND.dtype), emb.sin().to(q_BHND.dtype)
     out = []
     for x in (q_BHND, k_BHND):
         xf = x.float()

@@ -45,7 +45,7 @@ from pretrain.parallelize import (
     optimizer_from_block,
 )
 
-_BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
+_BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label", "doc_ids")
 
 
 def log_line(rec: dict[str, Any], train_iters: int) -> str:

@@ -8,7 +8,9 @@
 # Layer knobs: WINDOW (local window, default 128), GLOBAL_EVERY (default 3), GLOBAL=dense (ModernBERT) | blockbert
 # (BlockBERT n=2, heads 10:2, on the global layers; the export then carries our code). Recipe knobs: MASK_PROB
 # (default 0.3, ModernBERT's masking rate) and WSD_DECAY_FRACTION (default 0.1: warmup, then the peak LR held, then a
-# 1-sqrt anneal over the last 10% of the steps; the fraction is our choice, the paper gives the anneal's shape only).
+# 1-sqrt anneal over the last 10% of the steps; the fraction is our choice, the paper gives the anneal's shape only)
+# and SAMPLE_MODE (default packed-docs: whole documents packed by best fit, attention kept inside each document, as
+# ModernBERT packs; doc-sentences gives the BlockBERT/DIET samples).
 # Batch ramp and StableAdamW are not implemented yet; other trainer flags can be appended.
 # Convert a checkpoint with `python -m tools.convert_checkpoint --load $OUT/ckpt --to-hf DIR`: with GLOBAL=dense it
 # becomes a stock transformers ModernBertForMaskedLM directory.
@@ -43,6 +45,7 @@ paper_hparams "$N"
 launch --deepspeed_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model-config "$OUT/model.json" \
   "${PAPER_ARGS[@]}" --lr 8e-4 --adam-beta1 0.9 --adam-beta2 0.98 --adam-eps 1e-6 --weight-decay 1e-5 \
   --hidden-dropout 0.0 --attention-dropout 0.0 --mask-prob "${MASK_PROB:-0.3}" \
+  --sample-mode "${SAMPLE_MODE:-packed-docs}" \
   --lr-decay-style WSD --lr-wsd-decay-style minus_sqrt \
   --lr-wsd-decay-iters "$("$PY" -c "import sys; print(max(1, int(float(sys.argv[1]) * int(sys.argv[2]))))" \
     "${WSD_DECAY_FRACTION:-0.1}" "$TRAIN_ITERS")" "${@:2}"

@@ -11,6 +11,7 @@ import torch
 
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder
 from data_pipeline.loader import DataConfig, DataConfigError, build_dataloader, build_datasets, split_document_ranges
+from data_pipeline.samples import MODES, PACKED
 from tests.samples_helpers import FIRST_ID, synthetic_shard
 
 
@@ -57,14 +58,16 @@ def assert_batches_equal(xs, ys):
             assert torch.equal(x[k], y[k]), k
 
 
-@pytest.mark.parametrize("mode", ["doc-sentences", "full-sentences", "nsp"])
+@pytest.mark.parametrize("mode", MODES)
 def test_batch_format(shards, mode):
     cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=48, sample_mode=mode, seed=1)
     train, valid, test = build_datasets(cfg, TOK)
     assert valid is None and test is None
     batch = next(iter(build_dataloader(train, TOK, cfg, micro_batch_size=8, dp_rank=0, dp_world_size=1, num_workers=0)))
-    expect = {"input_ids", "attention_mask", "token_type_ids", "labels"} | (
-        {"next_sentence_label"} if mode == "nsp" else set()
+    expect = (
+        {"input_ids", "attention_mask", "token_type_ids", "labels"}
+        | ({"next_sentence_label"} if mode == "nsp" else set())
+        | ({"doc_ids"} if mode == PACKED else set())
     )
     assert set(batch) == expect
     for v in batch.values():

@@ -124,7 +124,10 @@ class BlockSparseAttention(nn.Module):
         token_mask: torch.Tensor | None = None,
         score_bias: ScoreBias | None = None,
         scale: float | None = None,
+        doc_ids_BN: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``doc_ids_BN`` (int ``[B, N]``, packed sequences): attention stays inside each document, in every
+        kernel (see :mod:`model.attention.kernels.registry`)."""
         B, H, N, _ = q_BHND.shape
         if self.sparsity_config is not None and H != self.sparsity_config.num_heads:
             raise ValueError(f"q has {H} heads but the sparsity config was built for {self.sparsity_config.num_heads}")
@@ -142,6 +145,8 @@ class BlockSparseAttention(nn.Module):
             key_padding_mask_BN = F.pad(key_padding_mask_BN, (0, p), value=False)
             if token_mask is not None:
                 token_mask = F.pad(token_mask, (0, p, 0, p), value=False)
+            if doc_ids_BN is not None:  # the padded keys are masked anyway; -1 is no document
+                doc_ids_BN = F.pad(doc_ids_BN, (0, p), value=-1)
             if score_bias is not None:
                 score_bias = score_bias.padded(n_pad)
         out = self.kernel(
@@ -155,6 +160,7 @@ class BlockSparseAttention(nn.Module):
             dropout_p=self.dropout_p,
             scale=scale,
             training=self.training,
+            doc_ids_BN=doc_ids_BN,
         )
         return out[:, :, :N] if n_pad != N else out
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.attention.kernels.registry import Call, Kernel, register_kernel
+from model.attention.kernels.registry import Call, Kernel, register_kernel, same_document
 from model.attention.kernels.sdpa import sdpa_with_allow
 
 
@@ -22,9 +22,14 @@ class DensePlan:
         allow = self.allow_HNN
         if token_mask is not None:
             allow = token_mask if allow is None else allow & token_mask
+        per_row = None  # [B, 1, N|1, N]: what differs between rows of the batch
         if key_padding_mask_BN is not None:
-            kp = key_padding_mask_BN[:, None, None, :]
-            allow = kp if allow is None else allow.unsqueeze(0) & kp
+            per_row = key_padding_mask_BN[:, None, None, :]
+        if call.doc_ids_BN is not None:
+            same = same_document(call.doc_ids_BN, call.doc_ids_BN).unsqueeze(1)
+            per_row = same if per_row is None else per_row & same
+        if per_row is not None:
+            allow = per_row if allow is None else allow.unsqueeze(0) & per_row
         bias = None if score_bias is None else score_bias.dense(N)
         return sdpa_with_allow(q_BHND, k_BHND, v_BHND, allow, bias, dropout_p, scale)
 

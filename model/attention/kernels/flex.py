@@ -25,9 +25,14 @@ def _flex_fn(device_type: str) -> Callable:
 
 
 def mask_mod_for(
-    layout: torch.Tensor, block: int, kpm: torch.Tensor | None = None, token_mask: torch.Tensor | None = None
+    layout: torch.Tensor,
+    block: int,
+    kpm: torch.Tensor | None = None,
+    token_mask: torch.Tensor | None = None,
+    doc_ids: torch.Tensor | None = None,
 ) -> Callable:
-    """FlexAttention ``mask_mod`` of a block layout, AND a key-padding mask, AND an element mask."""
+    """FlexAttention ``mask_mod`` of a block layout, AND a key-padding mask, AND an element mask, AND same document
+    (``doc_ids`` ``[B, N]``, packed sequences)."""
     per_head = layout.shape[0] > 1  # a one-head layout (full attention) serves every head
 
     def mask_mod(b, h, qi, ki):
@@ -36,25 +41,34 @@ def mask_mod_for(
             m = m & kpm[b, ki]
         if token_mask is not None:
             m = m & token_mask[h if token_mask.shape[0] > 1 else 0, qi, ki]
+        if doc_ids is not None:
+            m = m & (doc_ids[b, qi] == doc_ids[b, ki])
         return m
 
     return mask_mod
 
 
 class _PaddingMaskCache:
-    """The BlockMask of the last key-padding mask, per plan key: the layers of one forward share one padding mask
-    tensor and (usually) one layout, so the mask is built once per forward, not once per layer. An entry is valid
-    only for the same tensor object at the same version (a new batch, or an in-place change, rebuilds)."""
+    """The BlockMask of the last key-padding mask (and document ids), per plan key: the layers of one forward share
+    one padding mask tensor and (usually) one layout, so the mask is built once per forward, not once per layer. An
+    entry is valid only for the same tensor objects at the same versions (a new batch, or an in-place change,
+    rebuilds)."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple, tuple[Any, int, Any]] = {}
+        self._entries: dict[tuple, tuple[Any, Any, Any]] = {}
 
-    def get(self, key: tuple, kpm: torch.Tensor, build: Callable[[], Any]) -> Any:
+    def get(self, key: tuple, tensors: tuple, build: Callable[[], Any]) -> Any:
+        """``tensors``: the per-call inputs the mask depends on (None entries allowed)."""
         hit = self._entries.get(key)
-        if hit is not None and hit[0]() is kpm and hit[1] == kpm._version:
+        refs = tuple(None if t is None else (id(t), t._version) for t in tensors)
+        if (
+            hit is not None
+            and hit[1] == refs
+            and all((w is None) == (t is None) and (w is None or w() is t) for w, t in zip(hit[0], tensors))
+        ):
             return hit[2]
         bm = build()
-        self._entries[key] = (weakref.ref(kpm), kpm._version, bm)
+        self._entries[key] = (tuple(None if t is None else weakref.ref(t) for t in tensors), refs, bm)
         if len(self._entries) > 64:  # many distinct layouts: keep the newest
             self._entries.pop(next(iter(self._entries)))
         return bm
@@ -72,15 +86,17 @@ class FlexPlan:
     token_mask: torch.Tensor | None = None  # the plan's fixed element mask, [H|1, N, N] on device
     key: tuple = ()  # what makes two plans' BlockMasks interchangeable (layout content, block, N, token mask)
 
-    def build_block_mask(self, lay: torch.Tensor, kpm: torch.Tensor | None, tm: torch.Tensor | None) -> Any:
+    def build_block_mask(
+        self, lay: torch.Tensor, kpm: torch.Tensor | None, tm: torch.Tensor | None, doc: torch.Tensor | None = None
+    ) -> Any:
         """From the block layout when it aligns with 128-token sparse blocks (no N x N pass); else torch's
         ``create_block_mask`` over the same mask_mod."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        mask_mod = mask_mod_for(lay, self.block, kpm, tm)
+        mask_mod = mask_mod_for(lay, self.block, kpm, tm, doc)
         if sparse_block_size(self.block) is not None:
-            return layout_block_mask(lay, self.block, self.seq_len, mask_mod, kpm, tm)
-        B = None if kpm is None else kpm.shape[0]
+            return layout_block_mask(lay, self.block, self.seq_len, mask_mod, kpm, tm, doc)
+        B = None if kpm is None and doc is None else (kpm if kpm is not None else doc).shape[0]
         return create_block_mask(mask_mod, B, lay.shape[0], self.seq_len, self.seq_len, device=lay.device)
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
@@ -104,14 +120,15 @@ class FlexPlan:
         lay = self.layout_HMM
         if lay.shape[0] == 1 and H > 1:
             lay = lay.expand(H, -1, -1)
+        doc = call.doc_ids_BN
         if token_mask is not None:  # a per-call element mask: its own BlockMask
             tm = token_mask.to(dev)
             if self.token_mask is not None:
                 tm = self.token_mask & tm
-            bm = self.build_block_mask(lay, key_padding_mask_BN, tm)
-        elif key_padding_mask_BN is not None:  # padding only: one BlockMask per forward, shared by the layers
+            bm = self.build_block_mask(lay, key_padding_mask_BN, tm, doc)
+        elif key_padding_mask_BN is not None or doc is not None:  # one BlockMask per forward, shared by the layers
             kpm = key_padding_mask_BN
-            bm = _PADDING_MASKS.get(self.key, kpm, lambda: self.build_block_mask(lay, kpm, self.token_mask))
+            bm = _PADDING_MASKS.get(self.key, (kpm, doc), lambda: self.build_block_mask(lay, kpm, self.token_mask, doc))
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
         out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale)

@@ -48,6 +48,17 @@ def _grouped_any_all(x: torch.Tensor, r: int, dims: int) -> tuple[torch.Tensor, 
     return g.any(dim=reduce), g.all(dim=reduce)
 
 
+def _grouped_min_max(x_BN: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of int ``x_BN`` over groups of r positions (the last group may be shorter: positions past the
+    end are left out)."""
+    B, N = x_BN.shape
+    pad = -(-N // r) * r - N
+    big = torch.iinfo(x_BN.dtype).max
+    lo = F.pad(x_BN, (0, pad), value=big).view(B, -1, r).amin(-1)
+    hi = F.pad(x_BN, (0, pad), value=-big).view(B, -1, r).amax(-1)
+    return lo, hi
+
+
 def _to_kv_blocks(on_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Boolean block matrix -> (kv_num_blocks ``[B, H, Q]`` int32, kv_indices ``[B, H, Q, K]`` int32), the on
     blocks first in increasing key order (what FlexAttention iterates)."""
@@ -63,11 +74,17 @@ def layout_block_mask(
     mask_mod: Callable,
     key_valid_BN: torch.Tensor | None = None,
     token_mask: torch.Tensor | None = None,
+    doc_ids_BN: torch.Tensor | None = None,
 ) -> Any:
-    """The ``BlockMask`` of ``layout_HMM`` (bool, on the target device) AND key padding AND token mask.
+    """The ``BlockMask`` of ``layout_HMM`` (bool, on the target device) AND key padding AND token mask AND same
+    document.
 
     ``mask_mod`` must compute the same predicate element-wise (it runs inside partial blocks). ``token_mask`` is
     bool broadcastable to ``[H, N, N]`` (or ``[B, H, N, N]``); it only decides which blocks may be full.
+    ``doc_ids_BN`` (int ``[B, N]``) enters at block level through each sparse block's smallest and largest id: a
+    block pair may hold a same-document pair only if their id ranges overlap (exact for packed rows, where ids
+    only grow along the sequence; never wrong for any ids), and is full only when both blocks are one and the same
+    document.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -87,6 +104,12 @@ def layout_block_mask(
         tm_any, tm_all = _grouped_any_all(tm, size, 2)
         partial = partial & tm_any
         full = full & tm_all
+    if doc_ids_BN is not None:
+        lo, hi = _grouped_min_max(doc_ids_BN, size)  # [B, Mc]
+        overlap = (lo[:, :, None] <= hi[:, None, :]) & (lo[:, None, :] <= hi[:, :, None])
+        one = (lo == hi)[:, :, None] & (lo == hi)[:, None, :] & (lo[:, :, None] == lo[:, None, :])
+        partial = partial & overlap[:, None]
+        full = full & one[:, None]
     Mc = lay_any.shape[-1]
     inside = (torch.arange(1, Mc + 1, device=layout_HMM.device) * size) <= seq_len  # sparse blocks not cut by N
     full = full & inside[:, None] & inside[None, :]  # (all-on implies some-on: full blocks are within partial)

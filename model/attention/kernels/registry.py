@@ -9,6 +9,10 @@
   so a kernel never dispatches on plan types.
 - ``key_padding_mask_BN``: bool, True = key may be attended. ``token_mask``: bool broadcastable to ``[H, N, N]``,
   True = allowed, combined (AND) with the block layout. ``score_bias``: a :class:`~model.attention.bias.ScoreBias`.
+- ``doc_ids_BN``: int document id of every token of a packed sequence (None = one document per row); query i may
+  attend key j only when ``doc_ids_BN[b, i] == doc_ids_BN[b, j]``, ANDed with everything above. Each kernel applies
+  it in its own tiling (dense: a ``[B, 1, N, N]`` mask; block_gather: gathered for its tiles; flex: in the
+  ``mask_mod`` and the BlockMask), never by materialising more than the kernel already does.
 - Rows with nothing to attend to return zeros (and zero gradients), never NaN.
 
 ``dense`` is the reference that every other kernel is tested against (tests/test_attention.py takes the list of
@@ -42,6 +46,9 @@ class Call:
     configured_dropout_p: float = 0.0
     """The module's attention dropout whether or not this call trains (``auto`` decides on it, so training and
     evaluation run the same kernel); not unpacked by ``__iter__``."""
+    doc_ids_BN: torch.Tensor | None = None
+    """int, the document of every token (packed sequences): attention stays inside a document; None = no document
+    mask. Not unpacked by ``__iter__``."""
 
     def __iter__(self):
         """The first five fields in order, not copied (``dataclasses.astuple`` would deep-copy the tensors)."""
@@ -104,10 +111,24 @@ class Kernel:
         dropout_p: float = 0.0,
         scale: float | None = None,
         training: bool = False,
+        doc_ids_BN: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return plan.run(
             q_BHND,
             k_BHND,
             v_BHND,
-            Call(key_padding_mask_BN, token_mask, score_bias, dropout_p if training else 0.0, scale, dropout_p),
+            Call(
+                key_padding_mask_BN,
+                token_mask,
+                score_bias,
+                dropout_p if training else 0.0,
+                scale,
+                dropout_p,
+                doc_ids_BN,
+            ),
         )
+
+
+def same_document(doc_q: torch.Tensor, doc_k: torch.Tensor) -> torch.Tensor:
+    """bool ``[..., Q, K]``: query and key lie in the same document (``doc_q`` ``[..., Q]``, ``doc_k`` ``[..., K]``)."""
+    return doc_q.unsqueeze(-1) == doc_k.unsqueeze(-2)

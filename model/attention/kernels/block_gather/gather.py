@@ -63,7 +63,9 @@ class GatherPlan:
             allow = None
             if key_padding_mask_BN is not None:
                 allow = key_padding_mask_BN[:, g.k_index_GK].view(B, G, 1, K)
-            allow = tile_allow(allow, token_mask, g.token_mask_GQK, g.head_G, g.q_index_GQ, g.k_index_GK, H, N)
+            allow = tile_allow(
+                allow, token_mask, g.token_mask_GQK, g.head_G, g.q_index_GQ, g.k_index_GK, H, N, call.doc_ids_BN
+            )
             bias = None if score_bias is None else score_bias.gather(g.head_G, g.q_index_GQ, g.k_index_GK)
             outs.append(sdpa_tiles(q, k, v, allow, bias, dropout_p, scale))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)

@@ -55,7 +55,9 @@ class PermutationPlan:
         if key_padding_mask_BN is not None:
             kp = key_padding_mask_BN.view(B, 1, n, T).expand(B, H, n, T).reshape(B, G, 1, T)
             allow = kp if self.tile_map is None else kp.index_select(1, self.tile_map)
-        allow = tile_allow(allow, token_mask, self.token_mask_GQK, self.head_G, self.q_index_GQ, self.k_index_GK, H, N)
+        allow = tile_allow(
+            allow, token_mask, self.token_mask_GQK, self.head_G, self.q_index_GQ, self.k_index_GK, H, N, call.doc_ids_BN
+        )
         bias = None if score_bias is None else score_bias.gather(self.head_G, self.q_index_GQ, self.k_index_GK)
         return sdpa_tiles(q, k, v, allow, bias, dropout_p, scale).view(B, H, N, Dv)
 

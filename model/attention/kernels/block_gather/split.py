@@ -23,7 +23,8 @@ merged probabilities of the piece's keys) and ``D = rowsum(dO * O)`` (the merged
 in a piece get ``lse = -inf`` there (the CPU kernel itself reports 0 for them); rows with no key in any piece give
 zeros and zero gradients.
 
-Scope: CPU, no attention dropout, no score bias: those calls use the plan's ``fallback`` (the ordinary gather plan
+Scope: CPU, no attention dropout, no score bias, no document mask (packed sequences): those calls use the plan's
+``fallback`` (the ordinary gather plan
 of the whole layout). Key padding, per-call token masks and the plan's fixed token mask work. It relies on private
 aten ops (torch's CPU flash forward/backward with logsumexp) and on cost constants measured on one machine (see
 docs/model.md), so it can be turned off: ``SPARSEBERT_CPU_SPLIT=0`` makes block_gather use the general gather plan.
@@ -107,7 +108,7 @@ class SplitPlan:
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
-        if dropout_p == 0.0 and score_bias is None and q_BHND.device.type == "cpu":
+        if dropout_p == 0.0 and score_bias is None and call.doc_ids_BN is None and q_BHND.device.type == "cpu":
             return split_attention(q_BHND, k_BHND, v_BHND, self, key_padding_mask_BN, token_mask, scale)
         return self.fallback.run(q_BHND, k_BHND, v_BHND, call)
 

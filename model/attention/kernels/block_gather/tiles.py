@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from model.attention.kernels.registry import same_document
+
 
 def tile_allow(
     allow: torch.Tensor | None,
@@ -16,9 +18,12 @@ def tile_allow(
     k_index_GK: torch.Tensor,
     H: int,
     N: int,
+    doc_ids_BN: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """``allow`` (bool ``[B|1, G, Q|1, K]`` or None) AND the tiles' part of ``token_mask`` (bool, broadcastable to
-    ``[H, N, N]``) AND ``fixed_GQK`` (the plan's mask inside the tiles). None means everything is allowed."""
+    ``[H, N, N]``) AND ``fixed_GQK`` (the plan's mask inside the tiles) AND, for packed sequences, same document
+    (``doc_ids_BN`` gathered at the tiles' query and key positions: ``[B, G, Q, K]``, no N x N mask). None means
+    everything is allowed."""
     if token_mask is not None:
         tm = token_mask
         while tm.dim() < 3:
@@ -28,6 +33,9 @@ def tile_allow(
     if fixed_GQK is not None:
         tm = fixed_GQK.unsqueeze(0)
         allow = tm if allow is None else allow & tm
+    if doc_ids_BN is not None:
+        same = same_document(doc_ids_BN[:, q_index_GQ], doc_ids_BN[:, k_index_GK])
+        allow = same if allow is None else allow & same
     return allow
 
 
