@@ -48,6 +48,8 @@ STREAM_SETTINGS = (
     ("data", "short_seq_prob", "--short-seq-prob"),
     ("data", "mask_prob", "--mask-prob"),
     ("data", "whole_word_masking", "--whole-word-masking"),
+    ("data", "max_predictions_per_seq", "--max-predictions-per-seq"),
+    ("data", "dynamic_mlm_gather", "--dynamic-mlm-gather"),
     ("data", "tokenizer_type", "--tokenizer-type"),
     ("data", "vocab_file", "--vocab-file"),
     ("data", "tokenizer_model", "--tokenizer-model"),

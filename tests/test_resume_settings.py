@@ -117,11 +117,13 @@ def test_new_seq_length_is_refused_and_a_new_seed_is_said(first, tmp_path):
     p = tu.launch("python", _args(data, 4, ck2, tmp_path / "log.jsonl") + ["--seq-length", "32"])
     assert p.returncode == 2, p.stdout[-3000:]
     assert "--seq-length 32 differs from the checkpoint's 64" in p.stdout and "--finetune" in p.stdout
-    p = tu.launch("python", _args(data, 5, ck2, tmp_path / "log.jsonl", "--lr-decay-iters", "4", "--seed", "8"))
+    extra = ["--lr-decay-iters", "4", "--seed", "8", "--max-predictions-per-seq", "16"]
+    p = tu.launch("python", _args(data, 5, ck2, tmp_path / "log.jsonl", *extra))
     assert p.returncode == 0, p.stdout[-3000:]
     assert (
         "--seed 8 differs from the checkpoint's 7: the run continues at sample 16 of the new sample stream" in p.stdout
     )
+    assert "--max-predictions-per-seq 16 differs from the checkpoint's None" in p.stdout  # the masks' cap
 
 
 def _client(**over):
