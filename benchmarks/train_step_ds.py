@@ -6,11 +6,14 @@ What is timed is what the trainer runs: dropout 0.1 on hidden states and attenti
 run_scripts/common.sh; with attention dropout ``auto`` picks block_gather, not flex, for the sparse variants), and
 the engine's inputs made by pretrain.trainer.device_batch, as Trainer._to_device makes them (the all-ones attention
 mask is dropped on the host, so dense runs unmasked SDPA; the MLM head gathers the derived max_predictions_per_seq).
-Each row records the kernel auto picked. The token ids are still synthetic (full rows, 15% labelled), not the
-data pipeline's packed samples.
+Each row records the kernel auto picked. With --data-path PREFIX --vocab-file V the steps run on the data
+pipeline's own batches (the sample mode, padding and masking the trainer reads: --sample-mode, default the paper
+set-ups' doc-sentences), each step a new batch; tokens/s then counts real (unpadded) tokens. Without, the ids are
+synthetic full rows with 15% labelled.
 
     python -m benchmarks.train_step_ds --preset bert-base --json out/train_step_ds.json          # on a GPU
     python -m benchmarks.train_step_ds --preset tiny --device cpu --precisions bf16 --steps 1      # smoke test
+    python -m benchmarks.train_step_ds --data-path data/wiki_text_sentence --vocab-file vocab.txt ...  # real batches
 
 How FLOPs are counted ("model FLOPs", no recomputation, per trained token; forward + backward = 3 x forward):
 - the encoder's matmuls: 6 x 12 L h^2 (Q, K, V, output projection 4h^2 and the FFN 8h^2 per layer);
@@ -84,6 +87,20 @@ def _init_single_rank() -> torch.device:
     return init_distributed(10.0).device
 
 
+def _pipeline_batches(args, seq_len: int, batch: int, n: int) -> tuple[list[dict], int | None]:
+    """``n`` host batches as the trainer's loader makes them, and the MLM cap it uses."""
+    from data_pipeline.data_config import DataConfig
+    from data_pipeline.loader import build_dataloader, build_datasets
+    from data_pipeline.tokenization import build_tokenizer
+
+    tok = build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file)
+    cfg = DataConfig(data_path=[args.data_path], seq_length=seq_len, split="1,0,0", sample_mode=args.sample_mode)
+    train = build_datasets(cfg, tok, num_samples=(batch * n, 0, 0))[0]
+    loader = build_dataloader(train, tok, cfg, micro_batch_size=batch, dp_rank=0, dp_world_size=1, num_workers=0)
+    it = iter(loader)
+    return [next(it) for _ in range(n)], cfg.max_predictions
+
+
 def measure(variant: str, precision: str, seq_len: int, args, device: torch.device) -> dict:
     from data_pipeline.masking import derived_max_predictions
     from model.bert import BertForPreTraining
@@ -119,14 +136,25 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     engine = initialize_engine(model, ds, OptimConfig(lr=1e-4), warmup=10, decay_iters=1000)
     # the inputs the trainer gives the engine: an all-ones mask dropped on the host, the static MLM gather with the
     # derived cap (pretrain.trainer.device_batch, what Trainer._to_device calls)
-    host = synthetic_batch(batch, seq_len, args.vocab, torch.device("cpu"))
-    data = device_batch(host, device, derived_max_predictions(seq_len, 0.15))
+    if args.data_path:
+        hosts, cap = _pipeline_batches(args, seq_len, batch, args.warmup + args.steps)
+    else:
+        hosts, cap = (
+            [synthetic_batch(batch, seq_len, args.vocab, torch.device("cpu"))],
+            derived_max_predictions(seq_len, 0.15),
+        )
+    feed = [device_batch(h, device, cap) for h in hosts]
+    data = feed[0]
     layout = engine.module.bert.encoder.layers[0].attention.core.layout_for(seq_len) if sparsity else None
     density = 1.0 if layout is None else float(layout.float().mean())
-    predicted = float((data["labels"] != -100).float().mean())
+    predicted = float(sum((d["labels"] != -100).float().mean() for d in feed) / len(feed))
+    real_tokens = [int(h["attention_mask"].sum()) if "attention_mask" in h else h["input_ids"].numel() for h in hosts]
+    calls = [0]
 
     def step() -> None:
-        loss = engine(**data).loss
+        i = calls[0] % len(feed)
+        calls[0] += 1
+        loss = engine(**feed[i]).loss
         engine.backward(loss)
         engine.step()
 
@@ -147,7 +175,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     step_s = statistics.median(times)
     core = engine.module.bert.encoder.layers[0].attention.core
     used = sorted({k for plan in core._plans.values() for k in getattr(plan, "chosen", {}).values()})
-    tokens = batch * seq_len
+    tokens = statistics.mean(real_tokens[args.warmup % len(hosts) :] or real_tokens)
     fpt = flops_per_token(args.hidden, args.layers, seq_len, args.vocab, density, predicted)
     peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     row = {
@@ -163,10 +191,13 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
         "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "kernel_requested": args.kernel,
         "kernel_used": ",".join(used) or args.kernel,
-        "attention_mask_passed": "attention_mask" in data,
+        "attention_mask_passed": any("attention_mask" in d for d in feed),
+        "batches": "data pipeline" if args.data_path else "synthetic",
         "max_predictions": data.get("max_predictions"),
     }
-    engine = model = data = None  # free them before the next variant (the closure step() holds cells, not copies)
+    engine = model = data = feed = (
+        None  # free them before the next variant (the closure step() holds cells, not copies)
+    )
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -223,12 +254,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--kernel", default="auto", help="attention kernel of the sparse variants")
     p.add_argument("--vocab", type=int, default=30522)
+    p.add_argument("--data-path", help="time the data pipeline's batches of this shard prefix (else synthetic ids)")
+    p.add_argument("--vocab-file", help="with --data-path: the shard's WordPiece vocab")
+    p.add_argument("--tokenizer-type", default="BertWordPieceLowerCase")
+    p.add_argument("--sample-mode", default="doc-sentences", help="with --data-path: as the trainer's --sample-mode")
     p.add_argument("--tokens", type=int, help="b x N per step (default: the preset's)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="write the rows and the targets here")
     args = p.parse_args(argv)
+    if args.data_path and not args.vocab_file:
+        p.error("--data-path needs --vocab-file (the shard's vocabulary)")
     preset = PRESETS[args.preset]
     args.hidden, args.layers, args.heads = preset["hidden"], preset["layers"], preset["heads"]
     args.tokens = args.tokens or preset["tokens"]

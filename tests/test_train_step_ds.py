@@ -29,3 +29,20 @@ def test_rows_record_the_inputs_and_kernels_the_trainer_uses(tmp_path):
         assert r["max_predictions"] == derived_max_predictions(128, 0.15)
     assert rows["dense"]["kernel_used"] == "dense"
     assert rows["blockbert-n2"]["kernel_used"] == rows["blockbert-n3"]["kernel_used"] == "block_gather"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_it_times_the_data_pipelines_batches(tmp_path):
+    """--data-path: each step a batch of the trainer's loader (doc-sentences rows, their padding, the cap the trainer
+    derives); tokens/s counts the real tokens."""
+    data = tu.prepare(tmp_path)
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, "-m", "benchmarks.train_step_ds", "--preset", "tiny", "--device", "cpu", "--variants"]
+    cmd += ["dense", "--precisions", "bf16", "--steps", "2", "--warmup", "1", "--seq-lens", "64", "--json", str(out)]
+    cmd += ["--data-path", str(data / "shard"), "--vocab-file", str(data / "vocab.txt"), "--vocab", str(tu.VOCAB_SIZE)]
+    p = subprocess.run(cmd, cwd=tu.REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.returncode == 0, p.stdout[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["batches"] == "data pipeline" and row["max_predictions"] == derived_max_predictions(64, 0.15)
+    assert 0 < row["tokens_per_s"] * row["step_s"] <= row["batch"] * 64
