@@ -8,6 +8,8 @@
 #              srun (inside a Slurm allocation: `srun $SRUN_ARGS python -m pretrain.train`, one task per rank;
 #              the allocation's tasks decide the world, NPROC is unused; see run_scripts/slurm/)
 #   NPROC      ranks per node (default: GPUs found, else 2 CPU ranks)      HOSTFILE  (default run_scripts/hostfile)
+#   MASTER_PORT LAUNCHER=deepspeed's rendezvous port (default: a free one, so concurrent runs on one machine do not
+#              meet on DeepSpeed's default 29500 and hang)
 #   DS_ARGS    extra flags for the deepspeed runner of the hostfile launchers (e.g. --force_multi --no_ssh_check
 #              --master_addr HOST --master_port PORT)
 #   SRUN_ARGS  srun flags for LAUNCHER=srun (default --kill-on-bad-exit=0: after the exit signal the ranks leave
@@ -70,8 +72,9 @@ launch() {  # launch TRAIN_ARGS...
   local ds_args=()
   read -r -a ds_args <<< "${DS_ARGS:-}"
   case "$LAUNCHER" in
-    deepspeed)
-      "$BIN/deepspeed" --num_gpus "$NPROC" pretrain/train.py "$@" "${common[@]}" ;;
+    deepspeed)  # one node: a free port unless MASTER_PORT is set (two runs on one machine never share 29500)
+      port="${MASTER_PORT:-$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+      "$BIN/deepspeed" --num_gpus "$NPROC" --master_port "$port" pretrain/train.py "$@" "${common[@]}" ;;
     hostfile)
       "$BIN/deepspeed" --hostfile "$HOSTFILE" "${ds_args[@]}" pretrain/train.py "$@" "${common[@]}" ;;
     hostfile-openmpi)
