@@ -243,7 +243,7 @@ def test_a_node_local_save_directory_stops_the_run_at_start_naming_the_host(tmp_
 
 
 # ---------------------------------------------------------------------------------------------------- Slurm, 2 nodes
-ITERS = 20
+ITERS = 60  # long enough that the time-limit signal (sent after 2 steps) always lands before the run's end
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +311,7 @@ def test_sbatch_two_nodes_srun_template_trains_and_a_requeue_resumes_exactly(slu
 
     run = tmp_path / "b"
     job = _template_job(slurm2, "pretrain_srun.sbatch", data, tmp_path / "b.out", OUT=str(run))
-    _wait_lines(run / "log.jsonl", 3, slurm2, job, timeout=300)
+    _wait_lines(run / "log.jsonl", 2, slurm2, job, timeout=300)
     slurm2.run(["scancel", "--signal=USR1", job])  # what --signal=USR1@120 does before the time limit
     slurm2.wait_job(job, timeout=180, until=lambda j: j.get("Restarts") == "1")
     info = slurm2.wait_job(job, timeout=400)
@@ -322,7 +322,7 @@ def test_sbatch_two_nodes_srun_template_trains_and_a_requeue_resumes_exactly(slu
     stop = re.search(r"SIGUSR1 received: stopping at iteration (\d+)", text)
     assert stop and f"job {job} (restart 1)" in text, text[-3000:]
     stopped = int(stop.group(1))
-    assert f"resumed from {run}/ckpt/iter_{stopped:07d}" in text and 3 <= stopped < ITERS
+    assert f"resumed from {run}/ckpt/iter_{stopped:07d}" in text and 2 <= stopped < ITERS
     recs = tu.train_records(run / "log.jsonl")
     assert [r["iteration"] for r in recs] == list(range(1, ITERS + 1))
     assert [r["loss"] for r in recs] == straight  # exact, across the requeue
