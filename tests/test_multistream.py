@@ -5,12 +5,8 @@ the whole dump, byte for byte."""
 from __future__ import annotations
 
 import bz2
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +14,8 @@ import pytest
 from data_pipeline import multistream
 from data_pipeline.readers import BadInputLog, read_documents
 from tests import multistream_dump
+from tests.preprocess_utils import REPO, kill_when_done, preprocess_cmd, same_shards
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = "0.000001"  # --multistream-unit-mb: one stream per unit
 
 
@@ -73,37 +69,11 @@ def test_a_range_that_ends_inside_a_stream_is_reported(dump):
     assert docs == [] and "truncated_file" in log.format()
 
 
-def _cmd(dump: Path, prefix: Path, vocab: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "data_pipeline.preprocess",
-        "--input",
-        str(dump),
-        "--output-prefix",
-        str(prefix),
-        "--tokenizer-type",
-        "BertWordPieceLowerCase",
-        "--vocab-file",
-        str(vocab),
-        "--split-sentences",
-        "--no-progress",
-        *extra,
-    ]
-
-
-def _same(a: Path, b: Path) -> bool:
-    return all(
-        Path(f"{a}_text_sentence{e}").read_bytes() == Path(f"{b}_text_sentence{e}").read_bytes()
-        for e in (".bin", ".idx")
-    )
-
-
 @pytest.fixture(scope="module")
 def one_unit(dump, bert_uncased_vocab, tmp_path_factory) -> Path:
     """The reference: one process reading the whole dump as one unit."""
     ref = tmp_path_factory.mktemp("ref") / "ref"
-    cmd = _cmd(dump, ref, bert_uncased_vocab, "--multistream-unit-mb", "0", "--workers", "1")
+    cmd = preprocess_cmd(dump, ref, bert_uncased_vocab, "--multistream-unit-mb", "0", "--workers", "1")
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
     return ref
 
@@ -113,14 +83,14 @@ def one_unit(dump, bert_uncased_vocab, tmp_path_factory) -> Path:
 def test_units_over_workers_write_the_bytes_of_one_unit(dump, one_unit, bert_uncased_vocab, tmp_path):
     out = tmp_path / "units"
     r = subprocess.run(
-        _cmd(dump, out, bert_uncased_vocab, "--multistream-unit-mb", TINY, "--workers", "2"),
+        preprocess_cmd(dump, out, bert_uncased_vocab, "--multistream-unit-mb", TINY, "--workers", "2"),
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert _same(out, one_unit)
+    assert same_shards(out, one_unit)
 
 
 @pytest.mark.slow
@@ -132,7 +102,7 @@ def test_units_over_two_mpi_ranks_write_the_bytes_of_one_unit(dump, one_unit, be
     out = tmp_path / "two"
     mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
     r = subprocess.run(
-        mpirun + _cmd(dump, out, bert_uncased_vocab, "--multistream-unit-mb", TINY, "--workers", "1"),
+        mpirun + preprocess_cmd(dump, out, bert_uncased_vocab, "--multistream-unit-mb", TINY, "--workers", "1"),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -140,27 +110,17 @@ def test_units_over_two_mpi_ranks_write_the_bytes_of_one_unit(dump, one_unit, be
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "rank 1/2" in r.stderr
-    assert _same(out, one_unit)
+    assert same_shards(out, one_unit)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_then_resume_per_unit_is_byte_identical(dump, one_unit, bert_uncased_vocab, tmp_path):
     out = tmp_path / "run"
-    parts = Path(f"{out}.parts")
-    cmd = _cmd(dump, out, bert_uncased_vocab, "--multistream-unit-mb", TINY, "--workers", "1")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 200
-    while time.time() < deadline and proc.poll() is None:
-        if parts.is_dir() and len(list(parts.glob("*.done.json"))) >= 3:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done = len(list(parts.glob("*.done.json")))
+    cmd = preprocess_cmd(dump, out, bert_uncased_vocab, "--multistream-unit-mb", TINY, "--workers", "1")
+    done = kill_when_done(cmd, out, 3, timeout=200)
     assert 3 <= done < 21
     r = subprocess.run(cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"{done} of 21 input file(s) already done, skipped" in r.stderr
-    assert _same(out, one_unit)
+    assert same_shards(out, one_unit)

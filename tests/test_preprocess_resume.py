@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.preprocess_utils import REPO, kill_when_done, preprocess_cmd, same_shards
+
 SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
 
 
@@ -35,33 +33,7 @@ def many_inputs(tmp_path_factory) -> Path:
 
 
 def _cmd(inputs: Path, prefix: Path, vocab: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "data_pipeline.preprocess",
-        "--input",
-        str(inputs),
-        "--output-prefix",
-        str(prefix),
-        "--tokenizer-type",
-        "BertWordPieceLowerCase",
-        "--vocab-file",
-        str(vocab),
-        "--split-sentences",
-        "--workers",
-        "1",
-        "--chunk-chars",
-        "20000",
-        "--no-progress",
-        *extra,
-    ]
-
-
-def _same(a: Path, b: Path) -> bool:
-    return all(
-        Path(f"{a}_text_sentence{e}").read_bytes() == Path(f"{b}_text_sentence{e}").read_bytes()
-        for e in (".bin", ".idx")
-    )
+    return preprocess_cmd(inputs, prefix, vocab, "--workers", "1", "--chunk-chars", "20000", *extra)
 
 
 @pytest.mark.timeout(300)
@@ -71,18 +43,7 @@ def test_sigkill_then_resume_is_byte_identical(many_inputs, bert_uncased_vocab, 
 
     out = tmp_path / "run"
     parts = Path(f"{out}.parts")
-    proc = subprocess.Popen(
-        _cmd(many_inputs, out, bert_uncased_vocab), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if parts.is_dir() and len(list(parts.glob("*.done.json"))) >= 3:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "run finished before it could be killed; make the inputs bigger"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done = len(list(parts.glob("*.done.json")))
+    done = kill_when_done(_cmd(many_inputs, out, bert_uncased_vocab), out, 3, timeout=120)
     assert 3 <= done < 40
     assert not Path(f"{out}_text_sentence.bin").exists()  # nothing final after a kill
 
@@ -102,7 +63,7 @@ def test_sigkill_then_resume_is_byte_identical(many_inputs, bert_uncased_vocab, 
         os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert r.returncode == 0, r.stderr
     assert f"{done - 1} of 40 input file(s) already done, skipped" in r.stderr
-    assert _same(out, ref)
+    assert same_shards(out, ref)
     assert not parts.exists() and not Path(f"{out}.progress.json").exists()
 
 
