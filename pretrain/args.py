@@ -202,11 +202,12 @@ class CheckpointConfig:
     no_load_rng: bool = False
     """Do not restore the RNG states (exact resume needs them)."""
     override_opt_param_scheduler: bool = False
-    """On resume, use the LR schedule of the flags (--lr, --min-lr, warmup, --lr-decay-iters, --lr-decay-style)
-    instead of the checkpoint's; the step count carries on. Without it or --use-checkpoint-opt-param-scheduler a
-    difference is refused (Megatron-LM's flag)."""
+    """On resume, use the LR schedule of the flags (--lr, --min-lr, warmup, --lr-decay-iters, --lr-decay-style) and
+    their optimizer settings (--weight-decay, --adam-beta1/2, --adam-eps) instead of the checkpoint's; the step count
+    carries on. Without it or --use-checkpoint-opt-param-scheduler a difference is refused (Megatron-LM's flag)."""
     use_checkpoint_opt_param_scheduler: bool = False
-    """On resume, keep the LR schedule stored in the checkpoint whatever the flags say (Megatron-LM's flag)."""
+    """On resume, keep the LR schedule and optimizer settings stored in the checkpoint whatever the flags say
+    (Megatron-LM's flag)."""
 
     def __post_init__(self) -> None:
         if self.save_interval is not None and self.save_interval <= 0:

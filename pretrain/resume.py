@@ -5,6 +5,11 @@ our scheduler's state) is compared with the one the flags give; any difference i
 ``--override-opt-param-scheduler`` (the flags win: the step count carries on and the LR follows the new schedule
 from there) or ``--use-checkpoint-opt-param-scheduler`` (the checkpoint's schedule wins) says which one to use.
 Without this, extending ``--train-iters`` would silently keep the old decay length and run at ``--min-lr``.
+The optimizer's hyperparameters (``--weight-decay``, ``--adam-beta1/2``, ``--adam-eps``) follow the same two flags:
+DeepSpeed restores the checkpoint's values on a same-size ZeRO load (torch's ``load_state_dict``) but keeps the new
+optimizer's on a universal (re-partitioned) load, so a changed value would be ignored on one path and used on the
+other. The chosen values are set after every load; a different ``--optimizer`` is refused (its state is another
+optimizer's).
 
 The other settings a resume can silently change:
 
@@ -36,6 +41,13 @@ SCHEDULE_SETTINGS = (
     ("style", "--lr-decay-style"),
     ("wsd_decay_iters", "--lr-wsd-decay-iters"),
     ("wsd_style", "--lr-wsd-decay-style"),
+)
+# (OptimConfig field, flag): hyperparameters every parameter group of the checkpoint's optimizer holds
+OPTIMIZER_SETTINGS = (
+    ("weight_decay", "--weight-decay"),
+    ("adam_beta1", "--adam-beta1"),
+    ("adam_beta2", "--adam-beta2"),
+    ("adam_eps", "--adam-eps"),
 )
 #: what a checkpoint from before WSD existed ran with
 SCHEDULE_DEFAULTS = PRE_WSD_SETTINGS
@@ -102,6 +114,8 @@ class ResumePlan:
 
     schedule: dict[str, Any] | None = None
     """The schedule to install after DeepSpeed restored the checkpoint's (None: keep the checkpoint's)."""
+    optimizer: dict[str, float] | None = None
+    """OPTIMIZER_SETTINGS values to set on the restored optimizer (None: a checkpoint that did not record them)."""
     notes: list[str] = field(default_factory=list)
     """Lines rank 0 prints: every setting that changed and what the run does about it."""
 
@@ -123,24 +137,51 @@ def plan_resume(
     saved_sched = client.get("lr_scheduler")
     if saved_sched is None:
         raise CheckpointError(f"{where} has no LR scheduler state; it was not written by pretrain/train.py")
-    diffs = schedule_differences(saved_sched, now_schedule)
+    sched_diffs = schedule_differences(saved_sched, now_schedule)
+    now_optim = run.to_dict()["optim"]
+    saved_optim = saved_args.get("optim") or {}
+    saved_type = saved_optim.get("optimizer")
+    if saved_type is not None and saved_type != now_optim["optimizer"]:
+        raise CheckpointError(
+            f"{where}: --optimizer {now_optim['optimizer']} differs from the checkpoint's {saved_type}, whose state "
+            f"the checkpoint holds. Keep --optimizer {saved_type} to resume, or start from the checkpoint's weights "
+            "with a fresh optimizer (--finetune)"
+        )
+    optim_diffs = [
+        f"{flag}: checkpoint {saved_optim[key]!r}, now {now_optim[key]!r}"
+        for key, flag in OPTIMIZER_SETTINGS
+        if key in saved_optim and not _same(saved_optim[key], now_optim[key])
+    ]
+    if all(key in saved_optim for key, _ in OPTIMIZER_SETTINGS):
+        source = saved_optim if optim_diffs and ck.use_checkpoint_opt_param_scheduler else now_optim
+        plan.optimizer = {key: float(source[key]) for key, _ in OPTIMIZER_SETTINGS}
+    diffs = sched_diffs + optim_diffs
+    what = " and ".join(name for name, d in (("LR schedule", sched_diffs), ("optimizer settings", optim_diffs)) if d)
     if diffs and ck.override_opt_param_scheduler:
-        plan.schedule = now_schedule
+        plan.schedule = now_schedule if sched_diffs else None
+        changed = [
+            ("the LR follows the flags' schedule", sched_diffs),
+            ("the optimizer runs with the flags' settings", optim_diffs),
+        ]
         plan.notes.append(
-            "--override-opt-param-scheduler: the LR follows the flags' schedule from step "
-            f"{saved_sched.get('last_epoch')} on (" + "; ".join(diffs) + ")"
+            "--override-opt-param-scheduler: "
+            + " and ".join(text for text, d in changed if d)
+            + f" from step {saved_sched.get('last_epoch')} on ("
+            + "; ".join(diffs)
+            + ")"
         )
     elif diffs and ck.use_checkpoint_opt_param_scheduler:
         plan.notes.append(
-            "--use-checkpoint-opt-param-scheduler: keeping the checkpoint's LR schedule (" + "; ".join(diffs) + ")"
+            f"--use-checkpoint-opt-param-scheduler: keeping the checkpoint's {what} (" + "; ".join(diffs) + ")"
         )
     elif diffs:
+        verb = "differs" if what == "LR schedule" else "differ"
         raise CheckpointError(
-            f"{where}: the LR schedule of the checkpoint differs from the flags':\n  "
+            f"{where}: the {what} of the checkpoint {verb} from the flags':\n  "
             + "\n  ".join(diffs)
             + "\nPass --override-opt-param-scheduler to use the flags (the step count carries on and the LR follows "
             "the new schedule from there), or --use-checkpoint-opt-param-scheduler to keep the checkpoint's "
-            "schedule (as Megatron-LM)."
+            "(as Megatron-LM)."
         )
 
     saved_data = saved_args.get("data") or {}
@@ -193,3 +234,15 @@ def install_schedule(scheduler, schedule: dict[str, Any]) -> None:
     for group, lr in zip(scheduler.optimizer.param_groups, lrs):
         group["lr"] = lr
     scheduler._last_lr = list(lrs)
+
+
+def install_optimizer_settings(optimizer, settings: dict[str, float]) -> None:
+    """Set the plan's hyperparameters on a restored optimizer (DeepSpeed's wrappers expose the base optimizer's
+    groups). Groups are [decayed, not decayed] (pretrain.parallelize.param_groups): only the first decays."""
+    for i, group in enumerate(optimizer.param_groups):
+        if "betas" in group:
+            group["betas"] = (settings["adam_beta1"], settings["adam_beta2"])
+        if "eps" in group:
+            group["eps"] = settings["adam_eps"]
+        if i == 0 and "weight_decay" in group:
+            group["weight_decay"] = settings["weight_decay"]

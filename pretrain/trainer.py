@@ -199,6 +199,8 @@ class Trainer:
                 self.engine.module.load_layout_state(client["layout_state"])
             if plan.schedule is not None:
                 resume.install_schedule(self.engine.lr_scheduler, plan.schedule)
+            if plan.optimizer is not None:
+                resume.install_optimizer_settings(self.engine.optimizer, plan.optimizer)
             self._print(
                 f"resumed from {ck.load}/{resume_tag}: iteration {self.iteration}, "
                 f"{self.consumed_samples} samples consumed"
