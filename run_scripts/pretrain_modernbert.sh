@@ -1,19 +1,33 @@
 #!/usr/bin/env bash
 # ModernBERT's architecture (arXiv 2412.13663; preset modernbert-base: pre-LN without biases, GeGLU, rotary positions
 # with theta 160k global / 10k local, an exact 128-token sliding window in two of every three layers, global
-# attention where layer % 3 == 0) on our data pipeline and kernels, with the AdamW settings of ModernBERT's
-# yamls/modernbert/modernbert-base-pretrain.yaml (lr 8e-4, betas 0.9/0.98, eps 1e-6, weight decay 1e-5, no dropout)
-# and Table 7's step counts and batch size (knobs SCALE, BATCH_SCALE, ... of run_scripts/common.sh).
+# attention where layer % 3 == 0) and its training recipe (yamls/modernbert/modernbert-base-pretrain.yaml) on our data
+# pipeline and kernels, with Table 7's step counts and batch size (knobs SCALE, BATCH_SCALE, ... of
+# run_scripts/common.sh) so that runs compare with the BlockBERT set-ups.
 #   bash run_scripts/pretrain_modernbert.sh [N] [TRAIN_FLAGS...]      N = sequence length (default 1024)
-# Layer knobs: WINDOW (local window, default 128), GLOBAL_EVERY (default 3), GLOBAL=dense (ModernBERT) | blockbert
-# (BlockBERT n=2, heads 10:2, on the global layers; the export then carries our code). Recipe knobs: MASK_PROB
-# (default 0.3, ModernBERT's masking rate) and WSD_DECAY_FRACTION (default 0.1: warmup, then the peak LR held, then a
-# 1-sqrt anneal over the last 10% of the steps; the fraction is our choice, the paper gives the anneal's shape only)
-# and SAMPLE_MODE (default packed-docs: whole documents packed by best fit, attention kept inside each document, as
-# ModernBERT packs; doc-sentences gives the BlockBERT/DIET samples).
-# Batch ramp and StableAdamW are not implemented yet; other trainer flags can be appended.
-# Convert a checkpoint with `python -m tools.convert_checkpoint --load $OUT/ckpt --to-hf DIR`: with GLOBAL=dense it
-# becomes a stock transformers ModernBertForMaskedLM directory.
+# Layer knobs: PRESET (default modernbert-base; modernbert-tiny for smoke runs), WINDOW (local window, default 128),
+# GLOBAL_EVERY (default 3), GLOBAL=dense (ModernBERT) | blockbert (BlockBERT n=2, heads 10:2, on the global layers;
+# the export then carries our code).
+# Recipe knobs:
+#   OPTIMIZER      stableadamw (default, ModernBERT's; torch-optimi, ZeRO stage 0: default DS_CONFIG
+#                  ds_configs/zero0_autocast_bf16.json, bf16 autocast as ModernBERT's amp_bf16) | adamw (default
+#                  DS_CONFIG ds_configs/zero1_bf16.json). lr 8e-4, betas 0.9/0.98, eps 1e-6, no dropout; weight decay
+#                  0.0125 = ModernBERT's fully decoupled 1e-5 divided by the peak LR (our optimizers multiply the
+#                  decay by the current LR, so this is the same decay at every step).
+#   MASK_PROB      default 0.3, ModernBERT's masking rate.
+#   RAMP_FRACTION  batch-size warm-up (--rampup-batch-size, Megatron's semantics) over this fraction of the training
+#                  samples (default 0.029: ModernBERT's 50B of 1.719T tokens); 0 turns it off. It starts at
+#                  1/6 of the global batch (ModernBERT: 768 of 4608), rounded down to RAMP_UNIT, and grows by
+#                  RAMP_UNIT = micro batch x all ranks (default MICRO_BATCH x NPROC, one node: set it for several).
+#                  With the ramp the run's length is --train-samples (Table 7's steps x the full batch), so it takes
+#                  more, smaller steps at the start. The LR schedule counts optimizer steps, also during the ramp
+#                  (ModernBERT and Megatron count tokens/samples there), so the warmup covers fewer samples.
+#   WSD_DECAY_FRACTION default 0.1: warmup, then the peak LR held, then a 1-sqrt anneal over this fraction of the
+#                  full-batch steps (the fraction is our choice; the paper gives the anneal's shape only).
+#   SAMPLE_MODE    default packed-docs: whole documents packed by best fit, attention kept inside each document, as
+#                  ModernBERT packs; doc-sentences gives the BlockBERT/DIET samples.
+# Other trainer flags can be appended. Convert a checkpoint with `python -m tools.convert_checkpoint --load
+# $OUT/ckpt --to-hf DIR`: with GLOBAL=dense it becomes a stock transformers ModernBertForMaskedLM directory.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 N="${1:-1024}"
 WINDOW="${WINDOW:-128}"
@@ -27,11 +41,12 @@ esac
 RUN_NAME="${RUN_NAME:-modernbert_${GLOBAL}_w${WINDOW}_every${GLOBAL_EVERY}_N${N}}"
 OUT="${OUT:-runs/$RUN_NAME}"
 mkdir -p "$OUT"
-"$PY" - "$OUT/model.json" "$N" "$WINDOW" "$GLOBAL_EVERY" "$GLOBAL_SPARSITY" <<'PYEOF'
+"$PY" - "$OUT/model.json" "$N" "$WINDOW" "$GLOBAL_EVERY" "$GLOBAL_SPARSITY" "${PRESET:-modernbert-base}" <<'PYEOF'
 import json, sys
 from model.config import ModelConfig
-path, n, window, every, sparsity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-d = ModelConfig.preset("modernbert-base").to_dict()
+path, n, window, every, sparsity, preset = sys.argv[1:7]
+n, window, every = int(n), int(window), int(every)
+d = ModelConfig.preset(preset).to_dict()
 d["max_position_embeddings"] = n
 d["attention"].update(
     sparsity=json.loads(sparsity),
@@ -42,10 +57,36 @@ with open(path, "w") as f:
     json.dump(ModelConfig.from_dict(d).to_dict(), f, indent=1)
 PYEOF
 paper_hparams "$N"
-launch --deepspeed_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model-config "$OUT/model.json" \
-  "${PAPER_ARGS[@]}" --lr 8e-4 --adam-beta1 0.9 --adam-beta2 0.98 --adam-eps 1e-6 --weight-decay 1e-5 \
-  --hidden-dropout 0.0 --attention-dropout 0.0 --mask-prob "${MASK_PROB:-0.3}" \
-  --sample-mode "${SAMPLE_MODE:-packed-docs}" \
-  --lr-decay-style WSD --lr-wsd-decay-style minus_sqrt \
-  --lr-wsd-decay-iters "$("$PY" -c "import sys; print(max(1, int(float(sys.argv[1]) * int(sys.argv[2]))))" \
-    "${WSD_DECAY_FRACTION:-0.1}" "$TRAIN_ITERS")" "${@:2}"
+OPTIMIZER="${OPTIMIZER:-stableadamw}"
+case "$OPTIMIZER" in
+  stableadamw) DEFAULT_DS_CONFIG=ds_configs/zero0_autocast_bf16.json ;;
+  adamw) DEFAULT_DS_CONFIG=ds_configs/zero1_bf16.json ;;
+  *) echo "OPTIMIZER must be stableadamw or adamw" >&2; exit 2 ;;
+esac
+# the run's length and the ramp: Table 7's steps at the full batch, or as many samples with a growing batch
+read -r -a LENGTH < <("$PY" - "$TRAIN_ITERS" "$GLOBAL_BATCH" "${RAMP_FRACTION:-0.029}" \
+  "${RAMP_UNIT:-$((MICRO_BATCH * ${NPROC:-1}))}" "${WSD_DECAY_FRACTION:-0.1}" <<'PYEOF'
+import sys
+iters, batch, fraction, unit, wsd = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+out = ["--lr-wsd-decay-iters", str(max(1, int(wsd * iters)))]
+start = max(unit, batch // 6 // unit * unit)
+if fraction > 0 and start < batch:
+    out += ["--train-samples", str(iters * batch), "--rampup-batch-size", str(start), str(unit),
+            str(max(1, round(fraction * iters * batch)))]
+else:
+    out += ["--train-iters", str(iters)]
+print(" ".join(out))
+PYEOF
+)
+ARGS=()
+skip=0
+for a in "${PAPER_ARGS[@]}"; do  # Table 7's --train-iters gives way to LENGTH's
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  if [ "$a" = --train-iters ]; then skip=1; continue; fi
+  ARGS+=("$a")
+done
+launch --deepspeed_config "${DS_CONFIG:-$DEFAULT_DS_CONFIG}" --model-config "$OUT/model.json" \
+  "${ARGS[@]}" "${LENGTH[@]}" --optimizer "$OPTIMIZER" --lr 8e-4 --adam-beta1 0.9 --adam-beta2 0.98 \
+  --adam-eps 1e-6 --weight-decay 0.0125 --hidden-dropout 0.0 --attention-dropout 0.0 \
+  --mask-prob "${MASK_PROB:-0.3}" --sample-mode "${SAMPLE_MODE:-packed-docs}" \
+  --lr-decay-style WSD --lr-wsd-decay-style minus_sqrt "${@:2}"
