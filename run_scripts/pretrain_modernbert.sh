@@ -10,7 +10,7 @@
 # the export then carries our code).
 # Recipe knobs:
 #   OPTIMIZER      stableadamw (default, ModernBERT's; torch-optimi, ZeRO stage 0: default DS_CONFIG
-#                  ds_configs/zero0_autocast_bf16.json, bf16 autocast as ModernBERT's amp_bf16) | adamw (default
+#                  ds_configs/zero0_bf16_autocast.json, bf16 autocast as ModernBERT's amp_bf16) | adamw (default
 #                  DS_CONFIG ds_configs/zero1_bf16.json). lr 8e-4, betas 0.9/0.98, eps 1e-6, no dropout; weight decay
 #                  0.0125 = ModernBERT's fully decoupled 1e-5 divided by the peak LR (our optimizers multiply the
 #                  decay by the current LR, so this is the same decay at every step).
@@ -59,7 +59,7 @@ PYEOF
 paper_hparams "$N"
 OPTIMIZER="${OPTIMIZER:-stableadamw}"
 case "$OPTIMIZER" in
-  stableadamw) DEFAULT_DS_CONFIG=ds_configs/zero0_autocast_bf16.json ;;
+  stableadamw) DEFAULT_DS_CONFIG=ds_configs/zero0_bf16_autocast.json ;;
   adamw) DEFAULT_DS_CONFIG=ds_configs/zero1_bf16.json ;;
   *) echo "OPTIMIZER must be stableadamw or adamw" >&2; exit 2 ;;
 esac
