@@ -138,7 +138,8 @@ def plan_resume(
     if saved_sched is None:
         raise CheckpointError(f"{where} has no LR scheduler state; it was not written by pretrain/train.py")
     sched_diffs = schedule_differences(saved_sched, now_schedule)
-    now_optim = run.to_dict()["optim"]
+    now_args = run.to_dict()
+    now_optim = now_args["optim"]
     saved_optim = saved_args.get("optim") or {}
     saved_type = saved_optim.get("optimizer")
     if saved_type is not None and saved_type != now_optim["optimizer"]:
@@ -213,7 +214,6 @@ def plan_resume(
             "samples per step, gradient accumulation steps change"
         )
 
-    now_args = run.to_dict()
     for section, key, flag in STREAM_SETTINGS:
         if section not in saved_args or key not in saved_args[section]:
             continue
