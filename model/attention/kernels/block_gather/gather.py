@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
+from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
 
@@ -71,7 +71,7 @@ class GatherPlan:
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
         if self.inverse is not None:
             out = out.index_select(1, self.inverse)
-        return out.view(B, H, N, Dv)
+        return tiles_to_heads(out, H, N)  # no .view: SDPA's output strides differ on CUDA (see there)
 
 
 def make_gather_plan(

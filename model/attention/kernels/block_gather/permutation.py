@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.attention.kernels.block_gather.tiles import tile_allow
+from model.attention.kernels.block_gather.tiles import tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
 
@@ -59,7 +59,7 @@ class PermutationPlan:
             allow, token_mask, self.token_mask_GQK, self.head_G, self.q_index_GQ, self.k_index_GK, H, N, call.doc_ids_BN
         )
         bias = None if score_bias is None else score_bias.gather(self.head_G, self.q_index_GQ, self.k_index_GK)
-        return sdpa_tiles(q, k, v, allow, bias, dropout_p, scale).view(B, H, N, Dv)
+        return tiles_to_heads(sdpa_tiles(q, k, v, allow, bias, dropout_p, scale), H, N)  # no .view: see there
 
 
 class _PermuteTiles(torch.autograd.Function):
