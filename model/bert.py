@@ -8,10 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import host
 from model.attention.module import BlockSparseAttention
 from model.attention.sparsebert import DAMConfig, DAMMask, build_token_mask, gated_attention, sparsity
 from model.config import ModelConfig
+from model.host import cpu_all
 from model.positions import AbsolutePositionEmbedding, PositionalAttention
 from model.rotary import apply_rotary
 
@@ -251,7 +251,7 @@ class BertModel(nn.Module):
         kpm = None
         if attention_mask is not None:
             kpm = attention_mask.to(torch.bool)
-            if host.cpu_all(kpm):
+            if cpu_all(kpm):
                 kpm = None  # no padding: unmasked fused attention (on GPUs the check would wait for the device;
                 # the trainer drops an all-ones mask on the host instead)
         B, N = input_ids.shape

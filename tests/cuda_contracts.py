@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -314,16 +315,25 @@ class Emulation:
 @contextlib.contextmanager
 def emulate_cuda(gpu: EmulatedGPU = H100):
     """Within the block, CPU tensors take CUDA's branches and SDPA keeps ``gpu``'s contracts (module docstring)."""
-    from model import host
+    import model.host
 
+    real = model.host.takes_cpu_path
+    # every module that imported it by name (the HF export needs `from model.host import ...`), and model.host
+    # itself, whose cpu_all reads it from there
+    holders = [
+        m for name, m in list(sys.modules.items()) if name.startswith("model") and vars(m).get("takes_cpu_path") is real
+    ]
     emulation = Emulation(gpu)
-    saved = (F.scaled_dot_product_attention, host.takes_cpu_path)
+    saved_sdpa = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = emulation.sdpa
-    host.takes_cpu_path = lambda where: False
+    for m in holders:
+        m.takes_cpu_path = lambda where: False
     try:
         yield emulation
     finally:
-        F.scaled_dot_product_attention, host.takes_cpu_path = saved
+        F.scaled_dot_product_attention = saved_sdpa
+        for m in holders:
+            m.takes_cpu_path = real
 
 
 def predicted_backend(

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
-from model import host
 from model.attention.kernels.block_gather.gather import make_gather_plan
 from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
 from model.attention.kernels.registry import Call
+from model.host import takes_cpu_path
 
 SWITCH = "SPARSEBERT_CPU_SPLIT"
 """Environment variable: ``0`` turns the split plan off (block_gather then uses the general gather plan)."""
@@ -109,7 +109,7 @@ class SplitPlan:
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
-        if dropout_p == 0.0 and score_bias is None and call.doc_ids_BN is None and host.takes_cpu_path(q_BHND):
+        if dropout_p == 0.0 and score_bias is None and call.doc_ids_BN is None and takes_cpu_path(q_BHND):
             return split_attention(q_BHND, k_BHND, v_BHND, self, key_padding_mask_BN, token_mask, scale)
         return self.fallback.run(q_BHND, k_BHND, v_BHND, call)
 
