@@ -57,10 +57,10 @@ def test_quick_plan_is_a_selection_of_the_one_step_table(tmp_path):
     assert [s.name for s in full] == [s.name for s in gc.STEPS]  # the full check runs every row
     assert set(names) < {s.name for s in full}
     by = {s.name: s for s in quick}
-    # the quick steps fit 8 minutes with the set-up and the environment (~50 s); smoke_zero3, last, runs only when
-    # time allows (the contract step counts with its cap, also where its file is missing)
+    # the quick steps' limits fit 8 minutes with the set-up (~20 s from a wheelhouse); smoke_zero3, last, runs only
+    # when time allows (the contract step counts with its limit, also where its file is missing)
     caps = {s.name: s.cap_s for s in quick} | {"contract_tests": 60}
-    assert sum(v for k, v in caps.items() if k != "smoke_zero3") <= 430
+    assert sum(v for k, v in caps.items() if k != "smoke_zero3") <= 460
     assert all(s.cap_s <= f.cap_s for s, f in zip(quick, (x for x in full if x.name in names)))
     # the kernel tests: --quick leaves out N=4096 (test_cuda_kernels) and N=128 (test_attention), nothing else
     k = by["kernel_tests"].command
@@ -427,11 +427,11 @@ def test_the_smoke_step_runs_its_two_phases_for_real_on_cpu(tmp_path):
     """The smoke's commands (data prep, a straight run saving halfway, a second process resuming from there) on CPU
     in bf16, as --rehearse-on-cpu runs them: the resumed losses equal the straight run's bit for bit."""
     ctx = _ctx(tmp_path, quick=True, device="cpu", gpus=0, bf16=True, fp16=False)
-    step = gc.smoke_step(ctx, 2, "smoke", 400)
-    res = gc.run_step(step, ctx.work, time.monotonic() + 600)
+    step = gc.smoke_step(ctx, 2, "smoke", 800)
+    res = gc.run_step(step, ctx.work, time.monotonic() + 900)
     assert res.status == "passed", res.summary + res.output_tail
     v = res.details["precisions"]["bf16"]
-    assert v["resume_bitwise"] and v["resumed_from"] == 4 and v["iterations"] == 8
+    assert v["resume_bitwise"] and v["resumed_from"] == 3 and v["iterations"] == 6
     # and a resumed run that does not match is caught: corrupt one logged loss of phase 2
     log = ctx.work / "smoke" / "zero2_bf16" / "resumed.jsonl"
     rows = [json.loads(x) for x in log.read_text().splitlines()]
