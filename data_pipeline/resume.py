@@ -14,12 +14,13 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from common.errors import UserError
 from data_pipeline import multistream
 
 MANIFEST_VERSION = 1
 
 
-class ResumeError(RuntimeError):
+class ResumeError(UserError, RuntimeError):
     """A progress file is in the way or does not match this run; the message says what to do."""
 
 

@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from common.errors import UserError
+
 TOKENIZER_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer", "HuggingFaceTokenizer")
 
 #: Candidate spellings of each special token, first match wins (BERT style, then SentencePiece style).
@@ -29,7 +31,7 @@ _SPECIAL_SPELLINGS = {
 }
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer file is missing or lacks a required special token."""
 
 
