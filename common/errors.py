@@ -88,5 +88,8 @@ def run_entry(prog: str, main: Callable[[list[str]], int], argv: Sequence[str] |
         return main(args)
     except UserError as e:
         return report(prog, str(e))
+    except BrokenPipeError:  # the reader of our output went away (`| head`): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as e:
         return report(prog, os_error_message(e))

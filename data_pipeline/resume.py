@@ -92,6 +92,29 @@ class RunLayout:
         return f"{self.output_prefix}_{key}_{level}"
 
 
+def find_report(shard_prefix: str) -> tuple[str, dict] | None:
+    """(path, content) of the preprocessing report that lists ``shard_prefix`` among its outputs (``{dir}/reports/
+    {name}.report.json`` with ``{dir}/{name}_{key}_{level}`` = the shard), or None (a shard from Megatron, or
+    merged, or renamed)."""
+    head, shard = os.path.split(shard_prefix)
+    reports = os.path.join(head, "reports")
+    if not os.path.isdir(reports):
+        return None
+    for fname in sorted(os.listdir(reports)):
+        name = fname.removesuffix(".report.json")
+        if fname == name or not shard.startswith(name + "_"):
+            continue
+        path = os.path.join(reports, fname)
+        try:
+            with open(path) as f:
+                report = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if any(os.path.basename(str(o)) == shard for o in (report.get("outputs") or {}).values()):
+            return path, report
+    return None
+
+
 def prepare(layout: RunLayout, shash: str, inputs: list[str], resume: bool) -> bool:
     """Check or create the manifest. Returns True when resuming an interrupted run."""
     if os.path.exists(layout.manifest):
@@ -163,6 +186,7 @@ __all__ = [
     "prepare",
     "completed_marker",
     "finish",
+    "find_report",
     "file_digest",
     "settings_hash",
     "input_stamp",
