@@ -26,7 +26,8 @@ def vocabs(tmp_path_factory) -> tuple[Path, Path]:
     """Two vocabularies trained here: on the whole sample corpus, and a smaller one on its wiki part."""
     tmp = tmp_path_factory.mktemp("vocab")
     assert tokenizer_main(["--input", str(SAMPLE), "--output-dir", str(tmp / "a"), "--vocab-size", "4000"]) == 0
-    assert tokenizer_main(["--input", str(SAMPLE / "jsonl"), "--output-dir", str(tmp / "b"), "--vocab-size", "900"]) == 0
+    small = ["--input", str(SAMPLE / "jsonl"), "--output-dir", str(tmp / "b"), "--vocab-size", "900"]
+    assert tokenizer_main(small) == 0
     return tmp / "a" / "vocab.txt", tmp / "b" / "vocab.txt"
 
 

@@ -170,7 +170,8 @@ def _read_all(f, size: int) -> tuple[bytes, str | None]:
 def test_threaded_bz2_reads_what_bz2_open_reads(tmp_path):
     """The XML reader's bz2 stream is decompressed ahead by a thread; it must give bz2.open's bytes and errors:
     one stream, several streams (pbzip2 / multistream dumps), trailing bytes after the last stream (ignored),
-    a file cut inside a stream (EOFError after every decompressible byte: bz2.open loses those of the failing read), and a reader that stops early (no hang)."""
+    a file cut inside a stream (EOFError after every decompressible byte: bz2.open loses those of the
+    failing read), and a reader that stops early (no hang)."""
     from data_pipeline.readers import open_binary
 
     xml = bz2.decompress((SAMPLE / "wiki" / "sample-pages-articles.xml.bz2").read_bytes())
