@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from data_pipeline import resume
 from data_pipeline.blending import BlendSchedule
 from data_pipeline.data_config import SPLIT_NAMES, DataConfig, DataConfigError, split_document_ranges
 from data_pipeline.indexed import IndexedDataset, index_file_path
@@ -260,6 +261,25 @@ def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int, cache_dir: str 
         )
 
 
+def check_shard_vocab(prefix: str, tokenizer) -> None:
+    """Refuse a shard whose preprocessing report records another vocabulary than ``tokenizer``'s (the ids would
+    mean other words, and nothing else notices: a retrained vocab of the same size passes every id check).
+    Shards without a report (Megatron's, merged ones) are not checked."""
+    found = resume.find_report(prefix)
+    rec = (found[1].get("tokenizer") if found else None) or {}
+    if not rec.get("fingerprint"):
+        return
+    have = tokenizer.fingerprint()
+    if rec["fingerprint"] != have:
+        made = rec.get("vocab_file") or rec.get("tokenizer_model") or "another vocabulary"
+        raise DataConfigError(
+            f"{prefix}: these shards were made with {made} (vocabulary fingerprint {rec['fingerprint']}, "
+            f"{rec.get('vocab_size')} entries; report {found[0]}), not with this tokenizer ({tokenizer.vocab_size} "
+            f"entries, fingerprint {have}); give that --vocab-file/--tokenizer-model, or re-run preprocess with "
+            "this one"
+        )
+
+
 def _non_empty_documents(ds: IndexedDataset, lo: int, hi: int) -> int:
     seq = np.asarray(ds.document_indices[lo : hi + 1], dtype=np.int64)
     cum = np.r_[0, np.cumsum(np.asarray(ds.sequence_lengths[seq[0] : seq[-1]], dtype=np.int64))]
@@ -279,6 +299,7 @@ def build_datasets(
     shards = []
     for weight, prefix in config.blend:
         ds = IndexedDataset(prefix)
+        check_shard_vocab(prefix, tokenizer)
         _check_shard_fits_vocab(ds, tokenizer.vocab_size, config.cache_dir)
         ranges = split_document_ranges(ds.num_documents, config.split)
         shards.append((weight, ds, ranges))

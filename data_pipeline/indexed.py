@@ -30,6 +30,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from common.errors import UserError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_SIZE = len(MAGIC) + 8 + 1 + 8 + 8  # 34 bytes
@@ -47,7 +49,7 @@ DTYPE_CODES: dict[int, type] = {
 _CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(UserError, ValueError):
     """A shard is missing, corrupt, truncated or inconsistent; the message names the file."""
 
 

@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
+from common.errors import UserError
 from data_pipeline.data_config import DataConfig, DataConfigError
 from pretrain.schedule import PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE
 
 
-class ArgsError(ValueError):
+class ArgsError(UserError, ValueError):
     """A bad flag value; the message names the flag."""
 
 

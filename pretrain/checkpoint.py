@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.errors import UserError
 from pretrain import faults
 from pretrain.ds_config import precision_of, precision_summary
 
@@ -36,7 +37,7 @@ LATEST = "latest"
 _TAG_RE = re.compile(r"^iter_(\d{7,})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be used; the message names the directory and what differs."""
 
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from common.errors import UserError
 
-class DSConfigError(ValueError):
+
+class DSConfigError(UserError, ValueError):
     """A ds_config problem; the message always names the file."""
 
 

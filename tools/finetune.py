@@ -35,10 +35,11 @@ import numpy as np
 import torch
 
 from common.cli import HelpFormatter, add_flags, cli
+from common.errors import UserError
 from tools.device import PRECISIONS
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad input data; the message names the file and line."""
 
 
