@@ -35,8 +35,10 @@ from pretrain.checkpoint import (
     COMMIT_MARKER,
     LATEST,
     CheckpointError,
+    check_integrity,
     committed_tags,
     extend_position_embeddings,
+    file_records,
     load_fp32_weights,
     model_state_file,
     read_client_state,
@@ -216,6 +218,15 @@ def ds_to_hf(
 ) -> dict[str, Any]:
     """Consolidate ``load_dir/tag`` and write a Hugging Face directory at ``out_dir``."""
     tag = resolve_tag(load_dir, tag)
+    try:  # the weights exported are the ones saved: every file against the commit marker's size and CRC-32
+        if not check_integrity(load_dir, tag):
+            print(
+                f"[convert] {Path(load_dir, tag)}: its commit marker records no checksums (an older checkpoint); "
+                "exporting it unverified",
+                file=sys.stderr,
+            )
+    except CheckpointError as e:
+        raise ConversionError(f"{e}; refusing to export it") from e
     client = read_client_state(load_dir, tag)
     targs, over = client.get("args") or {}, tokenizer_overrides or argparse.Namespace()
     tok_files = [
@@ -373,7 +384,8 @@ def _ds_checkpoint(
         },
         out / tag / "mp_rank_00_model_states.pt",
     )
-    (out / tag / COMMIT_MARKER).write_text(json.dumps({"iteration": 0, "world_size": 1, "tag": tag}))
+    marker = {"iteration": 0, "world_size": 1, "tag": tag, "files": file_records(out / tag)}
+    (out / tag / COMMIT_MARKER).write_text(json.dumps(marker))
     (out / LATEST).write_text(tag)
     (out / "model_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     return tag
