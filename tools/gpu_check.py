@@ -736,8 +736,11 @@ def nvidia_smi_gpus() -> list[dict] | None:
 
 
 def commit_info() -> tuple[str | None, str]:
-    """(commit, where it came from): git, else $GPU_CHECK_COMMIT, else a COMMIT file in the repository root (a copy
-    of the tree without .git), else unknown."""
+    """(commit, where it came from): $GPU_CHECK_COMMIT when set (a copied tree may carry a stale .git: the first GPU
+    run's did), else git, else a COMMIT file in the repository root (a copy of the tree without .git), else
+    unknown."""
+    if os.environ.get("GPU_CHECK_COMMIT"):
+        return os.environ["GPU_CHECK_COMMIT"].strip(), "GPU_CHECK_COMMIT"
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
         if r.returncode == 0 and r.stdout.strip():
@@ -747,8 +750,6 @@ def commit_info() -> tuple[str | None, str]:
             return r.stdout.strip() + ("-dirty" if dirty else ""), "git"
     except (OSError, subprocess.SubprocessError):
         pass
-    if os.environ.get("GPU_CHECK_COMMIT"):
-        return os.environ["GPU_CHECK_COMMIT"].strip(), "GPU_CHECK_COMMIT"
     f = REPO / "COMMIT"
     if f.is_file() and f.read_text().strip():
         return f.read_text().split()[0], "COMMIT file"

@@ -77,6 +77,18 @@ class _PaddingMaskCache:
 _PADDING_MASKS = _PaddingMaskCache()
 
 
+def element_kernel_options(device: torch.device) -> dict[str, int]:
+    """Triton tile sizes for a FlexAttention whose score_mod/mask_mod read a dense [.., N, N] tensor (a DIET bias, a
+    token mask): the kernel then pipelines a bias and a mask tile per key block next to K and V, and torch's default
+    H100 forward tiles (128 x 128, 3 stages, bf16, head dim 64) ask for 272 KiB of shared memory, over the 227 KiB an
+    H100/H200 has ("No valid triton configs", seen on an H200: docs/gpu_results.md). 64-key tiles need about half;
+    GPUs with less shared memory (sm86/89: ~100 KiB) also get 64-query tiles and 2 stages."""
+    smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    if smem >= 200 * 1024:
+        return {"BLOCK_N": 64}
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
+
+
 @dataclass
 class FlexPlan:
     layout_HMM: torch.Tensor  # on device, bool
@@ -131,7 +143,9 @@ class FlexPlan:
             bm = _PADDING_MASKS.get(self.key, (kpm, doc), lambda: self.build_block_mask(lay, kpm, self.token_mask, doc))
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
-        out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale)
+        elementwise = score_mod is not None or token_mask is not None or self.token_mask is not None
+        opts = element_kernel_options(dev) if elementwise and dev.type == "cuda" else None
+        out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale, kernel_options=opts)
         return out  # FlexAttention returns 0 for rows with no allowed key (tested against dense)
 
 
