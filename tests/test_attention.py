@@ -650,12 +650,10 @@ def test_deterministic_mode_picks_deterministic_kernels(monkeypatch):
     assert A.choose_kernel("cuda", torch.float16, 4096, 0.1, dropout=False, capability=(9, 0)) == "block_gather"
     assert A.choose_kernel("cuda", torch.float16, 4096, 0.9, dropout=False, capability=(9, 0)) == "dense"
     monkeypatch.undo()
-    import types
-
     with monkeypatch.context() as m:
         m.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
-        assert sdpa._deterministic_cuda(types.SimpleNamespace(is_cuda=True))
-        assert not sdpa._deterministic_cuda(types.SimpleNamespace(is_cuda=False))
+        assert sdpa._deterministic_cuda(torch.empty(0, device="meta"))  # any non-CPU device takes the CUDA branch
+        assert not sdpa._deterministic_cuda(torch.empty(0))
     used = []
     real = sdpa.F.scaled_dot_product_attention
 
