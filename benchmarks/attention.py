@@ -53,6 +53,18 @@ LAYOUTS: dict[str, Callable[[], object]] = {
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def reset_compiled() -> None:
+    """Called between groups (one per sequence length): Dynamo's caches and flex's compiled callables start empty,
+    so no group inherits another's compilations and none runs near Dynamo's recompile limit, past which compiled
+    FlexAttention would fall back to its unfused eager path (tests/test_cuda_contracts.py)."""
+    import torch._dynamo
+
+    from model.attention.kernels import flex
+
+    torch._dynamo.reset()
+    flex._compiled_flex.clear()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -135,6 +147,7 @@ def run(args: argparse.Namespace, on_row: Callable[[list[dict], list[str]], None
     rows: list[dict] = []
     failed: list[str] = []
     for n in args.seq_lens:
+        reset_compiled()
         g = torch.Generator().manual_seed(0)
         q, k, v = (
             torch.randn(args.batch, HEADS, n, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()

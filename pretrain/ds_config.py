@@ -297,6 +297,17 @@ def precision_problem(ds: ResolvedDSConfig) -> str | None:
     return None
 
 
+def check_compile_supported(ds: ResolvedDSConfig, compile_model: bool) -> None:
+    """Raise DSConfigError for ``--compile`` under ZeRO-3: stage 3 gathers and frees every layer's parameters in
+    hooks around its forward, which torch.compile of the module breaks its graph on (DeepSpeed compiles stage 3
+    only through its separate DeepCompile path); the combination is untested here, so it is refused at start."""
+    if compile_model and ds.zero_stage == 3:
+        raise DSConfigError(
+            f"{ds.path}: ZeRO stage 3 with --compile is not supported (stage 3 gathers parameters in hooks around "
+            "every layer, untested under torch.compile); drop --compile or use a stage 0-2 config from ds_configs/"
+        )
+
+
 def check_precision_supported(ds: ResolvedDSConfig) -> None:
     """Raise DSConfigError (one line: file, reason, what to use instead) when the precision cannot run here."""
     problem = precision_problem(ds)

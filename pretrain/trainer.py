@@ -35,11 +35,18 @@ from pretrain.distributed import (
     init_distributed,
     rank0_result,
 )
-from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
+from pretrain.ds_config import (
+    apply_clip_grad,
+    check_compile_supported,
+    check_precision_supported,
+    read_ds_config,
+    resolve_batch_sizes,
+)
 from pretrain.numerics import configure_numerics
 from pretrain.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
+    build_attention_plans,
     gathered,
     initialize_engine,
     optimizer_from_block,
@@ -108,6 +115,7 @@ class Trainer:
         self.train_iter: Iterator[dict[str, torch.Tensor]] | None = None
         self.ds = read_ds_config(run.system.deepspeed_config)
         check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
+        check_compile_supported(self.ds, run.system.compile)
         run = self.run = dataclasses.replace(run, optim=optimizer_from_block(self.ds, run.optim, run.explicit))
         numerics_notes = configure_numerics(run.system.deterministic, run.system.tf32)  # before any CUDA op
         if run.loop.exit_signal_handler:  # before the (slow) set-up, so an early signal is not lost
@@ -196,7 +204,9 @@ class Trainer:
             same_world = saved_world == self.dist.world_size
             rng = checkpoint.load(self.engine, ck.load, load_tag, client, restore_rng=same_world and not ck.no_load_rng)
             if client.get("layout_state") is not None:
-                self.engine.module.load_layout_state(client["layout_state"])
+                self.engine.module.load_layout_state(client["layout_state"])  # drops the plans apply_compile built
+                if run.system.compile:
+                    build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device)
             if plan.schedule is not None:
                 resume.install_schedule(self.engine.lr_scheduler, plan.schedule)
             if plan.optimizer is not None:

@@ -16,6 +16,7 @@ import json
 
 import pytest
 import torch
+import torch._dynamo
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model import attention as A
@@ -26,6 +27,7 @@ from tests.registry_cases import LAYOUT_EXAMPLES, REFERENCE
 
 ON_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+torch._dynamo.config.fail_on_recompile_limit_hit = True  # compiled flex must never fall back to eager silently
 H, D, B, N = 4, 16, 2, 128
 FAMILIES = {"full": lambda: None} | {name: (lambda make=make: make(H)) for name, make in LAYOUT_EXAMPLES.items()}
 """Full attention plus one example of every registered layout mode (tests/registry_cases.py checks coverage)."""
@@ -421,3 +423,67 @@ def test_output_strides_match_emulation(backend):
         with sdpa_kernel([SDP_BACKEND[backend]]):
             fake = emulated.sdpa(q.cpu(), q.cpu(), q.cpu())
         assert real.stride() == fake.stride(), (backend, real.stride(), fake.stride())
+
+
+# -- FlexAttention's compiled path ---------------------------------------------------------------------------------
+
+
+def test_flex_compiles_per_bucket_without_hitting_the_recompile_limit(monkeypatch):
+    """More shapes than Dynamo's recompile limit (lowered to 2 here; 8 by default) through flex's compiled path
+    raise nothing with ``fail_on_recompile_limit_hit`` on: each shape bucket has its own code object. One shared
+    compiled callable (the old design) hits the limit, where Dynamo would otherwise fall back to eager, unfused
+    FlexAttention silently. Dynamo's "eager" backend stands in for Inductor on CPU: the recompile accounting is
+    Dynamo's either way."""
+    import torch._dynamo
+
+    from model.attention.kernels import flex
+
+    monkeypatch.setattr(flex, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(flex, "_compiled_flex", {})
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    lengths = (16, 32, 48, 64)
+    with torch.no_grad():
+        for n in lengths:
+            q = torch.randn(1, 2, n, 8)
+            bucket = (n,)
+            out = flex._flex_fn("cuda", bucket)(q, q, q, None, None, None)
+            assert out.shape == q.shape
+    assert len(flex._compiled_flex) == len(lengths)
+    shared = torch.compile(flex._flex_call, dynamic=False, backend="eager")
+    with pytest.raises(Exception, match="fail_on_recompile_limit_hit"), torch.no_grad():
+        for n in lengths:
+            q = torch.randn(1, 2, n, 8)
+            shared(q, q, q, None, None, None)
+
+
+def test_flex_buckets_separate_what_recompiles():
+    """The bucket key changes with what makes Dynamo recompile (shape, dtype, grad mode, masks and bias present)
+    and not with the values of a new batch."""
+    from model.attention.kernels.flex import _bucket
+    from model.attention.kernels.registry import Call
+
+    q = torch.randn(2, 4, 64, 8)
+    kpm = torch.ones(2, 64, dtype=torch.bool)
+    base = _bucket(q, q, q, Call())
+    assert _bucket(torch.randn_like(q), q, q, Call()) == base
+    assert _bucket(q, q, q, Call(key_padding_mask_BN=kpm)) == _bucket(q, q, q, Call(key_padding_mask_BN=~kpm))
+    others = [
+        _bucket(q[:1], q[:1], q[:1], Call()),
+        _bucket(q.half(), q.half(), q.half(), Call()),
+        _bucket(q.requires_grad_(), q, q, Call()),
+        _bucket(q, q, q, Call(key_padding_mask_BN=kpm)),
+        _bucket(q, q, q, Call(score_bias=A.DenseScoreBias(torch.zeros(1, 4, 64, 64)))),
+    ]
+    assert len({base, *others}) == 1 + len(others)
+
+
+def test_explicit_flex_below_sm80_is_refused(monkeypatch):
+    """An explicit ``flex`` on a GPU below compute capability 8.0 (mocked: a V100) is refused with the reason."""
+    from model.attention.kernels import KERNELS
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    layout = A.FixedSparsityConfig(H, block=16).make_layout(N)
+    with pytest.raises(ValueError, match=r"compute capability 8\.0\+.*MMA.*attention-gym issue 21"):
+        KERNELS["flex"].make_plan(layout, 16, N, "cuda")
+    assert A.choose_kernel("cuda", torch.float16, 4096, 0.1, capability=(7, 0)) != "flex"

@@ -2,26 +2,57 @@
 
 from __future__ import annotations
 
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 
 from model.attention.kernels.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 
-_compiled_flex: dict[str, Callable] = {}
+MIN_CAPABILITY = (8, 0)
+"""Below it an explicit ``flex`` is refused: Triton has no tensor-core (MMA) path for sm < 80, and FlexAttention runs
+about 10x slower than SDPA on a V100 (attention-gym issue 21); ``auto`` never picks flex there."""
+COMPILE_BACKEND = "inductor"
+"""torch.compile backend of the CUDA path (tests use "eager" to count Dynamo's compilations on CPU)."""
+_compiled_flex: dict[tuple, Callable] = {}
 
 
-def _flex_fn(device_type: str) -> Callable:
-    from torch.nn.attention.flex_attention import flex_attention
+def _flex_call(q, k, v, score_mod, block_mask, scale, kernel_options=None):
+    return flex_attention(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, kernel_options=kernel_options
+    )
 
-    if device_type == "cpu":  # eager (reference) path: CPU inference only
-        return flex_attention
-    if device_type not in _compiled_flex:
-        _compiled_flex[device_type] = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex[device_type]
+
+def _flex_fn(device_type: str, bucket: tuple) -> Callable:
+    """Eager FlexAttention on CPU (inference only); elsewhere one compiled callable per ``bucket`` (shapes, dtype,
+    grad mode, which masks and bias), each compiled from its own copy of :func:`_flex_call`'s code object.
+
+    Why: Dynamo counts recompilations per code object and, past ``recompile_limit`` (8), runs the frame eagerly:
+    for FlexAttention that is the unfused path that materialises every score, silently. With one shared compiled
+    callable (``dynamic=False``), a benchmark over sequence lengths or a run with a short last batch, evaluation and
+    a DIET bias passed the limit. A bucket sees one input signature, so it compiles once and never approaches the
+    limit; a new shape opens a new bucket, which is the compilation a static-shape kernel needs anyway. Under an
+    outer ``torch.compile`` (``--compile``) the callable is inlined into the model's graph."""
+    if device_type == "cpu":
+        return _flex_call
+    fn = _compiled_flex.get(bucket)
+    if fn is None:
+        code = _flex_call.__code__.replace(co_name=f"_flex_call_{len(_compiled_flex)}")
+        fresh = types.FunctionType(code, _flex_call.__globals__, code.co_name)
+        fn = _compiled_flex[bucket] = torch.compile(fresh, dynamic=False, backend=COMPILE_BACKEND)
+    return fn
+
+
+def _bucket(q, k, v, call: Call) -> tuple:
+    """What makes two flex calls need different compiled code (see :func:`_flex_fn`)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    present = tuple(x is not None for x in (call.key_padding_mask_BN, call.token_mask, call.doc_ids_BN))
+    bias = None if call.score_bias is None else type(call.score_bias).__qualname__
+    return (str(q.device), q.dtype, tuple(q.shape), tuple(k.shape), tuple(v.shape), grad, present, bias, call.scale)
 
 
 def mask_mod_for(
@@ -142,10 +173,12 @@ class FlexPlan:
             kpm = key_padding_mask_BN
             bm = _PADDING_MASKS.get(self.key, (kpm, doc), lambda: self.build_block_mask(lay, kpm, self.token_mask, doc))
         score_mod = None if score_bias is None else score_bias.score_mod()
-        fn = _flex_fn(dev.type)
         elementwise = score_mod is not None or token_mask is not None or self.token_mask is not None
         opts = element_kernel_options(dev) if elementwise and dev.type == "cuda" else None
-        out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale, kernel_options=opts)
+        fn = _flex_fn(
+            dev.type, _bucket(q_BHND, k_BHND, v_BHND, call) + (None if opts is None else tuple(opts.items()),)
+        )
+        out = fn(q_BHND, k_BHND, v_BHND, score_mod, bm, scale, opts)
         return out  # FlexAttention returns 0 for rows with no allowed key (tested against dense)
 
 
@@ -156,6 +189,14 @@ class FlexKernel(Kernel):
     trains_on_cpu = False
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> FlexPlan:
+        dev = torch.device(device)
+        if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < MIN_CAPABILITY:
+            cap = torch.cuda.get_device_capability(dev)
+            raise ValueError(
+                f"attention kernel 'flex' needs compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+, this GPU "
+                f"is {cap[0]}.{cap[1]}: Triton has no tensor-core (MMA) path below sm80 and FlexAttention runs about "
+                "10x slower than SDPA there (attention-gym issue 21); use --attention-kernel block_gather or auto"
+            )
         if layout_HMM is None:  # full attention: an all-on layout at the sparse block size
             block = SPARSE_BLOCK
             m = -(-seq_len // block)
