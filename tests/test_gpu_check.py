@@ -502,4 +502,24 @@ def test_gpu_check_sh_quick_end_to_end_without_a_gpu(tmp_path):
     rep = json.loads((tmp_path / "gc" / "report.json").read_text())
     assert rep["meta"]["mode"] == "quick" and rep["meta"]["budget_s"] == 480
     assert rep["meta"]["elapsed_s"] >= 0 and rep["environment"]["commit"]
-    assert sorted(p.name for p in (tmp_path / "gc").iterdir()) == ["report.json", "report.md", "steps.log"]
+    assert sorted(p.name for p in (tmp_path / "gc").iterdir()) == ["report.json", "report.md", "setup.log", "steps.log"]
+
+
+def test_a_failed_set_up_still_leaves_a_report(tmp_path):
+    """An offline node where the set-up cannot install what it needs: gpu_check.sh writes report.md saying so (with
+    the end of the set-up's output) where the report would be, and exits 1."""
+    root = tmp_path / "repo"
+    (root / "run_scripts").mkdir(parents=True)
+    (root / "run_scripts" / "gpu_check.sh").write_text((REPO / "run_scripts" / "gpu_check.sh").read_text())
+    (root / "run_scripts" / "setup_env.sh").write_text(
+        "echo 'ERROR: No matching distribution found for hjson'; exit 2\n"
+    )
+    r = subprocess.run(
+        ["bash", str(root / "run_scripts" / "gpu_check.sh"), "--quick", str(tmp_path / "gc")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "the set-up failed (exit 2)" in r.stderr
+    md = (tmp_path / "gc" / "report.md").read_text()
+    assert "failed with exit code 2" in md and "No matching distribution found for hjson" in md

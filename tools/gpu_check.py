@@ -1054,6 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     if cut:
         print(f"[gpu_check] stopped at the time limit before finishing: {', '.join(cut)}", flush=True)
     print(f"[gpu_check] report: {out / 'report.md'} ({meta['elapsed_s']:.0f} s)", flush=True)
+    print((out / "report.md").read_text()[:6000], flush=True)  # also in the output, should the files be lost
     if code:
         return code
     if bad:
