@@ -160,6 +160,17 @@ def test_steps_run_within_their_limits_and_the_budget(tmp_path):
     assert "end of the budget" in cut.summary and "its 2 s limit" in slow.summary
 
 
+def test_steps_see_the_repository_and_keep_the_callers_pythonpath(tmp_path, monkeypatch):
+    """Wheels carried to a node may sit on PYTHONPATH (e.g. /tmp/site): the steps keep it, after the repository."""
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    res = gc.run_step(
+        gc.Step("env", 30, [sys.executable, "-c", "import os; print(os.environ['PYTHONPATH'])"]),
+        tmp_path,
+        time.monotonic() + 600,
+    )
+    assert res.status == "passed" and res.output_tail.strip() == f"{REPO}{os.pathsep}/tmp/site"
+
+
 def _child_pids_step(tmp_path: Path, name: str, seconds: int) -> tuple[gc.Step, Path]:
     """A step whose process starts a child (and a grandchild) that ignore nothing and sleep; their pids go to a file."""
     pids = tmp_path / f"{name}.pids"

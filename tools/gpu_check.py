@@ -201,7 +201,8 @@ def run_step(step: Step, work: Path, deadline: float) -> StepResult:
             if step.check is not None:
                 step.check(res, None)
         else:
-            env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **step.env)
+            path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)  # keep the caller's
+            env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **step.env}
             work.mkdir(parents=True, exist_ok=True)
             log = work / f"{step.name}.log"
             rc, timed_out = run_in_group(step.command, log, limit, env)
