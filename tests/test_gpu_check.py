@@ -119,6 +119,19 @@ def test_bf16_is_gated_by_capability(monkeypatch, tmp_path, caps, precisions):
     assert f"--precisions {'bf16' if bf16 else 'fp16'}" in steps["train_step"]
 
 
+def test_a_step_that_cannot_be_prepared_is_an_error_not_a_crash(tmp_path, monkeypatch):
+    """E.g. DeepSpeed missing on a half-installed node: that step is an error in the report, the others still run."""
+
+    def broken(ctx):
+        raise ImportError("No module named 'deepspeed'")
+
+    monkeypatch.setattr(gc, "STEPS", [gc.StepSpec("smoke", "x", True, broken), *gc.STEPS[:1]])
+    steps = gc.plan(_ctx(tmp_path, quick=True))
+    assert [s.name for s in steps] == ["smoke", "kernel_tests"]
+    res = gc.run_step(steps[0], tmp_path, time.monotonic() + 60)
+    assert res.status == "error" and "No module named 'deepspeed'" in res.summary
+
+
 def test_a_missing_contract_file_skips_that_step(tmp_path, monkeypatch):
     monkeypatch.setattr(gc, "CONTRACT_TESTS", "tests/test_no_such_file.py")
     step = {s.name: s for s in gc.plan(_ctx(tmp_path, quick=True))}["contract_tests"]

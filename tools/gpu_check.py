@@ -314,6 +314,13 @@ def _skipped(name: str, why: str) -> Step:
     return Step(name, 0, None, check, min_s=0)
 
 
+def _broken(name: str, why: str) -> Step:
+    def check(res: StepResult, proc) -> None:
+        res.status, res.summary = "error", why
+
+    return Step(name, 0, None, check, min_s=0)
+
+
 def gpus_support_bf16() -> bool:
     """Every visible GPU has bf16 hardware (compute capability 8.0+); the trainer refuses bf16 below that."""
     import torch
@@ -677,7 +684,13 @@ STEPS: list[StepSpec] = [
 
 def plan(ctx: Ctx) -> list[Step]:
     """The steps of this run, in order: every row of :data:`STEPS` for the full check, the quick rows for --quick."""
-    steps = [spec.build(ctx) for spec in STEPS if spec.quick or not ctx.quick]
+    steps = []
+    for spec in STEPS:
+        if spec.quick or not ctx.quick:
+            try:
+                steps.append(spec.build(ctx))
+            except Exception as e:  # noqa: BLE001 - e.g. an import failing on a half-installed node: say it, go on
+                steps.append(_broken(spec.name, f"could not prepare the step: {type(e).__name__}: {e}"))
     if ctx.device == "cpu":  # the rehearsal: the same commands, at CPU speed
         for s in steps:
             s.cap_s *= CPU_REHEARSAL_SLOWDOWN
