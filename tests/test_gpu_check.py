@@ -119,6 +119,19 @@ def test_bf16_is_gated_by_capability(monkeypatch, tmp_path, caps, precisions):
     assert f"--precisions {'bf16' if bf16 else 'fp16'}" in steps["train_step"]
 
 
+def test_a_step_that_cannot_be_prepared_is_an_error_not_a_crash(tmp_path, monkeypatch):
+    """E.g. DeepSpeed missing on a half-installed node: that step is an error in the report, the others still run."""
+
+    def broken(ctx):
+        raise ImportError("No module named 'deepspeed'")
+
+    monkeypatch.setattr(gc, "STEPS", [gc.StepSpec("smoke", "x", True, broken), *gc.STEPS[:1]])
+    steps = gc.plan(_ctx(tmp_path, quick=True))
+    assert [s.name for s in steps] == ["smoke", "kernel_tests"]
+    res = gc.run_step(steps[0], tmp_path, time.monotonic() + 60)
+    assert res.status == "error" and "No module named 'deepspeed'" in res.summary
+
+
 def test_a_missing_contract_file_skips_that_step(tmp_path, monkeypatch):
     monkeypatch.setattr(gc, "CONTRACT_TESTS", "tests/test_no_such_file.py")
     step = {s.name: s for s in gc.plan(_ctx(tmp_path, quick=True))}["contract_tests"]
@@ -158,6 +171,17 @@ def test_steps_run_within_their_limits_and_the_budget(tmp_path):
     assert late.details["past_budget"] and "past the budget" in late.summary
     assert "broken" in bad.output_tail and "exit code 3" in bad.summary and "ZeroDivisionError" in broken_check.summary
     assert "end of the budget" in cut.summary and "its 2 s limit" in slow.summary
+
+
+def test_steps_see_the_repository_and_keep_the_callers_pythonpath(tmp_path, monkeypatch):
+    """Wheels carried to a node may sit on PYTHONPATH (e.g. /tmp/site): the steps keep it, after the repository."""
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    res = gc.run_step(
+        gc.Step("env", 30, [sys.executable, "-c", "import os; print(os.environ['PYTHONPATH'])"]),
+        tmp_path,
+        time.monotonic() + 600,
+    )
+    assert res.status == "passed" and res.output_tail.strip() == f"{REPO}{os.pathsep}/tmp/site"
 
 
 def _child_pids_step(tmp_path: Path, name: str, seconds: int) -> tuple[gc.Step, Path]:
@@ -505,4 +529,24 @@ def test_gpu_check_sh_quick_end_to_end_without_a_gpu(tmp_path):
     rep = json.loads((tmp_path / "gc" / "report.json").read_text())
     assert rep["meta"]["mode"] == "quick" and rep["meta"]["budget_s"] == 480
     assert rep["meta"]["elapsed_s"] >= 0 and rep["environment"]["commit"]
-    assert sorted(p.name for p in (tmp_path / "gc").iterdir()) == ["report.json", "report.md", "steps.log"]
+    assert sorted(p.name for p in (tmp_path / "gc").iterdir()) == ["report.json", "report.md", "setup.log", "steps.log"]
+
+
+def test_a_failed_set_up_still_leaves_a_report(tmp_path):
+    """An offline node where the set-up cannot install what it needs: gpu_check.sh writes report.md saying so (with
+    the end of the set-up's output) where the report would be, and exits 1."""
+    root = tmp_path / "repo"
+    (root / "run_scripts").mkdir(parents=True)
+    (root / "run_scripts" / "gpu_check.sh").write_text((REPO / "run_scripts" / "gpu_check.sh").read_text())
+    (root / "run_scripts" / "setup_env.sh").write_text(
+        "echo 'ERROR: No matching distribution found for hjson'; exit 2\n"
+    )
+    r = subprocess.run(
+        ["bash", str(root / "run_scripts" / "gpu_check.sh"), "--quick", str(tmp_path / "gc")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "the set-up failed (exit 2)" in r.stderr
+    md = (tmp_path / "gc" / "report.md").read_text()
+    assert "failed with exit code 2" in md and "No matching distribution found for hjson" in md

@@ -201,7 +201,8 @@ def run_step(step: Step, work: Path, deadline: float) -> StepResult:
             if step.check is not None:
                 step.check(res, None)
         else:
-            env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **step.env)
+            path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)  # keep the caller's
+            env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **step.env}
             work.mkdir(parents=True, exist_ok=True)
             log = work / f"{step.name}.log"
             rc, timed_out = run_in_group(step.command, log, limit, env)
@@ -309,6 +310,13 @@ def pytest_step(name: str, tests: list[str], ctx: Ctx, cap_s: float, select: str
 def _skipped(name: str, why: str) -> Step:
     def check(res: StepResult, proc) -> None:
         res.status, res.summary = "skipped", why
+
+    return Step(name, 0, None, check, min_s=0)
+
+
+def _broken(name: str, why: str) -> Step:
+    def check(res: StepResult, proc) -> None:
+        res.status, res.summary = "error", why
 
     return Step(name, 0, None, check, min_s=0)
 
@@ -676,7 +684,13 @@ STEPS: list[StepSpec] = [
 
 def plan(ctx: Ctx) -> list[Step]:
     """The steps of this run, in order: every row of :data:`STEPS` for the full check, the quick rows for --quick."""
-    steps = [spec.build(ctx) for spec in STEPS if spec.quick or not ctx.quick]
+    steps = []
+    for spec in STEPS:
+        if spec.quick or not ctx.quick:
+            try:
+                steps.append(spec.build(ctx))
+            except Exception as e:  # noqa: BLE001 - e.g. an import failing on a half-installed node: say it, go on
+                steps.append(_broken(spec.name, f"could not prepare the step: {type(e).__name__}: {e}"))
     if ctx.device == "cpu":  # the rehearsal: the same commands, at CPU speed
         for s in steps:
             s.cap_s *= CPU_REHEARSAL_SLOWDOWN
@@ -1055,6 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
     if cut:
         print(f"[gpu_check] stopped at the time limit before finishing: {', '.join(cut)}", flush=True)
     print(f"[gpu_check] report: {out / 'report.md'} ({meta['elapsed_s']:.0f} s)", flush=True)
+    print((out / "report.md").read_text()[:6000], flush=True)  # also in the output, should the files be lost
     if code:
         return code
     if bad:
