@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from model.attention.band import BandMask, dense_mask
 from model.attention.kernels.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 
@@ -34,6 +35,10 @@ def mask_mod_for(
     """FlexAttention ``mask_mod`` of a block layout, AND a key-padding mask, AND an element mask, AND same document
     (``doc_ids`` ``[B, N]``, packed sequences)."""
     per_head = layout.shape[0] > 1  # a one-head layout (full attention) serves every head
+    band = token_mask if isinstance(token_mask, BandMask) else None
+    if band is not None:
+        token_mask = None
+        radius, length = band.radius, band.length
 
     def mask_mod(b, h, qi, ki):
         m = layout[h if per_head else 0, qi // block, ki // block]
@@ -41,6 +46,8 @@ def mask_mod_for(
             m = m & kpm[b, ki]
         if token_mask is not None:
             m = m & token_mask[h if token_mask.shape[0] > 1 else 0, qi, ki]
+        if band is not None:  # the window from its radius: no n x n table
+            m = m & ((qi - ki).abs() <= radius) & (qi < length) & (ki < length)
         if doc_ids is not None:
             m = m & (doc_ids[b, qi] == doc_ids[b, ki])
         return m
@@ -124,7 +131,7 @@ class FlexPlan:
         if token_mask is not None:  # a per-call element mask: its own BlockMask
             tm = token_mask.to(dev)
             if self.token_mask is not None:
-                tm = self.token_mask & tm
+                tm = dense_mask(self.token_mask, dev) & tm
             bm = self.build_block_mask(lay, key_padding_mask_BN, tm, doc)
         elif key_padding_mask_BN is not None or doc is not None:  # one BlockMask per forward, shared by the layers
             kpm = key_padding_mask_BN
@@ -147,12 +154,20 @@ class FlexKernel(Kernel):
             m = -(-seq_len // block)
             layout_HMM = torch.ones(1, m, m, dtype=torch.bool)
         lay = layout_HMM.to(device=device, dtype=torch.bool)
-        tm = None if token_mask is None else token_mask.to(device=device, dtype=torch.bool)
+        tm = token_mask
+        if isinstance(tm, torch.Tensor):
+            tm = tm.to(device=device, dtype=torch.bool)
         H = max(lay.shape[0], 1 if tm is None else tm.shape[0])
         if lay.shape[0] == 1 and H > 1:
             lay = lay.expand(H, -1, -1)
         plan = FlexPlan(layout_HMM=lay, block=block, seq_len=seq_len, block_mask=None, token_mask=tm)
         plan.block_mask = plan.build_block_mask(lay, None, tm)
-        tm_key = None if tm is None else (tuple(tm.shape), hash(tm.cpu().numpy().tobytes()))
+        tm_key = (
+            None
+            if tm is None
+            else tm.key()
+            if isinstance(tm, BandMask)
+            else (tuple(tm.shape), hash(tm.cpu().numpy().tobytes()))
+        )
         plan.key = (block, seq_len, tuple(lay.shape), hash(lay.cpu().numpy().tobytes()), tm_key, str(device))
         return plan

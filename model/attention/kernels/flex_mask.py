@@ -21,6 +21,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from model.attention.band import BandMask
+
 SPARSE_BLOCK = 128
 
 
@@ -99,7 +101,13 @@ def layout_block_mask(
         k_any, k_all = _grouped_any_all(key_valid_BN, size, 1)  # [B, Mc]
         partial = partial & k_any[:, None, None, :]
         full = full & k_all[:, None, None, :]
-    if token_mask is not None:
+    if isinstance(token_mask, BandMask):  # block summaries from the radius (no n x n pass)
+        tm_any, tm_all = (
+            x.unsqueeze(0).to(layout_HMM.device) for x in token_mask.resized(seq_len).grouped_any_all(size)
+        )
+        partial = partial & tm_any
+        full = full & tm_all
+    elif token_mask is not None:
         tm = token_mask if token_mask.dim() == 4 else token_mask.unsqueeze(0)  # [B|1, H|1, N, N]
         tm_any, tm_all = _grouped_any_all(tm, size, 2)
         partial = partial & tm_any

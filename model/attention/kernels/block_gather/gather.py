@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
+from model.attention.band import tile_mask
+from model.attention.kernels.block_gather.tiles import host_mask, query_tile_factor, tile_allow
 from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
 
@@ -133,14 +134,7 @@ def make_gather_plan(
         kblocks = lay_q[rows].nonzero()[:, 1].view(len(rows), c)  # increasing key order
         k_index = (kblocks[..., None] * block + ar).reshape(len(rows), c * block)
         q_index = (rows % Mq)[:, None] * tile + torch.arange(tile)
-        tm = None
-        if token_mask is not None:
-            tm = (
-                token_mask.cpu()
-                .bool()
-                .expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None], k_index[:, None, :]]
-                .to(device)
-            )
+        tm = None if token_mask is None else tile_mask(host_mask(token_mask), head, q_index, k_index).to(device)
         groups.append(GatherGroup(start, head.to(device), q_index.to(device), k_index.to(device), offset, tm))
         flats.append((head[:, None] * seq_len + k_index).reshape(-1))
         order.append(rows)
