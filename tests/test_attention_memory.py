@@ -114,3 +114,26 @@ def test_modernbert_local_layers_hold_no_n_by_n_mask_at_8192() -> None:
     stats = model.mask_stats()
     r = 16  # modernbert-tiny: window 32
     assert stats["token_mask/layer1_sparsity"] == pytest.approx(1 - ((2 * r + 1) * n - r * (r + 1)) / n**2, abs=1e-12)
+
+
+def test_flex_folds_diet_abs_into_q_and_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DIET-ABS under flex builds no [H, N, N] table (its score_mod's): the low-rank bias joins q and k, and the
+    output equals dense's."""
+    from model.attention import BlockBERTSparsityConfig, BlockSparseAttention
+    from model.positions import DietAbsBias
+
+    def no_table(self):
+        raise AssertionError("DietAbsBias.score_mod (an [H, N, N] table) was called")
+
+    monkeypatch.setattr(DietAbsBias, "score_mod", no_table)
+    H, n = 4, 256
+    cfg = BlockBERTSparsityConfig(H, num_blocks=2, head_assignment="3:1", block=16)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, H, n, 32, generator=g) for _ in range(3))
+    bias = DietAbsBias(torch.randn(H, n, 8, generator=g), torch.randn(H, n, 8, generator=g))
+    kpm = torch.ones(2, n, dtype=torch.bool)
+    kpm[1, 190:] = False
+    with torch.no_grad():
+        ref = BlockSparseAttention(cfg, "dense", n)(q, k, v, key_padding_mask_BN=kpm, score_bias=bias)
+        out = BlockSparseAttention(cfg, "flex", n)(q, k, v, key_padding_mask_BN=kpm, score_bias=bias)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)

@@ -136,10 +136,26 @@ class FlexPlan:
         elif key_padding_mask_BN is not None or doc is not None:  # one BlockMask per forward, shared by the layers
             kpm = key_padding_mask_BN
             bm = _PADDING_MASKS.get(self.key, (kpm, doc), lambda: self.build_block_mask(lay, kpm, self.token_mask, doc))
+        if score_bias is not None:  # a low-rank part (DIET-ABS) joins q and k: O(N d) instead of an [H, N, N] table
+            a_HNR, b_HNR, score_bias = score_bias.split_low_rank()
+            if a_HNR is not None:
+                q_BHND, k_BHND, scale = fold_low_rank(q_BHND, k_BHND, a_HNR, b_HNR, scale)
         score_mod = None if score_bias is None else score_bias.score_mod()
         fn = _flex_fn(dev.type)
         out = fn(q_BHND, k_BHND, v_BHND, score_mod=score_mod, block_mask=bm, scale=scale)
         return out  # FlexAttention returns 0 for rows with no allowed key (tested against dense)
+
+
+def fold_low_rank(
+    q_BHND: torch.Tensor, k_BHND: torch.Tensor, a_HNR: torch.Tensor, b_HNR: torch.Tensor, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """q' = [q, a / s], k' = [k, b] with s the score scale, so ``s q'.k' = s q.k + a.b``: a low-rank score bias
+    computed inside the attention's own matmul."""
+    B, H, N, D = q_BHND.shape
+    s = D**-0.5 if scale is None else scale
+    a = (a_HNR[:, :N] / s).to(q_BHND.dtype).expand(B, H, -1, -1)
+    b = b_HNR[:, :N].to(k_BHND.dtype).expand(B, H, -1, -1)
+    return torch.cat([q_BHND, a], -1), torch.cat([k_BHND, b], -1), s
 
 
 @register_kernel("flex")
