@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from model.attention.band import BandMask, dense_mask
-from model.attention.kernels.flex_mask import SPARSE_BLOCK, layout_block_mask, sparse_block_size
+from model.attention.kernels.flex_mask import SPARSE_BLOCK, layout_block_mask
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 
 _compiled_flex: dict[str, Callable] = {}
@@ -96,15 +96,10 @@ class FlexPlan:
     def build_block_mask(
         self, lay: torch.Tensor, kpm: torch.Tensor | None, tm: torch.Tensor | None, doc: torch.Tensor | None = None
     ) -> Any:
-        """From the block layout when it aligns with 128-token sparse blocks (no N x N pass); else torch's
-        ``create_block_mask`` over the same mask_mod."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
+        """From the block layout, at any block size (no N x N pass: torch's ``create_block_mask`` evaluates the
+        mask_mod on all B x H x N^2 elements, per forward with padding)."""
         mask_mod = mask_mod_for(lay, self.block, kpm, tm, doc)
-        if sparse_block_size(self.block) is not None:
-            return layout_block_mask(lay, self.block, self.seq_len, mask_mod, kpm, tm, doc)
-        B = None if kpm is None and doc is None else (kpm if kpm is not None else doc).shape[0]
-        return create_block_mask(mask_mod, B, lay.shape[0], self.seq_len, self.seq_len, device=lay.device)
+        return layout_block_mask(lay, self.block, self.seq_len, mask_mod, kpm, tm, doc)
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
