@@ -46,7 +46,7 @@ def test_recomputed_chunks_match_dense_gradients() -> None:
     kpm = torch.ones(2, n, dtype=torch.bool)
     kpm[1, 200:] = False
     grads = {}
-    old = G.CHUNK_ROWS_PER_TOKEN
+    old = G.PEAK_FRACTION
     for name in ("dense", "block_gather"):
         mod = BlockSparseAttention(cfg, name, n)
         mod.build_plan(n, torch.device("cpu"))
@@ -60,12 +60,12 @@ def test_recomputed_chunks_match_dense_gradients() -> None:
             finally:
                 del os.environ["SPARSEBERT_CPU_SPLIT"]
             assert isinstance(plan, G.GatherPlan)
-            G.CHUNK_ROWS_PER_TOKEN = 0  # one tile per chunk: the most chunks
+            G.PEAK_FRACTION = 0.0  # one tile per chunk: the most chunks
         try:
             out = mod(q, k, v, key_padding_mask_BN=kpm, score_bias=DietRelBias(table))
             out.square().sum().backward()
         finally:
-            G.CHUNK_ROWS_PER_TOKEN = old
+            G.PEAK_FRACTION = old
         grads[name] = [out.detach()] + [t.grad.clone() for t in (q, k, v, table)]
         for t in (q, k, v, table):
             t.grad = None
