@@ -38,7 +38,7 @@ from benchmarks.attention import DTYPES
 from model.attention import SPARSITY_MODES, BlockSparseAttention, SparsityConfig
 from model.attention.kernels import KERNELS
 from model.attention.kernels.block_gather.split import SWITCH
-from model.attention.token_patterns import TokenMaskConfig, build_token_mask
+from model.attention.token_patterns import TokenMaskConfig, build_layer_mask
 from model.positions import DietAbsBias, DietRelBias
 
 HEADS, HEAD_DIM, BATCH = 4, 64, 1
@@ -93,7 +93,7 @@ def build(spec: dict[str, Any], n: int, kernel: str) -> tuple[BlockSparseAttenti
         cfg = SPARSITY_MODES[spec["mode"]](num_heads=HEADS, **kw)
     tm = None
     if "_token_mask" in spec:
-        tm = build_token_mask(TokenMaskConfig.from_dict(spec["_token_mask"]), HEADS, n, 1)
+        tm = build_layer_mask(TokenMaskConfig.from_dict(spec["_token_mask"]), HEADS, n, 1)
     mod = BlockSparseAttention(cfg, kernel.split("/")[0], n, fixed_token_mask=tm)
     old = os.environ.get(SWITCH)
     os.environ[SWITCH] = "0" if kernel == GATHER_ONLY else "1"

@@ -4,7 +4,7 @@ padding asks for one).
 
 Memory: a query tile's gathered keys are a copy, and tiles of one head gather overlapping keys (Fixed, block 16,
 N=4096: the copies are 16.8x K and V, 2x the tile scores at head size 64). So they are never kept for the backward:
-each chunk of tiles (its copies at most 8x the size of K) is computed under :func:`recomputed`, which keeps only q, k
+each chunk of tiles (its copies within half the tile scores) is computed under :func:`recomputed`, which keeps only q, k
 and v (what any attention backward needs) and gathers again in the backward. The masks and biases made for the
 tiles (padding, packed documents, DIET) are recomputed the same way. The price is one more forward of the chunk in
 the backward; measured in docs/model.md (attention memory).
@@ -17,15 +17,17 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow, tiles_to_heads
+from model.attention.band import tile_mask
+from model.attention.kernels.block_gather.tiles import host_mask, query_tile_factor, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
 
-CHUNK_ROWS_PER_TOKEN = 8
-"""A chunk gathers at most this many key rows per row of K (all heads): its K/V copies, the forward's transient, stay
-within 8x K/V (Fixed, block 16 copies 32.8x at N=8192). Fewer, larger chunks run faster on CPU: each chunk's
-backward fills a zero gradient the size of q/k/v (2-core box, Fixed block 16, N=2048, B=2, 4 heads, fwd+bwd: one
-chunk 1.11 s, 8x: 1.5-2.0 s under load, the old plan that kept the copies 1.04 s)."""
+PEAK_FRACTION = 0.5
+"""A chunk's K/V copies stay within this fraction of the plan's tile scores (the layout's bound): the copies of all
+tiles are (D + Dv) / T times the scores (Fixed block 16, 64-row tiles, head size 64: 2x), so a plan runs in about
+2 (D + Dv) / (T * PEAK_FRACTION) chunks whatever N. Fewer, larger chunks run faster on CPU: each chunk's backward
+fills a zero gradient the size of q/k/v (2-core box, Fixed block 16, N=2048, B=2, 4 heads, fwd+bwd: one chunk
+1.11 s, 3-4 chunks 1.5-2.0 s under load, the old plan that kept the copies 1.04 s)."""
 
 
 def recomputed(fn, *inputs: torch.Tensor) -> torch.Tensor:
@@ -74,14 +76,15 @@ class GatherPlan:
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
-        budget = CHUNK_ROWS_PER_TOKEN * H * N
+        # key rows per chunk: copies (D + Dv) per row within PEAK_FRACTION of the scores (T per row)
+        budget = PEAK_FRACTION * self.tile * self.flat_index.numel() / (D + Dv)
         outs = []
         for g in self.groups:
             G, K = g.k_index_GK.shape
             if K == 0:  # tiles with no key block at all: zeros
                 outs.append(q_BHND.new_zeros(B, G, self.tile, Dv))
                 continue
-            per = max(1, budget // K)
+            per = max(1, int(budget // K))
             for s in range(0, G, per):
                 chunk = slice(s, min(G, s + per))
                 outs.append(
@@ -133,14 +136,7 @@ def make_gather_plan(
         kblocks = lay_q[rows].nonzero()[:, 1].view(len(rows), c)  # increasing key order
         k_index = (kblocks[..., None] * block + ar).reshape(len(rows), c * block)
         q_index = (rows % Mq)[:, None] * tile + torch.arange(tile)
-        tm = None
-        if token_mask is not None:
-            tm = (
-                token_mask.cpu()
-                .bool()
-                .expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None], k_index[:, None, :]]
-                .to(device)
-            )
+        tm = None if token_mask is None else tile_mask(host_mask(token_mask), head, q_index, k_index).to(device)
         groups.append(GatherGroup(start, head.to(device), q_index.to(device), k_index.to(device), offset, tm))
         flats.append((head[:, None] * seq_len + k_index).reshape(-1))
         order.append(rows)

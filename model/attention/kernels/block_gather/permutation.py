@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from model.attention.band import tile_mask
 from model.attention.kernels.block_gather.gather import recomputed
-from model.attention.kernels.block_gather.tiles import tile_allow, tiles_to_heads
+from model.attention.kernels.block_gather.tiles import host_mask, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
 
@@ -114,14 +115,7 @@ def make_permutation_plan(
     tile_map = (torch.arange(H)[:, None] * n + maps).reshape(-1)
     q_index = (torch.arange(n)[:, None] * T + ar).repeat(H, 1)
     k_index = maps.reshape(-1)[:, None] * T + ar
-    tm = None
-    if token_mask is not None:
-        tm = (
-            token_mask.cpu()
-            .bool()
-            .expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None], k_index[:, None, :]]
-            .to(device)
-        )
+    tm = None if token_mask is None else tile_mask(host_mask(token_mask), head, q_index, k_index).to(device)
     identity = torch.equal(tile_map, torch.arange(H * n))
     bijective = torch.equal(tile_map.sort().values, torch.arange(H * n))
     return PermutationPlan(
