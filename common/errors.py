@@ -9,11 +9,13 @@ EACCES, ENOENT, ...) into the same kind of line."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 import sys
 import traceback
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 #: Exit code of every user error (argparse uses 2 for bad flags too).
 USER_ERROR_EXIT = 2
@@ -69,6 +71,41 @@ def os_error_message(e: OSError, what: str = "") -> str:
     where = f" ({path})" if path and str(path) not in what else ""
     head = f"{what}: " if what else ""
     return f"{head}{reason}{where}; {todo}"
+
+
+#: How libraries that wrap a failed write say so: safetensors ("os error 28"), torch's zip writer ("unexpected pos
+#: 582912 vs 582804" when the disk filled mid-file, "PytorchStreamWriter failed writing file").
+_WRITE_FAILURES = ("No space left", "os error 28", "unexpected pos", "PytorchStreamWriter failed", "Disk quota")
+
+
+def _free_space(path: str | os.PathLike | None) -> str:
+    while path and not os.path.exists(path):
+        path = os.path.dirname(os.path.abspath(path))
+    try:
+        return f" ({shutil.disk_usage(path).free / 2**20:,.1f} MiB free there)" if path else ""
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def write_errors(what: str, path: str | os.PathLike | None = None) -> Iterator[None]:
+    """Turn a failed write into one :class:`UserError` line starting with ``what`` (``--save runs/x``): an
+    OSError by its errno (disk full, read-only, permission), a library's wrapped failure by its message, with the
+    free space left at ``path``."""
+    try:
+        yield
+    except UserError:
+        raise
+    except OSError as e:
+        raise UserError(os_error_message(e, what) + _free_space(path if e.errno == errno.ENOSPC else None)) from e
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is a failed write
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not any(m in str(e) for m in _WRITE_FAILURES):
+            raise
+        raise UserError(
+            f"{what}: writing failed ({first[:200]}): the disk is full{_free_space(path)}; free space there or "
+            "choose another destination"
+        ) from e
 
 
 def report(prog: str, message: str) -> int:

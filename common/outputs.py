@@ -43,7 +43,7 @@ def check_not_input(output: str | os.PathLike, out_flag: str, inputs: Iterable[t
         if out in src.parents:
             raise OutputError(
                 f"{out_flag} {output} contains the input {in_flag} {path}: replacing it would destroy the input; "
-                f"choose an {out_flag} outside it"
+                f"give {out_flag} a path outside it"
             )
 
 
@@ -68,17 +68,24 @@ def check_fresh(paths: Iterable[str | os.PathLike], flag: str, overwrite: bool) 
         raise OutputError(f"{flag}: {shown} already exist(s); choose another {flag}, or pass --overwrite to replace")
 
 
-def check_dir_writable(path: str | os.PathLike, flag: str) -> None:
-    """Create ``path`` (and parents) and write a probe file there, so a read-only or full destination is refused
-    before any work (one line naming ``flag``), not after hours of it."""
+def check_dir_writable(path: str | os.PathLike, flag: str, create: bool = True) -> None:
+    """Write a probe file in directory ``path`` (created with its parents when ``create``; else its nearest
+    existing parent is probed), so a read-only destination is refused before any work (one line naming ``flag``),
+    not after hours of it."""
     try:
         if Path(path).exists() and not Path(path).is_dir():
             raise OutputError(f"{flag} {path} is a file; give a directory path")
-        os.makedirs(path, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=path)
+        probe_dir = Path(path)
+        if create:
+            os.makedirs(path, exist_ok=True)
+        else:
+            while not probe_dir.exists():
+                probe_dir = probe_dir.parent
+        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=probe_dir)
         os.close(fd)
         os.remove(probe)
     except OSError as e:
+        e.filename = None  # the probe's name would only confuse
         raise OutputError(os_error_message(e, f"{flag} {path}: cannot write there")) from e
 
 

@@ -252,7 +252,10 @@ def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int, cache_dir: str 
             f"this tokenizer, which picks {np.dtype(np.uint16) if vocab_size < 65500 else 'int32'})"
         )
     if ds.num_tokens == 0:
-        raise DataConfigError(f"{idx}: the shard holds no tokens (empty dataset)")
+        raise DataConfigError(
+            f"{idx}: the shard holds no tokens ({ds.num_documents} documents); preprocess its corpus again and read "
+            "the bad-input report, or leave it out of --data-path"
+        )
     m = shard_max_token_id(ds, cache_dir)
     if m >= vocab_size or int(np.asarray(ds.tokens[: 1 << 16]).min()) < 0:
         raise DataConfigError(

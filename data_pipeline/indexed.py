@@ -277,7 +277,8 @@ class IndexedDataset:
         for p in (idx_path, bin_path):
             if not os.path.isfile(p):
                 raise IndexedDatasetError(
-                    f"{p}: file not found (expected a Megatron shard pair {self.prefix}.bin/.idx)"
+                    f"{p}: file not found (expected a Megatron shard pair {self.prefix}.bin/.idx); check the prefix "
+                    "(the path without .bin/.idx, e.g. data/wiki_text_sentence)"
                 )
         idx_size = os.path.getsize(idx_path)
         if idx_size < HEADER_SIZE:
@@ -305,7 +306,7 @@ class IndexedDataset:
             raise IndexedDatasetError(
                 f"{idx_path}: size {idx_size} does not match its header "
                 f"({n} sequences, {d} document-index entries need {HEADER_SIZE + body} bytes); "
-                f"the index is truncated or corrupt"
+                f"the index is truncated or corrupt: copy the pair again, or preprocess its corpus again"
             )
         self._idx = np.memmap(idx_path, dtype=np.uint8, mode="r")
         off = HEADER_SIZE
@@ -334,7 +335,7 @@ class IndexedDataset:
             raise IndexedDatasetError(
                 f"{bin_path}: size {bin_size} bytes does not match {idx_path} "
                 f"({self.num_tokens} tokens x {self.dtype.itemsize} bytes = {expected_bin}); "
-                f"the pair is truncated or mismatched"
+                f"the pair is truncated or mismatched: copy the pair again, or preprocess its corpus again"
             )
         if n:
             expect_ptr = np.zeros(n, dtype=np.int64)

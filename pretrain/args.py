@@ -108,6 +108,11 @@ class OptimConfig:
             raise ArgsError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}")
         if self.lr_warmup_iters < 0:
             raise ArgsError("--lr-warmup-iters must be >= 0")
+        if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
+            raise ArgsError(
+                f"--lr-warmup-fraction {self.lr_warmup_fraction} and --lr-warmup-iters {self.lr_warmup_iters} both "
+                "set the warmup (the fraction silently won): give one of them, as Megatron-LM requires"
+            )
         if self.clip_grad is not None and self.clip_grad < 0:
             raise ArgsError("--clip-grad must be >= 0 (0 disables clipping)")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import resource
 import time
@@ -24,6 +25,8 @@ from deepspeed.checkpoint.constants import (
     UNIVERSAL_CHECKPOINT_VERSION_VALUE,
 )
 
+from common.errors import write_errors
+from common.outputs import check_dir_writable, check_not_input
 from pretrain import builders, checkpoint, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, train_iterations, warmup_steps
 from pretrain.distributed import (
@@ -104,6 +107,26 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def check_checkpoint_dirs(run: RunConfig) -> None:
+    """Before any work: a --load that does not exist is a typo unless it is --save (the documented first run of
+    ``--save X --load X``), and --save must be writable (a read-only one failed at the first save, hours in) and
+    never one of the inputs or a directory above one (common/outputs.py)."""
+    ck, data = run.checkpoint, run.data
+    if ck.load and not os.path.exists(ck.load):
+        if not ck.save or os.path.abspath(ck.load) != os.path.abspath(ck.save):
+            raise ArgsError(
+                f"--load {ck.load}: no such directory; check the path (a first run that saves and resumes in one "
+                "place gives the same directory to --save and --load)"
+            )
+    if ck.load and os.path.exists(ck.load) and not os.path.isdir(ck.load):
+        raise ArgsError(f"--load {ck.load} is a file; give the checkpoint directory (it holds `latest`)")
+    if ck.save:
+        inputs = [("--data-path", p + e) for _, p in data.blend for e in (".bin", ".idx")]
+        inputs += [("--vocab-file", data.vocab_file), ("--tokenizer-model", data.tokenizer_model)]
+        check_not_input(ck.save, "--save", inputs)
+        check_dir_writable(ck.save, "--save")  # every rank probes (its own temporary name): all refuse alike
+
+
 class Trainer:
     def __init__(self, run: RunConfig) -> None:
         self.run = run
@@ -140,6 +163,7 @@ class Trainer:
             run.model, run.data, self.tokenizer.vocab_size, self.ds.sparse_attention, self.ds.path
         )
         ck = run.checkpoint
+        check_checkpoint_dirs(run)
         if ck.save and self.dist.world_size > 1:  # a node-local --save stops here, not at the first resume
             checkpoint.check_save_dir_shared(ck.save)
         resume_tag, client = checkpoint.agree_on_resume(ck.load) if ck.load else (None, None)
@@ -450,9 +474,9 @@ class Trainer:
             # what deepspeed.checkpoint.ds_to_universal requires of a checkpoint (a plain data-parallel model)
             UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
         }
-        tag = checkpoint.save(
-            self.engine, self.run.checkpoint.save, self.iteration, client, self.run.checkpoint.keep_last, rng
-        )
+        save_dir = self.run.checkpoint.save
+        with write_errors(f"--save {save_dir}: saving iteration {self.iteration}", save_dir):
+            tag = checkpoint.save(self.engine, save_dir, self.iteration, client, self.run.checkpoint.keep_last, rng)
         checkpoint.set_rng_state(rng)  # a run that saves continues exactly like one that does not
         self._print(f"saved {self.run.checkpoint.save}/{tag}")
 

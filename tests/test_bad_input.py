@@ -162,3 +162,133 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     env = {"SPARSE_BERT_DEBUG": "1", "PATH": "/usr/bin:/bin"}
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "Traceback" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------- trainer and conversion
+def run_trainer_cases(cases: list[list[str]], parallel: int = 4) -> list[dict]:
+    """One `python -m pretrain.train` per case, ``parallel`` at a time (a process per case: a second
+    deepspeed.initialize in one process meets the first one's stale groups); returns exit codes and stderr."""
+    from tests import train_utils as tu
+
+    out: list[dict] = [{} for _ in cases]
+    pending = list(enumerate(cases))
+    running: list[tuple[int, subprocess.Popen]] = []
+    while pending or running:
+        while pending and len(running) < parallel:
+            i, args = pending.pop(0)
+            cmd = [sys.executable, "-m", "pretrain.train", *args]
+            p = subprocess.Popen(cmd, cwd=REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            running.append((i, p))
+        i, p = running.pop(0)
+        _, err = p.communicate(timeout=600)
+        out[i] = {"code": p.returncode, "err": "\n".join(ln for ln in err.splitlines() if "[WARNING]" not in ln)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A one-rank, two-iteration checkpoint of the tiny model (ZeRO-0, fp32) and its inputs."""
+    from tests import train_utils as tu
+
+    tmp = tmp_path_factory.mktemp("trained")
+    tu.prepare(tmp)
+    r = tu.launch("python", tu.train_args(tmp, "zero0_fp32.json", 2, "--save", str(tmp / "ckpt")), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    return tmp
+
+
+@pytest.fixture
+def small_disks(tmp_path):
+    """A 200 KiB tmpfs (full after a few writes) and a read-only tmpfs; needs root (skipped otherwise)."""
+    full, ro = tmp_path / "full", tmp_path / "ro"
+    full.mkdir()
+    ro.mkdir()
+    mounted = []
+    for where, opts in ((full, "size=200k"), (ro, "size=1m,ro")):
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True, text=True)
+        if r.returncode != 0:
+            for m in mounted:
+                subprocess.run(["umount", str(m)])
+            pytest.skip(f"cannot mount a tmpfs here (root needed): {r.stderr.strip()}")
+        mounted.append(where)
+    yield full, ro
+    for m in mounted:
+        subprocess.run(["umount", "-l", str(m)], check=True)
+
+
+@pytest.mark.slow
+def test_trainer_bad_input_is_one_line(trained, tmp_path, small_disks):
+    """A truncated .bin, a misspelled shard prefix, a vocabulary too small for the shards, a 0-document shard, a
+    typo inside a ds_config block, a misspelled --load, a --save that is a file, read-only or fills the disk: each
+    was a 35-line traceback with exit 1 (for --load, a silent fresh start with exit 0; for a full disk, `unexpected
+    pos 582912 vs 582804`)."""
+    import numpy as np
+
+    from data_pipeline.indexed import IndexedDatasetBuilder
+    from tests import train_utils as tu
+
+    t = trained
+    Path(tmp_path / "cut.bin").write_bytes((t / "shard.bin").read_bytes()[:1000])
+    shutil.copyfile(t / "shard.idx", tmp_path / "cut.idx")
+    (tmp_path / "small.txt").write_text("\n".join((t / "vocab.txt").read_text().splitlines()[:20]) + "\n")
+    with IndexedDatasetBuilder(tmp_path / "empty", np.uint16):
+        pass
+    ds = json.loads((REPO / "ds_configs" / "zero0_fp32.json").read_text())
+    (tmp_path / "typo.json").write_text(json.dumps({**ds, "bf16": {"enabeld": True}}))
+    (tmp_path / "afile").write_text("x")
+
+    def args(*extra: str, data: Path = t / "shard", vocab: Path = t / "vocab.txt", ds: str | None = None) -> list:
+        a = tu.train_args(t, "zero0_fp32.json", 2, *extra)
+        a[a.index("--data-path") + 1] = str(data)
+        a[a.index("--vocab-file") + 1] = str(vocab)
+        if ds:
+            a[a.index("--deepspeed_config") + 1] = ds
+        return a
+
+    cases = {
+        "truncated .bin": (args(data=tmp_path / "cut"), ["cut.bin", "truncated"]),
+        "misspelled prefix": (args(data=t / "shardd"), ["shardd.idx", "file not found", "check the prefix"]),
+        "small vocab": (args(vocab=tmp_path / "small.txt"), ["token id", "vocab_size 20"]),
+        "0-document shard": (args(data=tmp_path / "empty"), ["empty.idx", "no tokens"]),
+        "ds_config typo": (args(ds=str(tmp_path / "typo.json")), ["typo.json", "enabeld", "check its spelling"]),
+        "misspelled --load": (args("--load", str(t / "ckpt_typo"), "--save", str(tmp_path / "new")), ["ckpt_typo"]),
+        "--save is a file": (args("--save", str(tmp_path / "afile")), ["--save", "afile", "is a file"]),
+        "--save is the data": (args("--save", str(t)), ["--save", "contains the input --data-path"]),
+        "read-only --save": (args("--save", str(small_disks[1] / "ck")), ["--save", "read-only file system"]),
+        "disk full": (args("--save", str(small_disks[0] / "ck")), ["--save", "saving iteration 2", "disk is full"]),
+    }
+    results = run_trainer_cases([a for a, _ in cases.values()])
+    for (name, (_, words)), res in zip(cases.items(), results):
+        assert res["code"] == 2, (name, res)
+        line = one_error_line(res["err"])
+        assert line.startswith("pretrain: error: "), (name, line)
+        for w in words:
+            assert w in line, (name, w, line)
+    assert not (tmp_path / "new").exists()  # the misspelled --load did not start a fresh run
+
+
+@pytest.mark.slow
+def test_convert_never_deletes_its_input(trained, tmp_path, capsys):
+    """`--load X --to-hf X --overwrite` exited 0 and left X with only the Hugging Face files: every iter_* was
+    deleted. A directory above X, a file as --to-hf and a binary vocab file are one line each too."""
+    from tools.convert_checkpoint import main as convert_main
+
+    ckpt = tmp_path / "run" / "ckpt"
+    shutil.copytree(trained / "ckpt", ckpt)
+    before = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*"))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)))
+    cases = [
+        (["--to-hf", str(ckpt), "--overwrite"], "is the input --load"),
+        (["--to-hf", str(tmp_path / "run"), "--overwrite"], "contains the input --load"),
+        (["--to-hf", str(tmp_path / "afile")], "is a file"),
+        (["--to-hf", str(tmp_path / "hf"), "--vocab-file", str(tmp_path / "binary.txt")], "not a text file"),
+    ]
+    for extra, words in cases:
+        assert convert_main(["--load", str(ckpt), *extra]) == 2, extra
+        assert words in one_error_line(capsys.readouterr().err)
+    assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == before
+    assert not (tmp_path / "hf").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert convert_main(["--load", str(ckpt), "--to-hf", str(tmp_path / "hf")]) == 0
+    assert convert_main(["--load", str(ckpt), "--to-hf", str(tmp_path / "hf")]) == 2  # exists: --overwrite
+    assert "--overwrite" in one_error_line(capsys.readouterr().err)

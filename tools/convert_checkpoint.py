@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from common.errors import UserError, run_entry
-from common.outputs import atomic_dir, check_fresh, check_not_input
+from common.errors import UserError, run_entry, write_errors
+from common.outputs import atomic_dir, check_dir_writable, check_fresh, check_not_input
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import STOCK_ARCHITECTURES, STOCK_FIELDS, from_hf, stock_export, to_hf
@@ -156,6 +156,7 @@ def _check_output(out: str | Path, flag: str, overwrite: bool, inputs: list[tupl
     if Path(out).exists() and not Path(out).is_dir():
         raise ConversionError(f"{flag} {out} is a file; give a directory path (a new or empty directory)")
     check_fresh([out], flag, overwrite)
+    check_dir_writable(out, flag, create=False)
 
 
 def write_hf(
@@ -249,7 +250,7 @@ def ds_to_hf(
     if client.get("layout_state") is not None:
         model.load_layout_state(client["layout_state"])
     out = Path(out_dir)
-    with atomic_dir(out) as tmp:
+    with write_errors(f"--to-hf {out}", out), atomic_dir(out) as tmp:
         info = write_hf(state_dict, config, model.layout_state(), tmp, remote, remote_code.token_mask_state(model))
         files = []
         if tokenizer:
@@ -420,7 +421,7 @@ def hf_to_ds(
         sd = {k: v for k, v in sd.items() if not k.startswith(("cls.pooler.", "cls.seq_relationship."))}
     stored = read_hf_token_masks(hf_dir)
     out = Path(out_dir)
-    with atomic_dir(out) as tmp:
+    with write_errors(f"--to-ds {out}", out), atomic_dir(out) as tmp:
         build_d, save_d = _write_mask_files(d, stored, tmp, out)
         try:
             target = ModelConfig.from_dict(build_d)
