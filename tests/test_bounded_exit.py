@@ -104,17 +104,19 @@ def test_launcher_chain_stops_at_the_first_non_launcher():
 
 
 def _rank_pids(marker: str) -> list[int]:
-    """Rank processes of one test run (their command line names the run's files)."""
+    """Rank processes of one test run: the trainer's entry (not a launcher) with the run's files in its arguments."""
     out = []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmd and "train" in cmd and "launch" not in cmd and "torchrun" not in cmd:
-                if "mpirun" not in cmd and "bin/deepspeed" not in cmd:
-                    out.append(int(d.name))
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        trainer = "pretrain/train.py" in argv[:3] or any(a.endswith("pretrain/train.py") for a in argv[:3])
+        trainer = trainer or argv[1:3] == ["-m", "pretrain.train"]
+        if trainer and any(marker in a for a in argv):
+            out.append(int(d.name))
     return out
 
 
