@@ -54,6 +54,7 @@ from pretrain.parallelize import (
     initialize_engine,
     optimizer_from_block,
 )
+from pretrain.watchdog import Watchdog
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label", "doc_ids")
 
@@ -133,6 +134,7 @@ class Trainer:
         self.engine = None
         self._grad_norm = None
         self._signal: ExitSignal | None = None
+        self.watchdog: Watchdog | None = None
         self.writer = None
         self.log_file = None
         self.train_iter: Iterator[dict[str, torch.Tensor]] | None = None
@@ -145,6 +147,7 @@ class Trainer:
             self._signal = ExitSignal(run.loop.exit_signal)
         self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
         self.rank0 = self.dist.rank == 0
+        self.watchdog = Watchdog(run.system.distributed_timeout_minutes * 60, self.dist.rank, self.dist.world_size)
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
@@ -166,7 +169,7 @@ class Trainer:
         check_checkpoint_dirs(run)
         if ck.save and self.dist.world_size > 1:  # a node-local --save stops here, not at the first resume
             checkpoint.check_save_dir_shared(ck.save)
-        resume_tag, client = checkpoint.agree_on_resume(ck.load) if ck.load else (None, None)
+        resume_tag, client = checkpoint.agree_on_resume(ck.load, strict=ck.strict_load) if ck.load else (None, None)
         if ck.load and resume_tag is None:
             self._print(f"--load {ck.load}: no complete checkpoint there; starting from scratch")
         resuming = resume_tag is not None and not ck.finetune
@@ -227,6 +230,8 @@ class Trainer:
         if resuming:
             same_world = saved_world == self.dist.world_size
             rng = checkpoint.load(self.engine, ck.load, load_tag, client, restore_rng=same_world and not ck.no_load_rng)
+            if load_tag != resume_tag:  # DeepSpeed's ZeRO-3 universal load gives every group the first one's settings
+                resize.restore_param_group_settings(self.engine.optimizer, ck.load, load_tag)
             if client.get("layout_state") is not None:
                 self.engine.module.load_layout_state(client["layout_state"])  # drops the plans apply_compile built
                 if run.system.compile:
@@ -444,6 +449,7 @@ class Trainer:
             except StopIteration:
                 break
             out = self.engine(**batch)
+            self.watchdog.progress()
             sums[0] += out.mlm_loss.double() * out.mlm_count
             sums[1] += out.mlm_correct
             sums[2] += out.mlm_count
@@ -490,10 +496,13 @@ class Trainer:
         window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
         window_samples = 0
         signal_every = loop.exit_signal_interval or loop.log_interval  # the check is a host sync: not every step
+        self.watchdog.arm()
         while self.iteration < self.train_iters:
             faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
             faults.maybe_signal_self(self.iteration + 1, self.dist.rank)
+            faults.maybe_stall(self.iteration + 1, self.dist.rank)
             step = self.train_step()
+            self.watchdog.progress(self.iteration)
             window_tokens += step["tokens"]
             window_samples += step["samples"]
             window_iters += 1
@@ -515,6 +524,7 @@ class Trainer:
             )
             if ckpt.save and (done or stop or signalled or save_now):
                 self.save()
+                self.watchdog.progress()
             # evaluation and checkpointing are not training: keep them out of the window's tokens/s (as
             # Megatron-LM stops its interval timer around evaluation)
             window_start += time.perf_counter() - paused
@@ -663,6 +673,9 @@ class Trainer:
             self.engine.destroy()
             self.engine = None
         destroy_distributed()
+        if self.watchdog is not None:  # armed until here: a teardown that hangs on a lost peer ends too
+            self.watchdog.stop()
+            self.watchdog = None
 
     def __enter__(self) -> "Trainer":
         return self
