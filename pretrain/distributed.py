@@ -11,7 +11,8 @@
   under --mpi=pmi2).
 - plain `python -m pretrain.train`: one rank; we fill the env for a world of one.
 Backend: NCCL on GPUs, gloo on CPU (DeepSpeed's accelerator decides). The timeout bounds how long a rank waits for
-a dead peer inside a collective.
+a dead peer inside a collective: it is made the default of every group created later too (DeepSpeed's own,
+pretrain/watchdog.py), and the watchdog ends a rank that still hangs.
 """
 
 from __future__ import annotations
@@ -224,6 +225,9 @@ def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> D
         torch.cuda.set_device(index)
         if local_rank is None:
             local_rank = int(node_local)
+    from pretrain.watchdog import set_default_group_timeout
+
+    set_default_group_timeout(timedelta(minutes=timeout_minutes))  # before DeepSpeed creates its groups
     deepspeed.init_distributed(
         dist_backend=None,
         auto_mpi_discovery=True,
@@ -323,14 +327,15 @@ def broadcast_module_state(module: torch.nn.Module, device: torch.device) -> Non
 
 
 class ExitSignal:
-    """Catches the configured signal (e.g. Slurm's warning before the time limit) and SIGTERM (what Slurm sends at the
-    limit, on preemption, ``scancel`` and node drain) and lets every rank agree, at the end of an iteration, that one
+    """Catches the configured signal (e.g. Slurm's warning before the time limit), SIGTERM (what Slurm sends at the
+    limit, on preemption, ``scancel`` and node drain; what the watchdog sends when the launcher is gone) and SIGINT
+    (Ctrl-C) and lets every rank agree, at the end of an iteration, that one
     of them received one (Megatron's DistributedSignalHandler). The trainer asks every --exit-signal-interval
     iterations (default: the log interval) and at saves, since each question is an all-reduce the host waits for."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.signums = sorted({getattr(signal, name), signal.SIGTERM})
+        self.signums = sorted({getattr(signal, name), signal.SIGTERM, signal.SIGINT})
         self.received = False
         self.received_name: str | None = None
         """The signal this rank received (None: none, or another rank's signal stopped the run)."""

@@ -22,6 +22,7 @@ from tests.registry_cases import (
     LAYOUT_EXAMPLES,
     OTHER_KERNELS,
     cpu_trains,
+    upstream_grad,
 )
 
 torch._dynamo.config.fail_on_recompile_limit_hit = True  # compiled flex must never fall back to eager silently
@@ -54,7 +55,7 @@ def _run(kernel, cfg, q, k, v, kpm, grad=True):
         with torch.no_grad():
             return mod(q, k, v, key_padding_mask_BN=kpm), None
     out = mod(q, k, v, key_padding_mask_BN=kpm)
-    go = torch.randn_like(out, generator=torch.Generator().manual_seed(9))
+    go = upstream_grad(out)
     grads = torch.autograd.grad(out, (q, k, v), go)
     return out, grads
 
@@ -366,7 +367,7 @@ def test_permutation_fast_path_matches_dense_and_general_path(name, pad):
             if kern == "general":  # force the general gather plan into the cache
                 m._plans[(n_pad, "cpu", 0)] = make_gather_plan(m.layout_for(n_pad), cfg.block, n_pad, "cpu")
             out = m(q, k, v, **kw)
-            go = torch.randn_like(out, generator=torch.Generator().manual_seed(9))
+            go = upstream_grad(out)
             outs.append((out, torch.autograd.grad(out, inputs, go)))
         (ref, ref_g), (fast, fast_g), (gen, gen_g) = outs
         torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-4)
@@ -602,7 +603,7 @@ def test_half_precision_kernels_against_an_fp32_reference(kernel, dtype, case):
         extra = {"token_mask": tm, "score_bias": A.DenseScoreBias(torch.randn(1, H, n, n, generator=g) * 4)}
     ref_mod = A.BlockSparseAttention(cfg, kernel="dense", max_seq_length=n)
     ref = ref_mod(q32, k32, v32, key_padding_mask_BN=kpm, **extra)
-    go = torch.randn_like(ref, generator=torch.Generator().manual_seed(9))
+    go = upstream_grad(ref)
     ref_g = torch.autograd.grad(ref, (q32, k32, v32), go)
     q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q32, k32, v32))
     half_extra = dict(extra)

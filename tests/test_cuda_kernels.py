@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 
 from model import attention as A
-from tests.registry_cases import CUDA_KERNELS
+from tests.registry_cases import CUDA_KERNELS, upstream_grad
 
 torch._dynamo.config.fail_on_recompile_limit_hit = True  # compiled flex must never fall back to eager silently
 
@@ -61,7 +61,7 @@ def _fwd_bwd(kernel, cfg, q, k, v, kpm, dtype, grad=True, **extra):
         with torch.no_grad():
             return mod(qs, ks, vs, key_padding_mask_BN=kpm, **extra), None
     out = mod(qs, ks, vs, key_padding_mask_BN=kpm, **extra)
-    go = torch.randn_like(out, generator=torch.Generator(device="cuda").manual_seed(9))
+    go = upstream_grad(out)
     return out, torch.autograd.grad(out, (qs, ks, vs), go)
 
 

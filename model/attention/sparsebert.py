@@ -24,6 +24,7 @@ from model.attention.token_patterns import (  # noqa: F401  (re-exported: the Sp
     TokenMaskConfig,
     _offsets,
     block_layout_from_mask,
+    build_layer_mask,
     build_token_mask,
     load_mask,
     make_pattern,

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import torch
 
+from model.attention.band import BandMask
 from model.attention.kernels.registry import same_document
+
+
+def host_mask(mask: torch.Tensor | BandMask) -> torch.Tensor | BandMask:
+    """A plan's fixed token mask on the host for plan building (a band needs no copy)."""
+    return mask if isinstance(mask, BandMask) else mask.cpu().bool()
 
 
 def tile_allow(
