@@ -53,6 +53,18 @@ LAYOUTS: dict[str, Callable[[], object]] = {
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def reset_compiled() -> None:
+    """Called between groups (one per sequence length): Dynamo's caches and flex's compiled callables start empty,
+    so no group inherits another's compilations and none runs near Dynamo's recompile limit, past which compiled
+    FlexAttention would fall back to its unfused eager path (tests/test_cuda_contracts.py)."""
+    import torch._dynamo
+
+    from model.attention.kernels import flex
+
+    torch._dynamo.reset()
+    flex._compiled_flex.clear()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -102,6 +114,20 @@ def paired_times(
     )
 
 
+def dense_backend(device: torch.device, dtype: torch.dtype) -> str:
+    """The SDPA backend torch picks for the dense baseline here (flash, cudnn, efficient, math), as its dispatcher
+    (``torch._fused_sdp_choice``) decides for an unmasked call of the benchmark's head shape."""
+    if device.type != "cuda":
+        return "cpu"
+    from torch.nn.attention import SDPBackend
+
+    q = torch.randn(1, HEADS, 512, HEAD_DIM, device=device, dtype=dtype)
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, q, q)).name.lower().removesuffix("_attention")
+    except (AttributeError, RuntimeError, ValueError) as e:  # a private API: say so rather than guess
+        return f"unknown ({type(e).__name__})"
+
+
 def make_step(fn: Callable, q, k, v) -> Callable[[], None]:
     go = torch.randn_like(q)
 
@@ -114,11 +140,14 @@ def make_step(fn: Callable, q, k, v) -> Callable[[], None]:
     return step
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: argparse.Namespace, on_row: Callable[[list[dict], list[str]], None] | None = None) -> list[dict]:
+    """The rows; ``on_row(rows, failed)`` after each one (gpu_check keeps what was measured if it is stopped)."""
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
-    rows = []
+    rows: list[dict] = []
+    failed: list[str] = []
     for n in args.seq_lens:
+        reset_compiled()
         g = torch.Generator().manual_seed(0)
         q, k, v = (
             torch.randn(args.batch, HEADS, n, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
@@ -162,6 +191,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                 m = peak_memory_mib(step, device)
             except RuntimeError as e:  # out of memory etc.: record, keep going
                 print(f"N={n:5d} {kname:12s} {lname:16s} failed: {e}", flush=True)
+                failed.append(f"{kname}:{lname}@{n}: {str(e).splitlines()[0][:200]}")
+                if on_row:
+                    on_row(rows, failed)
                 continue
             row = dict(
                 kernel=kname,
@@ -186,6 +218,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"{m:8.1f} MiB vs {m_dense:7.1f} MiB = {row['mem_ratio']:.2f}x",
                 flush=True,
             )
+            if on_row:
+                on_row(rows, failed)
         del q, k, v
     return rows
 
@@ -259,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-dense-masked-n", type=int, default=2048, help="skip the masked 'dense' kernel above this N")
     p.add_argument("--table", type=Path, help="only print the Markdown table of an existing attention.json")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--no-plot", action="store_true", help="write no attention.png (gpu_check: the table is enough)")
     p.add_argument(
         "--target-factor",
         type=float,
@@ -270,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.table:
         print(markdown_table(json.loads(args.table.read_text())))
         return
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -278,7 +315,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.device.startswith("cuda"):
         machine = f"{torch.cuda.get_device_name()} ({machine})"
-    rows = run(args)
     meta = dict(
         machine=machine,
         device=args.device,
@@ -287,11 +323,24 @@ def main(argv: list[str] | None = None) -> None:
         heads=HEADS,
         head_dim=HEAD_DIM,
         repeats=args.repeats,
+        dense_backend=dense_backend(torch.device(args.device), DTYPES[args.dtype]),
     )
-    (args.out_dir / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    plot(
-        rows, args.out_dir / "attention.png", f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}"
-    )
+    out = args.out_dir / "attention.json"
+
+    def write(rows: list[dict], failed: list[str], done: bool = False) -> None:
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(meta=meta, rows=rows, failed=failed, complete=done), indent=1))
+        tmp.replace(out)
+
+    failed: list[str] = []
+    rows = run(args, on_row=lambda r, f: (failed.__setitem__(slice(None), f), write(r, f)))
+    write(rows, failed, done=True)
+    if not args.no_plot:
+        plot(
+            rows,
+            args.out_dir / "attention.png",
+            f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}",
+        )
     (args.out_dir / "attention.md").write_text(markdown_table(dict(meta=meta, rows=rows)) + "\n")
     print(f"wrote {args.out_dir / 'attention.json'}, attention.md and attention.png")
 

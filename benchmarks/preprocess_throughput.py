@@ -211,6 +211,7 @@ def main() -> int:
             "--workers",
             str(workers),
             "--no-progress",
+            "--overwrite",  # each repeat rewrites the same shards
             *extra,
         ]
         return _best(lambda: _run(cmd, env=env, cwd=str(REPO)), a.repeat)

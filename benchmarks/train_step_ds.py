@@ -236,6 +236,41 @@ def targets(rows: list[dict], device_name: str) -> list[dict]:
     return out
 
 
+def comparisons(rows: list[dict]) -> list[dict]:
+    """BlockBERT n=2 against dense at every (precision, N) where both were measured: step time and peak memory
+    ratios (no target: the issue's targets are at N=1024, see :func:`targets`)."""
+    ok = {(r["variant"], r["precision"], r["seq_len"]): r for r in rows if "error" not in r}
+    out = []
+    for (v, prec, n), n2 in sorted(ok.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        dense = ok.get(("dense", prec, n))
+        if v != "blockbert-n2" or dense is None:
+            continue
+        mem = None
+        if n2.get("peak_memory_mib") and dense.get("peak_memory_mib"):
+            mem = n2["peak_memory_mib"] / dense["peak_memory_mib"]
+        out.append({"precision": prec, "seq_len": n, "step_ratio": n2["step_s"] / dense["step_s"], "memory_ratio": mem})
+    return out
+
+
+def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
+    """'dense@512' -> ('dense', 512); a clear error naming the bad one."""
+    cases = []
+    for spec in specs:
+        variant, _, n = spec.partition("@")
+        if variant not in VARIANTS or not n.isdigit():
+            raise ValueError(f"--cases {spec!r}: write VARIANT@N with VARIANT one of {', '.join(VARIANTS)}")
+        cases.append((variant, int(n)))
+    return cases
+
+
+def _write_json(path: str, result: dict) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(p)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.train_step_ds",
@@ -245,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), default="bert-base")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        metavar="VARIANT@N",
+        help="measure exactly these (e.g. dense@512 dense@4096 blockbert-n2@4096) instead of --variants x --seq-lens",
+    )
     p.add_argument(
         "--precisions",
         nargs="+",
@@ -266,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.data_path and not args.vocab_file:
         p.error("--data-path needs --vocab-file (the shard's vocabulary)")
+    try:
+        cases = parse_cases(args.cases) if args.cases else [(v, n) for n in args.seq_lens for v in args.variants]
+    except ValueError as e:
+        p.error(str(e))
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
     preset = PRESETS[args.preset]
     args.hidden, args.layers, args.heads = preset["hidden"], preset["layers"], preset["heads"]
     args.tokens = args.tokens or preset["tokens"]
@@ -287,16 +334,15 @@ def main(argv: list[str] | None = None) -> int:
         if not bf16:
             print("[train_step_ds] bf16 left out: a GPU below compute capability 8.0 has no bf16 hardware", flush=True)
     for precision in args.precisions:
-        for n in args.seq_lens:
-            for v in args.variants:
-                try:
-                    row = measure(v, precision, n, args, device)
-                except Exception as e:  # record and go on: one failure must not hide the other numbers
-                    row = {"variant": v, "precision": precision, "seq_len": n, "error": f"{type(e).__name__}: {e}"}
-                rows.append(row)
-                if "error" in row:
-                    print(f"{precision} N={n} {v}: FAILED {row['error']}", flush=True)
-                    continue
+        for v, n in cases:
+            try:
+                row = measure(v, precision, n, args, device)
+            except Exception as e:  # record and go on: one failure must not hide the other numbers
+                row = {"variant": v, "precision": precision, "seq_len": n, "error": f"{type(e).__name__}: {e}"}
+            rows.append(row)
+            if "error" in row:
+                print(f"{precision} N={n} {v}: FAILED {row['error']}", flush=True)
+            else:
                 mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
                 mem = "n/a" if row["peak_memory_mib"] is None else f"{row['peak_memory_mib']:.0f} MiB"
                 print(
@@ -304,13 +350,26 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['tokens_per_s']:10.0f} tok/s {row['tflops']:7.1f} TFLOP/s MFU {mfu} peak {mem}",
                     flush=True,
                 )
-    result = {"device": name, "preset": args.preset, "rows": rows, "targets": targets(rows, name)}
+            if args.json:  # after every row: a run stopped at its time limit keeps what it measured
+                _write_json(args.json, {"device": name, "preset": args.preset, "rows": rows, "complete": False})
+    result = {
+        "device": name,
+        "preset": args.preset,
+        "rows": rows,
+        "targets": targets(rows, name),
+        "comparisons": comparisons(rows),
+        "complete": True,
+    }
     for t in result["targets"]:
         verdict = "met" if t["met"] else "not measured" if t["met"] is None else "MISSED"
         print(f"target {t['target']}: {t['value']} -> {verdict}")
+    for c in result["comparisons"]:
+        mem = "n/a" if c["memory_ratio"] is None else f"{c['memory_ratio']:.2f}x"
+        print(
+            f"BlockBERT n=2 / dense at N={c['seq_len']} ({c['precision']}): step {c['step_ratio']:.2f}x, memory {mem}"
+        )
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        _write_json(args.json, result)
     from pretrain.distributed import destroy_distributed
 
     destroy_distributed()

@@ -183,7 +183,7 @@ def main() -> int:
     py = sys.executable
     ours = [py, "-m", "data_pipeline.preprocess", "--input", str(dump), "--output-prefix", str(tmp / "ours" / "wiki")]
     ours += ["--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", a.vocab_file]
-    ours += ["--split-sentences", "--workers", "1", "--no-progress"]
+    ours += ["--split-sentences", "--workers", "1", "--no-progress", "--overwrite"]  # repeats rewrite the shards
     theirs = [py, "-m", "wikiextractor.WikiExtractor", "--processes", "1", "-o", str(tmp / "we"), str(dump)]
 
     runs: dict[str, list[tuple[float, float]]] = {"ours": [], "wikiextractor": []}

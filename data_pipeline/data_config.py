@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from common.errors import UserError
 from common.strict import from_dict
 from data_pipeline.masking import MaskingConfig, derived_max_predictions
 from data_pipeline.samples import SampleIndexConfig
@@ -17,7 +18,7 @@ from data_pipeline.samples import SampleIndexConfig
 SPLIT_NAMES = ("train", "valid", "test")
 
 
-class DataConfigError(ValueError):
+class DataConfigError(UserError, ValueError):
     """A data setting is invalid; the message names the setting."""
 
 

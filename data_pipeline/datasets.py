@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from data_pipeline import resume
 from data_pipeline.blending import BlendSchedule
 from data_pipeline.data_config import SPLIT_NAMES, DataConfig, DataConfigError, split_document_ranges
 from data_pipeline.indexed import IndexedDataset, index_file_path
@@ -251,12 +252,34 @@ def _check_shard_fits_vocab(ds: IndexedDataset, vocab_size: int, cache_dir: str 
             f"this tokenizer, which picks {np.dtype(np.uint16) if vocab_size < 65500 else 'int32'})"
         )
     if ds.num_tokens == 0:
-        raise DataConfigError(f"{idx}: the shard holds no tokens (empty dataset)")
+        raise DataConfigError(
+            f"{idx}: the shard holds no tokens ({ds.num_documents} documents); preprocess its corpus again and read "
+            "the bad-input report, or leave it out of --data-path"
+        )
     m = shard_max_token_id(ds, cache_dir)
     if m >= vocab_size or int(np.asarray(ds.tokens[: 1 << 16]).min()) < 0:
         raise DataConfigError(
             f"{idx}: token id {m} >= tokenizer vocab_size {vocab_size}; the shard was "
             f"tokenized with a different vocabulary"
+        )
+
+
+def check_shard_vocab(prefix: str, tokenizer) -> None:
+    """Refuse a shard whose preprocessing report records another vocabulary than ``tokenizer``'s (the ids would
+    mean other words, and nothing else notices: a retrained vocab of the same size passes every id check).
+    Shards without a report (Megatron's, merged ones) are not checked."""
+    found = resume.find_report(prefix)
+    rec = (found[1].get("tokenizer") if found else None) or {}
+    if not rec.get("fingerprint"):
+        return
+    have = tokenizer.fingerprint()
+    if rec["fingerprint"] != have:
+        made = rec.get("vocab_file") or rec.get("tokenizer_model") or "another vocabulary"
+        raise DataConfigError(
+            f"{prefix}: these shards were made with {made} (vocabulary fingerprint {rec['fingerprint']}, "
+            f"{rec.get('vocab_size')} entries; report {found[0]}), not with this tokenizer ({tokenizer.vocab_size} "
+            f"entries, fingerprint {have}); give that --vocab-file/--tokenizer-model, or re-run preprocess with "
+            "this one"
         )
 
 
@@ -279,6 +302,7 @@ def build_datasets(
     shards = []
     for weight, prefix in config.blend:
         ds = IndexedDataset(prefix)
+        check_shard_vocab(prefix, tokenizer)
         _check_shard_fits_vocab(ds, tokenizer.vocab_size, config.cache_dir)
         ranges = split_document_ranges(ds.num_documents, config.split)
         shards.append((weight, ds, ranges))

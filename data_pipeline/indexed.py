@@ -30,6 +30,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from common.errors import UserError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_SIZE = len(MAGIC) + 8 + 1 + 8 + 8  # 34 bytes
@@ -47,7 +49,7 @@ DTYPE_CODES: dict[int, type] = {
 _CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(UserError, ValueError):
     """A shard is missing, corrupt, truncated or inconsistent; the message names the file."""
 
 
@@ -275,7 +277,8 @@ class IndexedDataset:
         for p in (idx_path, bin_path):
             if not os.path.isfile(p):
                 raise IndexedDatasetError(
-                    f"{p}: file not found (expected a Megatron shard pair {self.prefix}.bin/.idx)"
+                    f"{p}: file not found (expected a Megatron shard pair {self.prefix}.bin/.idx); check the prefix "
+                    "(the path without .bin/.idx, e.g. data/wiki_text_sentence)"
                 )
         idx_size = os.path.getsize(idx_path)
         if idx_size < HEADER_SIZE:
@@ -303,7 +306,7 @@ class IndexedDataset:
             raise IndexedDatasetError(
                 f"{idx_path}: size {idx_size} does not match its header "
                 f"({n} sequences, {d} document-index entries need {HEADER_SIZE + body} bytes); "
-                f"the index is truncated or corrupt"
+                f"the index is truncated or corrupt: copy the pair again, or preprocess its corpus again"
             )
         self._idx = np.memmap(idx_path, dtype=np.uint8, mode="r")
         off = HEADER_SIZE
@@ -332,7 +335,7 @@ class IndexedDataset:
             raise IndexedDatasetError(
                 f"{bin_path}: size {bin_size} bytes does not match {idx_path} "
                 f"({self.num_tokens} tokens x {self.dtype.itemsize} bytes = {expected_bin}); "
-                f"the pair is truncated or mismatched"
+                f"the pair is truncated or mismatched: copy the pair again, or preprocess its corpus again"
             )
         if n:
             expect_ptr = np.zeros(n, dtype=np.int64)

@@ -28,6 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 
 from common.cli import HelpFormatter, add_flags, cli
+from common.errors import UserError, run_entry
+from common.outputs import check_fresh, check_not_input
 from common.process import exit_process
 from data_pipeline import coordination, multistream
 from data_pipeline import resume as rs
@@ -81,6 +83,9 @@ class PreprocessConfig:
     """Continue an interrupted run, skipping input files (or dump units) already finished."""
     strict: bool = False
     """Exit non-zero, writing no final shards, if any bad input was found."""
+    overwrite: bool = False
+    """Replace the shards (and report) an earlier run wrote under this --output-prefix; without it they are kept and
+    the run is refused."""
     progress: bool | None = None
     """Progress bar; default: only when stderr is a terminal."""
 
@@ -204,15 +209,25 @@ class _KeyWriter:
     """Turns piece results of one key into documents of one shard; documents may span chunks."""
 
     def __init__(
-        self, prefix: str, dtype: np.dtype, split: bool, eod: int | None, path: str, log: BadInputLog, key: str
+        self,
+        prefix: str,
+        dtype: np.dtype,
+        split: bool,
+        eod: int | None,
+        path: str,
+        log: BadInputLog,
+        key: str,
+        unk: int,
     ) -> None:
         self.b = IndexedDatasetBuilder(prefix, dtype)
-        self.split, self.eod, self.path, self.log, self.key = split, eod, path, log, key
+        self.split, self.eod, self.path, self.log, self.key, self.unk = split, eod, path, log, key, unk
+        self.unk_tokens = 0
         self.pending: np.ndarray | None = None  # last sentence of the open document (eod may join it)
         self.doc_units = 0
         self.doc_tokens = 0
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray, doc_end: bool, where: str) -> None:
+        self.unk_tokens += int(np.count_nonzero(tokens == self.unk))
         if len(lengths):
             if self.split:
                 if self.pending is not None:
@@ -254,13 +269,22 @@ class PartWriter:
     """All keys' shards of one input file."""
 
     def __init__(
-        self, cfg: PreprocessConfig, layout: rs.RunLayout, idx: int, path: str, dtype: np.dtype, eod: int | None
+        self,
+        cfg: PreprocessConfig,
+        layout: rs.RunLayout,
+        idx: int,
+        path: str,
+        dtype: np.dtype,
+        eod: int | None,
+        unk: int,
     ) -> None:
         self.cfg, self.layout, self.idx, self.path = cfg, layout, idx, path
         self.stamp = rs.input_stamp(path)  # before reading: a file changed mid-run is redone on resume
         self.log = BadInputLog()
         self.writers = {
-            k: _KeyWriter(layout.part_prefix(idx, k, cfg.level), dtype, cfg.split_sentences, eod, path, self.log, k)
+            k: _KeyWriter(
+                layout.part_prefix(idx, k, cfg.level), dtype, cfg.split_sentences, eod, path, self.log, k, unk
+            )
             for k in cfg.json_keys
         }
         self.nchars = 0
@@ -284,7 +308,12 @@ class PartWriter:
         stats = {}
         for key, w in self.writers.items():
             w.b.finalize()
-            stats[key] = {"documents": w.b.num_documents, "sequences": w.b.num_sequences, "tokens": w.b.num_tokens}
+            stats[key] = {
+                "documents": w.b.num_documents,
+                "sequences": w.b.num_sequences,
+                "tokens": w.b.num_tokens,
+                "unk_tokens": w.unk_tokens,
+            }
         marker = {
             "settings_hash": shash,
             "input": self.stamp,
@@ -375,7 +404,7 @@ def _process_parts(
     try:
         for res in results:
             if current is None or current.idx != res.file_idx:
-                current = PartWriter(cfg, layout, res.file_idx, paths[res.file_idx], dtype, eod)
+                current = PartWriter(cfg, layout, res.file_idx, paths[res.file_idx], dtype, eod, tokenizer.unk_id)
             current.add(res)
             progress.chunk(res)
             if res.last:
@@ -427,6 +456,13 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
         dtype.str,
     )
     shash = rs.settings_hash(cfg.output_settings())
+    vocab = {
+        "tokenizer_type": cfg.tokenizer_type,
+        "vocab_file": cfg.vocab_file and os.path.abspath(cfg.vocab_file),
+        "tokenizer_model": cfg.tokenizer_model and os.path.abspath(cfg.tokenizer_model),
+        "vocab_size": tokenizer.vocab_size,
+        "fingerprint": tokenizer.fingerprint(),
+    }
 
     # rank 0 checks / creates the manifest; everyone learns the outcome
     err = None
@@ -435,18 +471,19 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
             err = f"no input files found in --input {' '.join(cfg.input)}\n{expand_log.format()}"
         else:
             try:  # multistream dumps with an index -> units of streams (rank 0 reads the indexes, once)
+                check_outputs(cfg, layout, files)
                 unit_bytes = int(cfg.multistream_unit_mb * (1 << 20))
                 files = [u for f in files for u in multistream.split_dump(f, unit_bytes)]
                 resuming = rs.prepare(layout, shash, files, cfg.resume)
                 if resuming:
                     print(f"[preprocess] resuming from {layout.manifest}", file=sys.stderr)
-            except (rs.ResumeError, ValueError) as e:
+            except (UserError, ValueError) as e:
                 err = str(e)
     if comm:
         err, files = comm.bcast((err, files))
     if err:
         if rank == 0:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"data_pipeline.preprocess: error: {err}", file=sys.stderr)
         return 2
 
     mine = [(i, p) for i, p in enumerate(files) if i % size == rank]
@@ -479,20 +516,61 @@ def _run(cfg: PreprocessConfig, comm, rank: int, size: int, tag: str) -> int:
         code = 0
         if rank == 0:
             errs = [e for e in errs if e]
-            code = _finish(cfg, layout, files, shash, expand_log, t0) if not errs else 2
+            code = _finish(cfg, layout, files, shash, expand_log, t0, vocab) if not errs else 2
             for e in errs:
-                print(f"error: {e}", file=sys.stderr)
+                print(f"data_pipeline.preprocess: error: {e}", file=sys.stderr)
         return comm.bcast(code)
-    return _finish(cfg, layout, files, shash, expand_log, t0)
+    return _finish(cfg, layout, files, shash, expand_log, t0, vocab)
+
+
+def check_outputs(cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str]) -> None:
+    """The output guard (common/outputs.py): no output is an input; shards of an earlier run under this prefix are
+    kept unless --overwrite (or --resume continues an interrupted run). The shards themselves are written to
+    temporary names and renamed when complete (IndexedDatasetBuilder)."""
+    outs = [layout.final_prefix(k, cfg.level) + e for k in cfg.json_keys for e in (".bin", ".idx")]
+    for out in [*outs, layout.report]:
+        check_not_input(out, "--output-prefix", [("--input", f) for f in files])
+    if not (cfg.resume and os.path.exists(layout.manifest)):
+        check_fresh(outs, "--output-prefix", cfg.overwrite)
+
+
+def _refusal(cfg: PreprocessConfig, totals: dict, vocab: dict) -> str | None:
+    """Why the finished run must not become shards: no documents or no tokens (every line malformed, a parquet
+    file without the --json-keys column), or only [UNK] tokens (a vocabulary that does not cover the text)."""
+    docs = sum(t["documents"] for t in totals.values())
+    tokens = sum(t["tokens"] for t in totals.values())
+    unk = sum(t.get("unk_tokens", 0) for t in totals.values())
+    where = f"--input {' '.join(cfg.input)}"
+    if docs == 0 or tokens == 0:
+        return (
+            f"{where}: {docs} documents, {tokens} tokens: no text was read (see the bad-input report above); check "
+            f"--input, --input-format and --json-keys ({' '.join(cfg.json_keys)})"
+        )
+    if unk == tokens:
+        src = cfg.vocab_file or cfg.tokenizer_model
+        return (
+            f"{where}: all {tokens:,} tokens are [UNK] with {src} ({vocab['vocab_size']} entries): the vocabulary "
+            "does not cover this text (special tokens only, or made for another corpus); train one on it with "
+            "`python -m data_pipeline.train_tokenizer`"
+        )
+    return None
 
 
 def _finish(
-    cfg: PreprocessConfig, layout: rs.RunLayout, files: list[str], shash: str, expand_log: BadInputLog, t0: float
+    cfg: PreprocessConfig,
+    layout: rs.RunLayout,
+    files: list[str],
+    shash: str,
+    expand_log: BadInputLog,
+    t0: float,
+    vocab: dict,
 ) -> int:
-    """Rank 0: gather part markers, write the report, merge parts in input order (or refuse with --strict)."""
+    """Rank 0: gather part markers, write the report, merge parts in input order (or refuse: --strict with bad
+    input, no text, only [UNK]). The report records the vocabulary's fingerprint, which training and
+    tools.inspect_dataset compare with the tokenizer they are given."""
     log = BadInputLog()
     log.merge(expand_log)
-    totals = {k: {"documents": 0, "sequences": 0, "tokens": 0} for k in cfg.json_keys}
+    totals = {k: {"documents": 0, "sequences": 0, "tokens": 0, "unk_tokens": 0} for k in cfg.json_keys}
     chars = 0
     for i, p in enumerate(files):
         marker = rs.completed_marker(layout, i, p, shash, cfg.json_keys, cfg.level)
@@ -513,12 +591,22 @@ def _finish(
         "bad_input": log.to_dict(),
         "strict": cfg.strict,
         "seconds": round(time.time() - t0, 3),
+        "tokenizer": vocab,
     }
     failed = cfg.strict and log.total > 0
-    report["status"] = "failed: bad input with --strict, no shards written" if failed else "ok"
+    refused = _refusal(cfg, totals, vocab)
+    report["status"] = (
+        "failed: bad input with --strict, no shards written"
+        if failed
+        else (f"failed: {refused}; no shards written" if refused else "ok")
+    )
     os.makedirs(os.path.dirname(layout.report) or ".", exist_ok=True)
     rs.write_json_atomic(layout.report, report)
     print(log.format(), file=sys.stderr)
+    if refused and not failed:
+        rs.finish(layout)
+        print(f"data_pipeline.preprocess: error: {refused}; no shards written", file=sys.stderr)
+        return 2
     if failed:
         rs.finish(layout)
         print(
@@ -546,22 +634,21 @@ def _finish(
     return 0
 
 
+class PreprocessArgsError(UserError, ValueError):
+    """A bad flag value (the message names it)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("data_pipeline.preprocess", _main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     try:
         cfg = config_from_args(argv)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        return run(cfg)
-    except Exception as e:  # clear one-line error for known failure kinds
-        from data_pipeline.indexed import IndexedDatasetError
-        from data_pipeline.tokenization import TokenizerError
-
-        if isinstance(e, (IndexedDatasetError, TokenizerError, rs.ResumeError, OSError)):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+        raise PreprocessArgsError(str(e)) from None
+    return run(cfg)
 
 
 if __name__ == "__main__":

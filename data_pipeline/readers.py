@@ -138,7 +138,10 @@ class _ThreadedBz2Reader(io.RawIOBase):
     ``bz2`` releases the GIL while it decompresses, so the thread runs beside the XML parsing and the in-process
     worker of ``--workers 1`` instead of before them (decompression is ~20% of reading a dump). Multi-stream files
     (pbzip2, ``pages-articles-multistream``) are read through; a stream cut short raises ``EOFError`` and bad data
-    ``OSError``, as ``bz2.open`` does, at the point the reader gets to."""
+    ``OSError``, as ``bz2.open`` does, at the point the reader gets to, but only on the read *after* the one that
+    returned the last good bytes: raised inside a buffered read, it would drop the bytes that read had gathered (the
+    last ~11 KB of the intact first stream, and its pages). Bytes after the last stream that are no bz2 stream are
+    skipped as by ``bz2.open``, and said in ``trailing`` for the bad-input report."""
 
     BLOCK = 1 << 18
     AHEAD = 8
@@ -149,6 +152,8 @@ class _ThreadedBz2Reader(io.RawIOBase):
         self._queue: queue.Queue = queue.Queue(self.AHEAD)
         self._buf = b""
         self._done = False
+        self._error: BaseException | None = None  # raised by the next readinto (see the class docstring)
+        self.trailing: str | None = None  # set when bytes after the last stream were skipped
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._fill, name=f"bz2 {os.path.basename(path)}", daemon=True)
         self._thread.start()
@@ -166,8 +171,10 @@ class _ThreadedBz2Reader(io.RawIOBase):
         try:
             dec = bz2.BZ2Decompressor()
             in_stream = False  # a stream has begun and not ended
+            offset = 0
             while not self._stop.is_set():
                 data = self._raw.read(self.BLOCK)
+                offset += len(data)
                 if not data:
                     if in_stream:
                         raise EOFError("Compressed file ended before the end-of-stream marker was reached")
@@ -177,7 +184,12 @@ class _ThreadedBz2Reader(io.RawIOBase):
                         dec = bz2.BZ2Decompressor()
                         try:
                             out = dec.decompress(data)
-                        except OSError:  # trailing bytes that are no stream: ignored, as bz2.open does
+                        except OSError:  # trailing bytes that are no stream: skipped, as bz2.open does
+                            at = offset - len(data)
+                            size = os.path.getsize(self._raw.name) - at
+                            self.trailing = (
+                                f"{size:,} byte(s) at offset {at:,} after the last bz2 stream are no bz2 data"
+                            )
                             self._put(None)
                             return
                     else:
@@ -193,14 +205,23 @@ class _ThreadedBz2Reader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    @property
+    def pending_error(self) -> BaseException | None:
+        """The decompression error the next read will raise (the bytes before it were all delivered)."""
+        return self._error
+
     def readinto(self, b) -> int:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
         while not self._buf and not self._done:
             item = self._queue.get()
             if item is None:
                 self._done = True
             elif isinstance(item, Exception):
                 self._done = True
-                raise item
+                self._error = item  # end of the good bytes now; the error on the next read
+                return 0
             else:
                 self._buf = item
         n = min(len(b), len(self._buf))
@@ -392,11 +413,23 @@ def read_mediawiki(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator
     try:
         yield from _pages(ET.iterparse(f, events=("start", "end")), keys[0], counter)
     except ET.ParseError as e:
-        log.add("malformed_xml", path, f"after page {counter[0]}", f"{e}; kept pages read so far")
+        cut = getattr(getattr(f, "raw", None), "pending_error", None)  # the XML ended where the bz2 data did
+        if cut is not None:
+            log.add(
+                "truncated_file",
+                path,
+                f"after page {counter[0]}",
+                f"{type(cut).__name__}: {cut}; kept pages read so far",
+            )
+        else:
+            log.add("malformed_xml", path, f"after page {counter[0]}", f"{e}; kept pages read so far")
     except (EOFError, OSError) as e:
         log.add("truncated_file", path, f"after page {counter[0]}", f"{type(e).__name__}: {e}; kept pages read so far")
     finally:
+        trailing = getattr(getattr(f, "raw", None), "trailing", None)
         f.close()
+    if trailing:
+        log.add("trailing_data", path, f"after page {counter[0]}", f"{trailing}; kept every page before them")
 
 
 def _unit_events(path: str, start: int, end: int) -> Iterator[tuple[str, ET.Element]]:

@@ -14,12 +14,13 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from common.errors import UserError
 from data_pipeline import multistream
 
 MANIFEST_VERSION = 1
 
 
-class ResumeError(RuntimeError):
+class ResumeError(UserError, RuntimeError):
     """A progress file is in the way or does not match this run; the message says what to do."""
 
 
@@ -89,6 +90,29 @@ class RunLayout:
 
     def final_prefix(self, key: str, level: str) -> str:
         return f"{self.output_prefix}_{key}_{level}"
+
+
+def find_report(shard_prefix: str) -> tuple[str, dict] | None:
+    """(path, content) of the preprocessing report that lists ``shard_prefix`` among its outputs (``{dir}/reports/
+    {name}.report.json`` with ``{dir}/{name}_{key}_{level}`` = the shard), or None (a shard from Megatron, or
+    merged, or renamed)."""
+    head, shard = os.path.split(shard_prefix)
+    reports = os.path.join(head, "reports")
+    if not os.path.isdir(reports):
+        return None
+    for fname in sorted(os.listdir(reports)):
+        name = fname.removesuffix(".report.json")
+        if fname == name or not shard.startswith(name + "_"):
+            continue
+        path = os.path.join(reports, fname)
+        try:
+            with open(path) as f:
+                report = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if any(os.path.basename(str(o)) == shard for o in (report.get("outputs") or {}).values()):
+            return path, report
+    return None
 
 
 def prepare(layout: RunLayout, shash: str, inputs: list[str], resume: bool) -> bool:
@@ -162,6 +186,7 @@ __all__ = [
     "prepare",
     "completed_marker",
     "finish",
+    "find_report",
     "file_digest",
     "settings_hash",
     "input_stamp",

@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import UserError
 from data_pipeline.indexed import IndexedDataset, data_file_path, index_file_path
 from data_pipeline.masking import sample_keys
 
@@ -77,7 +78,7 @@ PACK_WINDOW_STREAMS = 64
 PACK_OPENER_TRIES = 4
 
 
-class SampleIndexError(ValueError):
+class SampleIndexError(UserError, ValueError):
     """Bad settings or data for building samples; the message names the setting or file."""
 
 

@@ -10,12 +10,15 @@ identical to ``BertTokenizerFast(vocab_file)(text, add_special_tokens=False)``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from common.errors import UserError
 
 TOKENIZER_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer", "HuggingFaceTokenizer")
 
@@ -29,7 +32,7 @@ _SPECIAL_SPELLINGS = {
 }
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer file is missing or lacks a required special token."""
 
 
@@ -88,6 +91,15 @@ class Tokenizer:
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
         return [self.id_to_token(int(i)) for i in ids]
+
+    def fingerprint(self) -> str:
+        """16 hex digits of sha256 over the tokens in id order: what ties shards to the vocabulary they were made
+        with (preprocess records it in the report; training and tools.inspect_dataset compare it). The same ids
+        give the same fingerprint whatever file they came from."""
+        h = hashlib.sha256()
+        for i in range(self.vocab_size):
+            h.update(str(self.id_to_token(i)).encode("utf-8", "surrogatepass") + b"\0")
+        return h.hexdigest()[:16]
 
     def word_start_mask(self) -> np.ndarray:  # pragma: no cover - abstract
         """Boolean ``[vocab_size]``: True where a token begins a new word."""
@@ -240,8 +252,14 @@ def build_tokenizer(
         from tokenizers import BertWordPieceTokenizer
 
         lower = tokenizer_type == "BertWordPieceLowerCase"
-        with open(vocab_file, encoding="utf-8") as f:
-            entries = [line.rstrip("\n") for line in f]
+        try:
+            with open(vocab_file, encoding="utf-8") as f:
+                entries = [line.rstrip("\n") for line in f]
+        except UnicodeDecodeError as e:
+            raise TokenizerError(
+                f"--vocab-file {vocab_file}: not a text file (byte {e.start} is not UTF-8); give a WordPiece "
+                "vocab.txt, one token per line (a SentencePiece .model goes to --tokenizer-model)"
+            ) from None
         missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in set(entries)]
         if missing:
             raise TokenizerError(

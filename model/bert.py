@@ -8,10 +8,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model import host
+from model.attention.band import BandMask
 from model.attention.module import BlockSparseAttention
-from model.attention.sparsebert import DAMConfig, DAMMask, build_token_mask, gated_attention, sparsity
+from model.attention.sparsebert import DAMConfig, DAMMask, build_layer_mask, gated_attention, sparsity
 from model.config import ModelConfig
-from model.host import cpu_all
 from model.positions import AbsolutePositionEmbedding, PositionalAttention
 from model.rotary import apply_rotary
 
@@ -108,7 +109,7 @@ class BertSelfAttention(nn.Module):
             raise ValueError(
                 f"attention.token_mask.seq_len {n_mask} exceeds max_position_embeddings {c.max_position_embeddings}"
             )
-        token_mask = build_token_mask(tm_cfg, self.num_heads, n_mask, index)
+        token_mask = build_layer_mask(tm_cfg, self.num_heads, n_mask, index)
         self.core = BlockSparseAttention(
             sparsity,
             kernel,
@@ -251,7 +252,7 @@ class BertModel(nn.Module):
         kpm = None
         if attention_mask is not None:
             kpm = attention_mask.to(torch.bool)
-            if cpu_all(kpm):
+            if host.cpu_all(kpm):
                 kpm = None  # no padding: unmasked fused attention (on GPUs the check would wait for the device;
                 # the trainer drops an all-ones mask on the host instead)
         B, N = input_ids.shape
@@ -432,8 +433,12 @@ class BertForPreTraining(nn.Module):
             core = layer.attention.core
             if core.fixed_token_mask is not None:
                 n = core.max_seq_length
-                out[f"token_mask/layer{i}_sparsity"] = sparsity(core.fixed_token_mask[:, :n, :n])
-                out[f"token_mask/layer{i}_block_density"] = float(core.master_layout.float().mean())
+                tm = core.fixed_token_mask
+                out[f"token_mask/layer{i}_sparsity"] = sparsity(
+                    tm.resized(n) if isinstance(tm, BandMask) else tm[:, :n, :n]
+                )
+                lay = core.master_layout
+                out[f"token_mask/layer{i}_block_density"] = int(torch.count_nonzero(lay)) / lay.numel()
         return out
 
     def export_learned_masks(self) -> dict[str, torch.Tensor]:

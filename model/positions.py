@@ -95,8 +95,12 @@ class DietAbsBias(ScoreBias):
         k = self.pk[h[:, None], k_index_GK]  # [G, K, d]
         return (torch.bmm(q, k.transpose(1, 2)) * self.scale).unsqueeze(0)
 
+    def split_low_rank(self):
+        """The whole bias is ``(pq_i / sqrt(d_p)) . pk_j``: flex folds it into q and k, no ``[H, n, n]`` table."""
+        return self.pq * self.scale, self.pk, None
+
     def score_mod(self) -> Callable:
-        table = self.dense(self.pq.shape[1])[0]  # [H|1, n, n]: flex indexes a table, it cannot do dot products
+        table = self.dense(self.pq.shape[1])[0]  # [H|1, n, n]: only if a caller does not use split_low_rank
         hsel = table.shape[0] > 1
 
         def mod(score, b, h, q, k):

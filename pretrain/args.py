@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
+from common.errors import UserError
 from data_pipeline.data_config import DataConfig, DataConfigError
 from pretrain.schedule import PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE
 
 
-class ArgsError(ValueError):
+class ArgsError(UserError, ValueError):
     """A bad flag value; the message names the flag."""
 
 
@@ -107,6 +108,11 @@ class OptimConfig:
             raise ArgsError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}")
         if self.lr_warmup_iters < 0:
             raise ArgsError("--lr-warmup-iters must be >= 0")
+        if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
+            raise ArgsError(
+                f"--lr-warmup-fraction {self.lr_warmup_fraction} and --lr-warmup-iters {self.lr_warmup_iters} both "
+                "set the warmup (the fraction silently won): give one of them, as Megatron-LM requires"
+            )
         if self.clip_grad is not None and self.clip_grad < 0:
             raise ArgsError("--clip-grad must be >= 0 (0 disables clipping)")
 
@@ -139,11 +145,11 @@ class LoopConfig:
     exit_interval: int | None = None
     """Stop (after saving) when the iteration is a multiple of this (Megatron's --exit-interval)."""
     exit_signal_handler: bool = False
-    """On --exit-signal (e.g. Slurm's warning before the time limit) or SIGTERM (Slurm's time limit, preemption,
-    scancel), finish the current iteration, save a checkpoint and exit with code 4; the same command with --load
-    resumes exactly (Megatron's flag)."""
+    """On --exit-signal (e.g. Slurm's warning before the time limit), SIGTERM (Slurm's time limit, preemption,
+    scancel, a SIGTERM to the launcher) or SIGINT, finish the current iteration, save a checkpoint and exit with code
+    4; the same command with --load resumes exactly (Megatron's flag)."""
     exit_signal: str = "SIGTERM"
-    """The signal --exit-signal-handler catches besides SIGTERM: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2."""
+    """The signal --exit-signal-handler catches besides SIGTERM and SIGINT: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2."""
     exit_signal_interval: int | None = None
     """With --exit-signal-handler: ask every this many iterations whether any rank received the signal (one tiny
     all-reduce, a host sync; also at every save and at --exit-interval). Default: --log-interval, where the step
@@ -201,6 +207,9 @@ class CheckpointConfig:
     Position embeddings are extended when --max-position-embeddings grew."""
     no_load_rng: bool = False
     """Do not restore the RNG states (exact resume needs them)."""
+    strict_load: bool = False
+    """On resume, stop with an error when the newest committed checkpoint does not verify against the sizes and
+    checksums in its commit marker, instead of falling back to the newest one that does."""
     override_opt_param_scheduler: bool = False
     """On resume, use the LR schedule of the flags (--lr, --min-lr, warmup, --lr-decay-iters, --lr-decay-style) and
     their optimizer settings (--weight-decay, --adam-beta1/2, --adam-eps) instead of the checkpoint's; the step count
@@ -245,7 +254,8 @@ class SystemConfig:
     compile: bool = False
     """torch.compile the model through DeepSpeed's engine.compile()."""
     distributed_timeout_minutes: float = 10.0
-    """Process-group timeout: a rank stuck in a collective for this long raises instead of hanging."""
+    """Process-group timeout, of every group (DeepSpeed's too): a rank stuck in a collective for this long raises
+    instead of hanging, and the watchdog ends a rank that made no progress for this long plus 30 s (exit code 5)."""
     num_workers: int = 2
     """DataLoader worker processes per rank."""
     local_rank: int | None = field(default=None, metadata=cli(flag="--local_rank", aliases=["--local-rank"]))

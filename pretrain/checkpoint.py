@@ -9,7 +9,13 @@ Layout of a save directory:
     latest                      tag of the newest complete checkpoint (atomic replace)
     iter_0000100/               DeepSpeed's files (mp_rank_00_model_states.pt, zero shards, ...)
         rng_rank{r}.pt          python/numpy/torch/cuda RNG of rank r
-        commit.json             written last: {"iteration", "world_size", "tag"}
+        commit.json             written last: {"iteration", "world_size", "tag", "files": {name: {size, crc32}}}
+
+Integrity: the marker records every file's size and CRC-32 (zlib's, about 2 GB/s on one core; the ranks checksum
+disjoint shares of the files at save). Resume (rank 0, before any rank loads) and the Hugging Face export check them;
+a checkpoint that does not verify is named with its bad files, and resume falls back to the newest committed one
+that verifies (``--strict-load``: an error instead). Markers written before this existed hold no ``files``: such a
+checkpoint loads unverified, and the log says so.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import re
 import shutil
 import socket
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.errors import UserError
 from pretrain import faults
 from pretrain.ds_config import precision_of, precision_summary
 
@@ -36,8 +44,81 @@ LATEST = "latest"
 _TAG_RE = re.compile(r"^iter_(\d{7,})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be used; the message names the directory and what differs."""
+
+
+_CHUNK = 8 << 20
+
+
+def file_record(path: str | os.PathLike) -> dict[str, Any]:
+    """``{"size", "crc32"}`` of one file (CRC-32 as 8 hex digits), read in 8 MiB chunks."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return {"size": size, "crc32": f"{crc:08x}"}
+
+
+def tag_files(tag_dir: str | os.PathLike) -> list[str]:
+    """The files of a checkpoint tag the commit marker covers: every regular file below it (relative POSIX paths,
+    sorted) except the marker itself and hidden temporary files."""
+    root = Path(tag_dir)
+    return sorted(
+        f.relative_to(root).as_posix()
+        for f in root.rglob("*")
+        if f.is_file() and f.name != COMMIT_MARKER and not f.name.startswith(".")
+    )
+
+
+def file_records(tag_dir: str | os.PathLike, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``{name: file_record}`` for ``names`` (default: all of :func:`tag_files`)."""
+    names = tag_files(tag_dir) if names is None else names
+    return {n: file_record(Path(tag_dir, n)) for n in names}
+
+
+def verify_tag(load_dir: str | os.PathLike, tag: str) -> tuple[list[str], bool]:
+    """(problems, checked): one line per file of ``load_dir/tag`` that is missing, unreadable or differs in size or
+    CRC-32 from its commit marker. ``checked`` is False for markers without file records (older checkpoints)."""
+    tag_dir = Path(load_dir, tag)
+    marker_path = tag_dir / COMMIT_MARKER
+    try:
+        marker = json.loads(marker_path.read_text())
+    except (OSError, ValueError) as e:
+        return [f"{marker_path}: unreadable commit marker ({e})"], False
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict):
+        return [], False
+    problems = []
+    for name, want in sorted(files.items()):
+        f = tag_dir / name
+        try:
+            have = file_record(f)
+        except FileNotFoundError:
+            problems.append(f"{f}: missing")
+            continue
+        except OSError as e:
+            problems.append(f"{f}: unreadable ({e})")
+            continue
+        if have["size"] != want.get("size"):
+            problems.append(f"{f}: {have['size']} bytes, the commit marker recorded {want.get('size')} (truncated?)")
+        elif have["crc32"] != want.get("crc32"):
+            problems.append(
+                f"{f}: CRC-32 {have['crc32']}, the commit marker recorded {want.get('crc32')} (changed after the save)"
+            )
+    return problems, True
+
+
+def check_integrity(load_dir: str | os.PathLike, tag: str) -> bool:
+    """Raise CheckpointError naming every bad file of ``load_dir/tag``; False when the marker records no files
+    (an older checkpoint: unverified), True when every file verified."""
+    problems, checked = verify_tag(load_dir, tag)
+    if problems:
+        raise CheckpointError(
+            f"{Path(load_dir, tag)} does not verify against its commit marker: " + "; ".join(problems)
+        )
+    return checked
 
 
 def tag_for(iteration: int) -> str:
@@ -102,12 +183,20 @@ def save(
     """
     tag = tag_for(iteration)
     rank = dist.get_rank()
+    from pretrain.distributed import all_gather_objects, rank0_result
+
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     torch.save(rng, Path(save_dir, tag, f"rng_rank{rank}.pt"))
     dist.barrier()  # every rank's files (DeepSpeed's and RNG) are on disk past this point
+    # sizes and checksums: rank 0 lists the files, each rank reads a disjoint share (a large checkpoint is read in
+    # parallel), rank 0 writes them all into the marker
+    names = rank0_result(lambda: tag_files(Path(save_dir, tag)))
+    world = dist.get_world_size()
+    shares = all_gather_objects(file_records(Path(save_dir, tag), names[rank::world]))
     faults.maybe_kill_in_save(iteration, rank)
     if rank == 0:
-        marker = {"iteration": iteration, "world_size": dist.get_world_size(), "tag": tag}
+        files = {n: rec for share in shares for n, rec in share.items()}
+        marker = {"iteration": iteration, "world_size": world, "tag": tag, "files": dict(sorted(files.items()))}
         _atomic_write(Path(save_dir, tag, COMMIT_MARKER), json.dumps(marker))
         _atomic_write(Path(save_dir, LATEST), tag)
         if keep_last is not None:
@@ -175,13 +264,65 @@ def check_architecture(where: str, client: dict[str, Any], model_config: dict[st
         )
 
 
+def resume_candidates(load_dir: str | os.PathLike) -> list[str]:
+    """Committed tags in the order resume tries them: :func:`find_resume_tag`'s choice, then the others newest
+    first."""
+    first = find_resume_tag(load_dir)
+    rest = [t for _, t in reversed(committed_tags(load_dir)) if t != first]
+    return ([first] if first else []) + rest
+
+
+def select_resume_tag(
+    load_dir: str | os.PathLike, strict: bool = False, read_client: bool = True
+) -> tuple[str | None, dict[str, Any] | None, list[str]]:
+    """(tag, client state, notes): the newest committed checkpoint whose files verify and whose client state reads.
+
+    One that does not is skipped with a note naming its bad files (``strict``: CheckpointError instead); when none
+    is left, CheckpointError lists them all. A checkpoint whose marker records no files is used with a note."""
+    notes: list[str] = []
+    bad: list[str] = []
+    for tag in resume_candidates(load_dir):
+        where = Path(load_dir, tag)
+        problems, checked = verify_tag(load_dir, tag)
+        client = None
+        if not problems and read_client:
+            try:
+                client = read_client_state(load_dir, tag)
+            except CheckpointError as e:
+                problems = [str(e)]
+        if problems:
+            msg = f"{where} does not verify: " + "; ".join(problems)
+            if strict:
+                raise CheckpointError(
+                    msg + ". --strict-load: not falling back to an older checkpoint (drop the flag to resume from "
+                    "the newest one that verifies, or restore the files)"
+                )
+            bad.append(msg)
+            notes.append(msg)
+            continue
+        if not checked:
+            notes.append(
+                f"{where}: its commit marker records no file sizes or checksums (saved before checkpoints were "
+                "verified); loading it unverified"
+            )
+        if bad:
+            notes.append(f"falling back to {where}, the newest committed checkpoint that verifies")
+        return tag, client, notes
+    if bad:
+        raise CheckpointError(f"no committed checkpoint in {load_dir} verifies:\n  " + "\n  ".join(bad))
+    return None, None, notes
+
+
 def load(engine, load_dir: str, tag: str, client: dict[str, Any], restore_rng: bool) -> Any:
     """Resume model, optimizer, scheduler, loss scaler (DeepSpeed; every rank reads its own shards) and this rank's
     RNG; returns the RNG state to set once the data iterator exists (None without restore_rng).
 
     ``client`` is the client state rank 0 read and broadcast (agree_on_resume): every rank checks the same values.
     """
-    path, _ = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    try:
+        path, _ = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    except (OSError, RuntimeError, EOFError, KeyError, ValueError) as e:
+        raise CheckpointError(f"DeepSpeed could not load {load_dir}/{tag}: {type(e).__name__}: {e}") from e
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load {load_dir}/{tag}")
     if not restore_rng:
@@ -194,22 +335,29 @@ def load(engine, load_dir: str, tag: str, client: dict[str, Any], restore_rng: b
             f"{load_dir}/{tag}: no RNG state for rank {rank} of {world} (saved by {saved_world} rank(s)); "
             "pass --no-load-rng to resume without it"
         )
-    return torch.load(rng_file, weights_only=False)
+    try:
+        return torch.load(rng_file, weights_only=False)
+    except Exception as e:  # a torch.load of a damaged file raises anything from RuntimeError to UnpicklingError
+        raise CheckpointError(f"{rng_file}: unreadable ({type(e).__name__}: {e})") from e
 
 
-def agree_on_resume(load_dir: str, read_client: bool = True) -> tuple[str | None, dict[str, Any] | None]:
+def agree_on_resume(
+    load_dir: str, read_client: bool = True, strict: bool = False
+) -> tuple[str | None, dict[str, Any] | None]:
     """(tag, client state) of the checkpoint to resume, decided by rank 0 alone and the same on every rank.
 
     Ranks that each looked for `latest` themselves could disagree (stale network-filesystem caches, node-local save
-    directories) and then hang in collectives until the timeout. Rank 0 picks the tag and reads the client state
-    once; every rank then confirms it sees that checkpoint, and if one does not, all stop with its rank, host and
-    the path.
+    directories) and then hang in collectives until the timeout. Rank 0 picks the tag (the newest committed one
+    whose files verify: :func:`select_resume_tag`, saying so when it falls back) and reads the client state once;
+    every rank then confirms it sees that checkpoint, and if one does not, all stop with its rank, host and the path.
     """
     from pretrain.distributed import all_gather_objects, rank0_result
 
     def decide() -> tuple[str | None, dict[str, Any] | None]:
-        tag = find_resume_tag(load_dir)
-        return tag, (read_client_state(load_dir, tag) if tag and read_client else None)
+        tag, client, notes = select_resume_tag(load_dir, strict=strict, read_client=read_client)
+        for note in notes:
+            print(f"[checkpoint] {note}", flush=True)
+        return tag, client
 
     tag, client = rank0_result(decide)
     if tag is None:
@@ -289,8 +437,11 @@ def read_client_state(load_dir: str | os.PathLike, tag: str) -> dict[str, Any]:
     DeepSpeed's set-up: ``zero_stage``, ``precision``, ``dp_world_size``, ``global_batch``, ``ds_summary``.
     ``lr_scheduler`` is the state DeepSpeed saved for our LR scheduler (its settings and step count)."""
     f = model_state_file(load_dir, tag)
-    state = torch.load(f, map_location="cpu", weights_only=False)
-    if "model_config" not in state:
+    try:
+        state = torch.load(f, map_location="cpu", weights_only=False)
+    except Exception as e:  # a damaged file raises anything from RuntimeError to UnpicklingError
+        raise CheckpointError(f"{f}: unreadable ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or "model_config" not in state:
         raise CheckpointError(
             f"{f}: no 'model_config' client state; the checkpoint was not written by pretrain/train.py"
         )

@@ -11,7 +11,8 @@
   under --mpi=pmi2).
 - plain `python -m pretrain.train`: one rank; we fill the env for a world of one.
 Backend: NCCL on GPUs, gloo on CPU (DeepSpeed's accelerator decides). The timeout bounds how long a rank waits for
-a dead peer inside a collective.
+a dead peer inside a collective: it is made the default of every group created later too (DeepSpeed's own,
+pretrain/watchdog.py), and the watchdog ends a rank that still hangs.
 """
 
 from __future__ import annotations
@@ -58,6 +59,34 @@ def cuda_device_index(local_rank: int, device_count: int) -> int:
     if device_count < 1:
         raise RuntimeError("no CUDA device visible to this rank")
     return local_rank % device_count
+
+
+LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+"""Ranks on this node, as torchrun, the deepspeed launcher, Open MPI and MPICH's hydra export it."""
+
+
+def check_ranks_fit_gpus(local_size: int | None, device_count: int, visible_devices: str | None) -> None:
+    """Refuse more ranks on a node than the GPUs they see: :func:`cuda_device_index` would put two ranks on one GPU
+    (``local_rank % device_count``) and NCCL fails much later, or the ranks silently share it. One visible GPU per
+    rank (``srun --gpus-per-task=1``, one CUDA_VISIBLE_DEVICES entry per rank) is the exception: each rank sees its
+    own GPU as cuda:0. ``local_size`` None (the launcher did not say) is not checked."""
+    if local_size is None or local_size <= device_count:
+        return
+    own_gpu = device_count == 1 and visible_devices is not None and len(visible_devices.split(",")) == 1
+    if own_gpu:
+        return
+    raise RuntimeError(
+        f"{local_size} ranks on this node but {device_count} visible GPU(s): ranks would share GPUs "
+        f"(local_rank % {device_count}) and NCCL fails later; start at most {device_count} rank(s) per node "
+        "(NPROC, deepspeed --num_gpus, torchrun --nproc-per-node, mpirun -npernode)"
+    )
+
+
+def _local_size() -> int | None:
+    for var in LOCAL_SIZE_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
 
 
 def _free_port() -> int:
@@ -186,6 +215,8 @@ def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> D
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
         )
     node_local = os.environ.get("LOCAL_RANK") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+    if torch.cuda.is_available():
+        check_ranks_fit_gpus(_local_size(), torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if torch.cuda.is_available() and node_local is not None:
         # before DeepSpeed: it passes device_id=cuda:LOCAL_RANK to init_process_group, which fails where a task sees
         # only its own GPU (srun --gpus-per-task=1: SLURM_LOCALID 3 must become cuda:0)
@@ -194,6 +225,9 @@ def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> D
         torch.cuda.set_device(index)
         if local_rank is None:
             local_rank = int(node_local)
+    from pretrain.watchdog import set_default_group_timeout
+
+    set_default_group_timeout(timedelta(minutes=timeout_minutes))  # before DeepSpeed creates its groups
     deepspeed.init_distributed(
         dist_backend=None,
         auto_mpi_discovery=True,
@@ -293,14 +327,15 @@ def broadcast_module_state(module: torch.nn.Module, device: torch.device) -> Non
 
 
 class ExitSignal:
-    """Catches the configured signal (e.g. Slurm's warning before the time limit) and SIGTERM (what Slurm sends at the
-    limit, on preemption, ``scancel`` and node drain) and lets every rank agree, at the end of an iteration, that one
+    """Catches the configured signal (e.g. Slurm's warning before the time limit), SIGTERM (what Slurm sends at the
+    limit, on preemption, ``scancel`` and node drain; what the watchdog sends when the launcher is gone) and SIGINT
+    (Ctrl-C) and lets every rank agree, at the end of an iteration, that one
     of them received one (Megatron's DistributedSignalHandler). The trainer asks every --exit-signal-interval
     iterations (default: the log interval) and at saves, since each question is an all-reduce the host waits for."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.signums = sorted({getattr(signal, name), signal.SIGTERM})
+        self.signums = sorted({getattr(signal, name), signal.SIGTERM, signal.SIGINT})
         self.received = False
         self.received_name: str | None = None
         """The signal this rank received (None: none, or another rank's signal stopped the run)."""

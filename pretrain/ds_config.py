@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from common.errors import UserError
 
-class DSConfigError(ValueError):
+
+class DSConfigError(UserError, ValueError):
     """A ds_config problem; the message always names the file."""
 
 
@@ -115,15 +117,16 @@ def _check_precision_blocks(cfg: dict[str, Any], path: str) -> None:
             )
     if "bf16" in cfg and "bfloat16" in cfg:
         raise DSConfigError(f"{path}: both 'bf16' and its old name 'bfloat16' are present; keep one ('bf16')")
-    enabled = [
-        name
-        for name, on in (
+    bf16 = "bf16" if "bf16" in cfg else "bfloat16"
+    try:
+        states = (
             ("fp16", get_float16_config(cfg).enabled),
-            ("bf16" if "bf16" in cfg else "bfloat16", get_bfloat16_config(cfg).enabled),
+            (bf16, get_bfloat16_config(cfg).enabled),
             ("torch_autocast", get_torch_autocast_enabled(cfg)),
         )
-        if on
-    ]
+    except Exception as e:  # pydantic's ValidationError: a typo inside a block ("bf16": {"enabeld": true})
+        raise DSConfigError(validation_message(e, path)) from e
+    enabled = [name for name, on in states if on]
     if len(enabled) > 1:
         raise DSConfigError(f"{path}: {' and '.join(repr(k) for k in enabled)} are both enabled; enable at most one")
     if enabled == ["torch_autocast"]:
@@ -242,7 +245,24 @@ def validate_with_deepspeed(ds: ResolvedDSConfig) -> None:
     try:
         DeepSpeedConfig(dict(ds.config))
     except Exception as e:  # DeepSpeed raises ValueError, AssertionError, pydantic errors, DeepSpeedConfigError
-        raise DSConfigError(f"DeepSpeed rejected the config {ds.path}: {type(e).__name__}: {e}") from e
+        raise DSConfigError(validation_message(e, ds.path)) from e
+
+
+def validation_message(e: Exception, path: str) -> str:
+    """One line for DeepSpeed's verdict on a config: a pydantic ValidationError names each bad key with its block
+    (``bf16.enabeld: Extra inputs are not permitted``) instead of a multi-line dump; others keep their text."""
+    errors = getattr(e, "errors", None)
+    if callable(errors) and type(e).__name__ == "ValidationError":
+        model = getattr(e, "title", "") or ""
+        parts = []
+        for err in errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            hint = " (unknown key: check its spelling)" if err.get("type") == "extra_forbidden" else ""
+            parts.append(f"{loc}: {err.get('msg')}{hint}")
+        where = f" in {model}" if model else ""
+        return f"DeepSpeed rejected the config {path}{where}: " + "; ".join(parts) + "; fix the key or value there"
+    text = " ".join(str(e).split())
+    return f"DeepSpeed rejected the config {path}: {type(e).__name__}: {text}"
 
 
 def _sibling_configs(path: str, precision: str) -> list[str]:
@@ -293,6 +313,17 @@ def precision_problem(ds: ResolvedDSConfig) -> str | None:
     if prec == "bf16" and not acc.is_bf16_supported():
         return f"{ds.path} enables bf16, which DeepSpeed's {acc.device_name()} accelerator does not support here"
     return None
+
+
+def check_compile_supported(ds: ResolvedDSConfig, compile_model: bool) -> None:
+    """Raise DSConfigError for ``--compile`` under ZeRO-3: stage 3 gathers and frees every layer's parameters in
+    hooks around its forward, which torch.compile of the module breaks its graph on (DeepSpeed compiles stage 3
+    only through its separate DeepCompile path); the combination is untested here, so it is refused at start."""
+    if compile_model and ds.zero_stage == 3:
+        raise DSConfigError(
+            f"{ds.path}: ZeRO stage 3 with --compile is not supported (stage 3 gathers parameters in hooks around "
+            "every layer, untested under torch.compile); drop --compile or use a stage 0-2 config from ds_configs/"
+        )
 
 
 def check_precision_supported(ds: ResolvedDSConfig) -> None:

@@ -5,6 +5,8 @@ SPARSEBERT_FAULT_KILL_IN_SAVE="ITER"              rank 0 SIGKILLs itself after D
                                                    files of ITER but before the commit marker and `latest`
 SPARSEBERT_FAULT_KILL_RANK="RANK:ITER"             that rank SIGKILLs itself at the start of ITER
 SPARSEBERT_FAULT_SIGNAL="RANK:ITER:SIGNAME"          that rank sends itself SIGNAME at the start of ITER
+SPARSEBERT_FAULT_STALL="RANK:ITER"                 that rank's main thread sleeps forever at the start of ITER
+                                                   (a hang outside any collective: only the watchdog ends it)
 """
 
 from __future__ import annotations
@@ -44,3 +46,15 @@ def maybe_signal_self(iteration: int, rank: int) -> None:
         if rank == int(want_rank) and iteration == int(want_iter):
             print(f"[fault] rank {rank}: sending itself {name} at iteration {iteration}", flush=True)
             os.kill(os.getpid(), getattr(signal, name))
+
+
+def maybe_stall(iteration: int, rank: int) -> None:
+    raw = os.environ.get("SPARSEBERT_FAULT_STALL", "")
+    if raw:
+        want_rank, want_iter = (int(x) for x in raw.split(":"))
+        if rank == want_rank and iteration == want_iter:
+            print(f"[fault] rank {rank}: stalling at iteration {iteration}", flush=True)
+            import time
+
+            while True:
+                time.sleep(3600)

@@ -243,12 +243,18 @@ def apply_compile(engine, seq_len: int, device: torch.device) -> None:
     """torch.compile through DeepSpeed (keeps the engine's hooks and checkpoint names), after building every
     attention layer's kernel plan for ``seq_len`` (plan building is host work on the layout: traced, it would
     break the graph at every layer)."""
-    module = engine.module
+    build_attention_plans(engine.module, seq_len, device)
+    engine.compile()
+
+
+def build_attention_plans(module: torch.nn.Module, seq_len: int, device: torch.device) -> None:
+    """Every attention layer's kernel plan for ``seq_len`` in the module's dtype, built now on the host: before
+    torch.compile, and again after ``load_layout_state`` (a resumed layout drops the plans, which the compiled
+    forward would otherwise rebuild inside the trace, breaking the graph at every layer)."""
     build = getattr(module, "build_attention_plans", None)
     if build is not None:
         dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
         build(seq_len, device, dtype)
-    engine.compile()
 
 
 @contextmanager

@@ -8,6 +8,13 @@ that with ``"checkpoint": {"load_universal": true}``. The global batch stays wha
 accumulation absorbs the change) and the data position is the stored sample count, so the sample stream continues
 exactly; the per-rank RNG cannot be mapped onto other ranks and is not restored (dropout masks then differ from a
 straight run; with dropout 0 the losses equal it up to the order of floating-point reductions).
+
+DeepSpeed 0.19.8's ZeRO-3 universal load (``DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_
+dir_stage3``) copies the hyperparameters of the checkpoint's *first* param group onto *every* group: our no-decay
+group (biases, LayerNorm) then decays with the first group's weight decay, and a resized run drifts from a straight
+one from the second step after the resume (8.8e-7 relative at step 12, 1.1e-3 at step 20). ZeRO 1/2 keep each group's
+own. :func:`restore_param_group_settings` puts each group's saved settings back after every universal load (the one
+place this is fixed; the reproduction for upstream is in docs/training.md).
 """
 
 from __future__ import annotations
@@ -68,3 +75,28 @@ def prepare(ds: ResolvedDSConfig, load_dir: str, tag: str, client: dict[str, Any
         raise CheckpointError(f"{ds.path}: 'checkpoint' must be an object")
     block["load_universal"] = True
     return rank0_result(lambda: convert_to_universal(load_dir, tag))
+
+
+def restore_param_group_settings(optimizer, load_dir: str, universal_tag: str) -> list[str]:
+    """After a universal load: give each param group the hyperparameters (weight decay, betas, eps, ...) the
+    checkpoint saved for that group, not the first group's. Returns one line per setting that changed."""
+    import torch
+
+    f = Path(load_dir, universal_tag, "zero", "optimizer_state.pt")
+    try:
+        saved = torch.load(f, map_location="cpu", weights_only=False)["param_groups"]
+    except Exception as e:  # a damaged or foreign file: name it
+        raise CheckpointError(f"{f}: cannot read the saved param groups ({type(e).__name__}: {e})") from e
+    groups = optimizer.param_groups
+    if len(saved) != len(groups):
+        raise CheckpointError(
+            f"{f}: {len(saved)} saved param group(s), the optimizer has {len(groups)}; the model's parameter "
+            "grouping changed since the save"
+        )
+    changed = []
+    for i, (group, want) in enumerate(zip(groups, saved)):
+        for k, v in want.items():
+            if k != "params" and k in group and group[k] != v:
+                changed.append(f"param group {i} {k}: {group[k]!r} -> {v!r}")
+                group[k] = v
+    return changed

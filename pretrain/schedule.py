@@ -54,7 +54,9 @@ def lr_at(
         return min_lr + (peak - min_lr) * WSD_DECAY_STYLES[wsd_style](ratio)
     if decay_iters <= warmup:
         return min_lr
-    progress = min(1.0, (step - warmup) / (decay_iters - warmup))
+    # step + 1 updates done, as in the warmup (Megatron's num_steps): the peak is the LR of the warmup's last step
+    # only, and the decay's first step is already below it (step - warmup held the peak for two steps)
+    progress = min(1.0, (step + 1 - warmup) / (decay_iters - warmup))
     return min_lr + (peak - min_lr) * (1.0 - progress)
 
 

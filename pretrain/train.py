@@ -13,19 +13,20 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by a launcher: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.errors import UserError, os_error_message, report, take_debug_flag  # noqa: E402
 from common.process import exit_process  # noqa: E402
-from pretrain.args import ArgsError, parse_args  # noqa: E402
-from pretrain.checkpoint import CheckpointError  # noqa: E402
+from pretrain.args import parse_args  # noqa: E402
 from pretrain.distributed import destroy_distributed  # noqa: E402
-from pretrain.ds_config import DSConfigError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad settings, files and checkpoints are one line from rank 0 and exit 2 (common/errors.py: ``--debug`` or
+    SPARSE_BERT_DEBUG=1 adds the traceback); a bug keeps its traceback."""
+    argv = take_debug_flag(argv)
     try:
         run = parse_args(argv)
-    except ArgsError as e:
-        print(f"pretrain: error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        return report("pretrain", str(e))
     from pretrain.trainer import NonFiniteLossError, Trainer
 
     trainer = None
@@ -35,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as e:
         print(f"pretrain: error: {e}", file=sys.stderr, flush=True)
         return 3
-    except (ArgsError, DSConfigError, CheckpointError) as e:
-        print(f"pretrain: error: {e}", file=sys.stderr, flush=True)
-        return 2
+    except UserError as e:
+        return report("pretrain", str(e))
+    except OSError as e:
+        return report("pretrain", os_error_message(e))
     finally:
         if trainer is not None:
             trainer.close()

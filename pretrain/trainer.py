@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import resource
 import time
@@ -24,6 +25,8 @@ from deepspeed.checkpoint.constants import (
     UNIVERSAL_CHECKPOINT_VERSION_VALUE,
 )
 
+from common.errors import write_errors
+from common.outputs import check_dir_writable, check_not_input
 from pretrain import builders, checkpoint, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, train_iterations, warmup_steps
 from pretrain.distributed import (
@@ -35,15 +38,23 @@ from pretrain.distributed import (
     init_distributed,
     rank0_result,
 )
-from pretrain.ds_config import apply_clip_grad, check_precision_supported, read_ds_config, resolve_batch_sizes
+from pretrain.ds_config import (
+    apply_clip_grad,
+    check_compile_supported,
+    check_precision_supported,
+    read_ds_config,
+    resolve_batch_sizes,
+)
 from pretrain.numerics import configure_numerics
 from pretrain.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
+    build_attention_plans,
     gathered,
     initialize_engine,
     optimizer_from_block,
 )
+from pretrain.watchdog import Watchdog
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label", "doc_ids")
 
@@ -97,23 +108,46 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def check_checkpoint_dirs(run: RunConfig) -> None:
+    """Before any work: a --load that does not exist is a typo unless it is --save (the documented first run of
+    ``--save X --load X``), and --save must be writable (a read-only one failed at the first save, hours in) and
+    never one of the inputs or a directory above one (common/outputs.py)."""
+    ck, data = run.checkpoint, run.data
+    if ck.load and not os.path.exists(ck.load):
+        if not ck.save or os.path.abspath(ck.load) != os.path.abspath(ck.save):
+            raise ArgsError(
+                f"--load {ck.load}: no such directory; check the path (a first run that saves and resumes in one "
+                "place gives the same directory to --save and --load)"
+            )
+    if ck.load and os.path.exists(ck.load) and not os.path.isdir(ck.load):
+        raise ArgsError(f"--load {ck.load} is a file; give the checkpoint directory (it holds `latest`)")
+    if ck.save:
+        inputs = [("--data-path", p + e) for _, p in data.blend for e in (".bin", ".idx")]
+        inputs += [("--vocab-file", data.vocab_file), ("--tokenizer-model", data.tokenizer_model)]
+        check_not_input(ck.save, "--save", inputs)
+        check_dir_writable(ck.save, "--save")  # every rank probes (its own temporary name): all refuse alike
+
+
 class Trainer:
     def __init__(self, run: RunConfig) -> None:
         self.run = run
         self.engine = None
         self._grad_norm = None
         self._signal: ExitSignal | None = None
+        self.watchdog: Watchdog | None = None
         self.writer = None
         self.log_file = None
         self.train_iter: Iterator[dict[str, torch.Tensor]] | None = None
         self.ds = read_ds_config(run.system.deepspeed_config)
         check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
+        check_compile_supported(self.ds, run.system.compile)
         run = self.run = dataclasses.replace(run, optim=optimizer_from_block(self.ds, run.optim, run.explicit))
         numerics_notes = configure_numerics(run.system.deterministic, run.system.tf32)  # before any CUDA op
         if run.loop.exit_signal_handler:  # before the (slow) set-up, so an early signal is not lost
             self._signal = ExitSignal(run.loop.exit_signal)
         self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
         self.rank0 = self.dist.rank == 0
+        self.watchdog = Watchdog(run.system.distributed_timeout_minutes * 60, self.dist.rank, self.dist.world_size)
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
@@ -132,9 +166,10 @@ class Trainer:
             run.model, run.data, self.tokenizer.vocab_size, self.ds.sparse_attention, self.ds.path
         )
         ck = run.checkpoint
+        check_checkpoint_dirs(run)
         if ck.save and self.dist.world_size > 1:  # a node-local --save stops here, not at the first resume
             checkpoint.check_save_dir_shared(ck.save)
-        resume_tag, client = checkpoint.agree_on_resume(ck.load) if ck.load else (None, None)
+        resume_tag, client = checkpoint.agree_on_resume(ck.load, strict=ck.strict_load) if ck.load else (None, None)
         if ck.load and resume_tag is None:
             self._print(f"--load {ck.load}: no complete checkpoint there; starting from scratch")
         resuming = resume_tag is not None and not ck.finetune
@@ -195,8 +230,12 @@ class Trainer:
         if resuming:
             same_world = saved_world == self.dist.world_size
             rng = checkpoint.load(self.engine, ck.load, load_tag, client, restore_rng=same_world and not ck.no_load_rng)
+            if load_tag != resume_tag:  # DeepSpeed's ZeRO-3 universal load gives every group the first one's settings
+                resize.restore_param_group_settings(self.engine.optimizer, ck.load, load_tag)
             if client.get("layout_state") is not None:
-                self.engine.module.load_layout_state(client["layout_state"])
+                self.engine.module.load_layout_state(client["layout_state"])  # drops the plans apply_compile built
+                if run.system.compile:
+                    build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device)
             if plan.schedule is not None:
                 resume.install_schedule(self.engine.lr_scheduler, plan.schedule)
             if plan.optimizer is not None:
@@ -410,6 +449,7 @@ class Trainer:
             except StopIteration:
                 break
             out = self.engine(**batch)
+            self.watchdog.progress()
             sums[0] += out.mlm_loss.double() * out.mlm_count
             sums[1] += out.mlm_correct
             sums[2] += out.mlm_count
@@ -440,9 +480,9 @@ class Trainer:
             # what deepspeed.checkpoint.ds_to_universal requires of a checkpoint (a plain data-parallel model)
             UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
         }
-        tag = checkpoint.save(
-            self.engine, self.run.checkpoint.save, self.iteration, client, self.run.checkpoint.keep_last, rng
-        )
+        save_dir = self.run.checkpoint.save
+        with write_errors(f"--save {save_dir}: saving iteration {self.iteration}", save_dir):
+            tag = checkpoint.save(self.engine, save_dir, self.iteration, client, self.run.checkpoint.keep_last, rng)
         checkpoint.set_rng_state(rng)  # a run that saves continues exactly like one that does not
         self._print(f"saved {self.run.checkpoint.save}/{tag}")
 
@@ -456,10 +496,13 @@ class Trainer:
         window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
         window_samples = 0
         signal_every = loop.exit_signal_interval or loop.log_interval  # the check is a host sync: not every step
+        self.watchdog.arm()
         while self.iteration < self.train_iters:
             faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
             faults.maybe_signal_self(self.iteration + 1, self.dist.rank)
+            faults.maybe_stall(self.iteration + 1, self.dist.rank)
             step = self.train_step()
+            self.watchdog.progress(self.iteration)
             window_tokens += step["tokens"]
             window_samples += step["samples"]
             window_iters += 1
@@ -481,6 +524,7 @@ class Trainer:
             )
             if ckpt.save and (done or stop or signalled or save_now):
                 self.save()
+                self.watchdog.progress()
             # evaluation and checkpointing are not training: keep them out of the window's tokens/s (as
             # Megatron-LM stops its interval timer around evaluation)
             window_start += time.perf_counter() - paused
@@ -629,6 +673,9 @@ class Trainer:
             self.engine.destroy()
             self.engine = None
         destroy_distributed()
+        if self.watchdog is not None:  # armed until here: a teardown that hangs on a lost peer ends too
+            self.watchdog.stop()
+            self.watchdog = None
 
     def __enter__(self) -> "Trainer":
         return self

@@ -34,7 +34,7 @@ rm -rf "$RUN" "$OUT/hf"
 
 step "2/8 train a WordPiece vocab on $SAMPLE -> $OUT/tokenizer/vocab.txt"
 $PY -m data_pipeline.train_tokenizer --input "$SAMPLE" --output-dir "$OUT/tokenizer" \
-    --model-type wordpiece --vocab-size 4000
+    --model-type wordpiece --vocab-size 4000 --overwrite
 
 step "3/8 preprocess $SAMPLE -> $OUT/data/sample_text_sentence.{bin,idx}"
 rm -f "$OUT"/data/sample_text_sentence*

@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""Which PyTorch build this machine needs, from the GPUs `nvidia-smi` reports (run by setup_env.sh with the system
-python, before the virtualenv exists; standard library only).
+"""Which PyTorch build this machine needs, from the GPUs and the driver `nvidia-smi` reports (run by setup_env.sh
+with the system python, before the virtualenv exists; standard library only).
 
-torch 2.11+ dropped Volta (compute capability 7.0) from its CUDA 12.8 and 13.x builds, and the default torch wheel
-on PyPI is a CUDA 13 build: on a V100 its first CUDA op fails with "no kernel image is available". PyTorch's CUDA
-12.6 ("legacy") builds, on its own wheel index, still carry sm_70. So:
+Two facts decide it:
+- architecture: torch 2.11+ dropped Volta (compute capability 7.0) from its CUDA 12.8 and 13.x builds, and the
+  default torch wheel on PyPI is a CUDA 13 build: on a V100 its first CUDA op fails with "no kernel image is
+  available". PyTorch's CUDA 12.6 ("legacy") builds, on its own wheel index, still carry sm_70.
+- driver: a CUDA build runs on a driver of at least its major version's minimum (NVIDIA's CUDA compatibility
+  guide, "Minor Version Compatibility", table 1): CUDA 13.x needs >= 580, CUDA 12.x >= 525.60.13 (the driver
+  CUDA 12.6 shipped with is 560.28.03; from 525.60.13 up, minor-version compatibility runs 12.6 programs, which is
+  what PyTorch's wheels rely on). On an older driver torch.cuda.is_available() is False: every GPU test skips.
 
-    no GPU / no nvidia-smi        -> default   requirements.txt as it is (CPU machines: the CPU wheel)
-    every GPU at 7.5 or newer      -> default   PyPI's CUDA build
-    any GPU older than 7.5 (V100)  -> cu126     torch==<pinned version> from $TORCH_INDEX_URL
-                                                (default https://download.pytorch.org/whl/cu126), then the rest
+So:
+
+    no GPU / no nvidia-smi                         -> default  requirements.txt as it is (CPU machines: the CPU wheel)
+    GPUs at 7.5 or newer, driver >= 580            -> default  PyPI's CUDA 13 build
+    any GPU older than 7.5 (V100), driver >= 525.60.13 -> cu126 torch==<pinned version> from $TORCH_INDEX_URL
+    every GPU at 7.5+, 525.60.13 <= driver < 580   -> cu126    (default https://download.pytorch.org/whl/cu126)
+    driver < 525.60.13                             -> error: no build runs; update the driver (exit 2)
 
 TORCH_VARIANT=default|cu126 forces a choice (e.g. to prepare an image on a machine without GPUs).
 
@@ -30,43 +38,89 @@ from pathlib import Path
 VARIANTS = ("default", "cu126")
 DEFAULT_INDEX = {"cu126": "https://download.pytorch.org/whl/cu126"}
 LEGACY_BELOW = (7, 5)  # compute capabilities below this need the legacy CUDA 12.6 build
+VARIANT_CUDA_MAJOR = {"default": 13, "cu126": 12}
+"""The CUDA major version of each build (PyPI's torch 2.11+ wheels are CUDA 13 builds)."""
+CUDA_DRIVER_MIN = {13: (580,), 12: (525, 60, 13), 11: (450, 80, 2)}
+"""Oldest Linux driver that runs a CUDA major version's programs (NVIDIA's minor-version compatibility table)."""
 
 
-def compute_capabilities(nvidia_smi: str = "nvidia-smi") -> list[tuple[int, int]] | None:
-    """Compute capability of every GPU, or None when nvidia-smi is missing or fails (no usable GPU)."""
+def driver_tuple(version: str) -> tuple[int, ...] | None:
+    """'580.159.04' -> (580, 159, 4); None when it is not a driver version."""
+    if not re.fullmatch(r"\d+(\.\d+)*", version.strip()):
+        return None
+    return tuple(int(x) for x in version.strip().split("."))
+
+
+def driver_runs_cuda(driver: str, cuda_major: int) -> bool:
+    """Whether a driver of this version runs programs built with CUDA ``cuda_major``.x."""
+    have = driver_tuple(driver)
+    need = CUDA_DRIVER_MIN.get(cuda_major)
+    return bool(have and need and have >= need)
+
+
+def _smi(nvidia_smi: str, field: str) -> list[str] | None:
     try:
         out = subprocess.run(
-            [nvidia_smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+            [nvidia_smi, f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
         )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
         return None
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def compute_capabilities(nvidia_smi: str = "nvidia-smi") -> list[tuple[int, int]] | None:
+    """Compute capability of every GPU, or None when nvidia-smi is missing or fails (no usable GPU)."""
     caps = []
-    for line in out.stdout.split():
-        m = re.fullmatch(r"(\d+)\.(\d+)", line.strip())
+    for line in _smi(nvidia_smi, "compute_cap") or []:
+        m = re.fullmatch(r"(\d+)\.(\d+)", line)
         if m:
             caps.append((int(m.group(1)), int(m.group(2))))
     return caps or None
 
 
-def choose(caps: list[tuple[int, int]] | None, forced: str | None = None) -> tuple[str, str]:
-    """(variant, reason)."""
+def driver_version(nvidia_smi: str = "nvidia-smi") -> str | None:
+    """The driver version nvidia-smi reports (None without nvidia-smi or GPUs). Queried on its own: drivers older
+    than 510 do not know the compute_cap field, and that must not hide the driver."""
+    lines = _smi(nvidia_smi, "driver_version")
+    return lines[0] if lines and driver_tuple(lines[0]) else None
+
+
+def _fmt(v: tuple[int, ...]) -> str:
+    return ".".join(str(x) if i == 0 else f"{x:02d}" for i, x in enumerate(v))
+
+
+def choose(caps: list[tuple[int, int]] | None, forced: str | None = None, driver: str | None = None) -> tuple[str, str]:
+    """(variant, reason). Raises ValueError when no build runs on this driver (or TORCH_VARIANT is unknown)."""
     if forced:
         if forced not in VARIANTS:
             raise ValueError(f"TORCH_VARIANT={forced!r}: choose one of {', '.join(VARIANTS)}")
         return forced, f"TORCH_VARIANT={forced}"
-    if not caps:
+    if not caps and not driver:
         return "default", "no NVIDIA GPU found (nvidia-smi missing or reports none)"
-    old = sorted({c for c in caps if c < LEGACY_BELOW})
+    cu13, cu12 = _fmt(CUDA_DRIVER_MIN[13]), _fmt(CUDA_DRIVER_MIN[12])
+    if driver and not driver_runs_cuda(driver, 12):
+        raise ValueError(
+            f"NVIDIA driver {driver} is too old for every PyTorch build we install: the CUDA 13 build needs a driver "
+            f">= {cu13}, the CUDA 12.6 build >= {cu12} (NVIDIA's CUDA compatibility table). Update the driver, or "
+            "set TORCH_VARIANT=default|cu126 to install one anyway (its GPU tests will then skip)"
+        )
+    old = sorted({c for c in caps or [] if c < LEGACY_BELOW})
     if old:
         shown = ", ".join(f"{a}.{b}" for a, b in old)
         return "cu126", (
             f"GPU compute capability {shown} (Volta or older): only PyTorch's CUDA 12.6 builds "
             "still ship kernels for it"
         )
-    shown = ", ".join(sorted({f"{a}.{b}" for a, b in caps}))
-    return "default", f"GPU compute capability {shown}: PyPI's default CUDA build runs it"
+    shown = ", ".join(sorted({f"{a}.{b}" for a, b in caps or []})) or "unknown"
+    if driver and not driver_runs_cuda(driver, VARIANT_CUDA_MAJOR["default"]):
+        return "cu126", (
+            f"driver {driver} is older than {cu13}, which PyPI's CUDA 13 build needs; PyTorch's CUDA 12.6 build "
+            f"runs on >= {cu12} (GPU compute capability {shown})"
+        )
+    where = f"driver {driver}" if driver else "driver version unknown"
+    return "default", f"GPU compute capability {shown}, {where}: PyPI's default CUDA 13 build runs it"
 
 
 def pinned_torch(requirements: Path) -> str:
@@ -92,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requirements", default=str(Path(__file__).resolve().parents[1] / "requirements.txt"))
     ns = p.parse_args(argv)
     try:
-        variant, why = choose(compute_capabilities(), os.environ.get("TORCH_VARIANT") or None)
+        variant, why = choose(compute_capabilities(), os.environ.get("TORCH_VARIANT") or None, driver_version())
         if ns.pip_args:
             print(
                 " ".join(

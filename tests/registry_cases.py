@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from model import attention as A
 from model.attention.kernels import KERNELS
 from model.attention.layouts import SPARSITY_MODES, SparsityConfig
@@ -66,3 +68,11 @@ def missing_layout_examples(num_heads: int = 4) -> list[str]:
     """Registered modes without an entry in :data:`LAYOUT_EXAMPLES`."""
     covered = {make(num_heads).mode for make in LAYOUT_EXAMPLES.values()}
     return sorted(set(SPARSITY_MODES) - covered)
+
+
+def upstream_grad(out: torch.Tensor, seed: int = 9) -> torch.Tensor:
+    """The gradient fed into ``out``'s backward: drawn in fp32 on a CPU generator, then moved to ``out``'s device and
+    dtype, so a kernel in fp16/bf16 on CUDA gets the same draws as its fp32 reference. (``randn_like`` with a
+    generator needs one on ``out``'s device, and CUDA's draws differ between dtypes: the first GPU run found both,
+    docs/gpu_results.md.)"""
+    return torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)

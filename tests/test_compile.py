@@ -163,3 +163,19 @@ def test_trainer_with_compile_logs_the_eager_losses(tmp_path):
         losses[name] = [r["loss"] for r in tu.train_records(log)]
     assert len(losses["eager"]) == 3
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5)
+
+
+def test_compile_after_load_keeps_one_graph():
+    """``--compile`` with ``--load``: the resumed layout state drops the plans apply_compile built; the trainer
+    rebuilds them (pretrain.parallelize.build_attention_plans) so the compiled forward still has no graph break."""
+    from pretrain.parallelize import build_attention_plans
+
+    model = _model("blockbert_n2")
+    build_attention_plans(model, N, torch.device("cpu"))
+    model.load_layout_state(model.layout_state())  # what a resume does: the plans are gone
+    explained = torch._dynamo.explain(model)(**_batch(0))
+    assert explained.graph_break_count > 0  # plans built inside the trace: why the rebuild is needed
+    torch._dynamo.reset()
+    build_attention_plans(model, N, torch.device("cpu"))
+    explained = torch._dynamo.explain(model)(**_batch(0))
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]

@@ -222,3 +222,14 @@ def test_fp16_model_with_dam_trains_a_step_with_finite_loss():
     assert torch.isfinite(loss)
     loss.backward()
     assert all(torch.isfinite(p.grad.float()).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_gated_attention_scales_q_before_the_half_matmul():
+    """q.k of a 64-wide fp16 head passes 65504 (inf) where q.k * scale does not: q is scaled first, as SDPA does."""
+    q = torch.full((1, 1, 4, 64), 40.0)
+    v = torch.randn(1, 1, 4, 64)
+    gate = torch.ones(1, 4, 4)
+    ref = S.gated_attention(q, q, v, gate, None, 0.0, None)
+    out = S.gated_attention(q.half(), q.half(), v.half(), gate, None, 0.0, None)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)

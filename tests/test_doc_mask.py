@@ -21,6 +21,7 @@ from tests.registry_cases import (
     LAYOUT_EXAMPLES,
     OTHER_KERNELS,
     cpu_trains,
+    upstream_grad,
 )
 
 H, D = 4, 16
@@ -52,7 +53,7 @@ def _run(kernel, cfg, q, k, v, kpm, doc, grad=True):
         with torch.no_grad():
             return mod(q, k, v, key_padding_mask_BN=kpm, doc_ids_BN=doc), None
     out = mod(q, k, v, key_padding_mask_BN=kpm, doc_ids_BN=doc)
-    go = torch.randn_like(out, generator=torch.Generator().manual_seed(9))
+    go = upstream_grad(out)
     return out, torch.autograd.grad(out, (q, k, v), go)
 
 

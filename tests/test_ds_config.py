@@ -281,3 +281,13 @@ def test_no_weight_decay_on_biases_norms_dam_logits_and_diet_tables():
         assert {names[id(p)] for p in no_decay["params"]} == skip
         assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
         assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_zero3_with_compile_refused_naming_the_file():
+    from pretrain.ds_config import check_compile_supported
+
+    zero3 = read_ds_config(str(REPO / "ds_configs" / "zero3_bf16.json"))
+    with pytest.raises(DSConfigError, match=r"zero3_bf16\.json: ZeRO stage 3 with --compile is not supported"):
+        check_compile_supported(zero3, True)
+    check_compile_supported(zero3, False)
+    check_compile_supported(read_ds_config(str(REPO / "ds_configs" / "zero2_bf16.json")), True)

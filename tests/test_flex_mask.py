@@ -24,6 +24,9 @@ LAYOUTS = {
     # block sizes that are a multiple / a divisor of FlexAttention's 128-token sparse block
     "bslongformer_b64": lambda: A.BSLongformerSparsityConfig(H, block=64, global_block_indices=[1]),
     "variable_b32": lambda: A.VariableSparsityConfig(H, block=32, local_window_blocks=[2, 4]),
+    # not aligned with 128: sparse blocks straddle layout blocks (was create_block_mask's B x H x N^2 pass)
+    "fixed_b48": lambda: A.FixedSparsityConfig(H, block=48, num_local_blocks=2),
+    "bigbird_b80": lambda: A.BigBirdSparsityConfig(H, block=80, num_random_blocks=1, seed=3),
 }
 
 
@@ -81,7 +84,7 @@ def test_layout_block_mask_equals_create_block_mask(name, n_tokens, pad, token_m
 
 def test_sparse_block_size():
     assert sparse_block_size(16) == 128 and sparse_block_size(64) == 128 and sparse_block_size(256) == 256
-    assert sparse_block_size(48) is None  # not aligned: the kernel falls back to create_block_mask
+    assert sparse_block_size(48) is None  # not aligned: layout_block_mask maps tokens to layout blocks
 
 
 @pytest.mark.parametrize("name", [None, *LAYOUTS])

@@ -4,11 +4,14 @@ bridge, an sshd each, the machine's filesystem as the shared one). Skipped, nami
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
+from pretrain.checkpoint import committed_tags, verify_tag
 from tests import train_utils as tu
 from tests.netns_cluster import IFNAME, NetnsCluster, Unavailable, why_unavailable
 
@@ -140,6 +143,86 @@ def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
     recs = tu.train_records(tmp_path / "after.jsonl")
     assert [r["iteration"] for r in recs] == [last + 1, last + 2]
     assert recs[0]["consumed_samples"] == (last + 1) * 4
+
+
+TIMEOUT_MIN = 0.5
+"""--distributed-timeout-minutes of the bounded-exit tests: the survivor must be gone within this + 60 s."""
+
+
+def _rank_pid(cluster: NetnsCluster, host: int) -> int | None:
+    """The training rank's pid on a host (its launch.py's child: `train.py --local_rank=...`)."""
+    import subprocess
+
+    pids = subprocess.run(["ip", "netns", "pids", cluster.namespaces[host]], capture_output=True, text=True)
+    for p in pids.stdout.split():
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "train.py" in cmd and "--local_rank" in cmd and "deepspeed.launcher" not in cmd:
+            return int(p)
+    return None
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fault", ["link_down", "sigstop"])
+def test_a_peer_that_stops_answering_ends_the_survivor_in_bounded_time(cluster, tmp_path, fault):
+    """Host 1 stops answering without any reset reaching host 0: its link goes down (`ip link set ... down` inside
+    its namespace: a power loss, a switch failure) or its rank is SIGSTOPped (a frozen process). The rank on host 0
+    must be gone within --distributed-timeout-minutes + 60 s (measured), non-zero, naming rank 1; with the link down
+    the `deepspeed` command itself ends too (pdsh's ssh gives up through ServerAliveInterval)."""
+    import signal
+    import subprocess
+    import time
+
+    data = tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
+    launch = _launch_dir(tmp_path, cluster)
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    args = tu.train_args(data, "zero2_fp32.json", 400, global_batch=4)
+    args += ["--save", str(ck), "--load", str(ck), "--save-interval", "3", "--log-json", str(log)]
+    args += ["--distributed-timeout-minutes", str(TIMEOUT_MIN)]
+    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
+    cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
+    keepalive = "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options) + " " + keepalive)
+    full = cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
+    out_path = tmp_path / "run.log"
+    proc = subprocess.Popen(full, cwd=launch, env=env, stdout=open(out_path, "w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 400
+        while not (log.is_file() and len(tu.train_records(log)) >= 4):
+            assert proc.poll() is None, out_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no 4th iteration within 400 s"
+            time.sleep(0.2)
+        survivor, peer = _rank_pid(cluster, 0), _rank_pid(cluster, 1)
+        assert survivor and peer
+        if fault == "link_down":
+            subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "down"], check=True)
+        else:
+            os.kill(peer, signal.SIGSTOP)
+        start = time.monotonic()
+        bound = TIMEOUT_MIN * 60 + 60
+        while Path(f"/proc/{survivor}").exists() and time.monotonic() - start < bound + 60:
+            time.sleep(0.2)
+        survivor_s = time.monotonic() - start
+        launcher_s = None
+        if fault == "link_down":
+            proc.wait(timeout=max(1.0, bound + 30 - survivor_s))
+            launcher_s = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = out_path.read_text()
+    print(f"{fault}: survivor gone after {survivor_s:.1f} s; launcher after {launcher_s} s (bound {bound:.0f} s)")
+    assert survivor_s < bound, f"the surviving rank took {survivor_s:.0f} s to stop:\n{out[-4000:]}"
+    codes = [int(x) for x in re.findall(r"exits with return code = (-?\d+)", out)]
+    assert codes and all(c != 0 for c in codes), out[-4000:]
+    assert "Timed out" in out or "waited for rank 1" in out, out[-4000:]
+    if launcher_s is not None:
+        assert proc.returncode != 0 and launcher_s < bound + 30, (proc.returncode, launcher_s)
+    committed = [t for _, t in committed_tags(ck)]
+    assert committed  # only committed checkpoints count; each verifies
+    assert all(verify_tag(ck, t) == ([], True) for t in committed)
 
 
 @pytest.mark.timeout(600)

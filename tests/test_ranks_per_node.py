@@ -44,3 +44,17 @@ def test_ranks_for_node(tmp_path, gpus, want, given, code, out):
     assert res.stdout.strip() == out
     if gpus is not None and int(want) > gpus:
         assert f"{gpus} GPU(s)" in res.stderr
+
+
+def test_more_ranks_than_gpus_refused_at_start():
+    """NPROC > visible GPUs: refused before NCCL starts, not hidden by local_rank % device_count; one GPU per task
+    (srun --gpus-per-task=1, a CUDA_VISIBLE_DEVICES entry per rank) is fine."""
+    from pretrain.distributed import check_ranks_fit_gpus
+
+    with pytest.raises(RuntimeError, match=r"8 ranks on this node but 4 visible GPU\(s\)"):
+        check_ranks_fit_gpus(8, 4, None)
+    with pytest.raises(RuntimeError, match="ranks would share GPUs"):
+        check_ranks_fit_gpus(2, 1, None)
+    check_ranks_fit_gpus(4, 1, "3")  # each task sees only its own GPU
+    check_ranks_fit_gpus(4, 4, "0,1,2,3")
+    check_ranks_fit_gpus(None, 2, None)  # the launcher did not say: not checked

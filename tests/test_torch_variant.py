@@ -1,5 +1,6 @@
-"""The torch build setup_env.sh installs, chosen from the GPUs a faked `nvidia-smi` reports: V100s (7.0) need
-PyTorch's CUDA 12.6 build, newer GPUs and CPU machines the default one; a changed choice reinstalls torch. The
+"""The torch build setup_env.sh installs, chosen from the GPUs and the driver a faked `nvidia-smi` reports: V100s
+(7.0) need PyTorch's CUDA 12.6 build, newer GPUs and CPU machines the default one (CUDA 13), a driver older than 580
+the CUDA 12.6 build, and one older than 525.60.13 none (a clear error); a changed choice reinstalls torch. The
 shell logic runs for real in a scratch copy of the set-up files with a stand-in `.venv/bin/python` that records
 what pip would be asked to do (nothing is installed)."""
 
@@ -17,13 +18,24 @@ REPO = Path(__file__).resolve().parents[1]
 VARIANT = REPO / "run_scripts" / "torch_variant.py"
 
 
-def _fake_smi(bin_dir: Path, output: str | None, rc: int = 0) -> None:
+def _fake_smi(bin_dir: Path, output: str | None, rc: int = 0, driver: str = "580.159.04", caps: bool = True) -> None:
+    """An nvidia-smi answering --query-gpu=compute_cap with ``output`` and driver_version with ``driver`` on each of
+    its lines (caps=False: a driver older than 510, which does not know the compute_cap field)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     smi = bin_dir / "nvidia-smi"
     if output is None:
         smi.unlink(missing_ok=True)
         return
-    smi.write_text(f"#!/bin/sh\nprintf '{output}'\nexit {rc}\n")
+    drivers = f"{driver}\\n" * output.count("\\n")
+    cap_answer = f"printf '{output}'; exit {rc}" if caps else "echo 'Field compute_cap is not a valid field'; exit 2"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"  --query-gpu=compute_cap) {cap_answer};;\n"
+        f"  --query-gpu=driver_version) printf '{drivers}'; exit {rc};;\n"
+        f"  *) printf '{output}'; exit {rc};;\n"
+        "esac\n"
+    )
     smi.chmod(0o755)
 
 
@@ -74,6 +86,53 @@ def test_overrides_and_bad_values(tmp_path):
     assert r.stdout.split() == ["torch==2.13.0", "--index-url", "https://mirror/whl/cu126"]
     r = _variant(tmp_path / "bin", TORCH_VARIANT="cu999")
     assert r.returncode == 2 and "TORCH_VARIANT='cu999'" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "caps, driver, variant, why",
+    [
+        ("9.0\\n", "580.65.06", "default", "driver 580.65.06"),  # H100 on a CUDA 13 driver
+        ("9.0\\n", "570.124.06", "cu126", "older than 580"),  # H100, driver too old for CUDA 13: the 12.6 build
+        ("8.0\\n8.0\\n", "535.183.01", "cu126", "older than 580"),  # the common 535 LTS driver
+        ("7.5\\n", "525.60.13", "cu126", "older than 580"),  # exactly the CUDA 12.x minimum
+        ("7.0\\n", "580.95.05", "cu126", "Volta"),  # V100 on a new driver: still the 12.6 build (no sm_70 in 13)
+        ("7.0\\n", "535.54.03", "cu126", "Volta"),
+    ],
+)
+def test_variant_follows_the_driver(tmp_path, caps, driver, variant, why):
+    """NVIDIA's minor-version compatibility table: CUDA 13.x programs need a driver >= 580, CUDA 12.x >= 525.60.13."""
+    _fake_smi(tmp_path / "bin", caps, driver=driver)
+    r = _variant(tmp_path / "bin", "--explain")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{variant}: ") and why in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+    "caps, driver, known_caps",
+    [("9.0\\n", "525.60.11", True), ("7.0\\n", "470.256.02", False), ("8.0\\n", "450.80.02", False)],
+)
+def test_a_driver_too_old_for_every_build_is_refused_clearly(tmp_path, caps, driver, known_caps):
+    """Below 525.60.13 neither build runs: a clear error naming the driver and both minimums (also when the driver
+    is too old to know nvidia-smi's compute_cap field), unless TORCH_VARIANT forces a build."""
+    _fake_smi(tmp_path / "bin", caps, driver=driver, caps=known_caps)
+    r = _variant(tmp_path / "bin")
+    assert r.returncode == 2
+    assert f"driver {driver} is too old" in r.stderr and ">= 580" in r.stderr and ">= 525.60.13" in r.stderr
+    assert _variant(tmp_path / "bin", TORCH_VARIANT="cu126").stdout.strip() == "cu126"
+
+
+def test_the_driver_rule_in_python():
+    sys.path.insert(0, str(VARIANT.parent))
+    try:
+        import torch_variant as tv
+    finally:
+        sys.path.pop(0)
+    assert tv.driver_tuple("580.159.04") == (580, 159, 4) and tv.driver_tuple("N/A") is None
+    assert tv.driver_runs_cuda("580.65.06", 13) and not tv.driver_runs_cuda("575.51.03", 13)
+    assert tv.driver_runs_cuda("525.60.13", 12) and not tv.driver_runs_cuda("525.60.11", 12)
+    assert not tv.driver_runs_cuda("garbage", 12) and not tv.driver_runs_cuda("999.0", 99)
+    assert tv.choose([(9, 0)], driver=None)[0] == "default"  # driver unknown: decided by the GPUs alone
+    assert tv.choose(None, driver=None)[0] == "default"
 
 
 @pytest.mark.skipif(

@@ -57,6 +57,7 @@ def test_megatron_flags_parse_into_dataclasses():
         (["--train-iters", "5", "--blockbert-blocks", "2"], "--head-assignment"),
         (["--train-iters", "5", "--finetune"], "--finetune needs --load"),
         (["--train-iters", "5", "--sample-mode", "pairs"], "--sample-mode"),
+        (["--train-iters", "5", "--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"], "give one of them"),
     ],
 )
 def test_bad_flags_name_the_flag(extra, match):
@@ -68,10 +69,10 @@ def test_lr_schedule_linear_warmup_then_linear_decay():
     peak, lo = 1e-3, 1e-5
     lrs = [lr_at(s, peak, lo, warmup=4, decay_iters=12) for s in range(14)]
     assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
-    assert lrs[4] == pytest.approx(peak)
-    assert lrs[8] == pytest.approx(lo + (peak - lo) * 0.5)
-    assert lrs[12] == pytest.approx(lo) and lrs[13] == pytest.approx(lo)
-    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    assert lrs[4] == pytest.approx(peak - (peak - lo) / 8)  # the peak is held for one step, not two (issue 34)
+    assert lrs[7] == pytest.approx(lo + (peak - lo) * 0.5)
+    assert lrs[11] == pytest.approx(lo) and lrs[12] == pytest.approx(lo) and lrs[13] == pytest.approx(lo)
+    assert all(a > b for a, b in zip(lrs[3:12], lrs[4:12]))
 
 
 def test_scheduler_state_round_trip_continues_exactly():

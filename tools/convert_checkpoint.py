@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from common.errors import UserError, run_entry, write_errors
+from common.outputs import atomic_dir, check_dir_writable, check_fresh, check_not_input
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import STOCK_ARCHITECTURES, STOCK_FIELDS, from_hf, stock_export, to_hf
@@ -35,8 +35,10 @@ from pretrain.checkpoint import (
     COMMIT_MARKER,
     LATEST,
     CheckpointError,
+    check_integrity,
     committed_tags,
     extend_position_embeddings,
+    file_records,
     load_fp32_weights,
     model_state_file,
     read_client_state,
@@ -45,7 +47,7 @@ from tools.hf_export import remote_code
 from tools.hf_export.model_card import model_card
 
 
-class ConversionError(RuntimeError):
+class ConversionError(UserError, RuntimeError):
     """Bad input: the message names the file, tag or setting at fault and what to do."""
 
 
@@ -147,18 +149,14 @@ def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespa
     return [Path(f).name for f in files] + ["special_tokens_map.json"]
 
 
-def _fresh_dir(out: str | Path, overwrite: bool) -> tuple[Path, Path]:
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConversionError(f"{out} exists and is not empty; choose a new directory or pass --overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return out, Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+def _check_output(out: str | Path, flag: str, overwrite: bool, inputs: list[tuple[str, Any]]) -> None:
+    """The output guard (common/outputs.py), before any work: ``out`` is no input nor a directory above one, is
+    not a file, and is new or empty unless ``--overwrite``."""
+    check_not_input(out, flag, [(f, p) for f, p in inputs if p])
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConversionError(f"{flag} {out} is a file; give a directory path (a new or empty directory)")
+    check_fresh([out], flag, overwrite)
+    check_dir_writable(out, flag, create=False)
 
 
 def write_hf(
@@ -221,7 +219,21 @@ def ds_to_hf(
 ) -> dict[str, Any]:
     """Consolidate ``load_dir/tag`` and write a Hugging Face directory at ``out_dir``."""
     tag = resolve_tag(load_dir, tag)
+    try:  # the weights exported are the ones saved: every file against the commit marker's size and CRC-32
+        if not check_integrity(load_dir, tag):
+            print(
+                f"[convert] {Path(load_dir, tag)}: its commit marker records no checksums (an older checkpoint); "
+                "exporting it unverified",
+                file=sys.stderr,
+            )
+    except CheckpointError as e:
+        raise ConversionError(f"{e}; refusing to export it") from e
     client = read_client_state(load_dir, tag)
+    targs, over = client.get("args") or {}, tokenizer_overrides or argparse.Namespace()
+    tok_files = [
+        (f"--{k.replace('_', '-')}", getattr(over, k, None) or targs.get(k)) for k in ("vocab_file", "tokenizer_model")
+    ]
+    _check_output(out_dir, "--to-hf", overwrite, [("--load", load_dir), *tok_files])
     check_rank_files(load_dir, tag, client)
     try:
         config = ModelConfig.from_dict(client["model_config"])
@@ -237,8 +249,8 @@ def ds_to_hf(
         )
     if client.get("layout_state") is not None:
         model.load_layout_state(client["layout_state"])
-    out, tmp = _fresh_dir(out_dir, overwrite)
-    try:
+    out = Path(out_dir)
+    with write_errors(f"--to-hf {out}", out), atomic_dir(out) as tmp:
         info = write_hf(state_dict, config, model.layout_state(), tmp, remote, remote_code.token_mask_state(model))
         files = []
         if tokenizer:
@@ -251,10 +263,6 @@ def ds_to_hf(
         d = config.to_dict()
         extra = {k: v for k, v in d.items() if k not in STOCK_FIELDS}
         (tmp / "README.md").write_text(model_card(d, client, f"{load_dir}/{tag}", info["remote_code"], extra))
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {**info, "tag": tag, "tokenizer_files": files, "out": str(out)}
 
 
@@ -377,7 +385,8 @@ def _ds_checkpoint(
         },
         out / tag / "mp_rank_00_model_states.pt",
     )
-    (out / tag / COMMIT_MARKER).write_text(json.dumps({"iteration": 0, "world_size": 1, "tag": tag}))
+    marker = {"iteration": 0, "world_size": 1, "tag": tag, "files": file_records(out / tag)}
+    (out / tag / COMMIT_MARKER).write_text(json.dumps(marker))
     (out / LATEST).write_text(tag)
     (out / "model_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     return tag
@@ -394,6 +403,7 @@ def hf_to_ds(
 ) -> dict[str, Any]:
     """Warm-start checkpoint from a Hugging Face BERT, optionally longer (positions copied cyclically) and with a
     different attention (e.g. BlockBERT from dense BERT). ``sparsity="keep"`` keeps the source's attention."""
+    _check_output(out_dir, "--to-ds", overwrite, [("--from-hf", hf_dir)])
     sd, config, layouts = read_hf(hf_dir)
     d = config.to_dict()
     att = dict(d["attention"])
@@ -410,8 +420,8 @@ def hf_to_ds(
         d["nsp_head"] = False
         sd = {k: v for k, v in sd.items() if not k.startswith(("cls.pooler.", "cls.seq_relationship."))}
     stored = read_hf_token_masks(hf_dir)
-    out, tmp = _fresh_dir(out_dir, overwrite)
-    try:
+    out = Path(out_dir)
+    with write_errors(f"--to-ds {out}", out), atomic_dir(out) as tmp:
         build_d, save_d = _write_mask_files(d, stored, tmp, out)
         try:
             target = ModelConfig.from_dict(build_d)
@@ -441,10 +451,6 @@ def hf_to_ds(
             if (Path(hf_dir) / name).is_file():
                 (tmp / "tokenizer").mkdir(exist_ok=True)
                 shutil.copyfile(Path(hf_dir) / name, tmp / "tokenizer" / name)
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"tag": tag, "extended": extended, "out": str(out), "config": target}
 
 
@@ -533,52 +539,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("tools.convert_checkpoint", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     p = build_parser()
     a = p.parse_args(argv)
     if bool(a.load) == bool(a.from_hf):
         p.error("give exactly one of --load (with --to-hf) or --from-hf (with --to-ds)")
-    try:
-        if a.load:
-            if not a.to_hf:
-                p.error("--load needs --to-hf OUT_DIR")
-            info = ds_to_hf(a.load, a.to_hf, a.tag, a.remote_code, not a.no_tokenizer, a, a.overwrite)
-            kind = f"custom code ({info['reason']})" if info["remote_code"] else f"stock {info['architecture']}"
-            print(
-                f"[convert] {a.load}/{info['tag']} -> {info['out']} as {kind}; tokenizer files: "
-                f"{info['tokenizer_files'] or 'none'}"
-            )
-        else:
-            if not a.to_ds:
-                p.error("--from-hf needs --to-ds OUT_DIR")
-            sparsity: Any = "keep"
-            if a.sparsity:
-                try:
-                    sparsity = None if a.sparsity == "dense" else json.loads(a.sparsity)
-                except json.JSONDecodeError as e:
-                    raise ConversionError(
-                        f"--sparsity {a.sparsity!r}: not valid JSON ({e.msg}); give a "
-                        'sparse_attention block like \'{"mode": "fixed", "block": 16}\' '
-                        "or 'dense'"
-                    ) from e
-            info = hf_to_ds(
-                a.from_hf,
-                a.to_ds,
-                a.max_position_embeddings,
-                sparsity,
-                a.attention_kernel,
-                a.drop_nsp_head,
-                a.overwrite,
-            )
-            for line in info["extended"]:
-                print(f"[convert] extended {line}")
-            print(
-                f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
-                f"pretrain/train.py --load {info['out']} --finetune --model-config "
-                f"{info['out']}/model_config.json ..."
-            )
-    except (ConversionError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.load:
+        if not a.to_hf:
+            p.error("--load needs --to-hf OUT_DIR")
+        info = ds_to_hf(a.load, a.to_hf, a.tag, a.remote_code, not a.no_tokenizer, a, a.overwrite)
+        kind = f"custom code ({info['reason']})" if info["remote_code"] else f"stock {info['architecture']}"
+        print(
+            f"[convert] {a.load}/{info['tag']} -> {info['out']} as {kind}; tokenizer files: "
+            f"{info['tokenizer_files'] or 'none'}"
+        )
+    else:
+        if not a.to_ds:
+            p.error("--from-hf needs --to-ds OUT_DIR")
+        sparsity: Any = "keep"
+        if a.sparsity:
+            try:
+                sparsity = None if a.sparsity == "dense" else json.loads(a.sparsity)
+            except json.JSONDecodeError as e:
+                raise ConversionError(
+                    f"--sparsity {a.sparsity!r}: not valid JSON ({e.msg}); give a "
+                    'sparse_attention block like \'{"mode": "fixed", "block": 16}\' '
+                    "or 'dense'"
+                ) from e
+        info = hf_to_ds(
+            a.from_hf,
+            a.to_ds,
+            a.max_position_embeddings,
+            sparsity,
+            a.attention_kernel,
+            a.drop_nsp_head,
+            a.overwrite,
+        )
+        for line in info["extended"]:
+            print(f"[convert] extended {line}")
+        print(
+            f"[convert] {a.from_hf} -> {info['out']}/{info['tag']}; train from it with: deepspeed "
+            f"pretrain/train.py --load {info['out']} --finetune --model-config "
+            f"{info['out']}/model_config.json ..."
+        )
     return 0
 
 

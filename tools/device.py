@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from common.errors import UserError
+
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 _DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError, ValueError):
     """A --device / --precision that cannot run here; the message names the flag."""
 
 

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Sequence
 
+from common.errors import run_entry
+
 
 def fill_mask(
     model_dir: str, sentences: Sequence[str], top_k: int = 5, device: str | None = None, precision: str = "auto"
@@ -46,6 +48,11 @@ def fill_mask(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("tools.fill_mask", _main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(
         prog="tools.fill_mask", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -35,10 +35,11 @@ import numpy as np
 import torch
 
 from common.cli import HelpFormatter, add_flags, cli
+from common.errors import UserError, report, run_entry
 from tools.device import PRECISIONS
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad input data; the message names the file and line."""
 
 
@@ -587,13 +588,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("tools.finetune", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     try:
         cfg = FinetuneConfig(**vars(ns))
         result = run(cfg)
-    except (ValueError, OSError) as e:  # DataError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # the config's checks (DataError is a UserError already)
+        if isinstance(e, UserError):
+            raise
+        return report("tools.finetune", str(e))
     keys = ("accuracy",) if cfg.task == "classification" else ("exact_match", "f1")
     print(json.dumps({k: result[k] for k in ("task", "steps", "train_loss_first", "train_loss_last", *keys)}))
     return 0

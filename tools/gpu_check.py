@@ -1,35 +1,47 @@
-"""One command that proves (or disproves) the GPU path: ``bash run_scripts/gpu_check.sh [OUT_DIR]``.
+"""One command that proves (or disproves) the GPU path: ``bash run_scripts/gpu_check.sh [--quick] [OUT_DIR]``.
 
-On a machine with CUDA GPUs it runs, each step as a subprocess with its own time budget inside a 25-minute total:
+One step table (:data:`STEPS`) serves the full check and ``--quick`` (a selection and a smaller parameterisation of
+the same steps, <= 8 minutes on one GPU from a bare node, set-up included). In order:
 
-1. ``environment``: torch / CUDA / driver, ``torch.cuda.get_arch_list()``, every GPU's name and compute capability
-   (fails when the GPU's architecture has no kernels in this torch build, e.g. a V100 with a CUDA 13 build), and
-   DeepSpeed's ``ds_report``;
-2. ``cuda_tests``: tests/test_cuda_kernels.py and the CUDA cases of tests/test_attention.py (fp16/bf16 against an
-   fp32 reference at BERT-base shapes, padding, token masks, DIET biases, BlockBERT, ``auto``, no-grad, the number
-   of compiled FlexAttention graphs);
-3. ``multirank_tests``: the resume, fault, launch and signal tests, which start one rank per GPU (up to 2);
-4. ``attention_bench_fp16`` / ``_bf16``: benchmarks/attention.py, N 512-4096, dense SDPA vs flex vs block_gather,
-   against the target flex time <= 1.3 x density x dense SDPA time;
-5. ``train_step_bench``: benchmarks/train_step_ds.py, bert-base through DeepSpeed ZeRO-1 in fp16 and bf16: tokens/s,
-   MFU, peak memory, and the targets (dense bf16 MFU >= 45% on H100; BlockBERT n=2 step <= 0.78x and memory <=
-   0.70x of dense at N=1024);
-6. ``smoke``: the sample corpus -> vocab -> shards, a 200-step fp16 pretraining run (the loss must fall, no
-   recompile warnings, no skipped steps after the loss scaler's start), then 100 steps + save + resume to 200 with
-   ``--deterministic`` against a straight deterministic run (losses compared).
+1. ``environment`` (in this process): GPU, driver, CUDA, torch, DeepSpeed, date, commit. Fails when a GPU's
+   architecture has no kernels in this torch build, and when ``nvidia-smi`` sees GPUs that torch cannot use (a
+   driver too old for the build's CUDA, a CPU-only torch) instead of reporting "no GPU";
+2. ``kernel_tests``: every kernel against dense on CUDA, fp16, and bf16 on sm80+ (tests/test_cuda_kernels.py and
+   the CUDA cases of tests/test_attention.py; --quick leaves out N=4096 and N=128);
+3. ``contract_tests``: tests/test_cuda_contracts.py on real CUDA (skipped, not failed, when the file is missing);
+4. ``multirank_tests`` (full check only): the resume, fault, launch and signal tests, one rank per GPU up to 2;
+5. ``smoke``: the sample corpus -> vocab -> shards, then per precision (fp16 with loss scaling; bf16 on sm80+) a
+   tiny BlockBERT trained in two phases under ZeRO-2: a straight --deterministic run saving halfway, and a second
+   process resuming from the halfway checkpoint, whose losses must equal the straight run's bit for bit;
+6. ``kernel_table``: benchmarks/attention.py, BlockBERT n=2/n=3, Fixed and sliding window (flex and block_gather)
+   against dense SDPA (flash where available), N=512..8192: time and peak memory;
+7. ``train_step``: benchmarks/train_step_ds.py on the smoke's shards (the trainer's own batches): bert-base MFU at
+   N=512, BlockBERT n=2 vs dense at N=4096;
+8. ``smoke_zero3``: the smoke under ZeRO-3 (last: it runs when time allows);
+9. ``ds_report`` (full check only): DeepSpeed's own report of its ops.
 
-Writes ``report.md`` and ``report.json`` to the output directory (default out/gpu_check) whatever happens, and exits
-1 when a step failed (or a measured target was missed), 0 otherwise. Without a CUDA GPU it says so and exits 0.
+Every step is a subprocess in its own process group (session), killed as a group at its time limit or when this
+process is stopped (SIGTERM/SIGINT/SIGHUP), so no rank outlives it. ``--budget-s`` bounds the whole run, counted from
+``--t0`` (gpu_check.sh passes its own start, so the set-up counts): a step needing more than the time left is skipped
+and named. ``report.md`` and ``report.json`` (plus ``steps.log``, the steps' output) are rewritten when each step
+starts and ends, so a crash keeps what was measured; the out directory holds only these few flat files (scratch
+goes to --work-dir). Exit status: 0 all passed, 1 something failed, 3 nothing failed but steps were left out past
+the budget. Without any GPU it writes a report naming every step as skipped and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
+import platform
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
@@ -37,16 +49,26 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
-TOTAL_BUDGET_S = 25 * 60
+FULL_BUDGET_S = 25 * 60
+QUICK_BUDGET_S = 8 * 60
+REPORT_RESERVE_S = 5.0
+"""Seconds kept back at the end of the budget to stop a step and write the report."""
+KILL_GRACE_S = 10.0
+"""After SIGTERM to a step's process group, how long its processes get before SIGKILL."""
+STEP_LOG_BYTES = 1 << 20
+"""Each step's output kept in steps.log (its end)."""
+CPU_REHEARSAL_SLOWDOWN = 4.0
+"""--rehearse-on-cpu: the steps' time limits are this many times the GPU ones."""
 
 
+# --------------------------------------------------------------------------------------------------- data types
 @dataclass
 class StepResult:
     """What one step did."""
 
     name: str
     status: str = "pending"
-    """passed | failed | timeout | skipped | error"""
+    """passed | failed | timeout | cut | skipped | error | interrupted | running"""
     seconds: float = 0.0
     command: str = ""
     summary: str = ""
@@ -58,16 +80,245 @@ class StepResult:
 
 @dataclass
 class Step:
+    """A step ready to run."""
+
     name: str
-    budget_s: float
+    cap_s: float
+    """Its own time limit (the budget may give it less)."""
     command: list[str] | None = None
-    """A subprocess to run (None: ``check`` does everything)."""
+    """A subprocess to run (None: ``check`` does everything, with proc None)."""
     check: Callable[[StepResult, subprocess.CompletedProcess | None], None] | None = None
     """Fills status/summary/details from the finished process (default: rc 0 -> passed)."""
     env: dict[str, str] = field(default_factory=dict)
+    min_s: float = 20.0
+    """Skipped when less than this is left of the budget (it could not do anything useful)."""
 
 
-NO_BF16 = "a GPU below compute capability 8.0 (e.g. a V100) has no bf16 hardware: fp16 only"
+@dataclass
+class Ctx:
+    """What the step builders need to know about this run."""
+
+    out: Path
+    """Report directory (flat: report.md, report.json, steps.log)."""
+    work: Path
+    """Scratch directory (shards, checkpoints, JUnit files, step logs)."""
+    quick: bool = False
+    device: str = "cuda"
+    """'cuda', or 'cpu' for --rehearse-on-cpu (the same commands at CPU sizes, to test the plumbing)."""
+    gpus: int = 1
+    bf16: bool = True
+    """bf16 hardware (sm80+ on CUDA)."""
+    fp16: bool = True
+    """fp16 training possible (always on CUDA; on CPU only where DeepSpeed accepts it)."""
+    python: str = sys.executable
+
+    @property
+    def precisions(self) -> list[str]:
+        """Training precisions: fp16 with loss scaling everywhere it runs, bf16 where the hardware has it."""
+        return [p for p, ok in (("fp16", self.fp16), ("bf16", self.bf16)) if ok]
+
+    @property
+    def low_precision(self) -> str:
+        """The one precision of the benchmarks: bf16 where available, else fp16 (CPU rehearsal: bf16)."""
+        return "bf16" if self.bf16 else "fp16"
+
+
+@dataclass
+class StepSpec:
+    """One row of the step table: the full check runs every row, --quick the rows marked quick."""
+
+    name: str
+    what: str
+    quick: bool
+    build: Callable[[Ctx], Step]
+
+
+# ---------------------------------------------------------------------------------------- process-group runner
+_ACTIVE: dict[str, object] = {"pgid": None, "stopped_by": None}
+
+
+def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM to every process of the group, SIGKILL to what is left after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _on_signal(signum, frame) -> None:  # noqa: ARG001
+    _ACTIVE["stopped_by"] = signal.Signals(signum).name
+    pgid = _ACTIVE.get("pgid")
+    if isinstance(pgid, int):
+        kill_group(pgid, grace_s=3.0)
+    raise KeyboardInterrupt(_ACTIVE["stopped_by"])
+
+
+def run_in_group(cmd: list[str], log: Path, timeout: float, env: dict[str, str]) -> tuple[int | None, bool]:
+    """Run ``cmd`` in a new session (its own process group), output to ``log``. Returns (exit code, timed out). On
+    timeout the whole group is stopped; after a normal exit, anything the step left running in its group is too."""
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        _ACTIVE["pgid"] = p.pid
+        try:
+            try:
+                rc = p.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                rc, timed_out = None, True
+            kill_group(p.pid, grace_s=KILL_GRACE_S if timed_out else 1.0)
+            if timed_out:
+                p.wait()
+        finally:
+            _ACTIVE["pgid"] = None
+    return rc, timed_out
+
+
+def run_step(step: Step, work: Path, deadline: float) -> StepResult:
+    """Run one step within min(its cap, the time left before ``deadline``); never raises (but for a stop signal)."""
+    res = StepResult(step.name, command=shlex.join(step.command) if step.command else "")
+    left = deadline - time.monotonic() - REPORT_RESERVE_S
+    if left < step.min_s:
+        res.status = "skipped"
+        res.summary = f"past the budget: {max(left, 0):.0f} s left, the step needs at least {step.min_s:.0f} s"
+        res.details = {"past_budget": True}
+        return res
+    limit = min(step.cap_s, left)
+    cut_by_budget = limit < step.cap_s
+    t0 = time.monotonic()
+    try:
+        if step.command is None:
+            if step.check is not None:
+                step.check(res, None)
+        else:
+            path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)  # keep the caller's
+            env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **step.env}
+            work.mkdir(parents=True, exist_ok=True)
+            log = work / f"{step.name}.log"
+            rc, timed_out = run_in_group(step.command, log, limit, env)
+            text = log.read_text(errors="replace")
+            res.output_tail = text[-3000:]
+            proc = subprocess.CompletedProcess(step.command, -9 if timed_out else rc, text, "")
+            if not timed_out:
+                if step.check is not None:
+                    step.check(res, proc)
+                else:
+                    res.status = "passed" if rc == 0 else "failed"
+                    res.summary = f"exit code {rc}"
+            else:
+                status = "cut" if cut_by_budget else "timeout"
+                why = (
+                    f"stopped at the end of the budget after {limit:.0f} s"
+                    if cut_by_budget
+                    else f"stopped after its {limit:.0f} s limit"
+                )
+                if step.check is not None:  # still parse what it left (partial rows, a JUnit file)
+                    try:
+                        step.check(res, proc)
+                        why += f"; before that: {res.summary}"
+                    except Exception:  # noqa: BLE001 - a partial result is optional
+                        pass
+                res.status, res.summary = status, why
+    except KeyboardInterrupt:
+        res.status, res.summary = "interrupted", f"stopped by {_ACTIVE.get('stopped_by') or 'an interrupt'}"
+        res.seconds = round(time.monotonic() - t0, 1)
+        raise _Stopped(res) from None
+    except Exception as e:  # noqa: BLE001 - a broken check must not lose the report
+        res.status, res.summary = "error", f"{type(e).__name__}: {e}"
+    res.seconds = round(time.monotonic() - t0, 1)
+    return res
+
+
+class _Stopped(Exception):
+    def __init__(self, res: StepResult):
+        super().__init__(res.summary)
+        self.res = res
+
+
+# -------------------------------------------------------------------------------------------------- step helpers
+def junit_counts(path: Path) -> dict:
+    """passed / failed / skipped counts and the failed test names from a pytest --junitxml file."""
+    root = ET.parse(path).getroot()
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": {}}
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            counts["failed"] += 1
+            counts["failures"].append(name)
+        elif (sk := case.find("skipped")) is not None:
+            counts["skipped"] += 1
+            why = (sk.get("message") or "").strip()[:160]
+            counts["skip_reasons"][why] = counts["skip_reasons"].get(why, 0) + 1
+        else:
+            counts["passed"] += 1
+    return counts
+
+
+def pytest_plugins_available() -> dict[str, bool]:
+    """Which optional pytest features this python has: pytest-timeout's --session-timeout, pytest-xdist."""
+    have = {"session_timeout": False, "xdist": importlib.util.find_spec("xdist") is not None}
+    spec = importlib.util.find_spec("pytest_timeout")
+    if spec and spec.origin:
+        have["session_timeout"] = "--session-timeout" in Path(spec.origin).read_text(errors="replace")
+    return have
+
+
+def pytest_step(name: str, tests: list[str], ctx: Ctx, cap_s: float, select: str | None = None) -> Step:
+    """pytest over ``tests``; the JUnit file gives the counts. With pytest-timeout's --session-timeout the session
+    stops itself before the step's limit, so the counts of what ran are kept; on CUDA with pytest-xdist, 4 workers
+    share the GPU (compiling FlexAttention's kernels is CPU-bound)."""
+    xml = ctx.work / f"{name}.xml"
+    have = pytest_plugins_available()
+    cmd = [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE"]
+    cmd += [f"--junitxml={xml}", "--timeout", str(int(min(600, cap_s)))]
+    if have["session_timeout"]:
+        cmd += ["--session-timeout", str(int(max(10, cap_s - 15)))]
+    if have["xdist"] and ctx.device == "cuda" and (os.cpu_count() or 1) >= 8:
+        cmd += ["-n", "4"]
+    if select:
+        cmd += ["-k", select]
+
+    def check(res: StepResult, proc) -> None:
+        if not xml.is_file():
+            res.status, res.summary = "error", f"pytest wrote no {xml.name} (exit code {proc.returncode})"
+            return
+        c = junit_counts(xml)
+        res.details = c
+        stopped = "session-timeout" in (proc.stdout or "")
+        res.status = "passed" if proc.returncode == 0 and c["failed"] == 0 else "failed"
+        if stopped and c["failed"] == 0:
+            res.status = "cut"
+        res.summary = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped" + (
+            " (stopped at its time limit: the rest did not run)" if stopped else ""
+        )
+        if c["failures"]:
+            res.summary += "; failed: " + ", ".join(f.split("::")[-1] for f in c["failures"][:8])
+
+    return Step(name, cap_s, [*cmd, *tests], check)
+
+
+def _skipped(name: str, why: str) -> Step:
+    def check(res: StepResult, proc) -> None:
+        res.status, res.summary = "skipped", why
+
+    return Step(name, 0, None, check, min_s=0)
+
+
+def _broken(name: str, why: str) -> Step:
+    def check(res: StepResult, proc) -> None:
+        res.status, res.summary = "error", why
+
+    return Step(name, 0, None, check, min_s=0)
 
 
 def gpus_support_bf16() -> bool:
@@ -77,169 +328,62 @@ def gpus_support_bf16() -> bool:
     return all(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(torch.cuda.device_count()))
 
 
-def _skipped(name: str, why: str) -> Step:
-    def check(res: StepResult, proc) -> None:
-        res.status, res.summary = "skipped", why
-
-    return Step(name, 1, None, check)
+# ---------------------------------------------------------------------------------------------- the data prep
+def data_dir(ctx: Ctx) -> Path:
+    return ctx.work / "data"
 
 
-def run_step(step: Step, out: Path, deadline: float) -> StepResult:
-    """Run one step within min(its budget, the time left); never raises."""
-    res = StepResult(step.name, command=shlex.join(step.command) if step.command else "")
-    left = deadline - time.monotonic()
-    if left < 30:
-        res.status, res.summary = "skipped", "no time left in the 25-minute budget"
-        return res
-    budget = min(step.budget_s, left)
-    t0 = time.monotonic()
-    proc = None
-    try:
-        if step.command is not None:
-            env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **step.env)
-            log = out / f"{step.name}.log"
-            with open(log, "w") as f:
-                try:
-                    p = subprocess.run(
-                        step.command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=budget, text=True
-                    )
-                    proc = subprocess.CompletedProcess(p.args, p.returncode, log.read_text(errors="replace"), "")
-                except subprocess.TimeoutExpired:
-                    res.status = "timeout"
-                    res.summary = f"stopped after its {budget:.0f} s budget"
-            res.output_tail = log.read_text(errors="replace")[-3000:]
-        if res.status != "timeout":
-            if step.check is not None:
-                step.check(res, proc)
-            elif proc is not None:
-                res.status = "passed" if proc.returncode == 0 else "failed"
-                res.summary = res.summary or f"exit code {proc.returncode}"
-    except Exception as e:  # a broken check must not lose the report
-        res.status, res.summary = "error", f"{type(e).__name__}: {e}"
-    res.seconds = round(time.monotonic() - t0, 1)
-    return res
+def ensure_data_script(ctx: Ctx) -> str:
+    """Bash lines that build the sample corpus's vocab and shards once (the smoke and train_step both use them)."""
+    d = shlex.quote(str(data_dir(ctx)))
+    py = shlex.quote(ctx.python)
+    workers = 2 if ctx.device == "cpu" else 4
+    return f"""
+if [ ! -f {d}/sample_text_sentence.idx ]; then
+  echo "[data] vocab and shards of run_scripts/sample_data/corpus -> {d}"
+  rm -rf {d}; mkdir -p {d}
+  {py} -m data_pipeline.train_tokenizer --input run_scripts/sample_data/corpus --output-dir {d}/tok \\
+      --model-type wordpiece --vocab-size 4000
+  cp {d}/tok/vocab.txt {d}/vocab.txt
+  {py} -m data_pipeline.preprocess --input run_scripts/sample_data/corpus --output-prefix {d}/sample \\
+      --tokenizer-type BertWordPieceLowerCase --vocab-file {d}/vocab.txt --split-sentences --workers {workers} \\
+      --no-progress
+fi
+"""
 
 
-def junit_counts(path: Path) -> dict:
-    """passed / failed / skipped counts and the failed test names from a pytest --junitxml file."""
-    root = ET.parse(path).getroot()
-    counts = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
-    for case in root.iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
-        if case.find("failure") is not None or case.find("error") is not None:
-            counts["failed"] += 1
-            counts["failures"].append(name)
-        elif case.find("skipped") is not None:
-            counts["skipped"] += 1
-        else:
-            counts["passed"] += 1
-    return counts
+# ------------------------------------------------------------------------------------------------- the smoke
+def smoke_model(ctx: Ctx) -> list[str]:
+    """A tiny BlockBERT (n=2, heads 3:1, block 16, static MLM gather); smaller still for the CPU rehearsal."""
+    hidden, ffn, seq = (64, 256, 64) if ctx.device == "cpu" else (256, 1024, 128)
+    sparsity = '{"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}'
+    return [
+        *("--model-preset", "tiny", "--hidden-size", str(hidden), "--num-attention-heads", "4"),
+        *("--ffn-hidden-size", str(ffn), "--attention-dropout", "0", "--sparsity-config", sparsity),
+        *("--seq-length", str(seq), "--max-position-embeddings", str(seq), "--max-predictions-per-seq", "16"),
+    ]
 
 
-def _pytest_step(name: str, tests: list[str], out: Path, budget: float) -> Step:
-    xml = out / f"{name}.xml"
-
-    def check(res: StepResult, proc) -> None:
-        if not xml.is_file():
-            res.status, res.summary = "error", f"pytest wrote no {xml.name} (exit code {proc.returncode})"
-            return
-        c = junit_counts(xml)
-        res.details = c
-        res.status = "passed" if proc.returncode == 0 and c["failed"] == 0 else "failed"
-        res.summary = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
-
-    return Step(
-        name,
-        budget,
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *tests],
-        check,
-    )
+def smoke_iters(ctx: Ctx) -> int:
+    """Iterations of the straight run; it saves at half of them, where the second process resumes."""
+    if ctx.device == "cpu":
+        return 6
+    return 40 if ctx.quick else 200
 
 
-def _attention_step(dtype: str, out: Path, budget: float) -> Step:
-    d = out / f"attention_{dtype}"
-
-    def check(res: StepResult, proc) -> None:
-        f = d / "attention.json"
-        if not f.is_file():
-            res.status, res.summary = "failed", f"no attention.json (exit code {proc.returncode})"
-            return
-        rows = json.loads(f.read_text())["rows"]
-        flex = [r for r in rows if r["kernel"] == "flex"]
-        missed = [
-            f"{r['layout']}@{r['n']}: {r['time_ratio']:.2f}x > {r['target']:.2f}x" for r in flex if not r["meets_time"]
-        ]
-        res.details = {"rows": rows, "flex_target_missed": missed}
-        res.status = "passed" if proc.returncode == 0 and flex and not missed else "failed"
-        res.summary = f"{len(flex) - len(missed)}/{len(flex)} flex rows within 1.3 x density x dense SDPA time" + (
-            f"; missed: {', '.join(missed[:6])}" if missed else ""
-        )
-
-    return Step(
-        f"attention_bench_{dtype}",
-        budget,
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.attention",
-            "--device",
-            "cuda",
-            "--dtype",
-            dtype,
-            "--kernels",
-            "flex",
-            "block_gather",
-            "--seq-lens",
-            "512",
-            "1024",
-            "2048",
-            "4096",
-            "--target-factor",
-            "1.3",
-            "--repeats",
-            "3",
-            "--out-dir",
-            str(d),
-        ],
-        check,
-    )
-
-
-def _train_step_step(out: Path, budget: float) -> Step:
-    f = out / "train_step.json"
-
-    def check(res: StepResult, proc) -> None:
-        if not f.is_file():
-            res.status, res.summary = "failed", f"no train_step.json (exit code {proc.returncode})"
-            return
-        data = json.loads(f.read_text())
-        res.details = data
-        missed = [t["target"] for t in data["targets"] if t["met"] is False]
-        errors = [r for r in data["rows"] if "error" in r]
-        res.status = "passed" if proc.returncode == 0 and not missed and not errors else "failed"
-        res.summary = "; ".join(
-            f"{t['target']}: {'n/a' if t['value'] is None else round(t['value'], 3)} "
-            f"({'met' if t['met'] else 'not measured' if t['met'] is None else 'MISSED'})"
-            for t in data["targets"]
-        )
-
-    return Step(
-        "train_step_bench",
-        budget,
-        [sys.executable, "-m", "benchmarks.train_step_ds", "--preset", "bert-base", "--json", str(f)],
-        check,
-    )
-
-
-def smoke_checks(records: list[dict], output: str, iters: int) -> list[str]:
-    """Problems of a smoke run's log: the loss must fall by more than 1 nat (first vs last 10 logged), no
-    recompile warnings, no skipped steps after step 50 and at most 16 before (the fp16 scaler's start)."""
+def smoke_checks(records: list[dict], output: str, iters: int, min_drop: float = 1.0) -> list[str]:
+    """Problems of a smoke run's log: the loss must fall by more than ``min_drop`` nats (the means of the first and
+    the last fifth of the logged losses, 10 at most), no recompile warnings, and the fp16 loss scaler's skipped steps
+    only early: at most 16, none in the second half of the run."""
     problems = []
     loss = [r["loss"] for r in records if "loss" in r and r["loss"] == r["loss"] and r["loss"] != float("inf")]
-    if len(loss) < 20:
+    w = max(1, min(10, len(loss) // 5))
+    if len(loss) < max(4, iters // 2):
         problems.append(f"only {len(loss)} finite logged losses")
-    elif not sum(loss[:10]) / 10 - sum(loss[-10:]) / 10 > 1.0:
-        problems.append(f"the loss did not fall by 1 nat ({sum(loss[:10]) / 10:.3f} -> {sum(loss[-10:]) / 10:.3f})")
+    elif not sum(loss[:w]) / w - sum(loss[-w:]) / w > min_drop:
+        problems.append(
+            f"the loss did not fall by {min_drop:g} nat ({sum(loss[:w]) / w:.3f} -> {sum(loss[-w:]) / w:.3f})"
+        )
     for marker in ("recompile", "cache_size_limit", "recompile_limit"):
         if marker in output:
             problems.append(f"'{marker}' in the output")
@@ -247,17 +391,17 @@ def smoke_checks(records: list[dict], output: str, iters: int) -> list[str]:
     skipped = {r["iteration"]: r.get("skipped_steps", 0) for r in records if "iteration" in r and "loss" in r}
     if skipped:
         last = skipped[max(skipped)]
-        at50 = max((v for k, v in skipped.items() if k <= 50), default=0)
-        if last > 16 or last > at50:
-            problems.append(f"{last} skipped steps ({at50} by step 50)")
+        half = max((v for k, v in skipped.items() if k <= iters // 2), default=0)
+        if last > 16 or last > half:
+            problems.append(f"{last} skipped steps ({half} by iteration {iters // 2})")
     if records and max((r.get("iteration", 0) for r in records), default=0) < iters:
         problems.append(f"the run stopped before iteration {iters}")
     return problems
 
 
 def resume_comparison(straight: list[float], resumed: list[float], iters: int) -> tuple[float | None, list[str]]:
-    """(largest |loss difference|, problems): a run stopped and resumed with --deterministic must log exactly the
-    straight run's losses (docs/gpu_check.md), so any difference, or a missing loss, is a failure."""
+    """(largest |loss difference|, problems): the second phase, resumed from the checkpoint with --deterministic,
+    must log exactly the straight run's losses, so any difference, or a missing loss, is a failure."""
     if not (len(straight) == len(resumed) == iters):
         return None, [f"resume comparison incomplete ({len(straight)} straight vs {len(resumed)} resumed losses)"]
     diffs = [abs(x - y) for x, y in zip(straight, resumed)]
@@ -265,12 +409,295 @@ def resume_comparison(straight: list[float], resumed: list[float], iters: int) -
     if worst != 0.0:
         first = next(i for i, d in enumerate(diffs) if d != 0.0) + 1
         return worst, [
-            f"the resumed run's losses differ from the straight run's (first at iteration {first}, largest "
+            f"the resumed run's losses differ from the straight run's (first at compared iteration {first}, largest "
             f"|difference| {worst:.3g}); with --deterministic they must be equal"
         ]
     return worst, []
 
 
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def smoke_step(ctx: Ctx, zero: int, name: str, cap_s: float) -> Step:
+    """Per precision: a straight run of ``iters`` saving at iters/2, then a new process resuming from that checkpoint;
+    one rank, started as plain ``python -m pretrain.train`` (no launcher, ssh or pdsh needed)."""
+    from pretrain.checkpoint import tag_for
+
+    iters = smoke_iters(ctx)
+    half = iters // 2
+    d = ctx.work / name
+    data = data_dir(ctx)
+    mb = 4 if ctx.device == "cpu" else 16
+    lines = ["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx)]
+    lines.append(f"rm -rf {shlex.quote(str(d))}; mkdir -p {shlex.quote(str(d))}")
+    lines.append(
+        'launch() { out="$1"; shift; echo "[smoke] $(date +%T) $out"; '
+        'if ! "$@" > "$out" 2>&1; then echo "[smoke] FAILED: $out"; tail -n 60 "$out"; exit 1; fi; }'
+    )
+    for prec in ctx.precisions:
+        c = d / f"zero{zero}_{prec}"
+        base = [
+            ctx.python,
+            "-m",
+            "pretrain.train",
+            "--deepspeed_config",
+            f"ds_configs/zero{zero}_{prec}.json",
+            "--data-path",
+            str(data / "sample_text_sentence"),
+            "--vocab-file",
+            str(data / "vocab.txt"),
+            *smoke_model(ctx),
+            "--micro-batch-size",
+            str(mb),
+            "--global-batch-size",
+            str(mb),
+            "--train-iters",
+            str(iters),
+            "--lr",
+            "2e-3",
+            "--lr-warmup-fraction",
+            "0.1",
+            "--log-interval",
+            "1",
+            "--eval-interval",
+            "100000",
+            "--eval-iters",
+            "1",
+            "--num-workers",
+            "1",
+            "--deterministic",
+        ]
+        straight = [
+            *base,
+            "--save",
+            str(c / "ck"),
+            "--save-interval",
+            str(half),
+            "--log-json",
+            str(c / "straight.jsonl"),
+        ]
+        resumed = [*base, "--load", str(c / "ck"), "--log-json", str(c / "resumed.jsonl")]
+        lines += [
+            f"mkdir -p {shlex.quote(str(c))}",
+            f"launch {shlex.quote(str(c / 'straight.out'))} {shlex.join(straight)}",
+            f"printf %s {tag_for(half)} > {shlex.quote(str(c / 'ck' / 'latest'))}  # phase 2 resumes halfway",
+            f"launch {shlex.quote(str(c / 'resumed.out'))} {shlex.join(resumed)}",
+        ]
+    min_drop = 1.0 if iters >= 200 else 0.3 if ctx.device == "cuda" else 0.0
+
+    def check(res: StepResult, proc) -> None:
+        problems = [] if proc.returncode == 0 else [f"a command failed (exit code {proc.returncode})"]
+        per = {}
+        for prec in ctx.precisions:
+            c = d / f"zero{zero}_{prec}"
+            out_text = "".join(
+                (c / f).read_text(errors="replace") for f in ("straight.out", "resumed.out") if (c / f).is_file()
+            )
+            straight = _jsonl(c / "straight.jsonl")
+            resumed = _jsonl(c / "resumed.jsonl")
+            p = [f"{prec}: {x}" for x in smoke_checks(straight, out_text, iters, min_drop)]
+            a = [r["loss"] for r in straight if "loss" in r and r.get("iteration", 0) > half]
+            b = [r["loss"] for r in resumed if "loss" in r]
+            first_resumed = min((r["iteration"] for r in resumed if "iteration" in r), default=None)
+            if resumed and first_resumed != half + 1:
+                p.append(f"{prec}: the second phase began at iteration {first_resumed}, not {half + 1}")
+            diff, rp = resume_comparison(a, b, iters - half)
+            p += [f"{prec}: {x}" for x in rp]
+            losses = [r["loss"] for r in straight if "loss" in r]
+            per[prec] = {
+                "problems": p,
+                "loss_first": losses[0] if losses else None,
+                "loss_last": losses[-1] if losses else None,
+                "skipped_steps": max((r.get("skipped_steps", 0) for r in straight), default=None),
+                "resume_max_abs_loss_diff": diff,
+                "resume_bitwise": diff == 0.0,
+                "iterations": iters,
+                "resumed_from": half,
+            }
+            problems += p
+        res.details = {"zero_stage": zero, "precisions": per, "problems": problems}
+        res.status = "failed" if problems else "passed"
+        res.summary = (
+            "; ".join(problems[:6])
+            if problems
+            else ", ".join(
+                f"{prec}: loss {v['loss_first']:.2f} -> {v['loss_last']:.2f}, resumed at {half} bitwise equal"
+                for prec, v in per.items()
+            )
+            + f" (ZeRO-{zero}, {iters} iterations)"
+        )
+
+    if not ctx.precisions:
+        return _skipped(name, "no training precision runs here (fp16 refused by DeepSpeed on this CPU, no bf16)")
+    return Step(name, cap_s, ["bash", "-c", "\n".join(lines)], check, min_s=45 if ctx.device == "cuda" else 20)
+
+
+# ------------------------------------------------------------------------------------------- the benchmarks
+KERNEL_TABLE_LAYOUTS = ["blockbert_n2", "blockbert_n3", "fixed_b64", "local_bi_b64"]
+
+
+def kernel_table_step(ctx: Ctx, cap_s: float) -> Step:
+    d = ctx.work / "kernel_table"
+    if ctx.device == "cpu":
+        seq, kernels, dtype, repeats = ["256", "512"], ["block_gather"], "fp32", "1"
+    else:
+        seq, kernels, dtype, repeats = ["512", "1024", "4096", "8192"], ["flex", "block_gather"], ctx.low_precision, "3"
+    cmd = [ctx.python, "-m", "benchmarks.attention", "--device", ctx.device, "--dtype", dtype, "--layouts"]
+    cmd += [*KERNEL_TABLE_LAYOUTS, "--kernels", *kernels, "--seq-lens", *seq, "--repeats", repeats]
+    cmd += ["--target-factor", "1.3", "--out-dir", str(d), "--no-plot"]
+    expected = len(seq) * len(KERNEL_TABLE_LAYOUTS) * len(kernels)
+
+    def check(res: StepResult, proc) -> None:
+        f = d / "attention.json"
+        if not f.is_file():
+            res.status, res.summary = "failed", f"no attention.json (exit code {proc.returncode})"
+            return
+        result = json.loads(f.read_text())
+        rows = result["rows"]
+        failed = result.get("failed", [])
+        flex = [r for r in rows if r["kernel"] == "flex"]
+        missed = [
+            f"{r['layout']}@{r['n']}: {r['time_ratio']:.2f}x > {r['target']:.2f}x" for r in flex if not r["meets_time"]
+        ]
+        res.details = {"meta": result.get("meta", {}), "rows": rows, "failed": failed, "flex_target_missed": missed}
+        ok = proc.returncode == 0 and len(rows) == expected and not failed
+        # --quick measures; the full check also holds flex to its target (1.3 x density x dense SDPA time)
+        res.status = "passed" if ok and (ctx.quick or not missed) else "failed"
+        dense = result.get("meta", {}).get("dense_backend", "?")
+        res.summary = (
+            f"{len(rows)}/{expected} rows ({dtype}, dense SDPA backend: {dense})"
+            + (f"; {len(failed)} failed: {', '.join(failed[:4])}" if failed else "")
+            + (f"; flex over 1.3 x density x dense: {', '.join(missed[:4])}" if missed else "")
+        )
+
+    return Step("kernel_table", cap_s, cmd, check, min_s=30)
+
+
+def train_step_step(ctx: Ctx, cap_s: float) -> Step:
+    out = ctx.work / "train_step.json"
+    data = data_dir(ctx)
+    if ctx.device == "cpu":
+        sizes = ["--preset", "tiny", "--cases", "dense@128", "dense@256", "blockbert-n2@256", "--warmup", "1"]
+        sizes += ["--steps", "1", "--device", "cpu"]
+    elif ctx.quick:
+        sizes = ["--preset", "bert-base", "--cases", "dense@512", "dense@4096", "blockbert-n2@4096"]
+        sizes += ["--warmup", "3", "--steps", "8"]
+    else:
+        sizes = ["--preset", "bert-base", "--seq-lens", "512", "1024", "4096"]
+    cmd = [ctx.python, "-m", "benchmarks.train_step_ds", *sizes, "--precisions", ctx.low_precision]
+    cmd += ["--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
+    cmd += ["--sample-mode", "full-sentences", "--json", str(out)]
+    script = "\n".join(["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx), shlex.join(cmd)])
+
+    def check(res: StepResult, proc) -> None:
+        if not out.is_file():
+            res.status, res.summary = "failed", f"no {out.name} (exit code {proc.returncode})"
+            return
+        data = json.loads(out.read_text())
+        res.details = data
+        missed = [t["target"] for t in data["targets"] if t["met"] is False]
+        errors = [f"{r['variant']}@{r['seq_len']}: {r['error']}" for r in data["rows"] if "error" in r]
+        ok = proc.returncode == 0 and not errors
+        res.status = "passed" if ok and (ctx.quick or not missed) else "failed"
+        parts = []
+        for r in data["rows"]:
+            if "error" in r:
+                continue
+            mfu = "" if r.get("mfu") is None else f", MFU {100 * r['mfu']:.1f}%"
+            parts.append(f"{r['variant']}@{r['seq_len']} {r['step_s'] * 1e3:.0f} ms{mfu}")
+        for c in data.get("comparisons", []):
+            mem = "n/a" if c["memory_ratio"] is None else f"{c['memory_ratio']:.2f}x"
+            parts.append(f"n=2/dense@{c['seq_len']}: step {c['step_ratio']:.2f}x, memory {mem}")
+        parts += [f"target missed: {t}" for t in missed]
+        res.summary = "; ".join(errors[:3] + parts)
+
+    return Step("train_step", cap_s, ["bash", "-c", script], check, min_s=45 if ctx.device == "cuda" else 20)
+
+
+def ds_report_step(ctx: Ctx, cap_s: float) -> Step:
+    return Step("ds_report", cap_s, [ctx.python, "-m", "deepspeed.env_report"], None, min_s=15)
+
+
+# ------------------------------------------------------------------------------------------------ step table
+KERNEL_TESTS = ["tests/test_cuda_kernels.py", "tests/test_attention.py::test_kernels_match_dense_on_cuda"]
+CONTRACT_TESTS = "tests/test_cuda_contracts.py"
+MULTIRANK_TESTS = [
+    "tests/test_train_resume.py",
+    "tests/test_faults.py",
+    "tests/test_launch.py",
+    "tests/test_exit_signal.py",
+]
+
+
+def _kernel_tests(ctx: Ctx) -> Step:
+    # --quick: N 512/1024 of test_cuda_kernels and the cut-block N=250 of test_attention (not 4096, not 128)
+    select = "not 4096 and not -128-" if ctx.quick else None
+    return pytest_step("kernel_tests", KERNEL_TESTS, ctx, 120 if ctx.quick else 420, select)
+
+
+def _contract_tests(ctx: Ctx) -> Step:
+    if not (REPO / CONTRACT_TESTS).is_file():
+        return _skipped("contract_tests", f"{CONTRACT_TESTS} does not exist in this checkout: nothing to run")
+    return pytest_step("contract_tests", [CONTRACT_TESTS], ctx, 60 if ctx.quick else 420)
+
+
+def _multirank_tests(ctx: Ctx) -> Step:
+    return pytest_step("multirank_tests", MULTIRANK_TESTS, ctx, 420)
+
+
+STEPS: list[StepSpec] = [
+    StepSpec("kernel_tests", "every kernel vs dense on CUDA: fp16, bf16 on sm80+", True, _kernel_tests),
+    StepSpec("contract_tests", "tests/test_cuda_contracts.py on real CUDA", True, _contract_tests),
+    StepSpec(
+        "multirank_tests", "resume, fault, launch and signal tests, 1 rank per GPU up to 2", False, _multirank_tests
+    ),
+    StepSpec(
+        "smoke",
+        "two-phase training with exact resume, ZeRO-2, fp16 (+ bf16 on sm80+)",
+        True,
+        lambda c: smoke_step(c, 2, "smoke", 110 if c.quick else 420),
+    ),
+    StepSpec(
+        "kernel_table",
+        "BlockBERT n=2/n=3, Fixed, sliding window vs dense SDPA, N=512..8192",
+        True,
+        lambda c: kernel_table_step(c, 75 if c.quick else 300),
+    ),
+    StepSpec(
+        "train_step",
+        "bert-base MFU at N=512, BlockBERT n=2 vs dense at N=4096 (trainer's batches)",
+        True,
+        lambda c: train_step_step(c, 90 if c.quick else 360),
+    ),
+    StepSpec(
+        "smoke_zero3",
+        "the smoke under ZeRO-3 (when time allows)",
+        True,
+        lambda c: smoke_step(c, 3, "smoke_zero3", 90 if c.quick else 420),
+    ),
+    StepSpec("ds_report", "DeepSpeed's report of its ops", False, lambda c: ds_report_step(c, 120)),
+]
+
+
+def plan(ctx: Ctx) -> list[Step]:
+    """The steps of this run, in order: every row of :data:`STEPS` for the full check, the quick rows for --quick."""
+    steps = []
+    for spec in STEPS:
+        if spec.quick or not ctx.quick:
+            try:
+                steps.append(spec.build(ctx))
+            except Exception as e:  # noqa: BLE001 - e.g. an import failing on a half-installed node: say it, go on
+                steps.append(_broken(spec.name, f"could not prepare the step: {type(e).__name__}: {e}"))
+    if ctx.device == "cpu":  # the rehearsal: the same commands, at CPU speed
+        for s in steps:
+            s.cap_s *= CPU_REHEARSAL_SLOWDOWN
+    return steps
+
+
+# ------------------------------------------------------------------------------------------------ environment
 def arch_runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
     """Whether a torch build with ``arch_list`` has kernels for a GPU of compute ``capability``.
 
@@ -279,6 +706,7 @@ def arch_runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
     major, minor = capability
     for arch in arch_list:
         kind, _, digits = arch.partition("_")
+        digits = digits.rstrip("af")  # sm_90a, sm_100f: architecture-specific variants of 9.0, 10.0
         if not digits.isdigit() or len(digits) < 2:
             continue
         a_major, a_minor = int(digits[:-1]), int(digits[-1])
@@ -289,178 +717,374 @@ def arch_runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
     return False
 
 
-def _smoke_step(out: Path, budget: float, gpus: int) -> Step:
-    d = out / "smoke"
-    script = f"""
-set -euo pipefail
-cd {shlex.quote(str(REPO))}
-D={shlex.quote(str(d))}
-rm -rf "$D"; mkdir -p "$D"
-PY={shlex.quote(sys.executable)}
-$PY -m data_pipeline.train_tokenizer --input run_scripts/sample_data/corpus --output-dir "$D/tok" \\
-    --model-type wordpiece --vocab-size 4000
-$PY -m data_pipeline.preprocess --input run_scripts/sample_data/corpus --output-prefix "$D/data/sample" \\
-    --tokenizer-type BertWordPieceLowerCase --vocab-file "$D/tok/vocab.txt" --split-sentences --workers 4 --no-progress
-ARGS=(--deepspeed_config ds_configs/zero2_fp16.json --data-path "$D/data/sample_text_sentence"
-  --vocab-file "$D/tok/vocab.txt" --model-preset tiny --hidden-size 256 --num-attention-heads 4
-  --ffn-hidden-size 1024 --attention-dropout 0
-  --sparsity-config '{{"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}}'
-  --seq-length 128 --max-position-embeddings 128 --micro-batch-size 16 --global-batch-size {16 * gpus}
-  --lr 2e-3 --lr-warmup-fraction 0.1 --log-interval 1 --eval-interval 100 --eval-iters 5 --num-workers 2
-  --max-predictions-per-seq 32)
-DS="{REPO}/.venv/bin/deepspeed --num_gpus {gpus}"
-$DS pretrain/train.py "${{ARGS[@]}}" --train-iters 200 --log-json "$D/smoke.jsonl" > "$D/smoke.out" 2>&1
-$DS pretrain/train.py "${{ARGS[@]}}" --train-iters 200 --deterministic --log-json "$D/straight.jsonl" \\
-    > "$D/straight.out" 2>&1
-$DS pretrain/train.py "${{ARGS[@]}}" --train-iters 200 --deterministic --exit-interval 100 --save "$D/ck" \\
-    --log-json "$D/resumed.jsonl" > "$D/first.out" 2>&1
-$DS pretrain/train.py "${{ARGS[@]}}" --train-iters 200 --deterministic --save "$D/ck" --load "$D/ck" \\
-    --log-json "$D/resumed.jsonl" > "$D/second.out" 2>&1
-"""
-
-    def check(res: StepResult, proc) -> None:
-        def log(name):
-            p = d / name
-            return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
-
-        out_text = (d / "smoke.out").read_text(errors="replace") if (d / "smoke.out").is_file() else ""
-        problems = [] if proc.returncode == 0 else [f"a command failed (exit code {proc.returncode})"]
-        problems += smoke_checks(log("smoke.jsonl"), out_text, 200)
-        a = [r["loss"] for r in log("straight.jsonl") if "loss" in r]
-        b = [r["loss"] for r in log("resumed.jsonl") if "loss" in r]
-        diff, resume_problems = resume_comparison(a, b, 200)
-        problems += resume_problems
-        res.details = {"problems": problems, "resume_max_abs_loss_diff": diff, "resume_bitwise": diff == 0.0}
-        res.status = "failed" if problems else "passed"
-        res.summary = (
-            "; ".join(problems)
-            if problems
-            else (f"loss fell, no recompiles, resume with --deterministic: max |loss difference| {diff}")
-        )
-
-    return Step("smoke", budget, ["bash", "-c", script], check)
+def torch_variant_module():
+    """run_scripts/torch_variant.py (the one home of the driver table), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("torch_variant", REPO / "run_scripts" / "torch_variant.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def environment_report() -> tuple[str, dict, list[str]]:
-    """(markdown, data, problems) about torch, CUDA, the driver and the GPUs."""
-    import torch
-
-    data = {"torch": torch.__version__, "cuda": torch.version.cuda, "arch_list": torch.cuda.get_arch_list(), "gpus": []}
-    problems = []
+def nvidia_smi_gpus() -> list[dict] | None:
+    """The GPUs nvidia-smi lists (name, driver, memory, compute capability), or None without a working nvidia-smi."""
     try:
-        data["driver"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=60,
-        ).stdout.split()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        data["driver"] = None
-    for i in range(torch.cuda.device_count()):
-        major, minor = torch.cuda.get_device_capability(i)
-        name = torch.cuda.get_device_name(i)
-        data["gpus"].append({"index": i, "name": name, "capability": f"{major}.{minor}"})
-        if not arch_runs_on((major, minor), data["arch_list"]):
-            problems.append(
-                f"GPU {i} {name} (sm_{major}{minor}) has no kernels in this torch build "
-                f"({' '.join(data['arch_list'])}): re-run run_scripts/setup_env.sh "
-                "(docs/troubleshooting.md)"
-            )
-    gpus = "; ".join(f"{g['index']}: {g['name']} (sm {g['capability']})" for g in data["gpus"])
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    gpus = []
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4:
+            gpus.append({"index": parts[0], "name": parts[1], "driver": parts[2], "memory": parts[3]})
+    caps = torch_variant_module().compute_capabilities()
+    for g, cap in zip(gpus, caps or []):
+        g["capability"] = f"{cap[0]}.{cap[1]}"
+    return gpus
+
+
+def commit_info() -> tuple[str | None, str]:
+    """(commit, where it came from): $GPU_CHECK_COMMIT when set (a copied tree may carry a stale .git: the first GPU
+    run's did), else git, else a COMMIT file in the repository root (a copy of the tree without .git), else
+    unknown."""
+    if os.environ.get("GPU_CHECK_COMMIT"):
+        return os.environ["GPU_CHECK_COMMIT"].strip(), "GPU_CHECK_COMMIT"
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
+        if r.returncode == 0 and r.stdout.strip():
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
+            return r.stdout.strip() + ("-dirty" if dirty else ""), "git"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    f = REPO / "COMMIT"
+    if f.is_file() and f.read_text().strip():
+        return f.read_text().split()[0], "COMMIT file"
+    return None, "unknown (no git, no GPU_CHECK_COMMIT, no COMMIT file)"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment_report() -> tuple[str, dict, list[str]]:
+    """(markdown, data, problems): torch, CUDA, the driver, the GPUs (as torch and nvidia-smi see them), package
+    versions, date and commit. A problem fails the check: a GPU torch has no kernels for, or GPUs nvidia-smi sees
+    that torch cannot use."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    commit, commit_from = commit_info()
+    smi = nvidia_smi_gpus()
+    data = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "commit": commit,
+        "commit_source": commit_from,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if available else None,
+        "driver": (smi[0]["driver"] if smi else None),
+        "deepspeed": _version("deepspeed"),
+        "transformers": _version("transformers"),
+        "triton": _version("triton"),
+        "arch_list": torch.cuda.get_arch_list() if available else [],
+        "cuda_available": available,
+        "nvidia_smi_gpus": smi,
+        "gpus": [],
+    }
+    problems = []
+    if available:
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            name = torch.cuda.get_device_name(i)
+            data["gpus"].append({"index": i, "name": name, "capability": f"{major}.{minor}"})
+            if not arch_runs_on((major, minor), data["arch_list"]):
+                problems.append(
+                    f"GPU {i} {name} (sm_{major}{minor}) has no kernels in this torch build "
+                    f"({' '.join(data['arch_list'])}): re-run run_scripts/setup_env.sh "
+                    "(docs/troubleshooting.md)"
+                )
+    elif smi:
+        problems.append(
+            unusable_gpus_problem(smi, torch.__version__, torch.version.cuda, [str(w.message) for w in caught])
+        )
+    gpus = "; ".join(f"{g['index']}: {g['name']} (sm {g['capability']})" for g in data["gpus"]) or (
+        "none usable" if smi else "none"
+    )
     md = (
-        f"torch {data['torch']}, CUDA {data['cuda']}, driver {data['driver']}; arch list "
-        f"{' '.join(data['arch_list'])}; GPUs: {gpus}"
+        f"GPUs: {gpus}; driver {data['driver']}; torch {data['torch']} (CUDA {data['cuda']}, cuDNN {data['cudnn']}); "
+        f"DeepSpeed {data['deepspeed']}; transformers {data['transformers']}; triton {data['triton']}; "
+        f"python {data['python']}; {data['cpus']} CPUs; host {data['host']}; commit {commit} ({commit_from}); "
+        f"{data['date_utc']} UTC"
     )
     return md, data, problems
 
 
-def render(results: list[StepResult], env_md: str) -> str:
+def unusable_gpus_problem(smi: list[dict], torch_version: str, torch_cuda: str | None, warnings_seen: list[str]) -> str:
+    """Why torch cannot use GPUs that nvidia-smi lists, and what to do (never 'no GPU')."""
+    tv = torch_variant_module()
+    driver = smi[0].get("driver") or "unknown"
+    names = ", ".join(sorted({g["name"] for g in smi}))
+    head = f"nvidia-smi sees {len(smi)} GPU(s) ({names}, driver {driver}) but torch {torch_version} cannot use them: "
+    if torch_cuda is None:
+        why = "this torch is a CPU-only build; install a CUDA build (run_scripts/setup_env.sh; TORCH=system reuses one)"
+    else:
+        major = int(torch_cuda.split(".")[0])
+        need = tv.CUDA_DRIVER_MIN.get(major)
+        if need and not tv.driver_runs_cuda(driver, major):
+            why = (
+                f"it is built for CUDA {torch_cuda}, which needs a driver >= {'.'.join(map(str, need))} (NVIDIA's CUDA "
+                f"compatibility table); update the driver or install the build "
+                f"`python3 run_scripts/torch_variant.py --explain` names (TORCH_VARIANT=cu126 for CUDA 12.6)"
+            )
+        else:
+            why = "torch.cuda.is_available() is False (CUDA_VISIBLE_DEVICES={!r})".format(
+                os.environ.get("CUDA_VISIBLE_DEVICES")
+            )
+    seen = [w for w in warnings_seen if w.strip()]
+    return head + why + (f"; torch said: {seen[0][:300]}" if seen else "")
+
+
+# ----------------------------------------------------------------------------------------------------- report
+def _kernel_table_md(res: StepResult) -> list[str]:
+    rows = res.details.get("rows") or []
+    if not rows:
+        return []
+    meta = res.details.get("meta", {})
+    out = [
+        "",
+        f"### Kernel table ({meta.get('dtype')}, batch {meta.get('batch')}, {meta.get('heads')} heads x "
+        f"{meta.get('head_dim')}, fwd+bwd; dense = SDPA without a mask, backend {meta.get('dense_backend')})",
+        "",
+        "| N | layout | kernel | density | ms | dense ms | time ratio | MiB | dense MiB | memory ratio |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['n']} | {r['layout']} | {r['kernel']} | {r['density']:.3f} | {r['time_best_s'] * 1e3:.2f} | "
+            f"{r['dense_time_best_s'] * 1e3:.2f} | {r['time_ratio']:.2f} | {r['mem_mib']:.0f} | "
+            f"{r['dense_mem_mib']:.0f} | {r['mem_ratio']:.2f} |"
+        )
+    return out
+
+
+def _train_step_md(res: StepResult) -> list[str]:
+    rows = [r for r in res.details.get("rows") or [] if "error" not in r]
+    if not rows:
+        return []
+    out = [
+        "",
+        f"### Training step ({res.details.get('device')}, {res.details.get('preset')}, ZeRO-1, "
+        f"{rows[0].get('batches')} batches)",
+        "",
+        "| variant | precision | N | batch | kernel | step ms | tokens/s | TFLOP/s | MFU | peak MiB |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+        mem = "n/a" if r.get("peak_memory_mib") is None else f"{r['peak_memory_mib']:.0f}"
+        out.append(
+            f"| {r['variant']} | {r['precision']} | {r['seq_len']} | {r['batch']} | {r['kernel_used']} | "
+            f"{r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {mfu} | {mem} |"
+        )
+    return out
+
+
+def render(results: list[StepResult], env_md: str, meta: dict) -> str:
     lines = [
         "# GPU check report",
         "",
         f"Machine: {env_md}",
         "",
-        f"Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by run_scripts/gpu_check.sh.",
+        f"Mode: {meta.get('mode')}; budget {meta.get('budget_s'):.0f} s from the start of run_scripts/gpu_check.sh; "
+        f"elapsed {meta.get('elapsed_s', 0):.0f} s. Written {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}.",
         "",
         "| step | status | seconds | result |",
         "|---|---|---:|---|",
     ]
     for r in results:
         lines.append(f"| {r.name} | {r.status} | {r.seconds:.0f} | {r.summary.replace('|', '/')} |")
+    past = [r.name for r in results if r.details.get("past_budget")]
+    if past:
+        lines += ["", f"Not run, past the budget: {', '.join(past)}."]
     for r in results:
-        if r.status not in ("passed", "skipped") and r.output_tail:
+        if r.name == "kernel_table":
+            lines += _kernel_table_md(r)
+        elif r.name == "train_step":
+            lines += _train_step_md(r)
+    for r in results:
+        if r.status not in ("passed", "skipped", "running") and r.output_tail:
             lines += ["", f"## {r.name}: end of output", "", "```", r.output_tail[-2000:], "```"]
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, results: list[StepResult], env_md: str, env_data: dict) -> None:
+def write_report(out: Path, results: list[StepResult], env_md: str, env_data: dict, meta: dict | None = None) -> None:
+    """report.md and report.json, replaced atomically (a reader never sees half a file)."""
+    meta = meta or {"mode": "?", "budget_s": 0.0}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(
-        json.dumps({"environment": env_data, "steps": [asdict(r) for r in results]}, indent=1, default=str)
-    )
-    (out / "report.md").write_text(render(results, env_md))
+    doc = {"meta": meta, "environment": env_data, "steps": [asdict(r) for r in results]}
+    for name, text in (
+        ("report.json", json.dumps(doc, indent=1, default=str)),
+        ("report.md", render(results, env_md, meta)),
+    ):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
 
 
-def plan(out: Path, gpus: int) -> list[Step]:
-    return [
-        _pytest_step(
-            "cuda_tests",
-            ["tests/test_cuda_kernels.py", "tests/test_attention.py::test_kernels_match_dense_on_cuda"],
-            out,
-            300,
-        ),
-        _pytest_step(
-            "multirank_tests",
-            ["tests/test_train_resume.py", "tests/test_faults.py", "tests/test_launch.py", "tests/test_exit_signal.py"],
-            out,
-            420,
-        ),
-        _attention_step("fp16", out, 180),
-        _attention_step("bf16", out, 180) if gpus_support_bf16() else _skipped("attention_bench_bf16", NO_BF16),
-        _train_step_step(out, 240),
-        _smoke_step(out, 300, gpus),
-    ]
+def append_step_log(out: Path, work: Path, name: str) -> None:
+    """The end of a step's output into OUT/steps.log (one flat file for all steps)."""
+    log = work / f"{name}.log"
+    if not log.is_file():
+        return
+    with open(log, "rb") as f:
+        f.seek(max(0, log.stat().st_size - STEP_LOG_BYTES))
+        tail = f.read()
+    with open(out / "steps.log", "ab") as f:
+        f.write(f"\n===== {name} ({log.stat().st_size} bytes of output, the last {len(tail)} here) =====\n".encode())
+        f.write(tail)
 
 
+# ------------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tools.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--out-dir", default=os.environ.get("GPU_CHECK_OUT", "out/gpu_check"))
+    p.add_argument("--work-dir", help="scratch (shards, checkpoints, logs); default: a new directory under $TMPDIR")
+    p.add_argument("--quick", action="store_true", help="the quick selection: <= 8 minutes on one GPU")
     p.add_argument("--only", nargs="+", help="run only these steps (names as in the report)")
-    p.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S, help="total time budget")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        help=f"total time budget (default {QUICK_BUDGET_S} with --quick, else {FULL_BUDGET_S})",
+    )
+    p.add_argument("--t0", type=float, help="epoch seconds the budget counts from (gpu_check.sh passes its start)")
+    p.add_argument(
+        "--rehearse-on-cpu",
+        action="store_true",
+        help="developers: run the same steps on CPU at CPU sizes, to test the plumbing on a machine without a GPU",
+    )
+    p.add_argument("--list", action="store_true", help="print the step table (and which steps --quick runs) and exit")
     args = p.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print(
-            "gpu_check: no CUDA GPU found: torch.cuda.is_available() is False on this machine (torch "
-            f"{torch.__version__}); nothing to check here. Run it on a machine with one or more NVIDIA GPUs."
-        )
+    if args.list:
+        for s in STEPS:
+            print(f"{s.name:16s} {'quick+full' if s.quick else 'full      '} {s.what}")
         return 0
+    budget = args.budget_s or (QUICK_BUDGET_S if args.quick else FULL_BUDGET_S)
+    started = args.t0 if args.t0 else time.time()
+    deadline = time.monotonic() + budget - (time.time() - started)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + args.budget_s
+    (out / "steps.log").write_text("")
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+
+    import torch
+
     env_md, env_data, problems = environment_report()
-    env_res = StepResult(
-        "environment", status="failed" if problems else "passed", summary="; ".join(problems) or env_md
+    mode = ("quick" if args.quick else "full") + (" (CPU rehearsal)" if args.rehearse_on_cpu else "")
+    meta = {"mode": mode, "budget_s": budget, "elapsed_s": time.time() - started, "work_dir": str(work)}
+    print(
+        f"[gpu_check] {mode}, budget {budget:.0f} s ({time.time() - started:.0f} s spent before this step)", flush=True
     )
-    ds = subprocess.run([str(Path(sys.executable).parent / "ds_report")], capture_output=True, text=True, timeout=300)
-    env_res.output_tail = ds.stdout[-3000:]
-    env_data["ds_report"] = ds.stdout
+    print(f"[gpu_check] {env_md}", flush=True)
+    env_res = StepResult("environment", status="failed" if problems else "passed", summary="; ".join(problems) or "ok")
     results = [env_res]
-    steps = plan(out, torch.cuda.device_count())
-    for step in steps:
-        if args.only and step.name not in args.only:
-            continue
-        print(f"[gpu_check] {step.name} ...", flush=True)
-        res = run_step(step, out, deadline)
+    if args.rehearse_on_cpu:
+        ctx = Ctx(out, work, quick=args.quick, device="cpu", gpus=0, bf16=True, fp16=_cpu_fp16())
+    elif not torch.cuda.is_available():
+        if problems:  # nvidia-smi sees GPUs that torch cannot use: that is a failure, not "no GPU"
+            print(f"[gpu_check] FAILED: {problems[0]}", flush=True)
+            write_report(out, results, env_md, env_data, meta)
+            return 1
+        env_res.summary = (
+            f"no CUDA GPU found: torch.cuda.is_available() is False and nvidia-smi lists no GPU (torch "
+            f"{torch.__version__}); nothing to check here. Run it on a machine with an NVIDIA GPU"
+        )
+        print(f"gpu_check: {env_res.summary}", flush=True)
+        ctx = Ctx(out, work, quick=args.quick, gpus=0)
+        for s in STEPS:
+            if (s.quick or not args.quick) and (not args.only or s.name in args.only):
+                results.append(StepResult(s.name, status="skipped", summary="no CUDA GPU"))
+        write_report(out, results, env_md, env_data, meta)
+        print(f"[gpu_check] report: {out / 'report.md'}", flush=True)
+        return 0
+    else:
+        ctx = Ctx(out, work, quick=args.quick, gpus=torch.cuda.device_count(), bf16=gpus_support_bf16())
+    write_report(out, results, env_md, env_data, meta)
+    steps = [s for s in plan(ctx) if not args.only or s.name in args.only]
+    code = 0
+    for i, step in enumerate(steps, 1):
+        running = StepResult(step.name, status="running", summary=f"started at {time.strftime('%H:%M:%S')}")
+        meta["elapsed_s"] = time.time() - started
+        write_report(out, [*results, running], env_md, env_data, meta)
+        print(f"[gpu_check] {i}/{len(steps)} {step.name} ... ({meta['elapsed_s']:.0f} s elapsed)", flush=True)
+        try:
+            res = run_step(step, work, deadline)
+        except _Stopped as stop:
+            results.append(stop.res)
+            code = 128 + int(signal.Signals[str(_ACTIVE.get("stopped_by") or "SIGTERM")])
+            break
+        except KeyboardInterrupt:
+            results.append(StepResult(step.name, status="interrupted", summary="stopped between steps"))
+            code = 130
+            break
+        finally:
+            append_step_log(out, work, step.name)
         results.append(res)
-        print(f"[gpu_check] {step.name}: {res.status} ({res.seconds:.0f} s) {res.summary}", flush=True)
-        write_report(out, results, env_md, env_data)  # after every step: a crash keeps what was done
-    write_report(out, results, env_md, env_data)
-    print(f"[gpu_check] report: {out / 'report.md'}")
-    return 0 if all(r.status in ("passed", "skipped") for r in results) else 1
+        meta["elapsed_s"] = time.time() - started
+        print(
+            f"[gpu_check] {i}/{len(steps)} {step.name}: {res.status} in {res.seconds:.0f} s "
+            f"({meta['elapsed_s']:.0f} s of {budget:.0f} elapsed) {res.summary}",
+            flush=True,
+        )
+        write_report(out, results, env_md, env_data, meta)
+    meta["elapsed_s"] = time.time() - started
+    write_report(out, results, env_md, env_data, meta)
+    past = [r.name for r in results if r.details.get("past_budget")]
+    cut = [r.name for r in results if r.status == "cut"]
+    bad = [r.name for r in results if r.status not in ("passed", "skipped", "cut")]
+    if past:
+        print(f"[gpu_check] not run, past the budget: {', '.join(past)}", flush=True)
+    if cut:
+        print(f"[gpu_check] stopped at the time limit before finishing: {', '.join(cut)}", flush=True)
+    print(f"[gpu_check] report: {out / 'report.md'} ({meta['elapsed_s']:.0f} s)", flush=True)
+    print((out / "report.md").read_text()[:6000], flush=True)  # also in the output, should the files be lost
+    if code:
+        return code
+    if bad:
+        print(f"[gpu_check] FAILED: {', '.join(bad)}", flush=True)
+        return 1
+    return 3 if past or cut else 0
+
+
+def _cpu_fp16() -> bool:
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ from typing import Sequence
 
 import numpy as np
 
+from common.errors import run_entry
 from data_pipeline.collate import Collator
-from data_pipeline.data_config import DataConfig
-from data_pipeline.datasets import build_datasets
-from data_pipeline.indexed import IndexedDataset, IndexedDatasetError
+from data_pipeline.data_config import DataConfig, DataConfigError
+from data_pipeline.datasets import build_datasets, check_shard_vocab
+from data_pipeline.indexed import IndexedDataset
 from data_pipeline.samples import MODES
 from data_pipeline.stats import dataset_stats
-from data_pipeline.tokenization import TOKENIZER_TYPES, TokenizerError, build_tokenizer
+from data_pipeline.tokenization import TOKENIZER_TYPES, build_tokenizer
 
 
 def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> list[str]:
@@ -73,7 +74,11 @@ def describe(prefix: str, tokenizer=None, num_docs: int = 2, max_chars: int = 40
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("tools.inspect_dataset", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["samples"]:
         return samples_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m tools.inspect_dataset", description=__doc__.split("\n\n")[0])
@@ -90,18 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-chars", type=int, default=400)
     a = p.parse_args(argv)
     tok = None
-    try:
-        if a.vocab_file or a.tokenizer_model:
-            ttype = a.tokenizer_type or ("BertWordPieceLowerCase" if a.vocab_file else "SentencePieceTokenizer")
-            tok = build_tokenizer(ttype, a.vocab_file, a.tokenizer_model)
-        for prefix in a.prefix:
-            for suffix in (".bin", ".idx"):
-                if prefix.endswith(suffix):
-                    prefix = prefix[: -len(suffix)]
-            print(describe(prefix, tok, a.num_docs, a.max_chars))
-    except (IndexedDatasetError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.vocab_file or a.tokenizer_model:
+        ttype = a.tokenizer_type or ("BertWordPieceLowerCase" if a.vocab_file else "SentencePieceTokenizer")
+        tok = build_tokenizer(ttype, a.vocab_file, a.tokenizer_model)
+    for prefix in a.prefix:
+        for suffix in (".bin", ".idx"):
+            if prefix.endswith(suffix):
+                prefix = prefix[: -len(suffix)]
+        if tok is not None:
+            check_shard_vocab(prefix, tok)  # decoding with another vocabulary would show other words
+        print(describe(prefix, tok, a.num_docs, a.max_chars))
     return 0
 
 
@@ -176,13 +179,11 @@ def samples_main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer)))
         build_s = time.perf_counter() - t0
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # DataConfig's own checks
+        raise DataConfigError(str(e)) from None
     ds = splits[args.split_name]
     if ds is None:
-        print(f"error: the {args.split_name} split is empty with --split {args.split}", file=sys.stderr)
-        return 2
+        raise DataConfigError(f"--split-name {args.split_name}: that split is empty with --split {args.split}")
     collator = Collator(tokenizer, config)
     if args.stats:
         stats = dataset_stats(ds, collator, max_masked_samples=args.stats_samples)

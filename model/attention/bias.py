@@ -34,6 +34,12 @@ class ScoreBias:
         """The same bias for a sequence padded at the end to ``n_new`` (padded keys are masked anyway)."""
         raise NotImplementedError
 
+    def split_low_rank(self) -> tuple[torch.Tensor | None, torch.Tensor | None, "ScoreBias | None"]:
+        """``(a_HNR, b_HNR, rest)``: the part of the bias that is a product ``a_i . b_j`` (per head, rank R), for
+        FlexAttention to fold into q and k (a score_mod can only index a table: an ``[H, N, N]`` one), and the
+        rest as a bias (None when nothing is left). Default: no low-rank part."""
+        return None, None, self
+
 
 class DenseScoreBias(ScoreBias):
     """A bias given as a tensor broadcastable to ``[B, H, N, N]`` (DeepSpeed's ``rpe``, additive masks)."""
@@ -100,6 +106,17 @@ class SumScoreBias(ScoreBias):
 
     def padded(self, n_new: int) -> "SumScoreBias":
         return SumScoreBias([p.padded(n_new) for p in self.parts])
+
+    def split_low_rank(self) -> tuple[torch.Tensor | None, torch.Tensor | None, "ScoreBias | None"]:
+        a = b = None
+        rest: list[ScoreBias] = []
+        for p in self.parts:
+            pa, pb, pr = p.split_low_rank()
+            if pa is not None and a is None:
+                a, b = pa, pb
+            else:
+                rest.append(p if pa is not None else pr)
+        return a, b, combine_biases(*rest)
 
 
 def combine_biases(*biases: ScoreBias | None) -> ScoreBias | None:

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model.attention.band import BandMask
 from model.attention.bias import DenseScoreBias, ScoreBias, combine_biases
 from model.attention.block_sparse_ops import MatMul, Softmax
 from model.attention.kernels import get_kernel
@@ -19,6 +20,9 @@ from model.attention.sparsebert import block_layout_from_mask
 
 class BlockSparseAttention(nn.Module):
     """softmax(q k^T * scale + bias, masked by layout/padding/token mask) v over ``[B, H, N, D]`` tensors.
+
+    ``fixed_token_mask`` may also be a :class:`~model.attention.band.BandMask` (a sliding window kept as its
+    radius: a banded block layout and element masks inside the computed tiles, never ``[H, n, n]``).
 
     The layout is made once at ``max_seq_length`` (as DeepSpeed did; random blocks drawn once) and kept in the
     ``master_layout`` buffer (not in ``state_dict``: save it with :meth:`layout_state`). A sequence whose length
@@ -37,13 +41,14 @@ class BlockSparseAttention(nn.Module):
         kernel: str = "auto",
         max_seq_length: int = 2048,
         dropout_p: float = 0.0,
-        fixed_token_mask: torch.Tensor | None = None,
+        fixed_token_mask: torch.Tensor | BandMask | None = None,
         mask_block: int = 16,
     ):
         super().__init__()
-        if fixed_token_mask is not None:
+        if fixed_token_mask is not None and not isinstance(fixed_token_mask, BandMask):
             if fixed_token_mask.dim() != 3 or fixed_token_mask.shape[1] != fixed_token_mask.shape[2]:
                 raise ValueError(f"fixed_token_mask must be bool [H, n, n], got {tuple(fixed_token_mask.shape)}")
+        if fixed_token_mask is not None:
             if sparsity_config is None:
                 sparsity_config = DenseSparsityConfig(fixed_token_mask.shape[0], block=mask_block)
             elif fixed_token_mask.shape[0] != sparsity_config.num_heads:
@@ -61,11 +66,18 @@ class BlockSparseAttention(nn.Module):
             master = sparsity_config.make_layout(sparsity_config.padded_length(max_seq_length))
         if fixed_token_mask is not None:
             n_pad = sparsity_config.padded_length(max_seq_length)
-            p = n_pad - fixed_token_mask.shape[-1]
-            tm = F.pad(fixed_token_mask.bool(), (0, p, 0, p), value=False)
-            master = master * block_layout_from_mask(tm, sparsity_config.block)
+            if isinstance(fixed_token_mask, BandMask):
+                tm = fixed_token_mask.resized(n_pad)
+                master = master * tm.block_layout(sparsity_config.block)
+            else:
+                p = n_pad - fixed_token_mask.shape[-1]
+                tm = F.pad(fixed_token_mask.bool(), (0, p, 0, p), value=False)
+                master = master * block_layout_from_mask(tm, sparsity_config.block)
         self.register_buffer("master_layout", master, persistent=False)
-        self.register_buffer("fixed_token_mask", tm, persistent=False)
+        if isinstance(tm, BandMask):  # a plain attribute: no tensor to move or save
+            self.fixed_token_mask = tm
+        else:
+            self.register_buffer("fixed_token_mask", tm, persistent=False)
         self._plans: dict = {}
         self._layout_version = 0
 
@@ -110,7 +122,11 @@ class BlockSparseAttention(nn.Module):
         if plan is None:
             layout = self.layout_for(n_pad)
             block = None if self.sparsity_config is None else self.sparsity_config.block
-            fixed = None if self.fixed_token_mask is None else self.fixed_token_mask[:, :n_pad, :n_pad]
+            fixed = self.fixed_token_mask
+            if isinstance(fixed, BandMask):
+                fixed = fixed.resized(n_pad)
+            elif fixed is not None:
+                fixed = fixed[:, :n_pad, :n_pad]
             plan = self.kernel.make_plan(layout, block, n_pad, device, token_mask=fixed)
             self._plans[key] = plan
         return plan

@@ -24,6 +24,7 @@ from model.attention.token_patterns import (  # noqa: F401  (re-exported: the Sp
     TokenMaskConfig,
     _offsets,
     block_layout_from_mask,
+    build_layer_mask,
     build_token_mask,
     load_mask,
     make_pattern,
@@ -193,7 +194,8 @@ def gated_attention(
     """(softmax(q k^T * scale + bias, masked) * gate) v: SparseBERT Eq. 4/5 (probabilities gated, not renormalised)."""
     N = q_BHND.shape[2]
     s = scale if scale is not None else q_BHND.shape[-1] ** -0.5
-    scores = torch.matmul(q_BHND, k_BHND.transpose(-1, -2)) * s
+    # q scaled before the matmul, as SDPA does: q.k of size-64 fp16 heads passes 65504 long before q.k * s would
+    scores = torch.matmul(q_BHND * s, k_BHND.transpose(-1, -2))
     if score_bias is not None:
         scores = scores + score_bias.dense(N)
     if key_padding_mask_BN is not None:

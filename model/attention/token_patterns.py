@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from common.strict import check_keys, field_names
+from model.attention.band import BandMask
 
 MASK_FILE_FORMAT = "sparsebert-token-masks/1"
 
@@ -326,6 +327,14 @@ def build_token_mask(cfg: TokenMaskConfig | None, num_heads: int, n: int, layer:
     return m
 
 
+def build_layer_mask(cfg: TokenMaskConfig | None, num_heads: int, n: int, layer: int) -> torch.Tensor | BandMask | None:
+    """What a layer's attention keeps of its fixed mask: a :class:`BandMask` for a sliding window (its radius, never
+    ``[H, n, n]``: ModernBERT's local layers at n=8192), else :func:`build_token_mask`'s tensor."""
+    if cfg is not None and cfg.pattern == "sliding_window" and not cfg.drop_diagonal:
+        return BandMask(cfg.params.window // 2, n, num_heads)
+    return build_token_mask(cfg, num_heads, n, layer)
+
+
 def make_pattern(cfg: TokenMaskConfig, num_heads: int, n: int) -> torch.Tensor:
     """Bool ``[H, n, n]`` mask of a pattern that needs no file and learns nothing."""
     if PATTERNS[cfg.pattern].kind != "fixed":
@@ -342,9 +351,11 @@ def block_layout_from_mask(mask_HNN: torch.Tensor, block: int) -> torch.Tensor:
     return m.view(H, nb, block, nb, block).any(4).any(2).to(torch.int64)
 
 
-def sparsity(mask: torch.Tensor) -> float:
-    """The paper's rho = 1 - |M| / n^2 (over all heads given)."""
-    return 1.0 - float(mask.float().mean())
+def sparsity(mask: torch.Tensor | BandMask) -> float:
+    """The paper's rho = 1 - |M| / n^2 (over all heads given); counted without a float copy of the mask."""
+    if isinstance(mask, BandMask):
+        return mask.sparsity()
+    return 1.0 - int(torch.count_nonzero(mask)) / max(1, mask.numel())
 
 
 TABLE3 = {"strided": 70.4, "fixed": 72.7, "longformer": 88.7, "logsparse": 89.8, "bigbird": 93.2, "star": 96.1}

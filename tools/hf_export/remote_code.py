@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from model.attention.band import dense_mask
 from model.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +160,7 @@ def token_mask_state(model) -> dict[str, torch.Tensor]:
         core = layer.attention.core
         if core.fixed_token_mask is not None:
             n = core.max_seq_length
-            out[f"layer{i}"] = core.fixed_token_mask[:, :n, :n].detach().cpu().bool().clone()
+            out[f"layer{i}"] = dense_mask(core.fixed_token_mask)[:, :n, :n].detach().cpu().bool().clone()
     return out
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model.attention.band import dense_mask
 from model.attention.kernels.registry import Call, Kernel, register_kernel, same_document
 from model.attention.kernels.sdpa import sdpa_with_allow
 
@@ -39,7 +40,7 @@ class DenseKernel(Kernel):
     """SDPA with the layout as a mask: the reference every other kernel is tested against."""
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> DensePlan:
-        tm = None if token_mask is None else token_mask.to(device=device, dtype=torch.bool)
+        tm = None if token_mask is None else dense_mask(token_mask, device).to(device=device, dtype=torch.bool)
         if layout_HMM is None:
             return DensePlan(tm)
         lay = layout_HMM.to(device=device, dtype=torch.bool).repeat_interleave(block, 1).repeat_interleave(block, 2)

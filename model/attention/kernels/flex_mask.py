@@ -7,9 +7,11 @@ booleans instead of ``B x H x N^2`` (at B=32, N=4096 that is 50 k instead of 6.4
 plan costs nothing per call.
 
 Sparse blocks are ``max(128, layout block)`` tokens (FlexAttention's Triton tiles divide 128; a 16-token sparse
-block would force 16-row tiles). A coarse block is *full* (``mask_mod`` skipped) when every fine layout block in
-it is on, every key in it is a real (unpadded) key and the token mask, if any, is all-true there; *partial* (the
-``mask_mod`` decides element by element) when some fine block is on and some key may be attended; else skipped.
+block would force 16-row tiles); a layout block that does not divide 128 (e.g. 48) gets 128-token sparse blocks
+summarised from the layout token by token along one axis at a time (``[H, N, N/block]``, not the ``B x H x N^2``
+pass of ``create_block_mask`` it replaced). A coarse block is *full* (``mask_mod`` skipped) when every fine layout
+block in it is on, every key in it is a real (unpadded) key and the token mask, if any, is all-true there; *partial*
+(the ``mask_mod`` decides element by element) when some fine block is on and some key may be attended; else skipped.
 The result equals ``create_block_mask`` with the same ``mask_mod`` (tested), except that it may mark fewer blocks
 full when a token mask is present (a partial block gives the same output, only slower).
 """
@@ -21,13 +23,30 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from model.attention.band import BandMask
+
 SPARSE_BLOCK = 128
 
 
 def sparse_block_size(block: int) -> int | None:
-    """The BlockMask granularity for a layout of ``block``-token blocks, or None when none is aligned with both."""
+    """The BlockMask granularity for a layout of ``block``-token blocks, or None when none is aligned with both
+    (then :func:`layout_block_mask` uses 128-token blocks, each covering parts of several layout blocks)."""
     size = max(SPARSE_BLOCK, block)
     return size if size % block == 0 else None
+
+
+def _coarse_any_all(layout_HMM: torch.Tensor, block: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(any, all) of a block layout over ``size``-token sparse blocks that do not align with its blocks: each
+    token is mapped to its layout block, one axis at a time (``[H, N, M]`` booleans at most, never N x N)."""
+    H, M, _ = layout_HMM.shape
+    Mc = -(-M * block // size)
+    tok = torch.arange(Mc * size, device=layout_HMM.device)
+    fine, valid = (tok // block).clamp(max=M - 1), tok < M * block  # tokens past the end count as off
+    rows = (layout_HMM[:, fine] & valid[:, None]).view(H, Mc, size, M)
+    r_any, r_all = rows.any(2), rows.all(2)  # [H, Mc, M]
+    c_any = (r_any[:, :, fine] & valid).view(H, Mc, Mc, size).any(-1)
+    c_all = (r_all[:, :, fine] & valid).view(H, Mc, Mc, size).all(-1)
+    return c_any, c_all
 
 
 def _grouped_any_all(x: torch.Tensor, r: int, dims: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,17 +108,24 @@ def layout_block_mask(
     from torch.nn.attention.flex_attention import BlockMask
 
     size = sparse_block_size(block)
-    if size is None:
-        raise ValueError(f"layout block {block} does not divide the FlexAttention sparse block {SPARSE_BLOCK}")
-    r = size // block
-    lay_any, lay_all = _grouped_any_all(layout_HMM, r, 2)  # [H, Mc, Mc]
+    if size is None:  # e.g. block 48: 128-token sparse blocks from the layout, token by token along one axis
+        size = SPARSE_BLOCK
+        lay_any, lay_all = _coarse_any_all(layout_HMM, block, size)
+    else:
+        lay_any, lay_all = _grouped_any_all(layout_HMM, size // block, 2)  # [H, Mc, Mc]
     partial = lay_any.unsqueeze(0)  # [1, H, Mc, Mc]
     full = lay_all.unsqueeze(0)
     if key_valid_BN is not None:
         k_any, k_all = _grouped_any_all(key_valid_BN, size, 1)  # [B, Mc]
         partial = partial & k_any[:, None, None, :]
         full = full & k_all[:, None, None, :]
-    if token_mask is not None:
+    if isinstance(token_mask, BandMask):  # block summaries from the radius (no n x n pass)
+        tm_any, tm_all = (
+            x.unsqueeze(0).to(layout_HMM.device) for x in token_mask.resized(seq_len).grouped_any_all(size)
+        )
+        partial = partial & tm_any
+        full = full & tm_all
+    elif token_mask is not None:
         tm = token_mask if token_mask.dim() == 4 else token_mask.unsqueeze(0)  # [B|1, H|1, N, N]
         tm_any, tm_all = _grouped_any_all(tm, size, 2)
         partial = partial & tm_any

@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from model.host import cpu_all
+from model import host
 
 
 def _deterministic_cuda(q: torch.Tensor) -> bool:
-    return q.is_cuda and torch.are_deterministic_algorithms_enabled()
+    return not host.takes_cpu_path(q) and torch.are_deterministic_algorithms_enabled()
 
 
 def _sdpa(q, k, v, mask, dropout_p: float, scale: float | None) -> torch.Tensor:
@@ -43,7 +43,7 @@ def sdpa_with_allow(
         return _sdpa(q, k, v, mask, dropout_p, scale)
     row_any = allow.any(-1, keepdim=True)
     # on CPU, skip the fix-up (a full-size multiply) when every row has a key; on GPU avoid the host sync
-    fix = not cpu_all(row_any)
+    fix = not host.cpu_all(row_any)
     if fix:
         allow = allow | ~row_any
     mask = allow if bias is None else bias.to(q.dtype).masked_fill(~allow, float("-inf"))
@@ -77,9 +77,9 @@ def sdpa_tiles(
     B times).
     """
     B, G = q.shape[:2]
-    if q.device.type != "cpu" or (
+    if not host.takes_cpu_path(q) or (
         B > 1 and not (all(t.is_contiguous() for t in (q, k, v)) and (bias is None or bias.shape[0] == B))
     ):
         return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale)
     out = sdpa_with_allow(*(_fold_heads(t, B, G) for t in (q, k, v, allow, bias)), dropout_p, scale)
-    return out.transpose(0, 1) if B == 1 else out.view(B, G, *out.shape[2:])
+    return out.transpose(0, 1) if B == 1 else out.reshape(B, G, *out.shape[2:])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from model import host
 from model.attention.kernels.block_gather.gather import GatherGroup, GatherPlan, make_gather_plan
 from model.attention.kernels.block_gather.permutation import PermutationPlan, make_permutation_plan
 from model.attention.kernels.block_gather.split import SplitPlan, cpu_split_enabled, make_split_plan
@@ -46,7 +47,7 @@ class BlockGatherKernel(Kernel):
         fast = make_permutation_plan(lay, query_tile_factor(lay), block, seq_len, device, token_mask)
         if fast is not None:  # one key tile per query tile (BlockBERT): views instead of gathers
             return fast
-        if torch.device(device).type == "cpu" and cpu_split_enabled():
+        if host.takes_cpu_path(device) and cpu_split_enabled():
             split = make_split_plan(lay, block, seq_len, device, token_mask)
             if split is not None:
                 return split

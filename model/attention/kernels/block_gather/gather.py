@@ -1,17 +1,52 @@
 """block_gather's general plan (any layout): each query tile gathers only the key/value blocks its layout row
-names; tiles with the same number of key blocks go through one fused SDPA call (no filler blocks, no mask unless
-padding asks for one). One gather for K, one for V, one permutation of Q and of the output, whatever the number of
-groups (each large temporary costs page faults on CPU)."""
+names; tiles with the same number of key blocks go through fused SDPA calls (no filler blocks, no mask unless
+padding asks for one).
+
+Memory: a query tile's gathered keys are a copy, and tiles of one head gather overlapping keys (Fixed, block 16,
+N=4096: the copies are 16.8x K and V, 2x the tile scores at head size 64). So they are never kept for the backward:
+each chunk of tiles (its copies within half the tile scores) is computed under :func:`recomputed`, which keeps only q, k
+and v (what any attention backward needs) and gathers again in the backward. The masks and biases made for the
+tiles (padding, packed documents, DIET) are recomputed the same way. The price is one more forward of the chunk in
+the backward; measured in docs/model.md (attention memory).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
-from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
+from model.attention.band import tile_mask
+from model.attention.kernels.block_gather.tiles import host_mask, query_tile_factor, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
+
+PEAK_FRACTION = 0.5
+"""A chunk's K/V copies stay within this fraction of the plan's tile scores (the layout's bound): the copies of all
+tiles are (D + Dv) / T times the scores (Fixed block 16, 64-row tiles, head size 64: 2x), so a plan runs in about
+2 (D + Dv) / (T * PEAK_FRACTION) chunks whatever N. Fewer, larger chunks run faster on CPU: each chunk's backward
+fills a zero gradient the size of q/k/v (2-core box, Fixed block 16, N=2048, B=2, 4 heads, fwd+bwd: one chunk
+1.11 s, 3-4 chunks 1.5-2.0 s under load, the old plan that kept the copies 1.04 s)."""
+
+
+def recomputed(fn, *inputs: torch.Tensor) -> torch.Tensor:
+    """``fn(*inputs)`` whose intermediates autograd does not keep: recomputed in the backward (non-reentrant
+    ``torch.utils.checkpoint``, RNG preserved so dropout matches). Without grad, a plain call."""
+    if not torch.is_grad_enabled():
+        return fn(*inputs)
+    return torch.utils.checkpoint.checkpoint(fn, *inputs, use_reentrant=False)
+
+
+def take_rows(x_BHND: torch.Tensor, head_G: torch.Tensor, index_GX: torch.Tensor) -> torch.Tensor:
+    """``[B, G, X, D]``: rows ``index_GX[g]`` of head ``head_G[g]`` (a copy; a non-contiguous input is not copied
+    whole first)."""
+    B, H, N, D = x_BHND.shape
+    G, X = index_GX.shape
+    if x_BHND.is_contiguous():
+        flat = (head_G[:, None] * N + index_GX).reshape(-1)
+        return x_BHND.view(B, H * N, D).index_select(1, flat).view(B, G, X, D)
+    return x_BHND[:, head_G[:, None], index_GX]
 
 
 @dataclass
@@ -39,39 +74,42 @@ class GatherPlan:
     density: float
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
-        key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
-        T = self.tile
-        q_tiles = q_BHND.reshape(B, self.num_tiles, T, D)
-        if self.perm is not None:
-            q_tiles = q_tiles.index_select(1, self.perm)
-        k_all = k_BHND.reshape(B, H * N, D).index_select(1, self.flat_index)
-        v_all = v_BHND.reshape(B, H * N, Dv).index_select(1, self.flat_index)
-        # split (not narrow): its backward is one cat, not a zero-filled full-size tensor per group
-        q_parts = q_tiles.split([g.k_index_GK.shape[0] for g in self.groups], 1)
-        k_parts = k_all.split([g.k_index_GK.numel() for g in self.groups], 1)
-        v_parts = v_all.split([g.k_index_GK.numel() for g in self.groups], 1)
+        # key rows per chunk: copies (D + Dv) per row within PEAK_FRACTION of the scores (T per row)
+        budget = PEAK_FRACTION * self.tile * self.flat_index.numel() / (D + Dv)
         outs = []
-        for g, q, k, v in zip(self.groups, q_parts, k_parts, v_parts):
+        for g in self.groups:
             G, K = g.k_index_GK.shape
             if K == 0:  # tiles with no key block at all: zeros
-                outs.append(q_BHND.new_zeros(B, G, T, Dv))
+                outs.append(q_BHND.new_zeros(B, G, self.tile, Dv))
                 continue
-            k = k.view(B, G, K, D)
-            v = v.view(B, G, K, Dv)
-            allow = None
-            if key_padding_mask_BN is not None:
-                allow = key_padding_mask_BN[:, g.k_index_GK].view(B, G, 1, K)
-            allow = tile_allow(
-                allow, token_mask, g.token_mask_GQK, g.head_G, g.q_index_GQ, g.k_index_GK, H, N, call.doc_ids_BN
-            )
-            bias = None if score_bias is None else score_bias.gather(g.head_G, g.q_index_GQ, g.k_index_GK)
-            outs.append(sdpa_tiles(q, k, v, allow, bias, dropout_p, scale))
+            per = max(1, int(budget // K))
+            for s in range(0, G, per):
+                chunk = slice(s, min(G, s + per))
+                outs.append(
+                    recomputed(lambda q, k, v, g=g, c=chunk: _tiles(g, c, q, k, v, call), q_BHND, k_BHND, v_BHND)
+                )
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
         if self.inverse is not None:
             out = out.index_select(1, self.inverse)
-        return out.view(B, H, N, Dv)
+        return tiles_to_heads(out, H, N)  # no .view: SDPA's output strides differ on CUDA (see there)
+
+
+def _tiles(g: GatherGroup, c: slice, q_BHND, k_BHND, v_BHND, call: Call) -> torch.Tensor:
+    """Attention of the tiles ``c`` of group ``g``: ``[B, tiles, T, Dv]``."""
+    key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
+    B, H, N, _ = q_BHND.shape
+    head, qi, ki = g.head_G[c], g.q_index_GQ[c], g.k_index_GK[c]
+    G, K = ki.shape
+    q, k, v = take_rows(q_BHND, head, qi), take_rows(k_BHND, head, ki), take_rows(v_BHND, head, ki)
+    allow = None
+    if key_padding_mask_BN is not None:
+        allow = key_padding_mask_BN[:, ki].view(B, G, 1, K)
+    fixed = None if g.token_mask_GQK is None else g.token_mask_GQK[c]
+    allow = tile_allow(allow, token_mask, fixed, head, qi, ki, H, N, call.doc_ids_BN)
+    bias = None if score_bias is None else score_bias.gather(head, qi, ki)
+    return sdpa_tiles(q, k, v, allow, bias, dropout_p, scale)
 
 
 def make_gather_plan(
@@ -98,14 +136,7 @@ def make_gather_plan(
         kblocks = lay_q[rows].nonzero()[:, 1].view(len(rows), c)  # increasing key order
         k_index = (kblocks[..., None] * block + ar).reshape(len(rows), c * block)
         q_index = (rows % Mq)[:, None] * tile + torch.arange(tile)
-        tm = None
-        if token_mask is not None:
-            tm = (
-                token_mask.cpu()
-                .bool()
-                .expand(H, seq_len, seq_len)[head[:, None, None], q_index[:, :, None], k_index[:, None, :]]
-                .to(device)
-            )
+        tm = None if token_mask is None else tile_mask(host_mask(token_mask), head, q_index, k_index).to(device)
         groups.append(GatherGroup(start, head.to(device), q_index.to(device), k_index.to(device), offset, tm))
         flats.append((head[:, None] * seq_len + k_index).reshape(-1))
         order.append(rows)

@@ -37,8 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
+from model import host
+from model.attention.band import BandMask, tile_mask
 from model.attention.kernels.block_gather.gather import make_gather_plan
-from model.attention.kernels.block_gather.tiles import query_tile_factor, tile_allow
+from model.attention.kernels.block_gather.tiles import host_mask, query_tile_factor, tile_allow
 from model.attention.kernels.registry import Call
 
 SWITCH = "SPARSEBERT_CPU_SPLIT"
@@ -108,7 +110,7 @@ class SplitPlan:
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
-        if dropout_p == 0.0 and score_bias is None and call.doc_ids_BN is None and q_BHND.device.type == "cpu":
+        if dropout_p == 0.0 and score_bias is None and call.doc_ids_BN is None and host.takes_cpu_path(q_BHND):
             return split_attention(q_BHND, k_BHND, v_BHND, self, key_padding_mask_BN, token_mask, scale)
         return self.fallback.run(q_BHND, k_BHND, v_BHND, call)
 
@@ -203,9 +205,7 @@ def make_split_plan(
     H, M, _ = lay.shape
     if M < 2 or not _HAVE_CPU_FLASH:
         return None
-    tmc = None if token_mask is None else token_mask.cpu().bool()
-    while tmc is not None and tmc.dim() < 3:
-        tmc = tmc.unsqueeze(0)
+    tmc = None if token_mask is None else host_mask(token_mask)
     cols_HS = shared_blocks(lay)
     rest = lay
     idx = None
@@ -239,14 +239,13 @@ def make_split_plan(
         W = nb * block
         k_start = (t0 * r - a) * block
         mask = P.repeat_interleave(block, 0).repeat_interleave(block, 1)[None, None]  # [1, 1, T, W]
-        if tmc is not None:
-            s0, s1, s2 = tmc.stride()
-            tw = tmc.as_strided(
-                (tmc.shape[0], nt, T, W),
-                (s0, T * s1 + T * s2, s1, s2),
-                tmc.storage_offset() + t0 * T * s1 + k_start * s2,
-            )
-            mask = mask & tw
+        if tmc is not None:  # window tile t: query rows (t0 + t) * T + [0, T), keys k_start + t * T + [0, W)
+            Ht = 1 if isinstance(tmc, BandMask) or tmc.dim() < 3 else tmc.shape[0]
+            t = torch.arange(nt)
+            q_idx = ((t0 + t)[:, None] * T + torch.arange(T)).repeat(Ht, 1)
+            k_idx = (k_start + t[:, None] * T + torch.arange(W)).repeat(Ht, 1)
+            heads = torch.arange(Ht).repeat_interleave(nt)
+            mask = mask & tile_mask(tmc, heads, q_idx, k_idx).view(Ht, nt, T, W)
         mask = _squeeze_same(mask, (0, 1))
         window = WindowPiece(
             r=r,
@@ -268,7 +267,7 @@ def make_split_plan(
         rest_piece = RestPiece(plan=gp, groups=keep, tiles=order[skip:].to(device), flat_index=gp.flat_index)
     tm_a = None
     if idx is not None and tmc is not None:
-        tm_a = tmc.expand(H, seq_len, seq_len).gather(2, idx[:, None, :].expand(H, seq_len, -1))
+        tm_a = tile_mask(tmc, torch.arange(H), torch.arange(seq_len).expand(H, -1), idx)
         tm_a = _squeeze_same(tm_a, (0,)).to(device)
     same = idx is not None and bool((idx == idx[:1]).all())
     return SplitPlan(

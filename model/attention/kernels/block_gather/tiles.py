@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import torch
 
+from model.attention.band import BandMask
 from model.attention.kernels.registry import same_document
+
+
+def host_mask(mask: torch.Tensor | BandMask) -> torch.Tensor | BandMask:
+    """A plan's fixed token mask on the host for plan building (a band needs no copy)."""
+    return mask if isinstance(mask, BandMask) else mask.cpu().bool()
 
 
 def tile_allow(
@@ -52,3 +58,18 @@ def query_tile_factor(layout_HMM: torch.Tensor) -> int:
         if bool((t == t[:, :, :1]).all()):
             return r
     return 1
+
+
+def tiles_to_heads(out_BGTD: torch.Tensor, H: int, N: int) -> torch.Tensor:
+    """Tiles ``[B, H*n, T, D]`` (tile g = head g // n, rows (g % n)*T ...) as ``[B, H, N, D]``.
+
+    A view when the tiles are contiguous (CPU, flash, cuDNN and math outputs of contiguous queries, gathered
+    outputs). CUDA's memory-efficient backend returns ``[B, T, G, D]`` memory seen as ``[B, G, T, D]``
+    (tests/cuda_contracts.py), which no view can merge: then one copy, straight into ``[B, N, H, D]`` memory, the
+    layout the output projection reads (its ``transpose(1, 2).reshape`` is then free), instead of a copy here and
+    another one there."""
+    B, G, T, D = out_BGTD.shape
+    if out_BGTD.is_contiguous():
+        return out_BGTD.view(B, H, N, D)
+    n = G // H
+    return out_BGTD.unflatten(1, (H, n)).permute(0, 2, 3, 1, 4).reshape(B, N, H, D).transpose(1, 2)

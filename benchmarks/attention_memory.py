@@ -1,0 +1,257 @@
+"""The attention's extra activation memory per kernel and layout family, against the layout's analytic bound.
+
+    .venv/bin/python -m benchmarks.attention_memory --out-dir out/bench_attention_memory            # CPU, fp32
+    .venv/bin/python -m benchmarks.attention_memory --seq-lens 4096 --families fixed diet_rel_padded --write-doc
+
+Why: a sparse layout is only worth its name if the memory it keeps for the backward scales with the scores it
+computes. For every kernel that trains on CPU (``KERNELS``) and every family (one per registered layout mode of
+``SPARSITY_MODES``, plus DIET-REL/ABS with padding, packed documents and ModernBERT's local layers) one attention
+call runs forward under ``torch.profiler(profile_memory=True)``; its allocation events replayed in time order give
+
+- *retained*: bytes allocated by the forward and still alive at its end, less the output itself: what autograd keeps
+  for the backward (saved tensors, gathered copies, masks, biases), whatever way it is held;
+- *peak*: the highest running sum during the forward (output and temporaries included).
+
+The *bound* is the layout's scores in the call's dtype: density x B x H x N^2 x itemsize (the tiles the layout
+computes; for a token mask, the 16-token blocks it touches). The target is retained <= 1.5 x bound for every family.
+*Plan* is the persistent memory of the module: its layout, its fixed token mask and the cached kernel plan.
+
+Small B and H keep it fast on CPU: every quantity scales linearly in B and H (the bound too), so the ratios hold at
+any B and H.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from benchmarks.attention import DTYPES
+from model.attention import SPARSITY_MODES, BlockSparseAttention, SparsityConfig
+from model.attention.kernels import KERNELS
+from model.attention.kernels.block_gather.split import SWITCH
+from model.attention.token_patterns import TokenMaskConfig, build_layer_mask
+from model.positions import DietAbsBias, DietRelBias
+
+HEADS, HEAD_DIM, BATCH = 4, 64, 1
+TARGET = 1.5
+"""retained / bound must stay at or under this for every family."""
+
+MODE_ARGS: dict[str, dict[str, Any]] = {
+    "dense": {},
+    "fixed": {"block": 16},  # DeepSpeed's defaults (block 16, 4 local blocks, 1 global)
+    "variable": {"block": 64, "num_random_blocks": 1},
+    "bigbird": {"block": 64},
+    "bslongformer": {"block": 64},
+    "local": {"block": 64, "attention": "bidirectional"},
+    "dilated_local": {"block": 64},
+    "blockbert": {"num_blocks": 2, "head_assignment": "3:1", "block": 16},
+}
+"""Benchmark settings of each registered layout mode (a mode missing here is an error: add it)."""
+
+EXTRA_FAMILIES: dict[str, dict[str, Any]] = {
+    "blockbert_n3": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "2:1:1", "block": 16},
+    "diet_rel_padded": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16, "_bias": "rel"},
+    "diet_abs_padded": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16, "_bias": "abs"},
+    "packed_docs": {"mode": "fixed", "block": 16, "_docs": 4},
+    "packed_docs_blockbert": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16, "_docs": 4},
+    "modernbert_local": {"_token_mask": {"pattern": "sliding_window", "window": 128}},
+}
+"""Families beyond one per mode: the cases the per-call inputs (biases, padding, documents, token masks) make."""
+
+PAD = 37
+"""Padded families: the last PAD keys of every row are padding."""
+
+
+def families() -> dict[str, dict[str, Any]]:
+    missing = sorted(set(SPARSITY_MODES) - set(MODE_ARGS))
+    if missing:
+        raise SystemExit(f"benchmarks/attention_memory.py: add benchmark settings to MODE_ARGS for modes {missing}")
+    out = {m: {"mode": m, **a} for m, a in MODE_ARGS.items()}
+    out.update(EXTRA_FAMILIES)
+    return out
+
+
+GATHER_ONLY = "block_gather/gather"
+"""block_gather with its CPU split plan off (``SPARSEBERT_CPU_SPLIT=0``): the general gather plan, the one every
+non-CPU device runs."""
+
+
+def build(spec: dict[str, Any], n: int, kernel: str) -> tuple[BlockSparseAttention, Callable]:
+    """The module and a function ``(q, k, v) -> out`` that passes the family's per-call inputs (plans built)."""
+    cfg: SparsityConfig | None = None
+    kw = {k: v for k, v in spec.items() if not k.startswith("_") and k != "mode"}
+    if "mode" in spec:
+        cfg = SPARSITY_MODES[spec["mode"]](num_heads=HEADS, **kw)
+    tm = None
+    if "_token_mask" in spec:
+        tm = build_layer_mask(TokenMaskConfig.from_dict(spec["_token_mask"]), HEADS, n, 1)
+    mod = BlockSparseAttention(cfg, kernel.split("/")[0], n, fixed_token_mask=tm)
+    old = os.environ.get(SWITCH)
+    os.environ[SWITCH] = "0" if kernel == GATHER_ONLY else "1"
+    try:
+        mod.build_plan(n, torch.device("cpu"))
+    finally:
+        os.environ.pop(SWITCH) if old is None else os.environ.__setitem__(SWITCH, old)
+    g = torch.Generator().manual_seed(0)
+    call: dict[str, Any] = {}
+    if "_bias" in spec:
+        kpm = torch.ones(BATCH, n, dtype=torch.bool)
+        kpm[:, n - PAD :] = False
+        call["key_padding_mask_BN"] = kpm
+        if spec["_bias"] == "rel":
+            table = torch.randn(HEADS, 2 * 128 + 1, generator=g).requires_grad_()
+            call["score_bias"] = DietRelBias(table)
+        else:
+            pq, pk = (torch.randn(HEADS, n, 128, generator=g).requires_grad_() for _ in range(2))
+            call["score_bias"] = DietAbsBias(pq, pk)
+    if "_docs" in spec:
+        call["doc_ids_BN"] = (torch.arange(n) * spec["_docs"] // n).expand(BATCH, n).contiguous()
+    return mod, lambda q, k, v: mod(q, k, v, **call)
+
+
+def tensor_bytes(obj: Any, seen: set | None = None) -> int:
+    """Bytes of the distinct tensor storages reachable from ``obj`` (dataclasses, lists, tuples, dicts)."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        st = obj.untyped_storage()
+        if st.data_ptr() in seen or st.nbytes() == 0:
+            return 0
+        seen.add(st.data_ptr())
+        return st.nbytes()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(tensor_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(x, seen) for x in obj)
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(x, seen) for x in obj.values())
+    if hasattr(obj, "__dict__") and not isinstance(obj, type) and type(obj).__module__.startswith("model."):
+        return sum(tensor_bytes(x, seen) for x in vars(obj).values())
+    return 0
+
+
+def forward_memory(fn: Callable[[], torch.Tensor]) -> tuple[int, int, torch.Tensor]:
+    """(retained bytes, peak bytes, output) of one forward, from the profiler's allocation events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    cur = peak = 0
+    for e in events:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return cur, peak, out
+
+
+def measure(name: str, spec: dict[str, Any], kernel: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
+    mod, fn = build(spec, n, kernel)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    fn(q, k, v).sum().backward()  # plans and first-call caches exist before the measured call
+    retained, peak, out = forward_memory(lambda: fn(q, k, v))
+    retained -= out.untyped_storage().nbytes()
+    out.sum().backward()  # the graph is used, so nothing it holds was optimised away
+    item = torch.empty((), dtype=dtype).element_size()
+    layout = mod.layout_for(n)
+    density = 1.0 if layout is None else float(layout.float().mean())
+    bound = density * BATCH * HEADS * n * n * item
+    plan = tensor_bytes(mod._plans) + tensor_bytes([mod.master_layout, mod.fixed_token_mask])
+    row = dict(
+        family=name,
+        kernel=kernel,
+        n=n,
+        density=density,
+        retained_mib=retained / 2**20,
+        peak_mib=peak / 2**20,
+        bound_mib=bound / 2**20,
+        plan_mib=plan / 2**20,
+        ratio=retained / bound,
+        peak_ratio=peak / bound,
+    )
+    row["meets"] = row["ratio"] <= TARGET
+    return row
+
+
+def table(rows: list[dict], machine: str) -> str:
+    lines = [
+        f"Measured {machine}. B={BATCH}, {HEADS} heads x {HEAD_DIM}, fp32; MiB; ratio = retained / bound "
+        f"(target <= {TARGET}).",
+        "",
+        "| family | kernel | N | density | bound | retained | ratio | forward peak | peak ratio | plan |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['family']} | {r['kernel']} | {r['n']} | {r['density']:.3f} | {r['bound_mib']:.1f} | "
+            f"{r['retained_mib']:.1f} | **{r['ratio']:.2f}** | {r['peak_mib']:.1f} | {r['peak_ratio']:.2f} | "
+            f"{r['plan_mib']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+DOC_BEGIN = "<!-- attention_memory table begin -->"
+DOC_END = "<!-- attention_memory table end -->"
+
+
+def write_doc(path: Path, text: str) -> None:
+    """Replace the table between the markers in docs/model.md."""
+    doc = path.read_text()
+    if DOC_BEGIN not in doc or DOC_END not in doc:
+        raise SystemExit(f"{path}: markers {DOC_BEGIN!r} / {DOC_END!r} not found; add them where the table goes")
+    new = re.sub(
+        re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END), lambda _: f"{DOC_BEGIN}\n{text}\n{DOC_END}", doc, flags=re.S
+    )
+    path.write_text(new)
+
+
+def main(argv: list[str] | None = None) -> None:
+    fams = families()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--families", nargs="+", default=list(fams), choices=list(fams))
+    cpu_kernels = sorted(k for k in KERNELS if KERNELS[k].runs_on_cpu and KERNELS[k].trains_on_cpu and k != "auto")
+    if "block_gather" in cpu_kernels:
+        cpu_kernels.append(GATHER_ONLY)
+    p.add_argument("--kernels", nargs="+", default=[k for k in cpu_kernels if k != "dense"], choices=cpu_kernels)
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    p.add_argument("--out-dir", type=Path, default=Path("out/bench_attention_memory"))
+    p.add_argument("--write-doc", type=Path, nargs="?", const=Path("docs/model.md"), default=None)
+    p.add_argument("--machine", default=f"{platform.node()} ({platform.processor() or platform.machine()}), CPU")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    rows = []
+    for n in args.seq_lens:
+        for name in args.families:
+            for kernel in args.kernels:
+                row = measure(name, fams[name], kernel, n, DTYPES[args.dtype])
+                rows.append(row)
+                print(
+                    f"N={n:5d} {name:22s} {kernel:12s} density {row['density']:.3f} bound {row['bound_mib']:8.1f} "
+                    f"retained {row['retained_mib']:8.1f} ({row['ratio']:.2f}x) peak {row['peak_mib']:8.1f} "
+                    f"({row['peak_ratio']:.2f}x) plan {row['plan_mib']:7.1f} MiB{'' if row['meets'] else '  OVER'}",
+                    flush=True,
+                )
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "attention_memory.json").write_text(json.dumps(rows, indent=1))
+    text = table(rows, f"{args.machine}, {datetime.date.today().isoformat()}")
+    print(text)
+    if args.write_doc:
+        write_doc(args.write_doc, text)
+    over = [f"{r['family']}/{r['kernel']}/N={r['n']}" for r in rows if not r["meets"]]
+    if over:
+        print(f"over the target ({TARGET} x bound): {', '.join(over)}")
+
+
+if __name__ == "__main__":
+    main()
