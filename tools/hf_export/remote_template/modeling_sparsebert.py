@@ -89,6 +89,10 @@ class SparseBertModel(SparseBertPreTrainedModel):
             p = core.sparsity_config.padded_length(n) - n
             want = F.pad(saved.detach().bool(), (0, p, 0, p), value=False)
             cur = core.fixed_token_mask
+            if cur is not None and not isinstance(cur, torch.Tensor):  # a band (a window kept as its radius)
+                if tuple(cur.shape) == tuple(want.shape) and torch.equal(cur.dense(want.device), want):
+                    continue  # the saved mask is this band: keep it sparse
+                cur = None
             if cur is None or cur.is_meta or cur.shape != want.shape or not torch.equal(cur, want.to(cur.device)):
                 core.fixed_token_mask = want.to(saved.device)
                 core.max_seq_length = n
