@@ -127,8 +127,11 @@ def test_bad_checkpoint_dirs(zero3_ckpt, tmp_path):
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("x")
-    with pytest.raises(cc.ConversionError, match="not empty"):
+    with pytest.raises(cc.ConversionError, match="already exist.*--overwrite"):
         cc.ds_to_hf(str(good), str(busy), tokenizer=False)
+    with pytest.raises(cc.ConversionError, match="is the input --load"):  # it deleted every checkpoint (issue 34)
+        cc.ds_to_hf(str(good), str(good), tokenizer=False, overwrite=True)
+    assert (good / "latest").is_file()
 
 
 def test_cli_reports_errors_without_traceback(tmp_path, capsys):

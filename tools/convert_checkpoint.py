@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError, run_entry, write_errors
-from common.outputs import atomic_dir, check_dir_writable, check_fresh, check_not_input
+from common.outputs import OutputError, atomic_dir, check_dir_writable, check_fresh, check_not_input
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.hf_adapter import STOCK_ARCHITECTURES, STOCK_FIELDS, from_hf, stock_export, to_hf
@@ -152,11 +152,14 @@ def _save_tokenizer(out: Path, args: dict[str, Any], overrides: argparse.Namespa
 def _check_output(out: str | Path, flag: str, overwrite: bool, inputs: list[tuple[str, Any]]) -> None:
     """The output guard (common/outputs.py), before any work: ``out`` is no input nor a directory above one, is
     not a file, and is new or empty unless ``--overwrite``."""
-    check_not_input(out, flag, [(f, p) for f, p in inputs if p])
-    if Path(out).exists() and not Path(out).is_dir():
-        raise ConversionError(f"{flag} {out} is a file; give a directory path (a new or empty directory)")
-    check_fresh([out], flag, overwrite)
-    check_dir_writable(out, flag, create=False)
+    try:
+        check_not_input(out, flag, [(f, p) for f, p in inputs if p])
+        if Path(out).exists() and not Path(out).is_dir():
+            raise ConversionError(f"{flag} {out} is a file; give a directory path (a new or empty directory)")
+        check_fresh([out], flag, overwrite)
+        check_dir_writable(out, flag, create=False)
+    except OutputError as e:  # one error type for callers of ds_to_hf / hf_to_ds
+        raise ConversionError(str(e)) from None
 
 
 def write_hf(

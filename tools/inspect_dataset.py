@@ -159,6 +159,10 @@ def _samples_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def samples_main(argv: Sequence[str] | None = None) -> int:
     """``samples``: build (and cache) the sample index of shards; print statistics or decoded masked samples."""
+    return run_entry("tools.inspect_dataset", _samples_main, argv)
+
+
+def _samples_main(argv: Sequence[str]) -> int:
     args = _samples_args(argv)
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
