@@ -142,7 +142,7 @@ def _start(kind: str, args: list[str], log: Path, **env_extra: str) -> subproces
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(
     "kind, handler",
-    [("deepspeed", True), ("deepspeed", False), ("torchrun", True), ("mpirun", True), ("script", True)],
+    [("deepspeed", True), ("deepspeed", False), ("torchrun", True), ("mpirun", True)],
 )
 def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, kind, handler):
     """SIGTERM to the process the user started, mid-run: no rank trains on (every rank process is gone within
