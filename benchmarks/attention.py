@@ -23,7 +23,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -79,10 +79,15 @@ def peak_memory_mib(step: Callable[[], None], device: torch.device) -> float:
         step()
         _sync(device)
         return (torch.cuda.max_memory_allocated() - base) / 2**20
+    return cpu_allocations(step)[1] / 2**20
+
+
+def cpu_allocations(fn: Callable[[], Any]) -> tuple[int, int, Any]:
+    """(retained bytes, peak bytes, fn's result) of one call on CPU, from the profiler's allocation events."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
+        out = fn()
     events = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
     )
@@ -90,7 +95,7 @@ def peak_memory_mib(step: Callable[[], None], device: torch.device) -> float:
     for e in events:
         cur += e.nbytes()
         peak = max(peak, cur)
-    return peak / 2**20
+    return cur, peak, out
 
 
 def paired_times(

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks.attention import DTYPES
+from benchmarks.attention import DTYPES, cpu_allocations
 from model.attention import SPARSITY_MODES, BlockSparseAttention, SparsityConfig
 from model.attention.kernels import KERNELS
 from model.attention.kernels.block_gather.split import SWITCH
@@ -139,19 +139,8 @@ def tensor_bytes(obj: Any, seen: set | None = None) -> int:
 
 
 def forward_memory(fn: Callable[[], torch.Tensor]) -> tuple[int, int, torch.Tensor]:
-    """(retained bytes, peak bytes, output) of one forward, from the profiler's allocation events."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
-    )
-    cur = peak = 0
-    for e in events:
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return cur, peak, out
+    """(retained bytes, peak bytes, output) of one forward."""
+    return cpu_allocations(fn)
 
 
 def measure(name: str, spec: dict[str, Any], kernel: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
