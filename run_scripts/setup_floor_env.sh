@@ -9,20 +9,31 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; return "${PIPESTATUS[0]}"; }
+# The venv lives in a cache outside the checkout (a few GB: PyPI's torch brings its CUDA libraries), so fresh clones
+# (CI's) reuse it; .venv-floor in the checkout is a link to it. SPARSE_BERT_CACHE moves the cache.
+cache="${SPARSE_BERT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sparse-bert}"
+venv="$cache/venv-floor-py$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+mkdir -p "$cache"
+if [ -e .venv-floor ] && [ ! -L .venv-floor ]; then
+  echo "[setup-floor] .venv-floor is a directory from an older set-up: moving it to $venv"
+  [ -e "$venv" ] || mv .venv-floor "$venv"
+  rm -rf .venv-floor
+fi
+[ -L .venv-floor ] && [ "$(readlink .venv-floor)" = "$venv" ] || ln -sfn "$venv" .venv-floor
 floors="$("$PY" run_scripts/reqs.py floors)"
 want="$(printf '%s\n' "$floors" | sha256sum | cut -d' ' -f1)"
-stamp=".venv-floor/.floors.sha256"
+stamp="$venv/.floors.sha256"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-  [ -x .venv-floor/bin/python ] || "$PY" -m venv .venv-floor
-  echo "[setup-floor] pip install into .venv-floor: $(printf '%s ' $floors)(first time: a few minutes)"
-  printf '%s\n' "$floors" > .venv-floor/floors.txt
-  quiet .venv-floor/bin/python -m pip install -q -r .venv-floor/floors.txt
+  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  echo "[setup-floor] pip install into $venv: $(printf '%s ' $floors)(first time: a few minutes)"
+  printf '%s\n' "$floors" > "$venv/floors.txt"
+  quiet "$venv/bin/python" -m pip install -q -r "$venv/floors.txt"
   echo "$want" > "$stamp"
 fi
 # the DeepSpeed CPU op, built for this torch (its own extensions dir: another torch needs another build)
-export TORCH_EXTENSIONS_DIR="$ROOT/.venv-floor/torch_extensions"
-if [ ! -f "$TORCH_EXTENSIONS_DIR/.shm_op_built" ] && .venv-floor/bin/python -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
-  echo "[setup-floor] building DeepSpeed's CPU communication op for torch $(.venv-floor/bin/python -c 'import torch; print(torch.__version__)') once"
-  .venv-floor/bin/python -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 | { grep -v "real_accelerator" || true; }
+export TORCH_EXTENSIONS_DIR="$venv/torch_extensions"  # one build for every checkout
+if [ ! -f "$TORCH_EXTENSIONS_DIR/.shm_op_built" ] && "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
+  echo "[setup-floor] building DeepSpeed's CPU communication op for torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') once"
+  "$venv/bin/python" -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 | { grep -v "real_accelerator" || true; }
   mkdir -p "$TORCH_EXTENSIONS_DIR" && touch "$TORCH_EXTENSIONS_DIR/.shm_op_built"
 fi

@@ -17,6 +17,19 @@ def _corpus_dir() -> Path:
 
 CORPUS = _corpus_dir()
 
+EXTENDED = os.environ.get("SPARSE_BERT_EXTENDED") == "1"
+"""Run the tests marked ``extended`` (run_scripts/extended_check.sh sets it): longer than CI's budget, or not yet
+seen passing three times in a row under load."""
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if EXTENDED:
+        return
+    skip = pytest.mark.skip(reason="extended check only: bash run_scripts/extended_check.sh (SPARSE_BERT_EXTENDED=1)")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:
