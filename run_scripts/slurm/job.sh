@@ -37,23 +37,26 @@ run_setup() {
   fi
 }
 
-# finish CODE: exit code 4 = the trainer saved a committed checkpoint on $EXIT_SIGNAL -> requeue this job; the
-# requeued job runs the same script, whose --load resumes exactly. Any other code ends the job with that code.
+# finish CODE: exit code 4 = the trainer saved a committed checkpoint on $EXIT_SIGNAL, 5 = the watchdog ended a rank
+# whose peers stopped answering (pretrain/watchdog.py: a lost node, a cut link) -> requeue this job; the requeued job
+# runs the same script, whose --load resumes from the newest committed checkpoint that verifies. Any other code ends
+# the job with that code.
 finish() {
-  local code="$1"
-  if [ "$code" -eq 4 ]; then
+  local code="$1" why
+  if [ "$code" -eq 4 ] || [ "$code" -eq 5 ]; then
+    why="the trainer saved and stopped on $EXIT_SIGNAL"
+    [ "$code" -eq 5 ] && why="a rank's peers stopped answering (watchdog, exit 5)"
     if [ "${SLURM_RESTART_COUNT:-0}" -ge "${MAX_RESTARTS:-50}" ]; then
-      echo "[slurm] stopped on $EXIT_SIGNAL with a checkpoint, but MAX_RESTARTS=${MAX_RESTARTS:-50} reached:" \
-        "not requeued; resubmit to continue" >&2
-      exit 4
+      echo "[slurm] $why, but MAX_RESTARTS=${MAX_RESTARTS:-50} reached: not requeued; resubmit to continue" >&2
+      exit "$code"
     fi
-    echo "[slurm] the trainer saved and stopped on $EXIT_SIGNAL: requeueing job $SLURM_JOB_ID; $(date -Is)"
+    echo "[slurm] $why: requeueing job $SLURM_JOB_ID; $(date -Is)"
     if scontrol requeue "$SLURM_JOB_ID"; then
       sleep 60 & wait  # requeue ends this script; do not report an exit code of our own before it does
       exit 0
     fi
     echo "[slurm] scontrol requeue failed (job submitted with --no-requeue?): resubmit to continue" >&2
-    exit 4
+    exit "$code"
   fi
   echo "[slurm] done, exit code $code; $(date -Is)"
   exit "$code"
