@@ -49,6 +49,10 @@ def _run(tmp_path, name: str, *extra: str, samples: int = 64, global_batch: int 
     args = tu.train_args(tmp_path, "zero2_fp32.json", 1, "--log-json", str(tmp_path / f"{name}.jsonl"), *extra)
     i = args.index("--train-iters")
     args[i : i + 2] = ["--train-samples", str(samples), "--global-batch-size", str(global_batch)]
+    # a constant LR: the first steps of runs of different lengths must see the same LR (a warmup or a decay is counted
+    # over the whole run, as Megatron counts it)
+    w = args.index("--lr-warmup-fraction")
+    args[w : w + 2] = ["--lr-decay-style", "constant"]
     p = tu.launch("deepspeed", args)
     assert p.returncode == 0, p.stdout[-4000:]
     return tu.train_records(tmp_path / f"{name}.jsonl"), p.stdout
