@@ -30,13 +30,16 @@ def maybe_kill_in_save(iteration: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _at(var: str, iteration: int, rank: int) -> bool:
+    """Whether ``$var`` (``RANK:ITER``) names this rank and iteration."""
+    raw = os.environ.get(var, "")
+    return bool(raw) and tuple(int(x) for x in raw.split(":")) == (rank, iteration)
+
+
 def maybe_kill_rank(iteration: int, rank: int) -> None:
-    raw = os.environ.get("SPARSEBERT_FAULT_KILL_RANK", "")
-    if raw:
-        want_rank, want_iter = (int(x) for x in raw.split(":"))
-        if rank == want_rank and iteration == want_iter:
-            print(f"[fault] rank {rank}: dying at iteration {iteration}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+    if _at("SPARSEBERT_FAULT_KILL_RANK", iteration, rank):
+        print(f"[fault] rank {rank}: dying at iteration {iteration}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def maybe_signal_self(iteration: int, rank: int) -> None:
@@ -49,12 +52,9 @@ def maybe_signal_self(iteration: int, rank: int) -> None:
 
 
 def maybe_stall(iteration: int, rank: int) -> None:
-    raw = os.environ.get("SPARSEBERT_FAULT_STALL", "")
-    if raw:
-        want_rank, want_iter = (int(x) for x in raw.split(":"))
-        if rank == want_rank and iteration == want_iter:
-            print(f"[fault] rank {rank}: stalling at iteration {iteration}", flush=True)
-            import time
+    if _at("SPARSEBERT_FAULT_STALL", iteration, rank):
+        print(f"[fault] rank {rank}: stalling at iteration {iteration}", flush=True)
+        import time
 
-            while True:
-                time.sleep(3600)
+        while True:
+            time.sleep(3600)
