@@ -87,3 +87,16 @@ def inputs_stay_untouched():
         changed += [f"{root}/{k}: {'new' if k not in old else 'changed'}" for k in now if now[k] != old.get(k)]
         changed += [f"{root}/{k}: deleted" for k in old if k not in now]
     assert not changed, "tests wrote into their inputs:\n  " + "\n  ".join(changed[:20])
+
+
+@pytest.fixture
+def fail_on_recompile_limit():
+    """Compiled flex must never fall back to eager silently: on for one test only (set for the whole session, CPU's
+    eager FlexAttention, itself a compiled wrapper, failed in later modules). Through ``torch._dynamo.config.patch``,
+    never ``monkeypatch``: pytest 9.2's monkeypatch restores from the target's ``__dict__``, where torch's config
+    module keeps no values, so its undo deleted the key, which torch then hides for the rest of the session
+    (``recompile_limit does not exist`` in every later flex call)."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield

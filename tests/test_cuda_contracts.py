@@ -45,10 +45,8 @@ SDP_BACKEND = {
 
 
 @pytest.fixture(autouse=True)
-def _fail_on_recompile_limit(monkeypatch):
-    """Compiled flex must never fall back to eager silently: in this module's tests only (set at import it held for the
-    whole session, and CPU's eager FlexAttention, itself a compiled wrapper, then failed in later modules)."""
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True, raising=False)
+def _fail_on_recompile_limit(fail_on_recompile_limit):
+    """Every test of this module runs with ``fail_on_recompile_limit`` (tests/conftest.py)."""
 
 
 def _skip_bf16(dtype: torch.dtype) -> None:
@@ -446,21 +444,19 @@ def test_flex_compiles_per_bucket_without_hitting_the_recompile_limit(monkeypatc
 
     monkeypatch.setattr(flex, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(flex, "_compiled_flex", {})
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True, raising=False)
     lengths = (16, 32, 48, 64)
-    with torch.no_grad():
+    with torch._dynamo.config.patch(recompile_limit=2), torch.no_grad():  # never monkeypatch: see conftest.py
         for n in lengths:
             q = torch.randn(1, 2, n, 8)
             bucket = (n,)
             out = flex._flex_fn("cuda", bucket)(q, q, q, None, None, None)
             assert out.shape == q.shape
-    assert len(flex._compiled_flex) == len(lengths)
-    shared = torch.compile(flex._flex_call, dynamic=False, backend="eager")
-    with pytest.raises(Exception, match="fail_on_recompile_limit_hit"), torch.no_grad():
-        for n in lengths:
-            q = torch.randn(1, 2, n, 8)
-            shared(q, q, q, None, None, None)
+        assert len(flex._compiled_flex) == len(lengths)
+        shared = torch.compile(flex._flex_call, dynamic=False, backend="eager")
+        with pytest.raises(Exception, match="fail_on_recompile_limit_hit"):
+            for n in lengths:
+                q = torch.randn(1, 2, n, 8)
+                shared(q, q, q, None, None, None)
 
 
 def test_flex_buckets_separate_what_recompiles():

@@ -15,10 +15,8 @@ from tests.registry_cases import CUDA_KERNELS, upstream_grad
 
 
 @pytest.fixture(autouse=True)
-def _fail_on_recompile_limit(monkeypatch):
-    """Compiled flex must never fall back to eager silently: in this module's tests only (set at import it held for the
-    whole session, and CPU's eager FlexAttention, itself a compiled wrapper, then failed in later modules)."""
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True, raising=False)
+def _fail_on_recompile_limit(fail_on_recompile_limit):
+    """Every test of this module runs with ``fail_on_recompile_limit`` (tests/conftest.py)."""
 
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,17 @@ def test_architecture_doc_states_the_same_layering():
     for package, allowed in ALLOWED_IMPORTS.items():
         want = ", ".join(f"`{p}/`" for p in OURS if p in allowed) or "nothing of ours"
         assert f"| `{package}/` | {want} |" in doc, f"docs/architecture.md: the row of `{package}/` should list {want}"
+
+
+def test_no_test_monkeypatches_a_torch_config_module():
+    """torch's config modules (``torch._dynamo.config``, ``torch._inductor.config``) are patched with their own
+    ``config.patch``: pytest 9.2's monkeypatch undoes such a patch by deleting the key, which torch then hides for
+    the rest of the session (208 tests failed in CI that way)."""
+    found = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("monkeypatch.setattr") and node.args:
+                target = ast.unparse(node.args[0]).strip("'\"")
+                if re.match(r"torch\.[\w.]*config\b", target):
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "use torch's config.patch instead:\n  " + "\n  ".join(found)
