@@ -13,6 +13,7 @@ import pytest
 
 from pretrain.checkpoint import committed_tags, verify_tag
 from tests import train_utils as tu
+from tests.cluster_skip import start_failed
 from tests.netns_cluster import IFNAME, NetnsCluster, Unavailable, why_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.multirank]
@@ -30,7 +31,7 @@ def cluster(tmp_path):
     try:
         c = NetnsCluster(tmp_path / "cluster", hosts=2)
     except Unavailable as e:
-        pytest.skip(str(e))
+        start_failed("the 2-host test cluster", e)
     try:
         yield c
     finally:
@@ -310,7 +311,7 @@ def test_a_node_local_save_directory_stops_the_run_at_start_naming_the_host(tmp_
     try:
         c = NetnsCluster(tmp_path / "cluster", hosts=2, private_dirs={1: [save]})
     except Unavailable as e:
-        pytest.skip(str(e))
+        start_failed("the 2-host test cluster", e)
     try:
         data = tu.prepare(tmp_path)
         launch = _launch_dir(tmp_path, c)
@@ -343,12 +344,12 @@ def slurm2(tmp_path_factory):
     try:
         hosts = NetnsCluster(root / "hosts", hosts=2, private_dirs={i: [slurm_run_dir(root / "slurm")] for i in (0, 1)})
     except Unavailable as e:
-        pytest.skip(str(e))
+        start_failed("the 2-host test cluster", e)
     try:
         with SlurmCluster(root / "slurm", hosts=hosts) as s:
             yield s
     except SlurmUnavailable as e:
-        pytest.skip(f"no 2-node test Slurm cluster: {e}")
+        start_failed("the 2-node test Slurm cluster", e)
     finally:
         hosts.close()
 

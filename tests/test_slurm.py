@@ -18,7 +18,8 @@ import pytest
 from data_pipeline import coordination
 from pretrain.distributed import cuda_device_index, mpirun_env, slurm_env
 from tests import train_utils as tu
-from tests.slurm_cluster import SlurmCluster, Unavailable
+from tests.cluster_skip import start_failed
+from tests.slurm_cluster import SlurmCluster, Unavailable, why_unavailable
 
 REPO = tu.REPO
 SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
@@ -28,11 +29,14 @@ TEMPLATES = REPO / "run_scripts" / "slurm"
 # ---------------------------------------------------------------------------------------------------------- cluster
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    reason = why_unavailable()
+    if reason:
+        pytest.skip(f"no test Slurm cluster: {reason}")
     c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         c.start(timeout=60)
     except Unavailable as e:
-        pytest.skip(f"no test Slurm cluster: {e}")
+        start_failed("the test Slurm cluster", e)
     try:
         yield c
     finally:
