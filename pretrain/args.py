@@ -140,6 +140,9 @@ class LoopConfig:
     """Validation batches per evaluation."""
     log_interval: int = 100
     """Log (stdout, --log-json, TensorBoard) every this many iterations."""
+    straggler_ratio: float = 1.5
+    """At each log, name the rank whose data loading or forward time (its own work, before collectives make it
+    wait) exceeds this many times the other ranks' median: not a failure, but it sets every rank's pace. 0: off."""
     seed: int = 1234
     """Seed for weights, dropout, layouts and data order."""
     exit_interval: int | None = None
@@ -188,6 +191,8 @@ class LoopConfig:
             raise ArgsError(f"--exit-signal must be one of {', '.join(EXIT_SIGNALS)}, got {self.exit_signal!r}")
         if self.eval_interval < 0 or self.eval_iters < 0 or self.log_interval <= 0:
             raise ArgsError("--eval-interval/--eval-iters must be >= 0 and --log-interval > 0")
+        if self.straggler_ratio != 0 and not self.straggler_ratio > 1:
+            raise ArgsError(f"--straggler-ratio must be above 1 (or 0 to disable), got {self.straggler_ratio}")
 
 
 @dataclass

@@ -7,6 +7,8 @@ SPARSEBERT_FAULT_KILL_RANK="RANK:ITER"             that rank SIGKILLs itself at 
 SPARSEBERT_FAULT_SIGNAL="RANK:ITER:SIGNAME"          that rank sends itself SIGNAME at the start of ITER
 SPARSEBERT_FAULT_STALL="RANK:ITER"                 that rank's main thread sleeps forever at the start of ITER
                                                    (a hang outside any collective: only the watchdog ends it)
+SPARSEBERT_FAULT_SLOW_DATA="RANK:SECONDS"           that rank sleeps SECONDS before reading each micro-batch (a
+                                                   straggler: a slow data path)
 """
 
 from __future__ import annotations
@@ -58,3 +60,13 @@ def maybe_stall(iteration: int, rank: int) -> None:
 
         while True:
             time.sleep(3600)
+
+
+def maybe_slow_data(rank: int) -> None:
+    raw = os.environ.get("SPARSEBERT_FAULT_SLOW_DATA", "")
+    if raw:
+        want_rank, seconds = raw.split(":")
+        if rank == int(want_rank):
+            import time
+
+            time.sleep(float(seconds))

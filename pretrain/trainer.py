@@ -12,6 +12,7 @@ import math
 import os
 import random
 import resource
+import socket
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,6 +33,7 @@ from pretrain.args import ArgsError, RunConfig, train_iterations, warmup_steps
 from pretrain.distributed import (
     DistInfo,
     ExitSignal,
+    all_gather_objects,
     all_ranks_true,
     broadcast_module_state,
     destroy_distributed,
@@ -54,6 +56,7 @@ from pretrain.parallelize import (
     initialize_engine,
     optimizer_from_block,
 )
+from pretrain.stragglers import RankTimer, Straggler, find_straggler
 from pretrain.watchdog import Watchdog
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label", "doc_ids")
@@ -148,6 +151,8 @@ class Trainer:
         self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
         self.rank0 = self.dist.rank == 0
         self.watchdog = Watchdog(run.system.distributed_timeout_minutes * 60, self.dist.rank, self.dist.world_size)
+        self.timer = RankTimer(self.dist.device)
+        self.hosts = all_gather_objects(socket.gethostname()) if self.dist.world_size > 1 else [socket.gethostname()]
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
@@ -381,7 +386,9 @@ class Trainer:
             if self.ramp is not None:  # DeepSpeed's own count of micro-steps assumes a fixed accumulation
                 engine.set_gradient_accumulation_boundary(micro == gas - 1)
             try:
-                host = next(self.train_iter)
+                with self.timer.data():
+                    faults.maybe_slow_data(self.dist.rank)
+                    host = next(self.train_iter)
                 tokens += self._tokens(host)
                 batch = self._to_device(host)
             except StopIteration:
@@ -389,7 +396,8 @@ class Trainer:
                     f"the training data ran out at iteration {self.iteration + 1}; the sample index "
                     "was built for fewer samples than --train-iters x --global-batch-size"
                 ) from None
-            out = engine(**batch)
+            with self.timer.forward():
+                out = engine(**batch)
             loss = out.loss
             aux = module.auxiliary_loss()
             if aux is not None:
@@ -507,7 +515,7 @@ class Trainer:
             window_samples += step["samples"]
             window_iters += 1
             if self.iteration % loop.log_interval == 0 or self.iteration == self.train_iters:
-                self._log(step, window_start, window_tokens, window_samples)
+                self._log(step, window_start, window_tokens, window_samples, window_iters)
                 window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
                 window_samples = 0
             paused = time.perf_counter()
@@ -571,7 +579,9 @@ class Trainer:
                 f'{{"pattern": "file", "path": "{path}"}})'
             )
 
-    def _log(self, step: dict[str, Any], window_start: float, window_tokens: int, window_samples: int) -> None:
+    def _log(
+        self, step: dict[str, Any], window_start: float, window_tokens: int, window_samples: int, window_iters: int
+    ) -> None:
         engine = self.engine
         loss, tokens, skipped_max, skipped_min = self._dp_mean_and_counts(step, window_tokens)
         elapsed = time.perf_counter() - window_start  # after the read: the device finished the window's work
@@ -599,6 +609,9 @@ class Trainer:
             rec["global_batch_size"] = step["samples"]
         if step["aux_loss"] is not None:
             rec["aux_loss"] = float(step["aux_loss"])
+        straggler = self._straggler(window_iters)
+        if straggler is not None:
+            rec["straggler_rank"], rec["straggler_ratio"] = straggler.rank, round(straggler.ratio, 2)
         mask_stats = getattr(engine.module, "mask_stats", None)
         if mask_stats is not None:  # DAM / token-mask sparsity (every rank: gathering is a collective under ZeRO-3)
             with gathered(engine.module.mask_parameters(), self.ds.zero_stage):
@@ -606,6 +619,8 @@ class Trainer:
         if not self.rank0:
             return
         print("[pretrain] " + log_line(rec, self.train_iters), flush=True)
+        if straggler is not None:
+            print("[pretrain] " + straggler.line(self.iteration, window_iters), flush=True)
         if self.log_file:
             self.log_file.write(json.dumps(rec) + "\n")
             self.log_file.flush()
@@ -616,6 +631,16 @@ class Trainer:
                 if k not in ("iteration",) and v is not None:
                     self.writer.add_scalar(f"train/{k}", v, self.iteration)
             self.writer.flush()
+
+    def _straggler(self, steps: int) -> Straggler | None:
+        """Every rank's data and forward time of the window, gathered (every rank: a collective); rank 0 judges."""
+        mine = torch.tensor(self.timer.take(), dtype=torch.float64, device=self.dist.device)
+        ratio = self.run.loop.straggler_ratio
+        if self.dist.world_size < 2 or not ratio:
+            return None
+        every = [torch.zeros_like(mine) for _ in range(self.dist.world_size)]
+        dist.all_gather(every, mine)
+        return find_straggler([tuple(t.tolist()) for t in every], self.hosts, ratio)
 
     def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: int) -> tuple[float, float, int, int]:
         """Mean loss over ranks, total tokens, max and min of the skipped-step counter (read once, at a log)."""
