@@ -76,74 +76,78 @@ def test_deepspeed_pdsh_across_two_hosts_trains_saves_and_resumes_exactly(cluste
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # bitwise: same ranks, same batches
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
-    """Every process of host 1 is killed mid-run: the surviving rank exits non-zero within a bounded time, no
-    checkpoint is half-written, and the same command on host 0 alone resumes from the last committed checkpoint
-    with one rank (ZeRO-2 state re-partitioned, global batch and sample position kept)."""
+    """Every process of host 1 is killed mid-run: the surviving rank exits non-zero within the bounded-exit limit
+    (timeout + 60 s), no checkpoint is half-written, and the same command with the hostfile minus host 1 resumes
+    on one rank (ZeRO-2 state re-partitioned, global batch, sample position and LR schedule unchanged) to the losses
+    of a straight 2-host run within 1e-4 relative (dropout 0)."""
     import subprocess
     import time
 
     data = tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
     launch = _launch_dir(tmp_path, cluster)
     ck = tmp_path / "ck"
-    args = tu.train_args(data, "zero2_fp32.json", 400, global_batch=4)
-    args += ["--save", str(ck), "--load", str(ck), "--save-interval", "3", "--distributed-timeout-minutes", "1"]
-    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
-    cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
+    iters, log = 12, tmp_path / "run.jsonl"
+    args = tu.train_args(data, "zero2_fp32.json", iters, global_batch=4) + ["--log-json", str(log)]
+    args += ["--save", str(ck), "--load", str(ck), "--save-interval", "3"]
+    args += ["--distributed-timeout-minutes", str(TIMEOUT_MIN)]
+    straight = deepspeed_across(cluster, launch, [*args[: args.index("--save")], "--log-json", str(tmp_path / "a")])
+    assert straight.returncode == 0, straight.stdout[-4000:]
+
+    def deepspeed(hostfile: Path) -> list[str]:
+        cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(hostfile), "--launcher", "pdsh", "--no_ssh_check"]
+        return [*cmd, "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
+
     env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options))
-    full = cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
-    log = open(tmp_path / "lost.log", "w")
-    proc = subprocess.Popen(full, cwd=launch, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while not (ck / "iter_0000006" / "commit.json").is_file():
-            assert proc.poll() is None, (tmp_path / "lost.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no second checkpoint within 300 s"
-            time.sleep(0.2)
-        killed = time.monotonic()
-        cluster.kill_host(1)
-        code = proc.wait(timeout=180)
-        waited = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    out = (tmp_path / "lost.log").read_text()
-    assert code != 0, out[-3000:]
-    assert waited < 120, f"the surviving rank took {waited:.0f} s to stop"
-    tags = sorted(p.name for p in ck.glob("iter_*"))
-    committed = [t for t in tags if (ck / t / "commit.json").is_file()]
+    # rank 0 reads each micro-batch 1 s late (no effect on the numbers), so the run is still going when host 1 dies
+    slow = launch / "slow"
+    slow.mkdir()
+    (slow / ".deepspeed_env").write_text((launch / ".deepspeed_env").read_text() + "SPARSEBERT_FAULT_SLOW_DATA=0:1\n")
+    full = cluster.host_cmd(0, [*deepspeed(launch / "hostfile"), str(tu.REPO / "pretrain" / "train.py"), *args])
+    out_path = tmp_path / "lost.log"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(full, cwd=slow, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while not (ck / "iter_0000006" / "commit.json").is_file():
+                assert proc.poll() is None, out_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no second checkpoint within 300 s"
+                time.sleep(0.1)
+            killed = time.monotonic()
+            cluster.kill_host(1)
+            code = proc.wait(timeout=TIMEOUT_MIN * 60 + 120)
+            waited = time.monotonic() - killed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    lost = out_path.read_text()
+    assert code != 0, lost[-3000:]
+    assert f"iteration {iters}/{iters}" not in lost, "the run ended before host 1 was lost"
+    print(f"lost node: the launcher exited {code} after {waited:.1f} s (bound {TIMEOUT_MIN * 60 + 60:.0f} s)")
+    assert waited < TIMEOUT_MIN * 60 + 60, f"the surviving rank took {waited:.0f} s to stop"
+    committed = sorted(p.parent.name for p in ck.glob("iter_*/commit.json"))
     assert committed and committed[-1] >= "iter_0000006"
+    assert all((ck / t / "commit.json").is_file() for t in (p.name for p in ck.glob("iter_*")) if t <= committed[-1])
+    last = int(committed[-1][5:])
+
+    one_host = launch / "hostfile.left"
+    one_host.write_text(f"{cluster.addresses[0]} slots=1\n")
     resumed = cluster.run(
-        0,
-        [
-            str(tu.VENV_BIN / "deepspeed"),
-            "--num_gpus",
-            "1",
-            "--master_port",
-            str(tu.free_port()),
-            str(tu.REPO / "pretrain" / "train.py"),
-            *tu.train_args(data, "zero2_fp32.json", int(committed[-1][5:]) + 2, global_batch=4),
-            "--save",
-            str(ck),
-            "--load",
-            str(ck),
-            "--override-opt-param-scheduler",
-            "--log-json",
-            str(tmp_path / "after.jsonl"),
-        ],
-        timeout=400,
-        cwd=launch,
-        env=env,
+        0, [*deepspeed(one_host), str(tu.REPO / "pretrain" / "train.py"), *args], timeout=400, cwd=launch, env=env
     )
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     assert "was saved by 2 rank(s), this run has 1" in resumed.stdout
     assert "global batch 4 kept (2 accumulation step(s) of 2 on 1 rank(s))" in resumed.stdout
-    last = int(committed[-1][5:])
-    recs = tu.train_records(tmp_path / "after.jsonl")
-    assert [r["iteration"] for r in recs] == [last + 1, last + 2]
-    assert recs[0]["consumed_samples"] == (last + 1) * 4
+    a = {r["iteration"]: r for r in tu.train_records(tmp_path / "a")}
+    after = tu.train_records(log)[-(iters - last) :]  # the resumed run appends to the lost run's log
+    assert [r["iteration"] for r in after] == list(range(last + 1, iters + 1))
+    for r in after:
+        assert r["consumed_samples"] == a[r["iteration"]]["consumed_samples"]
+        assert r["lr"] == a[r["iteration"]]["lr"]  # no schedule change
+    worst = max(abs(r["loss"] - a[r["iteration"]]["loss"]) / abs(a[r["iteration"]]["loss"]) for r in after)
+    print(f"lost node: resumed from {committed[-1]} on 1 rank, largest relative loss difference {worst:.3g}")
+    assert worst <= 1e-4, ([a[r["iteration"]]["loss"] for r in after], [r["loss"] for r in after])
 
 
 TIMEOUT_MIN = 0.5
