@@ -89,10 +89,10 @@ def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
     launch = _launch_dir(tmp_path, cluster)
     ck = tmp_path / "ck"
     iters, log = 12, tmp_path / "run.jsonl"
-    args = tu.train_args(data, "zero2_fp32.json", iters, global_batch=4) + ["--log-json", str(log)]
-    args += ["--save", str(ck), "--load", str(ck), "--save-interval", "3"]
-    args += ["--distributed-timeout-minutes", str(TIMEOUT_MIN)]
-    straight = deepspeed_across(cluster, launch, [*args[: args.index("--save")], "--log-json", str(tmp_path / "a")])
+    common = tu.train_args(data, "zero2_fp32.json", iters, global_batch=4)
+    common += ["--distributed-timeout-minutes", str(TIMEOUT_MIN)]
+    straight = deepspeed_across(cluster, launch, [*common, "--log-json", str(tmp_path / "a")])
+    args = [*common, "--log-json", str(log), "--save", str(ck), "--load", str(ck), "--save-interval", "3"]
     assert straight.returncode == 0, straight.stdout[-4000:]
 
     def deepspeed(hostfile: Path) -> list[str]:
