@@ -85,9 +85,16 @@ class Straggler:
         )
 
 
-def find_straggler(times_R2: list[tuple[float, float]], hosts: list[str], ratio: float) -> Straggler | None:
+MIN_COST = 0.1
+"""A straggler must also cost this fraction of the window's wall time (its excess over the others' median): a rank
+that is 3x slower at a 5 ms forward of a 300 ms step is noise, not what sets the pace."""
+
+
+def find_straggler(
+    times_R2: list[tuple[float, float]], hosts: list[str], ratio: float, window_s: float = 0.0
+) -> Straggler | None:
     """The rank whose data or forward time is furthest above the median of the other ranks', if more than ``ratio``
-    times it (and at least 1 ms: timer noise on idle ranks is no straggler)."""
+    times it, by at least 1 ms and :data:`MIN_COST` of the window's ``window_s`` seconds."""
     if ratio <= 0 or len(times_R2) < 2:
         return None
     worst: Straggler | None = None
@@ -95,7 +102,7 @@ def find_straggler(times_R2: list[tuple[float, float]], hosts: list[str], ratio:
         values = [t[col] for t in times_R2]
         rank = max(range(len(values)), key=values.__getitem__)
         median = statistics.median(values[:rank] + values[rank + 1 :])  # of the others: with 2 ranks, the other one
-        if values[rank] - median < 1e-3 or values[rank] <= ratio * median:
+        if values[rank] - median < max(1e-3, MIN_COST * window_s) or values[rank] <= ratio * median:
             continue
         cand = Straggler(rank, hosts[rank] if rank < len(hosts) else "?", what, values[rank], median)
         if worst is None or cand.ratio > worst.ratio:

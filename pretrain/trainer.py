@@ -609,7 +609,7 @@ class Trainer:
             rec["global_batch_size"] = step["samples"]
         if step["aux_loss"] is not None:
             rec["aux_loss"] = float(step["aux_loss"])
-        straggler = self._straggler(window_iters)
+        straggler = self._straggler(elapsed)
         if straggler is not None:
             rec["straggler_rank"], rec["straggler_ratio"] = straggler.rank, round(straggler.ratio, 2)
         mask_stats = getattr(engine.module, "mask_stats", None)
@@ -632,7 +632,7 @@ class Trainer:
                     self.writer.add_scalar(f"train/{k}", v, self.iteration)
             self.writer.flush()
 
-    def _straggler(self, steps: int) -> Straggler | None:
+    def _straggler(self, window_s: float) -> Straggler | None:
         """Every rank's data and forward time of the window, gathered (every rank: a collective); rank 0 judges."""
         mine = torch.tensor(self.timer.take(), dtype=torch.float64, device=self.dist.device)
         ratio = self.run.loop.straggler_ratio
@@ -640,7 +640,7 @@ class Trainer:
             return None
         every = [torch.zeros_like(mine) for _ in range(self.dist.world_size)]
         dist.all_gather(every, mine)
-        return find_straggler([tuple(t.tolist()) for t in every], self.hosts, ratio)
+        return find_straggler([tuple(t.tolist()) for t in every], self.hosts, ratio, window_s)
 
     def _dp_mean_and_counts(self, step: dict[str, Any], window_tokens: int) -> tuple[float, float, int, int]:
         """Mean loss over ranks, total tokens, max and min of the skipped-step counter (read once, at a log)."""
