@@ -2,7 +2,8 @@
 pretrain.train ...` or `python -m pretrain.train ...`. See docs/training.md.
 
 Exit codes: 0 done, 2 bad settings/config/checkpoint (message names the file or flag), 3 non-finite loss,
-4 stopped by --exit-signal-handler after saving (run the same command with --load to continue).
+4 stopped by --exit-signal-handler after saving (run the same command with --load to continue), 5 a peer rank
+stopped answering or died (a collective failed on it, or the watchdog ended this rank).
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ def main(argv: list[str] | None = None) -> int:
         return report("pretrain", str(e))
     except OSError as e:
         return report("pretrain", os_error_message(e))
+    except RuntimeError as e:
+        from pretrain.watchdog import EXIT_STALLED, peer_lost
+
+        lost = peer_lost(e)
+        if lost is None:
+            raise
+        rank = trainer.dist.rank if trainer is not None else "?"
+        print(
+            f"pretrain: error: rank {rank}: a collective failed because a peer rank stopped answering or died "
+            f"({lost}); exit code {EXIT_STALLED}: run the same command with --load on the hosts left (a Slurm job "
+            "requeues itself)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_STALLED
     finally:
         if trainer is not None:
             trainer.close()

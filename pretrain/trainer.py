@@ -152,6 +152,7 @@ class Trainer:
         self.rank0 = self.dist.rank == 0
         self.watchdog = Watchdog(run.system.distributed_timeout_minutes * 60, self.dist.rank, self.dist.world_size)
         self.timer = RankTimer(self.dist.device)
+        self._timed_window = False
         self.hosts = all_gather_objects(socket.gethostname()) if self.dist.world_size > 1 else [socket.gethostname()]
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
@@ -636,7 +637,8 @@ class Trainer:
         """Every rank's data and forward time of the window, gathered (every rank: a collective); rank 0 judges."""
         mine = torch.tensor(self.timer.take(), dtype=torch.float64, device=self.dist.device)
         ratio = self.run.loop.straggler_ratio
-        if self.dist.world_size < 2 or not ratio:
+        first, self._timed_window = not self._timed_window, True
+        if self.dist.world_size < 2 or not ratio or first:  # the first window holds each rank's warm-up
             return None
         every = [torch.zeros_like(mine) for _ in range(self.dist.world_size)]
         dist.all_gather(every, mine)

@@ -29,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,6 +54,33 @@ _LAUNCHERS = (
     "run_scripts/",
 )
 """Command-line fragments of the processes a rank counts as its launcher (their death ends the rank)."""
+
+
+_PEER_LOST = (
+    "Timed out waiting",  # gloo: a peer that stopped answering (link down, frozen process), after the timeout
+    "Connection reset by peer",  # gloo: a peer process died
+    "Connection closed by peer",
+    "Connection refused",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "Watchdog caught collective operation timeout",  # NCCL's own watchdog
+)
+
+
+def peer_lost(exc: BaseException) -> str | None:
+    """The first line of ``exc`` when it is a collective that failed because a peer stopped answering or died
+    (raised inside torch.distributed with one of gloo's or NCCL's peer-loss messages), else None. Such a failure
+    ends the rank with :data:`EXIT_STALLED`, as the watchdog does: Slurm's requeue (run_scripts/slurm/job.sh) acts
+    on that code, not on a traceback's 1."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    in_dist = isinstance(exc, getattr(dist, "DistError", ())) or any(
+        "torch/distributed/" in frame.filename for frame in traceback.extract_tb(exc.__traceback__)
+    )
+    if in_dist and any(marker in text for marker in _PEER_LOST):
+        return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return None
 
 
 def set_default_group_timeout(timeout: timedelta) -> None:

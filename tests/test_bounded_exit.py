@@ -195,3 +195,46 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, kind, handler):
         assert (ck / tag / "commit.json").is_file() and int(tag[5:]) == last
     else:
         assert not (ck / "latest").exists() or int((ck / "latest").read_text()[5:]) <= last
+
+
+PEER_ENTRY = """import os, sys, time
+from datetime import timedelta
+sys.path.insert(0, {repo!r})
+import torch, torch.distributed as dist
+from pretrain.watchdog import peer_lost
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=timedelta(seconds=3))
+dist.all_reduce(torch.ones(1))
+if rank == 1:
+    {peer}
+try:
+    dist.all_reduce(torch.ones(1))
+except RuntimeError as e:
+    print("PEER_LOST", peer_lost(e), flush=True)
+    print("SAME_TEXT_ELSEWHERE", peer_lost(RuntimeError(str(e))), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "peer, marker", [("os._exit(1)", ""), ("time.sleep(30)", "Timed out waiting")], ids=["died", "stopped_answering"]
+)
+def test_a_collective_failed_by_a_lost_peer_is_recognised(tmp_path, peer, marker):
+    """A real gloo collective whose peer died (connection closed) or stopped answering (timed out after the group's
+    3 s) raises an error that ``peer_lost`` recognises, so the entry point exits 5 (requeued by Slurm) instead of 1;
+    the same text raised outside torch.distributed is not taken for it."""
+    script = tmp_path / "peer.py"
+    script.write_text(PEER_ENTRY.format(repo=str(tu.REPO), port=tu.free_port(), peer=peer))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out0, _ = procs[0].communicate(timeout=90)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    lost = next(line for line in out0.splitlines() if line.startswith("PEER_LOST"))
+    assert lost != "PEER_LOST None" and marker in lost, out0
+    assert "SAME_TEXT_ELSEWHERE None" in out0

@@ -136,6 +136,9 @@ def test_dead_rank_ends_the_job_nonzero_in_bounded_time(data, tmp_path):
     assert p.returncode != 0
     assert "rank 1: dying at iteration 3" in p.stdout
     assert "iteration 50/50" not in p.stdout
+    # the survivor names the lost peer (its exit code 5 shows on a host of its own: test_multinode.py; here the
+    # launcher reports the dead rank's -9 and ends the survivor)
+    assert "a collective failed because a peer rank stopped answering or died" in p.stdout, p.stdout[-3000:]
     assert time.monotonic() - start < 240
 
 
@@ -146,13 +149,14 @@ def test_a_slow_rank_is_named_with_its_host_at_the_log_interval_and_the_run_goes
     import socket
 
     log = tmp_path / "log.jsonl"
-    args = tu.train_args(data, "zero2_fp32.json", 4, "--log-interval", "2", "--log-json", str(log), global_batch=4)
+    args = tu.train_args(data, "zero2_fp32.json", 6, "--log-interval", "2", "--log-json", str(log), global_batch=4)
     p = tu.launch("deepspeed", args, timeout=300, SPARSEBERT_FAULT_SLOW_DATA="1:0.4")
     assert p.returncode == 0, p.stdout[-4000:]
     host = socket.gethostname()
-    for it in (2, 4):
+    assert "straggler at iteration 2:" not in p.stdout  # the first window (warm-up) is not judged
+    for it in (4, 6):
         assert f"straggler at iteration {it}: rank 1 on {host} spent" in p.stdout, p.stdout[-3000:]
     assert "time in data loading" in p.stdout and "the other ranks wait for it" in p.stdout
     recs = tu.train_records(log)
-    assert [r["straggler_rank"] for r in recs] == [1, 1]
-    assert all(r["straggler_ratio"] > 10 for r in recs)  # 0.4 s against a few ms
+    assert [r.get("straggler_rank") for r in recs] == [None, 1, 1]
+    assert all(r["straggler_ratio"] > 10 for r in recs[1:])  # 0.4 s against a few ms

@@ -222,6 +222,7 @@ def test_a_peer_that_stops_answering_ends_the_survivor_in_bounded_time(cluster, 
     assert survivor_s < bound, f"the surviving rank took {survivor_s:.0f} s to stop:\n{out[-4000:]}"
     codes = [int(x) for x in re.findall(r"exits with return code = (-?\d+)", out)]
     assert codes and all(c != 0 for c in codes), out[-4000:]
+    assert 5 in codes, out[-4000:]  # the survivor: a peer lost, the code Slurm's requeue acts on
     assert "Timed out" in out or "waited for rank 1" in out, out[-4000:]
     if launcher_s is not None:
         assert proc.returncode != 0 and launcher_s < bound + 30, (proc.returncode, launcher_s)
