@@ -29,3 +29,45 @@ def exit_process(code: int) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+class _OutputThatOutlivesItsReader:
+    """``sys.stdout``/``sys.stderr`` that go on (into /dev/null) when the reader is gone: a rank under ``deepspeed
+    --launcher pdsh`` writes through an ssh session that the runner's SIGTERM ends, and the rank must still save on
+    that SIGTERM (--exit-signal-handler) instead of dying of BrokenPipeError at its next log line."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _lost(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())  # C++ writers (gloo, DeepSpeed ops) too
+        except (OSError, ValueError):
+            pass
+        os.close(devnull)
+        self._stream = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._lost()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._lost()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def outlive_lost_output() -> None:
+    """Make this process's stdout and stderr survive their reader going away (see the class above)."""
+    if not isinstance(sys.stdout, _OutputThatOutlivesItsReader):
+        sys.stdout = _OutputThatOutlivesItsReader(sys.stdout)
+    if not isinstance(sys.stderr, _OutputThatOutlivesItsReader):
+        sys.stderr = _OutputThatOutlivesItsReader(sys.stderr)

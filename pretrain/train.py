@@ -14,6 +14,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by a launcher: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+if __name__ == "__main__":  # a rank: its output may outlive its reader (pdsh); before any logger takes sys.stdout
+    from common.process import outlive_lost_output
+
+    outlive_lost_output()
+
 from common.errors import UserError, os_error_message, report, take_debug_flag  # noqa: E402
 from common.process import exit_process  # noqa: E402
 from pretrain.args import parse_args  # noqa: E402

@@ -464,6 +464,53 @@ def test_preprocessing_under_srun_across_two_nodes_writes_the_bytes_of_one_proce
         ).read_bytes()
 
 
+@pytest.mark.timeout(900)
+def test_sigterm_to_deepspeed_across_two_hosts_saves_on_every_rank_and_stops(cluster, tmp_path):
+    """SIGTERM to `deepspeed --hostfile --launcher pdsh` mid-run with --exit-signal-handler: the runner passes it on
+    (pkill on every host) and ends the ssh sessions the ranks write through; every rank still stops at the same
+    iteration after saving one committed checkpoint there (a rank's output outliving its reader: common/process.py),
+    and no rank is left on either host within 60 s."""
+    import signal
+    import subprocess
+    import time
+
+    data = tu.prepare(tmp_path)
+    launch = _launch_dir(tmp_path, cluster)
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    args = tu.train_args(data, "zero2_fp32.json", 400, global_batch=4)
+    args += ["--save", str(ck), "--log-json", str(log), "--exit-signal-handler"]
+    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
+    cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
+    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options))
+    full = cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
+    out_path = tmp_path / "run.log"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(full, cwd=launch, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 400
+            while not (log.is_file() and len(tu.train_records(log)) >= 3):
+                assert proc.poll() is None, out_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no 3rd iteration within 400 s"
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            proc.wait(timeout=60)
+            while any(_train_pids(cluster, h) for h in (0, 1)) and time.monotonic() - sent < 60:
+                time.sleep(0.2)
+            left = [_train_pids(cluster, h) for h in (0, 1)]
+            gone_s = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    print(f"SIGTERM to deepspeed (pdsh, 2 hosts): exit {proc.returncode}, ranks gone after {gone_s:.1f} s")
+    assert not any(left), f"ranks left {gone_s:.0f} s after SIGTERM: {left}\n{out_path.read_text()[-3000:]}"
+    last = tu.train_records(log)[-1]["iteration"]
+    assert last < 400
+    tags = committed_tags(ck)
+    assert tags and tags[-1][0] == last, (tags, last, out_path.read_text()[-3000:])  # saved where it stopped
+    assert (ck / "latest").read_text() == tags[-1][1] and verify_tag(ck, tags[-1][1]) == ([], True)
+
+
 # ------------------------------------------------------------------------------------------------------------ chaos
 CHAOS_ITERS = 24
 
@@ -555,9 +602,7 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
                 elif mode == "link_down":
                     subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "down"], check=True)
                 else:
-                    runner = [p for p in _train_pids(cluster, 0, launchers=True) if p not in _train_pids(cluster, 0)]
-                    for p in runner:
-                        os.kill(p, signal.SIGTERM)
+                    proc.send_signal(signal.SIGTERM)  # the `deepspeed` command (host_cmd execs into it)
                 code = proc.wait(timeout=TIMEOUT_MIN * 60 + 120)
                 waited = time.monotonic() - hit
             finally:
