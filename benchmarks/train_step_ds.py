@@ -108,6 +108,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     from pretrain.args import OptimConfig
     from pretrain.ds_config import read_ds_config, resolve_batch_sizes
     from pretrain.parallelize import initialize_engine
+    from pretrain.schedule import schedule_settings
     from pretrain.trainer import device_batch
     from tools.measure import synthetic_batch
 
@@ -133,7 +134,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     batch = max(1, args.tokens // seq_len)
     ds = read_ds_config(repo / "ds_configs" / f"zero1_{precision}.json")
     resolve_batch_sizes(ds, batch, None, 1)
-    engine = initialize_engine(model, ds, OptimConfig(lr=1e-4), warmup=10, decay_iters=1000)
+    engine = initialize_engine(model, ds, OptimConfig(lr=1e-4), schedule_settings(1e-4, 0.0, 10, 1000, "linear"))
     # the inputs the trainer gives the engine: an all-ones mask dropped on the host, the static MLM gather with the
     # derived cap (pretrain.trainer.device_batch, what Trainer._to_device calls)
     if args.data_path:
