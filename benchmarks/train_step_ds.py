@@ -265,14 +265,25 @@ def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
 
 
 def _write_json(path: str, result: dict) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(p)
+    from common.errors import write_errors
+    from common.outputs import atomic_file
+
+    with write_errors(f"--json {path}", Path(path).parent), atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.train_step_ds", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.outputs import check_file_writable
+    from data_pipeline.indexed import IndexedDataset
+    from data_pipeline.tokenization import build_tokenizer
+
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.train_step_ds",
         description=__doc__,
@@ -308,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.data_path and not args.vocab_file:
         p.error("--data-path needs --vocab-file (the shard's vocabulary)")
+    if args.data_path:  # before minutes of set-up: a missing shard or vocabulary is one line
+        build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file)
+        IndexedDataset(args.data_path)
+    if args.json:
+        check_file_writable(args.json, "--json")
     try:
         cases = parse_cases(args.cases) if args.cases else [(v, n) for n in args.seq_lens for v in args.variants]
     except ValueError as e:
