@@ -344,6 +344,27 @@ SWEEP = [
     ("benchmarks.train_step_ds", ["--json", "{ro}/x.json"], "--json {ro}/x.json: cannot write there"),
     ("benchmarks.train_step_ds", ["--data-path", "{d}/gone", "--vocab-file", "{d}/vocab.txt"], "gone.idx: file not"),
     ("benchmarks.train_step_ds", ["--data-path", "{d}/shard", "--vocab-file", "{d}/gone"], "which does not exist"),
+    ("benchmarks.dataloader", ["--data-path", "{d}/gone", "--vocab-file", "{d}/vocab.txt"], "gone.idx: file not"),
+    ("benchmarks.dataloader", ["--vocab-file", "{d}/gone"], "which does not exist"),
+    ("benchmarks.wiki_extract", ["--dump", "{d}/gone.bz2"], "--dump {d}/gone.bz2: no such file"),
+    (
+        "benchmarks.wiki_extract",
+        ["--dump", "{d}/empty.json", "--output-dir", "{ro}/we"],
+        "--output-dir {ro}/we: cannot",
+    ),
+    ("benchmarks.packing", ["--vocab-file", "{d}/gone"], "which does not exist"),
+    ("benchmarks.packing", ["--vocab-file", "{d}/vocab.txt", "--work-dir", "{ro}/w"], "--work-dir {ro}/w: cannot"),
+    ("benchmarks.preprocess_throughput", ["--vocab-file", "{d}/gone"], "which does not exist"),
+    (
+        "benchmarks.preprocess_throughput",
+        ["--vocab-file", "{d}/vocab.txt", "--megatron-repo", "{d}"],
+        "--megatron-repo {d}: no tools/preprocess_data.py there",
+    ),
+    (
+        "benchmarks.preprocess_throughput",
+        ["--vocab-file", "{d}/vocab.txt", "--output-json", "{ro}/x.json"],
+        "--output-json {ro}/x.json: cannot write there",
+    ),
 ]
 
 
@@ -383,3 +404,21 @@ def test_inspect_samples_says_when_the_index_cannot_be_cached(sweep_dirs, capsys
     argv += ["--seq-length", "32", "--split", "1,0,0", "--stats"]
     assert samples_main(argv + ["--cache-dir", f"{full}/cache"]) == 0
     assert "could not cache the index" in capsys.readouterr().err
+
+
+def test_pretrain_compare_refuses_an_unwritable_out_before_any_run(sweep_dirs, capsys):
+    from benchmarks.pretrain_compare.cli import main as compare_main
+
+    d, ro = sweep_dirs["d"], sweep_dirs["ro"]
+    argv = [
+        "--out",
+        f"{ro}/cmp",
+        "--preset",
+        "cpu-small",
+        "--vocab-file",
+        f"{d}/vocab.txt",
+        "--data-path",
+        f"{d}/shard",
+    ]
+    assert compare_main(argv) == 2
+    assert f"[compare] error: --out {ro}/cmp: cannot write there: read-only" in capsys.readouterr().err
