@@ -278,8 +278,19 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.attention", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.errors import UserError, write_errors
+    from common.inputs import read_json_object
+    from common.outputs import check_dir_writable
+
+    p = argparse.ArgumentParser(prog="benchmarks.attention", description=__doc__.splitlines()[0])
     p.add_argument("--out-dir", type=Path, default=Path("out/bench_attention"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
@@ -308,13 +319,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     if args.table:
-        print(markdown_table(json.loads(args.table.read_text())))
-        return
+        what = "an attention.json this benchmark wrote"
+        try:
+            print(markdown_table(read_json_object(args.table, "--table", what)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(
+                f"--table {args.table}: not a results file of this benchmark ({e!r}); give {what}"
+            ) from None
+        return 0
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    check_dir_writable(args.out_dir, "--out-dir")  # before the timings
     machine = (
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
@@ -338,17 +355,19 @@ def main(argv: list[str] | None = None) -> None:
         tmp.replace(out)
 
     failed: list[str] = []
-    rows = run(args, on_row=lambda r, f: (failed.__setitem__(slice(None), f), write(r, f)))
-    write(rows, failed, done=True)
-    if not args.no_plot:
-        plot(
-            rows,
-            args.out_dir / "attention.png",
-            f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}",
-        )
-    (args.out_dir / "attention.md").write_text(markdown_table(dict(meta=meta, rows=rows)) + "\n")
+    with write_errors(f"--out-dir {args.out_dir}", args.out_dir):
+        rows = run(args, on_row=lambda r, f: (failed.__setitem__(slice(None), f), write(r, f)))
+        write(rows, failed, done=True)
+        if not args.no_plot:
+            plot(
+                rows,
+                args.out_dir / "attention.png",
+                f"attention fwd+bwd, {args.dtype}, B={args.batch}, 12x64 heads: {machine}",
+            )
+        (args.out_dir / "attention.md").write_text(markdown_table(dict(meta=meta, rows=rows)) + "\n")
     print(f"wrote {args.out_dir / 'attention.json'}, attention.md and attention.png")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

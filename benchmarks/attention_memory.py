@@ -195,18 +195,36 @@ DOC_END = "<!-- attention_memory table end -->"
 
 def write_doc(path: Path, text: str) -> None:
     """Replace the table between the markers in docs/model.md."""
-    doc = path.read_text()
+    from common.errors import UserError
+    from common.inputs import read_text
+
+    doc = read_text(path, "--write-doc", "the Markdown page that holds the table (docs/model.md)")
     if DOC_BEGIN not in doc or DOC_END not in doc:
-        raise SystemExit(f"{path}: markers {DOC_BEGIN!r} / {DOC_END!r} not found; add them where the table goes")
+        raise UserError(
+            f"--write-doc {path}: markers {DOC_BEGIN!r} / {DOC_END!r} not found; add them where the table goes"
+        )
     new = re.sub(
         re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END), lambda _: f"{DOC_BEGIN}\n{text}\n{DOC_END}", doc, flags=re.S
     )
     path.write_text(new)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.attention_memory", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.errors import write_errors
+    from common.inputs import read_text
+    from common.outputs import check_dir_writable, check_file_writable
+
     fams = families()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmarks.attention_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--families", nargs="+", default=list(fams), choices=list(fams))
     cpu_kernels = sorted(k for k in KERNELS if KERNELS[k].runs_on_cpu and KERNELS[k].trains_on_cpu and k != "auto")
@@ -218,6 +236,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--write-doc", type=Path, nargs="?", const=Path("docs/model.md"), default=None)
     p.add_argument("--machine", default=f"{platform.node()} ({platform.processor() or platform.machine()}), CPU")
     args = p.parse_args(argv)
+    check_dir_writable(args.out_dir, "--out-dir")  # before the measurements
+    if args.write_doc:
+        read_text(args.write_doc, "--write-doc", "the Markdown page that holds the table (docs/model.md)")
+        check_file_writable(args.write_doc, "--write-doc")
     torch.manual_seed(0)
     rows = []
     for n in args.seq_lens:
@@ -231,16 +253,18 @@ def main(argv: list[str] | None = None) -> None:
                     f"({row['peak_ratio']:.2f}x) plan {row['plan_mib']:7.1f} MiB{'' if row['meets'] else '  OVER'}",
                     flush=True,
                 )
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "attention_memory.json").write_text(json.dumps(rows, indent=1))
+    with write_errors(f"--out-dir {args.out_dir}", args.out_dir):
+        (args.out_dir / "attention_memory.json").write_text(json.dumps(rows, indent=1))
     text = table(rows, f"{args.machine}, {datetime.date.today().isoformat()}")
     print(text)
     if args.write_doc:
-        write_doc(args.write_doc, text)
+        with write_errors(f"--write-doc {args.write_doc}", args.write_doc):
+            write_doc(args.write_doc, text)
     over = [f"{r['family']}/{r['kernel']}/N={r['n']}" for r in rows if not r["meets"]]
     if over:
         print(f"over the target ({TARGET} x bound): {', '.join(over)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

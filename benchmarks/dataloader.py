@@ -169,8 +169,20 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.dataloader", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.outputs import check_dir_writable
+    from data_pipeline.indexed import IndexedDataset
+
+    p = argparse.ArgumentParser(
+        prog="benchmarks.dataloader", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data-path", default=None, help="an existing shard prefix (default: build from the corpus)")
     p.add_argument("--vocab-file", default=str(CORPUS / "vocab" / "bert-base-uncased" / "vocab.txt"))
     p.add_argument("--work-dir", default="/tmp/sparsebert_bench_samples")
@@ -179,9 +191,12 @@ def main() -> None:
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--batches", type=int, default=300)
     p.add_argument("--skip-index", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     tok = build_tokenizer("BertWordPieceLowerCase", args.vocab_file)
+    if args.data_path:
+        IndexedDataset(args.data_path)  # a missing or broken shard is one line, before the work
+    check_dir_writable(args.work_dir, "--work-dir")
     result: dict = {"machine": "2-core CPU dev box, shared, no GPU", "load_average_before": os.getloadavg()}
     if args.data_path:
         shards = {"given": (args.data_path, [])}
@@ -205,7 +220,8 @@ def main() -> None:
     )
     result["load_average_after"] = os.getloadavg()
     print(json.dumps(result, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

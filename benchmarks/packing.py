@@ -106,8 +106,20 @@ def attention_times(prefix: str, N: int, B: int, H: int, D: int, repeats: int) -
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.packing", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.outputs import check_dir_writable
+    from data_pipeline.tokenization import build_tokenizer
+
+    p = argparse.ArgumentParser(
+        prog="benchmarks.packing", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--vocab-file", default=str(CORPUS / "vocab" / "bert-base-uncased" / "vocab.txt"))
     p.add_argument("--work-dir", default="/tmp/sparsebert_bench_samples")
     p.add_argument("--seq-lengths", type=int, nargs="+", default=[128, 512, 1024])
@@ -115,7 +127,9 @@ def main() -> None:
     p.add_argument("--attention-batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--attention-only", action="store_true", help="skip the fill table")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    build_tokenizer("BertWordPieceLowerCase", args.vocab_file)  # before preprocessing the corpus with it
+    check_dir_writable(args.work_dir, "--work-dir")
     result: dict = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "load_average_before": os.getloadavg(),
@@ -129,7 +143,8 @@ def main() -> None:
     }
     result["load_average_after"] = os.getloadavg()
     print(json.dumps(result, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -119,8 +119,19 @@ def _select(files: list[Path], max_bytes: int) -> list[Path]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.preprocess_throughput", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.errors import UserError, write_errors
+    from common.outputs import atomic_file, check_file_writable
+    from data_pipeline.tokenization import build_tokenizer
+
+    ap = argparse.ArgumentParser(prog="benchmarks.preprocess_throughput", description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
     ap.add_argument("--vocab-file", default=None, help="default: CORPUS/vocab/bert-base-uncased/vocab.txt")
     ap.add_argument("--megatron-repo", default=None, help="checkout of NVIDIA/Megatron-LM (tools/preprocess_data.py)")
@@ -129,13 +140,22 @@ def main() -> int:
     ap.add_argument("--output-json", default=str(REPO / "out" / "bench" / "preprocess_throughput.json"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--repeat", type=int, default=2, help="best of N for every timed command")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     corpus = Path(a.corpus)
     vocab = Path(a.vocab_file or corpus / "vocab" / "bert-base-uncased" / "vocab.txt")
+    build_tokenizer("BertWordPieceLowerCase", str(vocab))  # before minutes of timings: one line if it is missing
+    if a.megatron_repo and not (Path(a.megatron_repo) / "tools" / "preprocess_data.py").is_file():
+        raise UserError(
+            f"--megatron-repo {a.megatron_repo}: no tools/preprocess_data.py there; give a checkout of "
+            "NVIDIA/Megatron-LM"
+        )
+    check_file_writable(a.output_json, "--output-json")
     books = _select(sorted((corpus / "books").glob("pg*.txt")), int(a.max_mb * 1e6))
     wiki = _select(sorted((corpus / "wiki" / "wikiextractor").rglob("wiki_*")), int(a.max_mb * 1e6))
     inputs = books + wiki
+    if not inputs:
+        raise UserError(f"--corpus {corpus}: no books/pg*.txt nor wiki/wikiextractor/**/wiki_* files there")
     in_bytes = sum(f.stat().st_size for f in inputs)
     tmp = Path(tempfile.mkdtemp(prefix="bench_preprocess_"))
     py = sys.executable
@@ -322,8 +342,8 @@ def main() -> int:
     for k, v in ratios.items():
         print(f"  {k:62s} {v:6.2f}")
     results["ratios"] = ratios
-    Path(a.output_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output_json).write_text(json.dumps(results, indent=1))
+    with write_errors(f"--output-json {a.output_json}", Path(a.output_json).parent), atomic_file(a.output_json) as t:
+        t.write_text(json.dumps(results, indent=1))
     print(f"\nwritten {a.output_json}")
     if not a.keep:
         shutil.rmtree(tmp, ignore_errors=True)

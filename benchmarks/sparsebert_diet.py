@@ -41,8 +41,18 @@ def _time_paired(fn: Callable[[], torch.Tensor], base: Callable[[], torch.Tensor
     return statistics.median(ts), statistics.median(tb)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.sparsebert_diet", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.errors import write_errors
+    from common.outputs import atomic_file, check_file_writable
+
+    p = argparse.ArgumentParser(prog="benchmarks.sparsebert_diet", description=__doc__.splitlines()[0])
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
@@ -51,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--masks-only", action="store_true", help="skip the DIET-bias and DAM rows")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
+    if a.out:
+        check_file_writable(a.out, "--out")  # before the timings
     if a.threads:
         torch.set_num_threads(a.threads)
     n, B = a.seq_len, a.batch
@@ -109,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         for kernel, mask in (("dense", None), ("block_gather", star)):
             mod = BlockSparseAttention(None, kernel, n, fixed_token_mask=mask, mask_block=16)
             name = f"bias:{label}" + ("+star" if mask is not None else "")
-            add(name, kernel, lambda mod=mod, pa=pa: mod(q, k, v, score_bias=pa(n, seg, B)[0]))
+            add(name, kernel, lambda mod=mod, pa=pa: mod(q, k, v, score_bias=pa.biases(pa(n, seg, B))[0]))
     if not a.masks_only:
         dam = S.DAMMask(S.DAMConfig(), 1, HEADS, n).train()
         add("dam_search(gated)", "gated", lambda: S.gated_attention(q, k, v, dam()[0], None, 0.0, None))
@@ -126,10 +138,11 @@ def main(argv: list[str] | None = None) -> None:
         "rows": rows,
     }
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1))
+        with write_errors(f"--out {a.out}", a.out.parent), atomic_file(a.out) as tmp:
+            tmp.write_text(json.dumps(result, indent=1))
         print(f"wrote {a.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

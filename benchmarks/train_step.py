@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 
 import torch
@@ -70,6 +71,16 @@ def hf_profile(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.train_step", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.errors import write_errors
+    from common.outputs import atomic_file, check_file_writable
+
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.train_step",
         description=__doc__,
@@ -88,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
+    if args.json:
+        check_file_writable(args.json, "--json")  # before the timings
     if args.preset == "bert-base":
         args.hidden, args.layers, args.heads = 768, 12, 12
     variants = ["dense", "blockbert-n2", "blockbert-n3"]
@@ -153,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"CPU {hf['cpu_s'] / dense['cpu_s']:.2f}x"
             )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+        with (
+            write_errors(f"--json {args.json}", os.path.dirname(os.path.abspath(args.json))),
+            atomic_file(args.json) as tmp,
+        ):
+            tmp.write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     return 0
 
 

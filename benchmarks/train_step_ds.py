@@ -108,6 +108,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     from pretrain.args import OptimConfig
     from pretrain.ds_config import read_ds_config, resolve_batch_sizes
     from pretrain.parallelize import initialize_engine
+    from pretrain.schedule import schedule_settings
     from pretrain.trainer import device_batch
     from tools.measure import synthetic_batch
 
@@ -133,7 +134,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     batch = max(1, args.tokens // seq_len)
     ds = read_ds_config(repo / "ds_configs" / f"zero1_{precision}.json")
     resolve_batch_sizes(ds, batch, None, 1)
-    engine = initialize_engine(model, ds, OptimConfig(lr=1e-4), warmup=10, decay_iters=1000)
+    engine = initialize_engine(model, ds, OptimConfig(lr=1e-4), schedule_settings(1e-4, 0.0, 10, 1000, "linear"))
     # the inputs the trainer gives the engine: an all-ones mask dropped on the host, the static MLM gather with the
     # derived cap (pretrain.trainer.device_batch, what Trainer._to_device calls)
     if args.data_path:
@@ -264,14 +265,25 @@ def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
 
 
 def _write_json(path: str, result: dict) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(p)
+    from common.errors import write_errors
+    from common.outputs import atomic_file
+
+    with write_errors(f"--json {path}", Path(path).parent), atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.train_step_ds", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.outputs import check_file_writable
+    from data_pipeline.indexed import IndexedDataset
+    from data_pipeline.tokenization import build_tokenizer
+
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.train_step_ds",
         description=__doc__,
@@ -307,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.data_path and not args.vocab_file:
         p.error("--data-path needs --vocab-file (the shard's vocabulary)")
+    if args.data_path:  # before minutes of set-up: a missing shard or vocabulary is one line
+        build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file)
+        IndexedDataset(args.data_path)
+    if args.json:
+        check_file_writable(args.json, "--json")
     try:
         cases = parse_cases(args.cases) if args.cases else [(v, n) for n in args.seq_lens for v in args.variants]
     except ValueError as e:

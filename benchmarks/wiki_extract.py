@@ -57,6 +57,11 @@ def _run(cmd: list[str], env: dict, cpu: int | None = None) -> tuple[float, floa
     p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=pin)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode == 2:  # the command refused its input in one line (common.errors): pass that line on
+        from common.errors import UserError
+
+        line = next((ln for ln in reversed(p.stderr.splitlines()) if " error: " in ln), p.stderr.strip()[-300:])
+        raise UserError(f"{cmd[2] if cmd[1] == '-m' else cmd[0]}: {line.split(' error: ', 1)[-1]}")
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({p.returncode}):\n{p.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -151,8 +156,18 @@ def projection(report: dict, reader: float) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("benchmarks.wiki_extract", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.errors import UserError
+    from common.outputs import check_dir_writable
+
+    ap = argparse.ArgumentParser(prog="benchmarks.wiki_extract", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dump", default=str(DEFAULT_DUMP), help="a pages-articles .xml.bz2")
     ap.add_argument("--vocab-file", default=str(DEFAULT_VOCAB))
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each command (after one warm-up each)")
@@ -164,13 +179,13 @@ def main() -> int:
         help="run both commands on this one core (default: the highest this process may use); -1: not pinned",
     )
     ap.add_argument("--output-dir", default=str(REPO / "out" / "bench" / "wiki_extract"))
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     dump = Path(a.dump)
     if not dump.is_file():
-        raise SystemExit(f"--dump {dump}: no such file (the shared corpus: shared/corpus/SOURCES.md)")
+        raise UserError(f"--dump {dump}: no such file (the shared corpus: shared/corpus/SOURCES.md)")
     out_dir = Path(a.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_dir_writable(out_dir, "--output-dir")
     tmp = Path(tempfile.mkdtemp(prefix="bench_wiki_"))
     env = dict(os.environ)
     bz2_mb = dump.stat().st_size / 1e6

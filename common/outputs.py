@@ -68,13 +68,18 @@ def check_fresh(paths: Iterable[str | os.PathLike], flag: str, overwrite: bool) 
         raise OutputError(f"{flag}: {shown} already exist(s); choose another {flag}, or pass --overwrite to replace")
 
 
-def check_dir_writable(path: str | os.PathLike, flag: str, create: bool = True) -> None:
+def check_dir_writable(path: str | os.PathLike, flag: str, create: bool = True, shown: str | None = None) -> None:
     """Write a probe file in directory ``path`` (created with its parents when ``create``; else its nearest
     existing parent is probed), so a read-only destination is refused before any work (one line naming ``flag``),
-    not after hours of it."""
+    not after hours of it. ``shown``: the flag's value to name in the message (default ``path``)."""
+    shown = str(path) if shown is None else shown
     try:
         if Path(path).exists() and not Path(path).is_dir():
-            raise OutputError(f"{flag} {path} is a file; give a directory path")
+            raise OutputError(
+                f"{flag} {shown}: {path} is a file; give a directory path"
+                if shown != str(path)
+                else f"{flag} {path} is a file; give a directory path"
+            )
         probe_dir = Path(path)
         if create:
             os.makedirs(path, exist_ok=True)
@@ -86,7 +91,15 @@ def check_dir_writable(path: str | os.PathLike, flag: str, create: bool = True) 
         os.remove(probe)
     except OSError as e:
         e.filename = None  # the probe's name would only confuse
-        raise OutputError(os_error_message(e, f"{flag} {path}: cannot write there")) from e
+        raise OutputError(os_error_message(e, f"{flag} {shown}: cannot write there")) from e
+
+
+def check_file_writable(path: str | os.PathLike, flag: str) -> None:
+    """Refuse an output file path that is a directory (a library would write beside it, or fail after the work)
+    and probe its directory (created with its parents), so a read-only destination is one line before any work."""
+    if Path(path).is_dir():
+        raise OutputError(f"{flag} {path} is a directory; give a file path")
+    check_dir_writable(Path(path).parent, flag, shown=str(path))
 
 
 def _tmp_name(path: Path) -> Path:

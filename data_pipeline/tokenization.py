@@ -247,7 +247,8 @@ def build_tokenizer(
         if not vocab_file or not os.path.isfile(vocab_file):
             raise TokenizerError(
                 f"--tokenizer-type {tokenizer_type} needs --vocab-file (a WordPiece vocab.txt); "
-                f"got {vocab_file!r}, which does not exist"
+                f"got {vocab_file!r}, "
+                + ("which is a directory" if vocab_file and os.path.isdir(vocab_file) else "which does not exist")
             )
         from tokenizers import BertWordPieceTokenizer
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
 from common.errors import UserError
 from data_pipeline.data_config import DataConfig, DataConfigError
-from pretrain.schedule import PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE
+from pretrain.schedule import PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE, schedule_settings
 
 
 class ArgsError(UserError, ValueError):
@@ -26,12 +26,14 @@ class ArgsError(UserError, ValueError):
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 OPTIMIZERS = ("adamw", "fused_adam", "lamb", "stableadamw")
-LR_DECAY_STYLES = ("linear", "constant", "WSD")
+LR_DECAY_STYLES = ("linear", "cosine", "constant", "WSD")
 
 
 @dataclass
 class OptimConfig:
-    """Optimizer and LR schedule (linear warmup then linear decay, as in all three papers)."""
+    """Optimizer and LR schedule (linear warmup then linear decay, as in all three papers). The schedule counts
+    optimizer steps with --train-iters (the *-iters flags) and samples with --train-samples (the *-samples flags), as
+    Megatron-LM does; mixing the two is refused."""
 
     optimizer: str = field(default="adamw", metadata=cli(choices=lambda: OPTIMIZERS))
     """'adamw' (torch's AdamW: fused kernel on CUDA, no build), 'fused_adam' (DeepSpeed's FusedAdam, CUDA only,
@@ -43,22 +45,37 @@ class OptimConfig:
     min_lr: float = 0.0
     """LR at the end of the decay."""
     lr_warmup_fraction: float | None = None
-    """Warmup length as a fraction of the decay iterations (Megatron's --lr-warmup-fraction)."""
+    """Warmup length as a fraction of the decay length (--lr-decay-iters or --lr-decay-samples; Megatron's
+    --lr-warmup-fraction)."""
     lr_warmup_iters: int = 0
-    """Warmup length in optimizer steps (used when no fraction is given)."""
+    """Warmup length in optimizer steps, with --train-iters (used when no fraction is given)."""
+    lr_warmup_samples: int = 0
+    """Warmup length in samples, with --train-samples (Megatron's; used when no fraction is given). Counted in
+    samples, the warmup covers the same data during a --rampup-batch-size ramp as without it."""
     lr_decay_iters: int | None = None
-    """Steps over which the LR decays to min_lr (default: the training length)."""
+    """Steps over which the LR decays to min_lr, with --train-iters (default: --train-iters)."""
+    lr_decay_samples: int | None = None
+    """Samples over which the LR decays to min_lr, with --train-samples (Megatron's; default: --train-samples)."""
     lr_decay_style: str = field(default="linear", metadata=cli(choices=lambda: LR_DECAY_STYLES))
-    """'linear' (the papers), 'constant', or 'WSD' (warmup-stable-decay, Megatron's name: the peak LR until the last
-    --lr-wsd-decay-iters of the decay steps, then an anneal to --min-lr shaped by --lr-wsd-decay-style; ModernBERT)."""
+    """'linear' (the papers), 'cosine', 'constant', or 'WSD' (warmup-stable-decay, Megatron's name: the peak LR
+    until the last --lr-wsd-decay-iters/-samples of the decay length, then an anneal to --min-lr shaped by
+    --lr-wsd-decay-style; ModernBERT)."""
     lr_wsd_decay_iters: int | None = None
-    """With --lr-decay-style WSD: length of the final anneal in optimizer steps (required; at most the decay steps
-    after warmup)."""
+    """With --lr-decay-style WSD and --train-iters: length of the final anneal in optimizer steps (required; at most
+    the decay steps after warmup)."""
+    lr_wsd_decay_samples: int | None = None
+    """With --lr-decay-style WSD and --train-samples: length of the final anneal in samples (Megatron's; required;
+    at most the decay samples after warmup)."""
     lr_wsd_decay_style: str | None = field(default=None, metadata=cli(choices=lambda: tuple(WSD_DECAY_STYLES)))
     """With --lr-decay-style WSD: the anneal's shape, 'minus_sqrt' (1 - sqrt, ModernBERT), 'linear', 'cosine' or
     'exponential' (the default, as in Megatron-LM)."""
     weight_decay: float = 0.01
     """AdamW weight decay; biases and LayerNorm weights are never decayed."""
+    fully_decoupled_weight_decay: bool = False
+    """Decouple the weight decay from the LR's size: each step shrinks weights by --weight-decay x lr_t / --lr
+    (--weight-decay itself at the peak LR, following the schedule's shape; Loshchilov & Hutter's schedule
+    multiplier, torch-optimi's decouple_lr, ModernBERT's 1e-5) instead of AdamW's lr_t x --weight-decay. AdamW-style
+    optimizers only (not lamb)."""
     adam_beta1: float = 0.9
     """Adam beta1."""
     adam_beta2: float = 0.999
@@ -70,13 +87,17 @@ class OptimConfig:
 
     @property
     def wsd(self) -> dict[str, Any]:
-        """The WSD settings as pretrain.schedule takes them (neutral unless --lr-decay-style WSD)."""
-        if self.lr_decay_style != "WSD":
+        """The WSD settings as pretrain.schedule takes them, the anneal in the schedule's unit (neutral unless
+        --lr-decay-style WSD)."""
+        length = self.lr_wsd_decay_iters if self.lr_wsd_decay_samples is None else self.lr_wsd_decay_samples
+        if self.lr_decay_style != "WSD" or length is None:
             return dict(PRE_WSD_SETTINGS)
-        return {
-            "wsd_decay_iters": int(self.lr_wsd_decay_iters),
-            "wsd_style": self.lr_wsd_decay_style or WSD_DEFAULT_STYLE,
-        }
+        return {"wsd_decay_iters": int(length), "wsd_style": self.lr_wsd_decay_style or WSD_DEFAULT_STYLE}
+
+    @property
+    def applied_weight_decay(self) -> float:
+        """The decayed parameter group's ``weight_decay`` (see applied_weight_decay)."""
+        return applied_weight_decay(self.weight_decay, self.lr, self.fully_decoupled_weight_decay)
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -90,14 +111,33 @@ class OptimConfig:
                 f
                 for f, v in (
                     ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters),
+                    ("--lr-wsd-decay-samples", self.lr_wsd_decay_samples),
                     ("--lr-wsd-decay-style", self.lr_wsd_decay_style),
                 )
                 if v is not None
             ]
             if given:
                 raise ArgsError(f"{' and '.join(given)} need --lr-decay-style WSD (got {self.lr_decay_style!r})")
-        elif self.lr_wsd_decay_iters is None or self.lr_wsd_decay_iters <= 0:
-            raise ArgsError("--lr-decay-style WSD needs --lr-wsd-decay-iters > 0 (the length of the final anneal)")
+        for iters, samples in (
+            ("lr_warmup_iters", "lr_warmup_samples"),
+            ("lr_decay_iters", "lr_decay_samples"),
+            ("lr_wsd_decay_iters", "lr_wsd_decay_samples"),
+        ):
+            if getattr(self, iters) and getattr(self, samples) is not None and getattr(self, samples) != 0:
+                raise ArgsError(
+                    f"--{iters.replace('_', '-')} {getattr(self, iters)} and --{samples.replace('_', '-')} "
+                    f"{getattr(self, samples)} both set the same length: give the -iters flag with --train-iters or "
+                    "the -samples flag with --train-samples"
+                )
+        for name in ("lr_decay_iters", "lr_decay_samples", "lr_wsd_decay_iters", "lr_wsd_decay_samples"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ArgsError(f"--{name.replace('_', '-')} must be positive, got {v}")
+        if self.optimizer == "lamb" and self.fully_decoupled_weight_decay:
+            raise ArgsError(
+                "--fully-decoupled-weight-decay cannot apply to --optimizer lamb: LAMB's weight decay is part of the "
+                "update its trust ratio rescales; use --optimizer adamw, fused_adam or stableadamw"
+            )
         if self.lr_wsd_decay_style is not None and self.lr_wsd_decay_style not in WSD_DECAY_STYLES:
             raise ArgsError(
                 f"--lr-wsd-decay-style must be one of {', '.join(WSD_DECAY_STYLES)}, got {self.lr_wsd_decay_style!r}"
@@ -106,13 +146,17 @@ class OptimConfig:
             raise ArgsError(f"need --lr > 0 and 0 <= --min-lr <= --lr (got {self.lr}, {self.min_lr})")
         if self.lr_warmup_fraction is not None and not 0 <= self.lr_warmup_fraction <= 1:
             raise ArgsError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}")
-        if self.lr_warmup_iters < 0:
-            raise ArgsError("--lr-warmup-iters must be >= 0")
-        if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
-            raise ArgsError(
-                f"--lr-warmup-fraction {self.lr_warmup_fraction} and --lr-warmup-iters {self.lr_warmup_iters} both "
-                "set the warmup (the fraction silently won): give one of them, as Megatron-LM requires"
-            )
+        for name in ("lr_warmup_iters", "lr_warmup_samples"):
+            if getattr(self, name) < 0:
+                raise ArgsError(f"--{name.replace('_', '-')} must be >= 0")
+            if self.lr_warmup_fraction is not None and getattr(self, name):
+                raise ArgsError(
+                    f"--lr-warmup-fraction {self.lr_warmup_fraction} and --{name.replace('_', '-')} "
+                    f"{getattr(self, name)} both set the warmup (the fraction silently won): give one of them, as "
+                    "Megatron-LM requires"
+                )
+        if self.weight_decay < 0:
+            raise ArgsError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.clip_grad is not None and self.clip_grad < 0:
             raise ArgsError("--clip-grad must be >= 0 (0 disables clipping)")
 
@@ -128,12 +172,13 @@ class LoopConfig:
     train_iters: int | None = None
     """Number of iterations (optimizer steps, skipped fp16 steps included)."""
     train_samples: int | None = None
-    """Alternative to train_iters: samples to consume (rounded down to whole global batches)."""
+    """Alternative to train_iters: samples to consume (rounded down to whole global batches). The LR schedule then
+    counts samples, as Megatron-LM's (the *-samples flags; the *-iters ones are refused)."""
     rampup_batch_size: list[int] | None = None
     """Batch-size warm-up, as Megatron-LM's flag: START INCREMENT SAMPLES. The global batch starts at START and grows
     by INCREMENT every SAMPLES / ((global batch - START) / INCREMENT) consumed samples up to --global-batch-size;
-    the micro batch stays, the accumulation steps change. Needs --train-samples (as Megatron). The LR schedule
-    counts optimizer steps (Megatron counts samples when ramping)."""
+    the micro batch stays, the accumulation steps change. Needs --train-samples (as Megatron), so the LR schedule
+    counts samples (--lr-warmup-samples, --lr-decay-samples, --lr-wsd-decay-samples) and follows the data seen."""
     eval_interval: int = 1000
     """Validate every this many iterations (0 disables)."""
     eval_iters: int = 10
@@ -407,6 +452,9 @@ class RunConfig:
     """Field names whose flag was given on the command line (the rest hold defaults): a ds_config block may then
     supply the value instead, and a flag given against it is refused rather than silently losing."""
 
+    def __post_init__(self) -> None:
+        check_schedule_unit(self.optim, self.loop)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["explicit"] = sorted(self.explicit)  # JSON-friendly
@@ -478,7 +526,63 @@ def train_iterations(loop: LoopConfig, global_batch: int) -> int:
     return iters
 
 
-def warmup_steps(optim: OptimConfig, decay_iters: int) -> int:
+def applied_weight_decay(weight_decay: float, peak_lr: float, fully_decoupled: bool) -> float:
+    """The decayed parameter group's ``weight_decay``. AdamW-style optimizers (torch's AdamW, DeepSpeed's FusedAdam
+    in adam_w_mode, torch-optimi's StableAdamW) shrink each weight by lr_t x this per step, so fully decoupled it is
+    weight_decay / peak_lr: a shrink of weight_decay x lr_t / peak_lr, exactly torch-optimi's ``decouple_lr``
+    (ModernBERT's optimizer) and the same in every optimizer, with no per-step change of the groups."""
+    return weight_decay / peak_lr if fully_decoupled else weight_decay
+
+
+_ITER_FLAGS = ("lr_warmup_iters", "lr_decay_iters", "lr_wsd_decay_iters")
+_SAMPLE_FLAGS = ("lr_warmup_samples", "lr_decay_samples", "lr_wsd_decay_samples")
+
+
+def check_schedule_unit(optim: OptimConfig, loop: LoopConfig) -> None:
+    """Megatron-LM's rule: a run given in steps (--train-iters) takes the *-iters schedule flags, one given in samples
+    (--train-samples, as a batch ramp needs) the *-samples ones; the other kind is refused, never ignored."""
+    by_samples = loop.train_samples is not None
+    wrong = [f for f in (_ITER_FLAGS if by_samples else _SAMPLE_FLAGS) if getattr(optim, f)]
+    if wrong:
+        flags = ", ".join("--" + f.replace("_", "-") for f in wrong)
+        if by_samples:
+            raise ArgsError(
+                f"{flags}: with --train-samples the LR schedule counts samples (as Megatron-LM): use "
+                + ", ".join("--" + f.replace("_", "-").replace("-iters", "-samples") for f in wrong)
+                + " instead (steps x global batch)"
+            )
+        raise ArgsError(
+            f"{flags} count samples: they go with --train-samples (the run's length in samples), not --train-iters; "
+            "use " + ", ".join("--" + f.replace("_", "-").replace("-samples", "-iters") for f in wrong) + " instead"
+        )
+    if optim.lr_decay_style == "WSD" and optim.wsd["wsd_decay_iters"] <= 0:
+        flag = "--lr-wsd-decay-samples" if by_samples else "--lr-wsd-decay-iters"
+        raise ArgsError(f"--lr-decay-style WSD needs {flag} > 0 (the length of the final anneal)")
+
+
+def warmup_steps(optim: OptimConfig, decay_iters: int, samples: bool = False) -> int:
+    """Warmup length in the schedule's unit: the fraction of the decay length, else --lr-warmup-iters/-samples."""
     if optim.lr_warmup_fraction is not None:
         return int(math.floor(optim.lr_warmup_fraction * decay_iters))
-    return optim.lr_warmup_iters
+    return optim.lr_warmup_samples if samples else optim.lr_warmup_iters
+
+
+def lr_schedule(optim: OptimConfig, loop: LoopConfig, train_iters: int) -> dict[str, Any]:
+    """The LR schedule the flags give (pretrain.schedule.SETTINGS), as Megatron-LM's get_optimizer_param_scheduler
+    builds it: in steps with --train-iters (decay over --lr-decay-iters, default the run's steps), in samples with
+    --train-samples (decay over --lr-decay-samples, default --train-samples; warmup --lr-warmup-samples or the fraction
+    of the decay samples; anneal --lr-wsd-decay-samples)."""
+    by_samples = loop.train_samples is not None
+    if by_samples:
+        unit, decay = "samples", optim.lr_decay_samples or loop.train_samples
+    else:
+        unit, decay = "iters", optim.lr_decay_iters or train_iters
+    warmup = warmup_steps(optim, decay, by_samples)
+    wsd = optim.wsd
+    if wsd["wsd_decay_iters"] > decay - warmup:
+        what = "samples" if by_samples else "steps"
+        raise ArgsError(
+            f"--lr-wsd-decay-{unit} {wsd['wsd_decay_iters']} is longer than the {decay - warmup} decay {what} after "
+            f"warmup ({decay} decay {what}, {warmup} warmup)"
+        )
+    return schedule_settings(optim.lr, optim.min_lr, warmup, decay, optim.lr_decay_style, unit=unit, **wsd)

@@ -141,6 +141,23 @@ def optimizer_from_block(ds: ResolvedDSConfig, optim: OptimConfig, explicit: fro
     return dataclasses.replace(optim, **values)
 
 
+def check_decoupled_decay_block(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
+    """--fully-decoupled-weight-decay sets the decayed group's weight_decay to wd / peak LR, which is the intended
+    decay only for an AdamW-style decay (weights shrunk by lr x weight_decay): refuse a file optimizer block that
+    decays otherwise (an L2 penalty, LAMB's trust-ratio-scaled decay)."""
+    if not optim.fully_decoupled_weight_decay:
+        return
+    block = ds.config["optimizer"]
+    kind = str(block.get("type", "")).lower()
+    params = block.get("params") or {}
+    if kind == "adamw" or (kind in ("adam", "fusedadam") and params.get("adam_w_mode", True) is not False):
+        return
+    raise DSConfigError(
+        f"--fully-decoupled-weight-decay needs an AdamW-style weight decay; {ds.path}'s optimizer block "
+        f"{block.get('type')!r} decays otherwise: use type AdamW (or Adam with adam_w_mode true), or drop the flag"
+    )
+
+
 def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
     """Put our optimizer into the ds_config unless the file names one (then the file wins, LR schedule still ours).
 
@@ -154,6 +171,7 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
     """
     cfg = ds.config
     if "optimizer" in cfg:
+        check_decoupled_decay_block(ds, optim)
         ds.notes.append(f"{ds.path}: using the file's optimizer block {cfg['optimizer'].get('type')}")
         return
     if optim.optimizer == "stableadamw":
@@ -175,7 +193,7 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
         )
     params = {
         "lr": optim.lr,
-        "weight_decay": optim.weight_decay,
+        "weight_decay": optim.applied_weight_decay,
         "betas": [optim.adam_beta1, optim.adam_beta2],
         "eps": optim.adam_eps,
     }
@@ -203,8 +221,9 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
     cfg["optimizer"] = {"type": "AdamW", "params": params}
 
 
-def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, warmup: int, decay_iters: int):
-    """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file)."""
+def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, schedule: dict[str, Any]):
+    """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file).
+    ``schedule``: WarmupLinearDecay's settings (pretrain.args.lr_schedule, or pretrain.schedule.schedule_settings)."""
     import deepspeed
 
     check_precision_supported(ds)
@@ -212,23 +231,16 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
     validate_with_deepspeed(ds)
 
     def scheduler(opt: torch.optim.Optimizer) -> WarmupLinearDecay:
-        return WarmupLinearDecay(
-            opt,
-            peak=optim.lr,
-            min_lr=optim.min_lr,
-            warmup=warmup,
-            decay_iters=decay_iters,
-            style=optim.lr_decay_style,
-            **optim.wsd,
-        )
+        return WarmupLinearDecay(opt, **schedule)
 
-    groups = param_groups(model, optim.weight_decay)
+    groups = param_groups(model, optim.applied_weight_decay)
     client = None
     if optim.optimizer == "stableadamw" and "optimizer" not in ds.config:
         from optimi import StableAdamW
 
         betas = (optim.adam_beta1, optim.adam_beta2)
-        client = StableAdamW(groups, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay, eps=optim.adam_eps)
+        wd = optim.applied_weight_decay
+        client = StableAdamW(groups, lr=optim.lr, betas=betas, weight_decay=wd, eps=optim.adam_eps)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=None if client else groups,

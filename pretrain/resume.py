@@ -28,19 +28,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pretrain.args import RunConfig
+from pretrain.args import RunConfig, applied_weight_decay
 from pretrain.checkpoint import CheckpointError
-from pretrain.schedule import PRE_WSD_SETTINGS, SETTINGS, WSD_DEFAULT_STYLE
+from pretrain.schedule import LEGACY_SETTINGS, SETTINGS, schedule_settings
 
-# (scheduler state key, how the flags name it)
+__all__ = ["schedule_settings", "plan_resume", "install_schedule", "install_optimizer_settings"]
+
+# (scheduler state key, how the flags name it: {unit} iters or samples, {steps} steps or samples)
 SCHEDULE_SETTINGS = (
     ("peak", "--lr"),
     ("min_lr", "--min-lr"),
-    ("warmup", "warmup steps (--lr-warmup-iters, or --lr-warmup-fraction x decay steps)"),
-    ("decay_iters", "--lr-decay-iters (default: --train-iters)"),
+    ("warmup", "warmup {steps} (--lr-warmup-{unit}, or --lr-warmup-fraction x decay {steps})"),
+    ("decay_iters", "--lr-decay-{unit} (default: --train-{unit})"),
     ("style", "--lr-decay-style"),
-    ("wsd_decay_iters", "--lr-wsd-decay-iters"),
+    ("wsd_decay_iters", "--lr-wsd-decay-{unit}"),
     ("wsd_style", "--lr-wsd-decay-style"),
+    ("unit", "the schedule's unit (iters with --train-iters, samples with --train-samples)"),
 )
 # (OptimConfig field, flag): hyperparameters every parameter group of the checkpoint's optimizer holds
 OPTIMIZER_SETTINGS = (
@@ -48,9 +51,12 @@ OPTIMIZER_SETTINGS = (
     ("adam_beta1", "--adam-beta1"),
     ("adam_beta2", "--adam-beta2"),
     ("adam_eps", "--adam-eps"),
+    ("fully_decoupled_weight_decay", "--fully-decoupled-weight-decay"),
 )
-#: what a checkpoint from before WSD existed ran with
-SCHEDULE_DEFAULTS = PRE_WSD_SETTINGS
+#: what a checkpoint from before an optimizer setting existed ran with
+OPTIMIZER_DEFAULTS = {"fully_decoupled_weight_decay": False}
+#: what a checkpoint from before WSD (or sample counting) existed ran with
+SCHEDULE_DEFAULTS = LEGACY_SETTINGS
 # (args section, field, flag): settings that define which samples a run reads, in which order
 STREAM_SETTINGS = (
     ("data", "data_path", "--data-path"),
@@ -69,27 +75,6 @@ STREAM_SETTINGS = (
 )
 
 
-def schedule_settings(
-    peak: float,
-    min_lr: float,
-    warmup: int,
-    decay_iters: int,
-    style: str,
-    wsd_decay_iters: int = 0,
-    wsd_style: str = WSD_DEFAULT_STYLE,
-) -> dict[str, Any]:
-    """The schedule the flags give, keyed like pretrain.schedule.WarmupLinearDecay's saved state."""
-    return {
-        "peak": float(peak),
-        "min_lr": float(min_lr),
-        "warmup": int(warmup),
-        "decay_iters": int(decay_iters),
-        "style": style,
-        "wsd_decay_iters": int(wsd_decay_iters),
-        "wsd_style": wsd_style,
-    }
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         try:
@@ -100,9 +85,11 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def schedule_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """'flag: checkpoint X, now Y' for each schedule setting that differs."""
+    """'flag: checkpoint X, now Y' for each schedule setting that differs (flags named in the unit the flags use)."""
+    unit = now.get("unit", "iters")
+    names = {"unit": unit, "steps": "steps" if unit == "iters" else "samples"}
     return [
-        f"{flag}: checkpoint {saved.get(key, SCHEDULE_DEFAULTS.get(key))!r}, now {now[key]!r}"
+        f"{flag.format(**names)}: checkpoint {saved.get(key, SCHEDULE_DEFAULTS.get(key))!r}, now {now[key]!r}"
         for key, flag in SCHEDULE_SETTINGS
         if not _same(saved.get(key, SCHEDULE_DEFAULTS.get(key)), now[key])
     ]
@@ -115,7 +102,8 @@ class ResumePlan:
     schedule: dict[str, Any] | None = None
     """The schedule to install after DeepSpeed restored the checkpoint's (None: keep the checkpoint's)."""
     optimizer: dict[str, float] | None = None
-    """OPTIMIZER_SETTINGS values to set on the restored optimizer (None: a checkpoint that did not record them)."""
+    """Values to set on the restored optimizer: adam_beta1/2, adam_eps, and weight_decay as the decayed group holds
+    it (divided by the peak LR when fully decoupled); None: a checkpoint that did not record them."""
     notes: list[str] = field(default_factory=list)
     """Lines rank 0 prints: every setting that changed and what the run does about it."""
 
@@ -141,6 +129,8 @@ def plan_resume(
     now_args = run.to_dict()
     now_optim = now_args["optim"]
     saved_optim = saved_args.get("optim") or {}
+    if saved_optim:
+        saved_optim = {**OPTIMIZER_DEFAULTS, **saved_optim}
     saved_type = saved_optim.get("optimizer")
     if saved_type is not None and saved_type != now_optim["optimizer"]:
         raise CheckpointError(
@@ -155,9 +145,22 @@ def plan_resume(
     ]
     if all(key in saved_optim for key, _ in OPTIMIZER_SETTINGS):
         source = saved_optim if optim_diffs and ck.use_checkpoint_opt_param_scheduler else now_optim
-        plan.optimizer = {key: float(source[key]) for key, _ in OPTIMIZER_SETTINGS}
+        plan.optimizer = {key: float(source[key]) for key in ("weight_decay", "adam_beta1", "adam_beta2", "adam_eps")}
+        # the peak LR of the schedule the run follows (fully decoupled decay is relative to it)
+        peak = saved_sched["peak"] if sched_diffs and ck.use_checkpoint_opt_param_scheduler else now_schedule["peak"]
+        plan.optimizer["weight_decay"] = applied_weight_decay(
+            source["weight_decay"], float(peak), bool(source["fully_decoupled_weight_decay"])
+        )
     diffs = sched_diffs + optim_diffs
     what = " and ".join(name for name, d in (("LR schedule", sched_diffs), ("optimizer settings", optim_diffs)) if d)
+    saved_unit = saved_sched.get("unit", SCHEDULE_DEFAULTS["unit"])
+    if saved_unit != now_schedule["unit"] and not ck.use_checkpoint_opt_param_scheduler:
+        raise CheckpointError(
+            f"{where}: the checkpoint's LR schedule counts {saved_unit}, this run's {now_schedule['unit']} (--train-"
+            f"{now_schedule['unit']}); its step count cannot carry over to the other unit. Give the run's length as "
+            f"the checkpoint did (--train-{saved_unit}), or keep the checkpoint's schedule with "
+            "--use-checkpoint-opt-param-scheduler"
+        )
     if diffs and ck.override_opt_param_scheduler:
         plan.schedule = now_schedule if sched_diffs else None
         changed = [

@@ -1,7 +1,11 @@
-"""LR schedule: linear warmup to the peak, then linear decay to min_lr (BERT, RoBERTa, BlockBERT, DIET), a constant
-LR, or warmup-stable-decay (WSD: the peak held until the last ``wsd_decay_iters`` of the decay steps, then an anneal to
-min_lr; ModernBERT anneals with 1 - sqrt). Names and formulas follow Megatron-LM's ``--lr-decay-style WSD``,
-``--lr-wsd-decay-style`` and ``--lr-wsd-decay-iters``.
+"""LR schedule: linear warmup to the peak, then linear decay to min_lr (BERT, RoBERTa, BlockBERT, DIET), a cosine
+decay, a constant LR, or warmup-stable-decay (WSD: the peak held until the last ``wsd_decay_iters`` of the decay
+steps, then an anneal to min_lr; ModernBERT anneals with 1 - sqrt). Names and formulas follow Megatron-LM's
+``OptimizerParamScheduler`` (``--lr-decay-style``, ``--lr-wsd-decay-style``, ``--lr-wsd-decay-iters``).
+
+The schedule counts in one unit (``unit``): optimizer steps (a run given by --train-iters) or, as Megatron-LM does
+for a run given by --train-samples, samples: every update then advances it by its global batch, so during a batch
+ramp the warmup and decay follow the samples (tokens) seen, not the number of smaller early steps.
 
 A torch LRScheduler so DeepSpeed saves/loads it with the checkpoint and steps it only on applied optimizer
 steps (skipped fp16 overflow steps do not advance it).
@@ -10,6 +14,7 @@ steps (skipped fp16 overflow steps do not advance it).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -25,8 +30,39 @@ WSD_DEFAULT_STYLE = "exponential"
 """Megatron-LM's default --lr-wsd-decay-style."""
 PRE_WSD_SETTINGS = {"wsd_decay_iters": 0, "wsd_style": WSD_DEFAULT_STYLE}
 """What a schedule saved before WSD existed ran with (no anneal phase)."""
-SETTINGS = ("peak", "min_lr", "warmup", "decay_iters", "style", "wsd_decay_iters", "wsd_style")
-"""The schedule's settings: lr_at's keywords, WarmupLinearDecay's attributes and saved state."""
+UNITS = ("iters", "samples")
+"""What the schedule counts: optimizer steps (--train-iters) or samples (--train-samples, as Megatron-LM)."""
+LEGACY_SETTINGS = {**PRE_WSD_SETTINGS, "unit": "iters"}
+"""What a schedule saved before a setting existed ran with (no anneal phase; counted in steps)."""
+FORMULA_SETTINGS = ("peak", "min_lr", "warmup", "decay_iters", "style", "wsd_decay_iters", "wsd_style")
+"""lr_at's keywords; warmup, decay_iters and wsd_decay_iters are in the schedule's unit."""
+SETTINGS = (*FORMULA_SETTINGS, "unit")
+"""The schedule's settings: WarmupLinearDecay's attributes and saved state."""
+
+
+def schedule_settings(
+    peak: float,
+    min_lr: float,
+    warmup: int,
+    decay_iters: int,
+    style: str,
+    wsd_decay_iters: int = 0,
+    wsd_style: str = WSD_DEFAULT_STYLE,
+    unit: str = "iters",
+) -> dict[str, Any]:
+    """The SETTINGS dict (WarmupLinearDecay's keywords and saved state), normalised for comparison on resume."""
+    if unit not in UNITS:
+        raise ValueError(f"schedule unit must be one of {UNITS}, got {unit!r}")
+    return {
+        "peak": float(peak),
+        "min_lr": float(min_lr),
+        "warmup": int(warmup),
+        "decay_iters": int(decay_iters),
+        "style": style,
+        "wsd_decay_iters": int(wsd_decay_iters),
+        "wsd_style": wsd_style,
+        "unit": unit,
+    }
 
 
 def lr_at(
@@ -38,30 +74,37 @@ def lr_at(
     style: str = "linear",
     wsd_decay_iters: int = 0,
     wsd_style: str = WSD_DEFAULT_STYLE,
+    increment: int = 1,
 ) -> float:
-    """LR after `step` applied optimizer steps (step 0 is the first update)."""
-    if warmup > 0 and step < warmup:
-        return peak * (step + 1) / warmup
+    """LR of the update that follows `step` applied units and adds `increment` more (1 step; or its global batch
+    when the schedule counts samples): Megatron-LM's ``get_lr`` at ``num_steps = step + increment``, i.e. counting
+    this update (Megatron applies that LR one update later: its first update runs at --lr-warmup-init, 0)."""
+    n = step + increment
+    if warmup > 0 and n <= warmup:
+        return peak * n / warmup
     if style == "constant":
         return peak
+    if n > decay_iters or decay_iters <= warmup:
+        return min_lr
     if style == "WSD":
         anneal_start = decay_iters - wsd_decay_iters
-        if step < anneal_start:
+        if n <= anneal_start:
             return peak
         if wsd_decay_iters <= 0:
             return min_lr
-        ratio = min(1.0, (step - anneal_start + 1) / wsd_decay_iters)
-        return min_lr + (peak - min_lr) * WSD_DECAY_STYLES[wsd_style](ratio)
-    if decay_iters <= warmup:
-        return min_lr
-    # step + 1 updates done, as in the warmup (Megatron's num_steps): the peak is the LR of the warmup's last step
-    # only, and the decay's first step is already below it (step - warmup held the peak for two steps)
-    progress = min(1.0, (step + 1 - warmup) / (decay_iters - warmup))
-    return min_lr + (peak - min_lr) * (1.0 - progress)
+        return min_lr + (peak - min_lr) * WSD_DECAY_STYLES[wsd_style]((n - anneal_start) / wsd_decay_iters)
+    ratio = (n - warmup) / (decay_iters - warmup)
+    coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0) if style == "cosine" else 1.0 - ratio
+    return min_lr + (peak - min_lr) * coeff
 
 
 class WarmupLinearDecay(LRScheduler):
-    """Sets every param group's lr to lr_at(last_epoch); state is just last_epoch (plus the settings)."""
+    """Sets every param group's lr to lr_at(last_epoch, increment=next_increment); state is last_epoch (units
+    applied: steps, or samples) plus the settings.
+
+    Counting samples, DeepSpeed's ``engine.step(lr_kwargs={"increment": batch})`` advances it by each applied
+    update's batch, and the trainer calls ``set_next_increment(batch)`` before each step, so the LR of a step during
+    a batch ramp counts the samples of that step."""
 
     def __init__(
         self,
@@ -73,15 +116,32 @@ class WarmupLinearDecay(LRScheduler):
         style: str = "linear",
         wsd_decay_iters: int = 0,
         wsd_style: str = WSD_DEFAULT_STYLE,
+        unit: str = "iters",
     ) -> None:
         self.peak, self.min_lr, self.warmup, self.decay_iters, self.style = peak, min_lr, warmup, decay_iters, style
-        self.wsd_decay_iters, self.wsd_style = wsd_decay_iters, wsd_style
+        self.wsd_decay_iters, self.wsd_style, self.unit = wsd_decay_iters, wsd_style, unit
+        self.next_increment = 1
         super().__init__(optimizer)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """A checkpoint from before WSD existed has no WSD settings: it ran without an anneal phase."""
-        super().load_state_dict({**PRE_WSD_SETTINGS, **state_dict})
+        """A checkpoint from before WSD (or sample counting) existed lacks those settings: it ran without an anneal
+        phase, counting steps."""
+        super().load_state_dict({**LEGACY_SETTINGS, **state_dict})
+
+    def step(self, increment: int | None = None) -> None:  # type: ignore[override]
+        """One applied update: ``increment`` units (default 1 step)."""
+        if increment is not None:
+            self.last_epoch += int(increment) - 1  # torch's step adds the last one
+        super().step()
+
+    def set_next_increment(self, increment: int) -> None:
+        """The next update adds ``increment`` units (its global batch, counting samples): set the LR it uses."""
+        self.next_increment = int(increment)
+        lrs = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        self._last_lr = list(lrs)
 
     def get_lr(self) -> list[float]:
-        lr = lr_at(self.last_epoch, **{k: getattr(self, k) for k in SETTINGS})
+        lr = lr_at(self.last_epoch, **{k: getattr(self, k) for k in FORMULA_SETTINGS}, increment=self.next_increment)
         return [lr for _ in self.optimizer.param_groups]

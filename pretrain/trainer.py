@@ -29,7 +29,7 @@ from deepspeed.checkpoint.constants import (
 from common.errors import write_errors
 from common.outputs import check_dir_writable, check_not_input
 from pretrain import builders, checkpoint, faults, resize, resume
-from pretrain.args import ArgsError, RunConfig, train_iterations, warmup_steps
+from pretrain.args import ArgsError, RunConfig, lr_schedule, train_iterations
 from pretrain.distributed import (
     DistInfo,
     ExitSignal,
@@ -182,22 +182,12 @@ class Trainer:
         self.iteration = int(client["iteration"]) if resuming else 0
         self.consumed_samples = int(client["consumed_train_samples"]) if resuming else 0
         self.train_iters = self._train_iterations()
-        self.decay_iters = run.optim.lr_decay_iters or self.train_iters
-        self.warmup = warmup_steps(run.optim, self.decay_iters)
-        wsd_iters = run.optim.wsd["wsd_decay_iters"]
-        if wsd_iters > self.decay_iters - self.warmup:
-            raise ArgsError(
-                f"--lr-wsd-decay-iters {wsd_iters} is longer than the {self.decay_iters - self.warmup} decay steps "
-                f"after warmup ({self.decay_iters} decay iterations, {self.warmup} warmup)"
-            )
+        self.schedule = lr_schedule(run.optim, run.loop, self.train_iters)  # in steps, or samples (--train-samples)
         plan = None
         if resuming:
             where = f"{ck.load}/{resume_tag}"
             checkpoint.check_architecture(where, client, self.model_config.to_dict())
-            now = resume.schedule_settings(
-                run.optim.lr, run.optim.min_lr, self.warmup, self.decay_iters, run.optim.lr_decay_style, **run.optim.wsd
-            )
-            plan = resume.plan_resume(where, client, run, now, self.global_batch, self.micro)
+            plan = resume.plan_resume(where, client, run, self.schedule, self.global_batch, self.micro)
 
         load_tag = resume_tag
         saved_world = int(client.get("world_size") or self.dist.world_size) if resuming else self.dist.world_size
@@ -224,7 +214,7 @@ class Trainer:
         if run.system.activation_checkpointing:
             apply_activation_checkpointing(model)
         seed_everything(run.loop.seed + 100 * self.dist.rank)  # dropout differs across data-parallel ranks
-        self.engine = initialize_engine(model, self.ds, run.optim, self.warmup, self.decay_iters)
+        self.engine = initialize_engine(model, self.ds, run.optim, self.schedule)
         if type(self.engine.optimizer).__module__.startswith("optimi"):
             self._print(f"optimizer {type(self.engine.optimizer).__name__} (torch-optimi, a client optimizer)")
         if run.system.compile:
@@ -378,11 +368,14 @@ class Trainer:
         """
         engine, module, device = self.engine, self.engine.module, self.dist.device
         skipped_before = engine.skipped_steps
-        lr = engine.get_lr()[0]  # the LR this step uses (the scheduler moves it after an applied step)
+        batch_size, gas = self._step_batch()
+        # the LR this step uses: counting samples, the schedule counts this step's batch (a ramp changes it)
+        increment = batch_size if engine.lr_scheduler.unit == "samples" else 1
+        engine.lr_scheduler.set_next_increment(increment)
+        lr = engine.get_lr()[0]
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         tokens = 0
         aux_sum = None
-        batch_size, gas = self._step_batch()
         for micro in range(gas):
             if self.ramp is not None:  # DeepSpeed's own count of micro-steps assumes a fixed accumulation
                 engine.set_gradient_accumulation_boundary(micro == gas - 1)
@@ -410,7 +403,7 @@ class Trainer:
             loss_sum += loss.detach().double()
             if micro == gas - 1:
                 self._before_update(loss_sum)
-            engine.step()
+            engine.step(lr_kwargs={"increment": increment})
         self.iteration += 1
         self.consumed_samples += batch_size
         return {

@@ -292,3 +292,133 @@ def test_convert_never_deletes_its_input(trained, tmp_path, capsys):
     assert convert_main(["--load", str(ckpt), "--to-hf", str(tmp_path / "hf")]) == 0
     assert convert_main(["--load", str(ckpt), "--to-hf", str(tmp_path / "hf")]) == 2  # exists: --overwrite
     assert "--overwrite" in one_error_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------ the sweep of the remaining entry points
+# Each case showed a traceback, exited 1, wrote elsewhere than asked or passed silently before (issue 34's sweep:
+# tools.profile_memory, model_stats, plot_layouts, inspect_dataset, gpu_check's flags, benchmarks/* in the docs).
+# {d}: a folder of inputs, {ro}: a read-only tmpfs, {full}: a full tmpfs.
+SWEEP = [
+    ("tools.model_stats", ["--model-config", "{d}/gone.json"], "--model-config {d}/gone.json: no such file"),
+    ("tools.model_stats", ["--model-config", "{d}/empty.json"], "--model-config {d}/empty.json is empty"),
+    ("tools.model_stats", ["--model-config", "{d}/bin.json"], "not a text file (byte 0 is not UTF-8)"),
+    ("tools.model_stats", ["--model-config", "{d}/list.json"], "expected a JSON object, got a list"),
+    ("tools.model_stats", ["--model-config", "{d}"], "--model-config {d} is a directory"),
+    ("tools.model_stats", ["--position", "[1]"], "--position must be a JSON object"),
+    ("tools.model_stats", ["--preset", "nope"], "--preset nope: unknown model preset"),
+    ("tools.plot_layouts", ["--model-config", "{d}/list.json", "--stats"], "expected a JSON object, got a list"),
+    ("tools.plot_layouts", ["--sparsity", "[1]", "--num-heads", "2", "--stats"], "--sparsity: sparse_attention"),
+    ("tools.plot_layouts", ["--preset", "nope", "--stats"], "--preset nope: unknown model preset"),
+    (
+        "tools.plot_layouts",
+        ["--preset", "blockbert-base-n2", "--seq-len", "64", "--out", "{ro}/l.png"],
+        "--out {ro}/l.png: cannot write there",
+    ),
+    (
+        "tools.plot_layouts",
+        ["--preset", "blockbert-base-n2", "--seq-len", "64", "--out", "{full}/l.png"],
+        "no space left on the device",
+    ),
+    (
+        "tools.plot_layouts",
+        ["--preset", "blockbert-base-n2", "--seq-len", "64", "--out", "{d}"],
+        "--out {d} is a directory",
+    ),  # wrote {d}.png
+    ("tools.profile_memory", ["--out", "{ro}/pm"], "--out {ro}/pm: cannot write there: read-only"),
+    ("tools.profile_memory", ["--out", "{d}/empty.json"], "is a file; give a directory path"),
+    ("tools.inspect_dataset", ["{d}/shard", "--vocab-file", "{d}"], "which is a directory"),
+    ("tools.gpu_check", ["--only", "nope"], "--only nope: no such step"),  # ran nothing and passed
+    ("tools.gpu_check", ["--out-dir", "{ro}/gc"], "--out-dir {ro}/gc: cannot write there"),
+    ("tools.gpu_check", ["--work-dir", "{ro}/w", "--out-dir", "{d}/gc"], "--work-dir {ro}/w: cannot write there"),
+    ("benchmarks.attention", ["--table", "{d}/gone.json"], "--table {d}/gone.json: no such file"),
+    ("benchmarks.attention", ["--table", "{d}/empty.json"], "--table {d}/empty.json is empty"),
+    ("benchmarks.attention", ["--table", "{d}/list.json"], "expected a JSON object, got a list"),
+    ("benchmarks.attention", ["--table", "{d}/other.json"], "not a results file of this benchmark"),
+    ("benchmarks.attention", ["--out-dir", "{ro}/ba"], "--out-dir {ro}/ba: cannot write there"),
+    ("benchmarks.attention", ["--out-dir", "{full}/ba"], "no space left on the device"),
+    ("benchmarks.attention_memory", ["--write-doc", "{d}/gone.md"], "--write-doc {d}/gone.md: no such file"),
+    ("benchmarks.attention_memory", ["--out-dir", "{ro}/am"], "--out-dir {ro}/am: cannot write there"),
+    ("benchmarks.sparsebert_diet", ["--out", "{ro}/x.json"], "--out {ro}/x.json: cannot write there"),
+    ("benchmarks.sparsebert_diet", ["--out", "{d}"], "--out {d} is a directory"),
+    ("benchmarks.train_step", ["--json", "{ro}/x.json"], "--json {ro}/x.json: cannot write there"),
+    ("benchmarks.train_step_ds", ["--json", "{ro}/x.json"], "--json {ro}/x.json: cannot write there"),
+    ("benchmarks.train_step_ds", ["--data-path", "{d}/gone", "--vocab-file", "{d}/vocab.txt"], "gone.idx: file not"),
+    ("benchmarks.train_step_ds", ["--data-path", "{d}/shard", "--vocab-file", "{d}/gone"], "which does not exist"),
+    ("benchmarks.dataloader", ["--data-path", "{d}/gone", "--vocab-file", "{d}/vocab.txt"], "gone.idx: file not"),
+    ("benchmarks.dataloader", ["--vocab-file", "{d}/gone"], "which does not exist"),
+    ("benchmarks.wiki_extract", ["--dump", "{d}/gone.bz2"], "--dump {d}/gone.bz2: no such file"),
+    (
+        "benchmarks.wiki_extract",
+        ["--dump", "{d}/empty.json", "--output-dir", "{ro}/we"],
+        "--output-dir {ro}/we: cannot",
+    ),
+    ("benchmarks.packing", ["--vocab-file", "{d}/gone"], "which does not exist"),
+    ("benchmarks.packing", ["--vocab-file", "{d}/vocab.txt", "--work-dir", "{ro}/w"], "--work-dir {ro}/w: cannot"),
+    ("benchmarks.preprocess_throughput", ["--vocab-file", "{d}/gone"], "which does not exist"),
+    (
+        "benchmarks.preprocess_throughput",
+        ["--vocab-file", "{d}/vocab.txt", "--megatron-repo", "{d}"],
+        "--megatron-repo {d}: no tools/preprocess_data.py there",
+    ),
+    (
+        "benchmarks.preprocess_throughput",
+        ["--vocab-file", "{d}/vocab.txt", "--output-json", "{ro}/x.json"],
+        "--output-json {ro}/x.json: cannot write there",
+    ),
+]
+
+
+@pytest.fixture
+def sweep_dirs(tmp_path, small_disks) -> dict[str, str]:
+    from tests import train_utils as tu
+
+    full, ro = small_disks
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "empty.json").write_text("")
+    (d / "bin.json").write_bytes(bytes(range(200, 256)) * 4)
+    (d / "list.json").write_text("[1, 2]")
+    (d / "other.json").write_text('{"rows": []}')
+    tu.write_vocab(d / "vocab.txt")
+    tu.write_shard(d / "shard", num_docs=4)
+    (full / "fill").write_bytes(b"\0" * 200 * 1024)  # the 200 KiB tmpfs is now full
+    return {"d": str(d), "ro": str(ro), "full": str(full)}
+
+
+@pytest.mark.parametrize("module, argv, match", SWEEP, ids=[f"{m}:{' '.join(a)[:40]}" for m, a, _ in SWEEP])
+def test_entry_points_refuse_bad_input_in_one_line(module, argv, match, sweep_dirs, capsys):
+    import importlib
+
+    main = importlib.import_module(module).main
+    assert main([a.format(**sweep_dirs) for a in argv]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"{module}: error: ") and match.format(**sweep_dirs) in line, line
+
+
+def test_inspect_samples_says_when_the_index_cannot_be_cached(sweep_dirs, capsys):
+    """The sample index is a cache: a full disk does not stop the inspection, but is said (it passed silently)."""
+    from tools.inspect_dataset import samples_main
+
+    d, full = sweep_dirs["d"], sweep_dirs["full"]
+    argv = ["--data-path", f"{d}/shard", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", f"{d}/vocab.txt"]
+    argv += ["--seq-length", "32", "--split", "1,0,0", "--stats"]
+    assert samples_main(argv + ["--cache-dir", f"{full}/cache"]) == 0
+    assert "could not cache the index" in capsys.readouterr().err
+
+
+def test_pretrain_compare_refuses_an_unwritable_out_before_any_run(sweep_dirs, capsys):
+    from benchmarks.pretrain_compare.cli import main as compare_main
+
+    d, ro = sweep_dirs["d"], sweep_dirs["ro"]
+    argv = [
+        "--out",
+        f"{ro}/cmp",
+        "--preset",
+        "cpu-small",
+        "--vocab-file",
+        f"{d}/vocab.txt",
+        "--data-path",
+        f"{d}/shard",
+    ]
+    assert compare_main(argv) == 2
+    assert f"[compare] error: --out {ro}/cmp: cannot write there: read-only" in capsys.readouterr().err

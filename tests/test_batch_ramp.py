@@ -79,3 +79,95 @@ def test_ramp_through_the_trainer_and_an_exact_resume(tmp_path):
     assert [r["iteration"] for r in recs] == [1, 2, 3, 4, 5, 6, 7]
     assert [r["loss"] for r in recs] == [r["loss"] for r in straight]  # bitwise, across the ramp
     assert [r["global_batch_size"] for r in recs] == [r["global_batch_size"] for r in straight]
+
+
+def megatron_get_lr(n, max_lr, min_lr, warmup, decay, style, wsd=None, wsd_style=None):
+    """Megatron-LM's OptimizerParamScheduler.get_lr (init_lr 0) at num_steps = n, written out independently."""
+    import math
+
+    if warmup > 0 and n <= warmup:
+        return max_lr * n / warmup
+    if style == "constant":
+        return max_lr
+    if n > decay:
+        return min_lr
+    ratio = (n - warmup) / (decay - warmup)
+    if style == "linear":
+        coeff = 1.0 - ratio
+    elif style == "cosine":
+        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    else:  # WSD
+        start = decay - wsd
+        if n <= start:
+            coeff = 1.0
+        else:
+            r = (n - start) / wsd
+            coeff = {"minus_sqrt": 1.0 - math.sqrt(r), "linear": 1.0 - r, "cosine": 0.5 * (math.cos(math.pi * r) + 1)}[
+                wsd_style
+            ]
+    return min_lr + coeff * (max_lr - min_lr)
+
+
+RAMP_RUN = ["--data-path", "x", "--vocab-file", "v", "--micro-batch-size", "2", "--global-batch-size", "12"]
+RAMP_RUN += ["--train-samples", "100", "--rampup-batch-size", "4", "4", "16", "--lr", "1e-3", "--min-lr", "1e-5"]
+
+
+@pytest.mark.parametrize(
+    "flags, megatron",
+    [
+        (["--lr-warmup-samples", "20", "--lr-decay-samples", "90"], (20, 90, "linear")),
+        (["--lr-warmup-samples", "10", "--lr-decay-style", "cosine"], (10, 100, "cosine")),  # decay: --train-samples
+        (["--lr-warmup-fraction", "0.25", "--lr-decay-samples", "80"], (20, 80, "linear")),  # 0.25 x 80 samples
+        (
+            ["--lr-warmup-samples", "8", "--lr-decay-style", "WSD", "--lr-wsd-decay-samples", "30"]
+            + ["--lr-wsd-decay-style", "minus_sqrt"],
+            (8, 100, "WSD", 30, "minus_sqrt"),
+        ),
+    ],
+)
+def test_sample_counted_schedule_follows_megatron_during_a_ramp(flags, megatron):
+    """The flags -> pretrain.args.lr_schedule -> the scheduler stepped as the trainer steps it (set_next_increment
+    with the step's batch before it, DeepSpeed's step(increment=batch) after it) on a real optimizer: each step's LR
+    is Megatron's get_lr at the samples consumed with that step, through the ramp's 4, 4, 8, 12, ... batches."""
+    import torch
+
+    from pretrain.args import lr_schedule, parse_args
+    from pretrain.schedule import WarmupLinearDecay
+
+    run = parse_args(RAMP_RUN + flags)
+    ramp = BatchRamp(run.loop.rampup_batch_size, 12, micro=2, dp=2)
+    iters = ramp.train_iters(100)
+    settings = lr_schedule(run.optim, run.loop, iters)
+    assert settings["unit"] == "samples" and (settings["warmup"], settings["decay_iters"]) == megatron[:2]
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    sched = WarmupLinearDecay(opt, **settings)
+    consumed, got, want = 0, [], []
+    for _ in range(iters):
+        batch = ramp.batch_at(consumed)
+        sched.set_next_increment(batch)
+        got.append(opt.param_groups[0]["lr"])
+        p.grad = torch.ones(2)
+        opt.step()
+        sched.step(increment=batch)
+        consumed += batch
+        want.append(megatron_get_lr(consumed, 1e-3, 1e-5, *megatron))
+    assert consumed == 28 + 6 * 12  # 4, 4, 8, 12 then whole batches
+    assert got == pytest.approx(want, rel=1e-12, abs=0)
+    assert sched.last_epoch == consumed  # the schedule's count is samples
+
+
+def test_step_and_sample_schedules_agree_at_a_fixed_batch():
+    """Without a ramp, --train-samples with the -samples flags (steps x batch) gives the LRs of --train-iters with
+    the -iters flags: the two units are one schedule."""
+    from pretrain.args import lr_schedule, parse_args
+    from pretrain.schedule import lr_at
+
+    base = ["--data-path", "x", "--vocab-file", "v", "--micro-batch-size", "2", "--global-batch-size", "12"]
+    by_iters = parse_args(base + ["--train-iters", "10", "--lr-warmup-iters", "3", "--lr-decay-iters", "8"])
+    by_samples = parse_args(base + ["--train-samples", "120", "--lr-warmup-samples", "36", "--lr-decay-samples", "96"])
+    a, b = lr_schedule(by_iters.optim, by_iters.loop, 10), lr_schedule(by_samples.optim, by_samples.loop, 10)
+    keys = ("peak", "min_lr", "warmup", "decay_iters", "style")
+    steps = [lr_at(k, **{x: a[x] for x in keys}) for k in range(10)]
+    samples = [lr_at(12 * k, **{x: b[x] for x in keys}, increment=12) for k in range(10)]
+    assert samples == pytest.approx(steps, rel=1e-12, abs=0)

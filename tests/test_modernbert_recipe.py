@@ -1,6 +1,7 @@
 """run_scripts/pretrain_modernbert.sh end to end at smoke scale: ModernBERT's recipe as the script runs it, i.e.
 StableAdamW (torch-optimi) under bf16 autocast, the batch-size warm-up with Megatron's semantics, WSD with a 1-sqrt
-anneal, 30% masking and packed documents, on a tiny model, read back from its log."""
+anneal counted in samples through the ramp, fully decoupled weight decay, 30% masking and packed documents, on a
+tiny model, read back from its log."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import subprocess
 
 import pytest
 
-from pretrain.schedule import lr_at
 from tests import train_utils as tu
+from tests.test_batch_ramp import megatron_get_lr
 
 
 @pytest.mark.slow
@@ -53,7 +54,11 @@ def test_the_recipe_script_ramps_the_batch_and_anneals(tmp_path):
     batches += [8] * ((96 - consumed) // 8)
     assert [r["global_batch_size"] for r in recs] == batches == [2] * 5 + [4] * 3 + [6] * 2 + [8] * 7
     assert [r["consumed_samples"] for r in recs][-1] == sum(batches)
-    # the LR counts steps: 1 warmup step, the peak held, 1 - sqrt over the last 3 of the 17 steps down to 0
-    expected = [lr_at(s, 8e-4, 0.0, 1, len(batches), "WSD", 3, "minus_sqrt") for s in range(len(batches))]
-    assert [r["lr"] for r in recs] == pytest.approx(expected)
-    assert recs[-4]["lr"] == pytest.approx(8e-4) and recs[-1]["lr"] == 0.0
+    # the LR counts samples through the ramp (Megatron's --lr-*-samples): a warmup over 8 samples (1 full-batch
+    # step), the peak held, 1 - sqrt over the last 24 of the 96 decay samples (--train-samples); the run ends at 90
+    # consumed samples (the partial last batch is dropped, as Megatron), before the anneal's end
+    consumed = [sum(batches[: k + 1]) for k in range(len(batches))]
+    expected = [megatron_get_lr(c, 8e-4, 0.0, 8, 96, "WSD", 24, "minus_sqrt") for c in consumed]
+    assert [r["lr"] for r in recs] == pytest.approx(expected, rel=1e-9)
+    assert [r["lr"] for r in recs[:4]] == pytest.approx([2e-4, 4e-4, 6e-4, 8e-4])  # 2, 4, 6, 8 samples of 8
+    assert recs[-4]["lr"] == pytest.approx(8e-4) and recs[-3]["lr"] < 8e-4  # the anneal starts after 72 samples

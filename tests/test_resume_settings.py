@@ -174,3 +174,24 @@ def test_plan_resume_unit():
     assert notes == [
         "micro batch size 1 differs from the checkpoint's 2: same samples per step, gradient accumulation steps change"
     ]
+
+
+def test_plan_resume_refuses_another_schedule_unit_and_divides_a_decoupled_decay():
+    """A checkpoint counted in steps cannot carry its count into a sample-counted schedule (--train-samples) even
+    with --override-opt-param-scheduler; --use-checkpoint-opt-param-scheduler keeps its schedule. With
+    --fully-decoupled-weight-decay the decayed group gets weight_decay / peak LR, and turning the flag on at a
+    resume is refused like a changed --weight-decay (a checkpoint without the key ran without it)."""
+    base = ["--data-path", "d", "--micro-batch-size", "2", "--seq-length", "64", "--global-batch-size", "4"]
+    samples = schedule_settings(1e-4, 0.0, 0, 80, "linear", unit="samples")
+    run = parse_args(base + ["--train-samples", "80", "--override-opt-param-scheduler"])
+    with pytest.raises(CheckpointError, match="the checkpoint's LR schedule counts iters, this run's samples"):
+        plan_resume("ck/iter", _client(), run, samples, 4, 2)
+    run = parse_args(base + ["--train-samples", "80", "--use-checkpoint-opt-param-scheduler"])
+    assert plan_resume("ck/iter", _client(), run, samples, 4, 2).schedule is None  # the checkpoint's, in steps
+
+    steps = schedule_settings(1e-4, 0.0, 0, 10, "linear")
+    run = parse_args(base + ["--train-iters", "10", "--weight-decay", "0.01", "--fully-decoupled-weight-decay"])
+    with pytest.raises(CheckpointError, match="--fully-decoupled-weight-decay: checkpoint False, now True"):
+        plan_resume("ck/iter", _client(), run, steps, 4, 2)
+    saved = _client(args=run.to_dict())
+    assert plan_resume("ck/iter", saved, run, steps, 4, 2).optimizer["weight_decay"] == pytest.approx(0.01 / 1e-4)

@@ -58,6 +58,28 @@ def test_megatron_flags_parse_into_dataclasses():
         (["--train-iters", "5", "--finetune"], "--finetune needs --load"),
         (["--train-iters", "5", "--sample-mode", "pairs"], "--sample-mode"),
         (["--train-iters", "5", "--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"], "give one of them"),
+        # Megatron's sample-counted schedule: each unit's flags with its own run length, never mixed (issue 34)
+        (["--train-samples", "50", "--lr-warmup-fraction", "0.1", "--lr-warmup-samples", "8"], "give one of them"),
+        (["--train-samples", "50", "--lr-warmup-iters", "2", "--lr-warmup-samples", "8"], "both set the same length"),
+        (["--train-samples", "50", "--lr-decay-iters", "4", "--lr-decay-samples", "40"], "both set the same length"),
+        (["--train-iters", "5", "--lr-warmup-samples", "8"], "--lr-warmup-samples count samples: they go with"),
+        (["--train-iters", "5", "--lr-decay-samples", "40"], "use --lr-decay-iters instead"),
+        (["--train-samples", "50", "--lr-warmup-iters", "2"], "with --train-samples the LR schedule counts samples"),
+        (["--train-samples", "50", "--lr-decay-iters", "4"], "use --lr-decay-samples instead"),
+        (
+            ["--train-samples", "50", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "2"],
+            "--lr-wsd-decay-iters: with --train-samples",
+        ),
+        (["--train-samples", "50", "--lr-decay-style", "WSD"], "needs --lr-wsd-decay-samples > 0"),
+        (["--train-iters", "5", "--lr-decay-style", "WSD", "--lr-wsd-decay-samples", "9"], "count samples"),
+        (["--train-samples", "50", "--lr-wsd-decay-samples", "9"], "need --lr-decay-style WSD"),
+        (["--train-samples", "50", "--lr-decay-samples", "0"], "--lr-decay-samples must be positive"),
+        (["--train-samples", "50", "--lr-warmup-samples", "-1"], "--lr-warmup-samples must be >= 0"),
+        (
+            ["--train-iters", "5", "--optimizer", "lamb", "--fully-decoupled-weight-decay"],
+            "cannot apply to --optimizer",
+        ),
+        (["--train-iters", "5", "--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
     ],
 )
 def test_bad_flags_name_the_flag(extra, match):
@@ -243,3 +265,108 @@ def test_valid_data_path_and_valid_seed(tmp_path):
     # without held-out shards: the whole-document valid split, drawn with --valid-seed
     assert _valid_ids(seed(1, "--valid-seed", "5")) == _valid_ids(seed(2, "--valid-seed", "5"))
     assert _valid_ids(seed(5)) == _valid_ids(seed(1, "--valid-seed", "5"))
+
+
+def test_a_wsd_anneal_longer_than_the_decay_is_refused_in_its_unit():
+    from pretrain.args import lr_schedule
+
+    run = parse_args(
+        BASE
+        + ["--train-samples", "96", "--lr-warmup-samples", "40", "--lr-decay-style", "WSD"]
+        + ["--lr-wsd-decay-samples", "60"]
+    )
+    with pytest.raises(ArgsError, match="--lr-wsd-decay-samples 60 is longer than the 56 decay samples after warmup"):
+        lr_schedule(run.optim, run.loop, 3)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "stableadamw"])
+def test_fully_decoupled_weight_decay_is_the_configured_decay_at_the_peak(optimizer):
+    """A real optimizer step on a tiny model with zero gradients (only the decay moves the weights): with
+    --fully-decoupled-weight-decay a decayed weight shrinks by wd x lr_t / peak (wd itself at the peak LR), without
+    it by lr_t x wd; biases never decay. The group values come from pretrain.parallelize.param_groups with
+    OptimConfig.applied_weight_decay, as initialize_engine builds them."""
+    from optimi import StableAdamW
+
+    from pretrain.args import lr_schedule
+    from pretrain.parallelize import param_groups
+
+    peak, wd = 8e-4, 0.1
+    flags = BASE + ["--train-iters", "6", "--lr", str(peak), "--lr-warmup-iters", "2", "--weight-decay", str(wd)]
+    for decoupled in (True, False):
+        run = parse_args(flags + ["--optimizer", optimizer] + (["--fully-decoupled-weight-decay"] * decoupled))
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 3).double()
+        groups = param_groups(model, run.optim.applied_weight_decay)
+        assert groups[0]["weight_decay"] == pytest.approx(wd / peak if decoupled else wd, rel=1e-15)
+        if optimizer == "adamw":
+            opt = torch.optim.AdamW(groups, lr=peak, eps=1e-8)
+        else:
+            opt = StableAdamW(groups, lr=peak, eps=1e-8, weight_decay=run.optim.applied_weight_decay)
+        sched = WarmupLinearDecay(opt, **lr_schedule(run.optim, run.loop, 6))
+        for step in range(4):  # warmup peak/2, peak, then the decay
+            lr = opt.param_groups[0]["lr"]
+            before_w, before_b = model.weight.detach().clone(), model.bias.detach().clone()
+            model.weight.grad, model.bias.grad = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
+            opt.step()
+            sched.step()
+            shrink = wd * lr / peak if decoupled else lr * wd
+            torch.testing.assert_close(model.weight.detach(), before_w * (1 - shrink), rtol=1e-14, atol=0)
+            torch.testing.assert_close(model.bias.detach(), before_b, rtol=0, atol=0)
+            if decoupled and step == 1:
+                assert lr == pytest.approx(peak) and shrink == pytest.approx(wd)  # the configured decay, as is
+
+
+def test_fully_decoupled_decay_equals_torch_optimi_decouple_lr():
+    """ModernBERT's optimizer is torch-optimi's StableAdamW(decouple_lr=True) with weight decay 1e-5: ours (the
+    group's weight_decay = 1e-5 / peak) follows it step for step with real gradients through warmup and decay."""
+    from optimi import StableAdamW
+
+    from pretrain.args import OptimConfig
+
+    peak, wd = 8e-4, 1e-5
+    optim = OptimConfig(optimizer="stableadamw", lr=peak, weight_decay=wd, fully_decoupled_weight_decay=True)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(torch.nn.Linear(4, 4).double())
+    ours = StableAdamW(models[0].parameters(), lr=peak, weight_decay=optim.applied_weight_decay)
+    ref = StableAdamW(models[1].parameters(), lr=peak, weight_decay=wd, decouple_lr=True, max_lr=peak)
+    scheds = [WarmupLinearDecay(o, peak=peak, min_lr=0.0, warmup=2, decay_iters=6) for o in (ours, ref)]
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for _ in range(6):
+        for m, o, s in zip(models, (ours, ref), scheds):
+            o.zero_grad()
+            (m(x) ** 2).mean().backward()
+            o.step()
+            s.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=0)
+
+
+def test_fully_decoupled_decay_reaches_deepspeed_optimizers_and_refuses_other_decays(tmp_path):
+    """The ds_config optimizer DeepSpeed builds gets the decoupled group value; a file block whose decay is not
+    AdamW-style (LAMB, Adam with an L2 penalty) is refused naming the file."""
+    import json
+
+    from pretrain.args import OptimConfig
+    from pretrain.ds_config import DSConfigError, read_ds_config
+    from pretrain.parallelize import configure_optimizer
+
+    optim = OptimConfig(lr=1e-3, weight_decay=1e-5, fully_decoupled_weight_decay=True)
+    ds = read_ds_config("ds_configs/zero2_fp32.json")
+    configure_optimizer(ds, optim)
+    assert ds.config["optimizer"]["params"]["weight_decay"] == pytest.approx(1e-2, rel=1e-15)
+    for block, ok in [
+        ({"type": "AdamW", "params": {"lr": 1e-3}}, True),
+        ({"type": "Adam", "params": {"lr": 1e-3}}, True),
+        ({"type": "Adam", "params": {"lr": 1e-3, "adam_w_mode": False}}, False),
+        ({"type": "Lamb", "params": {"lr": 1e-3}}, False),
+    ]:
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "optimizer": block}))
+        ds = read_ds_config(path)
+        if ok:
+            configure_optimizer(ds, optim)
+        else:
+            with pytest.raises(DSConfigError, match=f"--fully-decoupled-weight-decay needs an AdamW-style.*{path}"):
+                configure_optimizer(ds, optim)

@@ -964,6 +964,16 @@ def append_step_log(out: Path, work: Path, name: str) -> None:
 
 # ------------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad arguments are one line and exit 2 (common.errors.run_entry)."""
+    from common.errors import run_entry
+
+    return run_entry("tools.gpu_check", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from common.errors import UserError
+    from common.outputs import check_dir_writable
+
     p = argparse.ArgumentParser(
         prog="python -m tools.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -988,6 +998,14 @@ def main(argv: list[str] | None = None) -> int:
         for s in STEPS:
             print(f"{s.name:16s} {'quick+full' if s.quick else 'full      '} {s.what}")
         return 0
+    unknown = sorted(set(args.only or ()) - {s.name for s in STEPS})
+    if unknown:  # else nothing runs and the check passes
+        raise UserError(
+            f"--only {' '.join(unknown)}: no such step; the steps are {', '.join(s.name for s in STEPS)} (--list)"
+        )
+    check_dir_writable(args.out_dir, "--out-dir")
+    if args.work_dir:
+        check_dir_writable(args.work_dir, "--work-dir")
     budget = args.budget_s or (QUICK_BUDGET_S if args.quick else FULL_BUDGET_S)
     started = args.t0 if args.t0 else time.time()
     deadline = time.monotonic() + budget - (time.time() - started)

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from common.errors import run_entry
+from common.outputs import check_dir_writable
 from data_pipeline.collate import Collator
 from data_pipeline.data_config import DataConfig, DataConfigError
 from data_pipeline.datasets import build_datasets, check_shard_vocab
@@ -166,6 +167,8 @@ def _samples_main(argv: Sequence[str]) -> int:
     args = _samples_args(argv)
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_model)
+    if args.cache_dir:  # asked for: refused when unwritable (the default, beside the shards, may be read-only)
+        check_dir_writable(args.cache_dir, "--cache-dir")
     try:
         config = DataConfig(
             data_path=args.data_path,
@@ -181,7 +184,8 @@ def _samples_main(argv: Sequence[str]) -> int:
             cache_dir=args.cache_dir,
         )
         t0 = time.perf_counter()
-        splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer)))
+        # verbose: where each index was built and cached, or why it could not be cached (a full or read-only disk)
+        splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer, verbose=True)))
         build_s = time.perf_counter() - t0
     except ValueError as e:  # DataConfig's own checks
         raise DataConfigError(str(e)) from None

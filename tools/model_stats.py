@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from common.errors import UserError, run_entry
+from common.inputs import read_json_object
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.positions import SEGMENT_TYPES
@@ -72,8 +74,13 @@ def table6(preset: str = "bert-base", nsp_head: bool = True) -> dict[str, dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("tools.model_stats", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tools.model_stats", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="bert-base", help="a ModelConfig preset (default bert-base)")
     src.add_argument("--model-config", type=Path, help="a ModelConfig JSON file")
@@ -84,26 +91,29 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.table6:
         print(json.dumps(table6(args.preset or "bert-base"), indent=1))
-        return
+        return 0
     over = {}
     if args.position:
         try:
             over["position"] = json.loads(args.position)
         except json.JSONDecodeError as e:
-            raise SystemExit(f"--position is not valid JSON ({e}): {args.position!r}")
+            raise UserError(f"--position is not valid JSON ({e}): {args.position!r}") from None
+        if not isinstance(over["position"], dict):
+            raise UserError(f'--position must be a JSON object like {{"type": "diet_abs"}}, got {args.position!r}')
     if args.segment:
         over["segment"] = args.segment
     if args.nsp_head:
         over["nsp_head"] = True
     try:
         if args.model_config:
-            d = json.loads(args.model_config.read_text())
+            d = read_json_object(args.model_config, "--model-config", "a ModelConfig JSON file")
             d.update(over)
             cfg = ModelConfig.from_dict(d)
         else:
             cfg = ModelConfig.preset(args.preset, **over)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"model config: {e}")
+    except (ValueError, TypeError) as e:
+        where = f"--model-config {args.model_config}" if args.model_config else f"--preset {args.preset}"
+        raise UserError(f"{where}: {e}") from None
     c = count(cfg)
     print(
         json.dumps(
@@ -117,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
             indent=1,
         )
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

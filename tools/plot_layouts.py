@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from common.errors import UserError, run_entry, write_errors
+from common.inputs import read_json_object
+from common.outputs import atomic_file, check_file_writable
 from model.attention import sparsebert as S
 from model.attention.layouts import SparsityConfig, from_ds_config, layout_density
 from model.config import ModelConfig
@@ -41,7 +44,7 @@ def plot_layout(
     heads = list(range(layout_HMM.shape[0])) if heads is None else heads
     bad = [h for h in heads if not 0 <= h < layout_HMM.shape[0]]
     if bad:
-        raise ValueError(f"--heads {bad} out of range: the layout has {layout_HMM.shape[0]} heads")
+        raise UserError(f"--heads {bad} out of range: the layout has {layout_HMM.shape[0]} heads")
     cols = min(len(heads), 6)
     rows = math.ceil(len(heads) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.5 * rows + 0.4), squeeze=False)
@@ -58,8 +61,8 @@ def plot_layout(
 
     fig.suptitle("\n".join(textwrap.wrap(f"{title}{unit}", width=int(cols * 28))), fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    with write_errors(f"--out {out}", out.parent), atomic_file(out) as tmp:
+        fig.savefig(tmp, dpi=120, format=out.suffix[1:] or "png")  # the format of the name asked for, not the tmp's
     plt.close(fig)
     return out
 
@@ -70,9 +73,9 @@ def _resolve_mask(args: argparse.Namespace) -> tuple[SparsityConfig | None, S.To
         try:
             tm = S.TokenMaskConfig.from_dict(json.loads(args.token_mask), "--token-mask")
         except (json.JSONDecodeError, ValueError) as e:
-            raise SystemExit(f"--token-mask: {e}")
+            raise UserError(f"--token-mask: {e}") from None
         if args.num_heads is None:
-            raise SystemExit("--token-mask needs --num-heads")
+            raise UserError("--token-mask needs --num-heads")
         return None, tm, args.token_mask
     if args.preset or args.model_config:
         cfg = _model_config(args)
@@ -87,15 +90,18 @@ def _resolve_mask(args: argparse.Namespace) -> tuple[SparsityConfig | None, S.To
 
 
 def _model_config(args: argparse.Namespace) -> ModelConfig:
-    if args.model_config:
-        try:
-            cfg = ModelConfig.from_dict(json.loads(Path(args.model_config).read_text()))
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"cannot read model config {args.model_config}: {e}")
-    else:
-        cfg = ModelConfig.preset(args.preset)
+    try:
+        if args.model_config:
+            cfg = ModelConfig.from_dict(
+                read_json_object(args.model_config, "--model-config", "a ModelConfig JSON file")
+            )
+        else:
+            cfg = ModelConfig.preset(args.preset)
+    except (ValueError, TypeError) as e:
+        where = f"--model-config {args.model_config}" if args.model_config else f"--preset {args.preset}"
+        raise UserError(f"{where}: {e}") from None
     if not 0 <= args.layer < cfg.num_layers:
-        raise SystemExit(f"--layer {args.layer} out of range: the model has {cfg.num_layers} layers")
+        raise UserError(f"--layer {args.layer} out of range: the model has {cfg.num_layers} layers")
     return cfg
 
 
@@ -121,21 +127,29 @@ def _resolve(args: argparse.Namespace) -> tuple[SparsityConfig, str]:
         try:
             d = json.loads(args.sparsity)
         except json.JSONDecodeError as e:
-            raise SystemExit(f"--sparsity is not valid JSON ({e}): {args.sparsity!r}")
+            raise UserError(f"--sparsity is not valid JSON ({e}): {args.sparsity!r}") from None
         if args.num_heads is None:
-            raise SystemExit("--sparsity needs --num-heads")
-        return from_ds_config(d, args.num_heads), json.dumps(d)
+            raise UserError("--sparsity needs --num-heads")
+        try:
+            return from_ds_config(d, args.num_heads), json.dumps(d)
+        except (ValueError, TypeError) as e:
+            raise UserError(f"--sparsity: {e}") from None
     if args.preset or args.model_config:
         cfg = _model_config(args)
         _, sp = cfg.attention.for_layer(args.layer, cfg.num_attention_heads)
         if sp is None:
-            raise SystemExit(f"layer {args.layer} uses full (dense) attention: nothing to draw")
+            raise UserError(f"layer {args.layer} uses full (dense) attention: nothing to draw")
         return sp, f"{args.preset or args.model_config} layer {args.layer}"
-    raise SystemExit("give one of --sparsity, --preset or --model-config")
+    raise UserError("give one of --sparsity, --preset or --model-config")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("tools.plot_layouts", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tools.plot_layouts", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--sparsity", help="ds_config-style sparse_attention block as JSON")
     src.add_argument("--preset", help="a ModelConfig preset name, e.g. blockbert-base-n2")
@@ -151,14 +165,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.table3:
         print(json.dumps(S.sparsity_table(args.seq_len, args.num_heads or 12), indent=1))
-        return
+        return 0
     if args.out is None and not args.stats:
-        raise SystemExit("give --out PNG and/or --stats")
+        raise UserError("give --out PNG and/or --stats")
+    if args.out is not None:
+        check_file_writable(args.out, "--out")  # before any work
     if args.token_mask or args.preset or args.model_config:
         sp, tm, title = _resolve_mask(args)
         if tm is not None:
             if tm.pattern == "dam":
-                raise SystemExit(
+                raise UserError(
                     "a DAM mask is learned: export it (export_learned_masks + save_masks) and draw the "
                     'file with --token-mask \'{"pattern": "file", "path": ...}\''
                 )
@@ -174,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.out:
                 path = plot_layout(allowed.long(), args.out, f"token mask n={n}: {title}", args.heads)
                 print(f"wrote {path} ({allowed.shape[0]} heads, sparsity {S.sparsity(allowed):.3f})")
-            return
+            return 0
     cfg, title = _resolve(args)
     n = cfg.padded_length(args.seq_len)
     layout = cfg.make_layout(n)
@@ -191,13 +207,14 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     if args.out is None:
-        return
+        return 0
     path = plot_layout(layout, args.out, f"{type(cfg).__name__} N={n}: {title}", args.heads, cfg.block)
     print(
         f"wrote {path} ({layout.shape[0]} heads, {layout.shape[1]}x{layout.shape[2]} blocks, "
         f"density {layout_density(layout):.3f})"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.errors import run_entry, write_errors
+from common.outputs import atomic_file, check_dir_writable
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from tools.measure import MB, SavedActivations, synthetic_batch, tensor_bytes, timed_steps, train_step
@@ -117,6 +119,11 @@ def fit_linear(ns: list[int], acts: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("tools.profile_memory", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tools.profile_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="docs/figures", help="directory for profile_memory.png and .json")
     args = p.parse_args(argv)
+    check_dir_writable(args.out, "--out")  # before minutes of profiling
 
     rows: list[MemoryProfile] = []
     print(
@@ -168,10 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             if variant != "dense" and fits["dense"][0] > 0:
                 print(f"{variant}: quadratic coefficient {s / fits['dense'][0]:.3f} x dense")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile_memory.json").write_text(
-        json.dumps({"rows": [r.__dict__ for r in rows], "fits": fits, "args": vars(args)}, indent=1)
-    )
+    with write_errors(f"--out {out}", out), atomic_file(out / "profile_memory.json") as tmp:
+        tmp.write_text(json.dumps({"rows": [r.__dict__ for r in rows], "fits": fits, "args": vars(args)}, indent=1))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ax.set_ylabel("activation memory (MB)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "profile_memory.png", dpi=120)
+    with write_errors(f"--out {out}", out), atomic_file(out / "profile_memory.png") as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     print(f"\nwrote {out / 'profile_memory.png'} and {out / 'profile_memory.json'}")
     return 0
 

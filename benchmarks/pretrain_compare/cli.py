@@ -16,6 +16,8 @@ from benchmarks.pretrain_compare.launch import check_spec, train_run
 from benchmarks.pretrain_compare.presets import CONFIG_NAMES, DEFAULT_CONFIGS, PRESETS, CompareError
 from benchmarks.pretrain_compare.report import print_table, report
 from benchmarks.pretrain_compare.specs import run_specs
+from common.errors import UserError
+from common.outputs import check_dir_writable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parse(argv)
         preset = PRESETS[ns.preset]
         out = Path(ns.out)
-        out.mkdir(parents=True, exist_ok=True)
+        check_dir_writable(out, "--out")  # read-only or a file: one line before any run
         if ns.train_inputs is not None:
             ns.data_path, ns.valid_data_path = prepare_data(
                 out, ns.train_inputs, ns.valid_inputs, ns.vocab_file, ns.tokenizer_type, ns.preprocess_workers
@@ -165,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CompareError("the runs were evaluated on different validation batches (fingerprints differ)")
         print(f"[compare] wrote {out / 'results.json'} and {', '.join(Path(p).name for p in results['plots'])}")
         return 0
-    except CompareError as e:
+    except (CompareError, UserError) as e:
         print(f"[compare] error: {e}", file=sys.stderr)
         return 2
     finally:
