@@ -11,19 +11,19 @@ straight run; with dropout 0 the losses equal it up to the order of floating-poi
 
 DeepSpeed 0.19.8's ZeRO-3 universal load (``DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_
 dir_stage3``) copies the hyperparameters of the checkpoint's *first* param group onto *every* group: our no-decay
-group (biases, LayerNorm) then decays with the first group's weight decay, and a resized run drifts from a straight
-one from the second step after the resume (8.8e-7 relative at step 12, 1.1e-3 at step 20). ZeRO 1/2 keep each group's
-own. :func:`restore_param_group_settings` puts each group's saved settings back after every universal load.
+group (biases, LayerNorm) then decays with the first group's weight decay. ZeRO 1/2 keep each group's own.
+:func:`restore_param_group_settings` puts each group's saved settings back after every universal load.
 
 The same function hands every ZeRO-3 sub-group *one* ``step`` tensor object (``optimizer_sd['state'][0]['step']``,
 assigned to each flat fp32 partition's state). torch's Adam/AdamW increment ``state['step']`` in place, so with two
 or more sub-groups (our two param groups are at least two) each optimizer step advances the shared counter once per
 sub-group: the first group's update uses step n+1, the second's n+2, and every later step's bias correction is off
-by more. The loaded state compares equal to the checkpoint's (the value is right, only the object is shared), the
-first forward/backward after the resume is exact, and its update is not. ZeRO 1/2 load each group's step from its
-own file and are unaffected. :func:`unshare_step_counters` gives every state its own copy after every universal
-load. Both fixes live here and run through :func:`repair_universal_load`; the reproduction for upstream is
-benchmarks/zero3_universal_step_repro.py (docs/training.md).
+by more (6.9e-7 relative at the 2nd step after a 2 -> 1 resume, 9.2e-5 at the 5th). The loaded state compares equal
+to the checkpoint's (the value is right, only the object is shared), the first forward/backward after the resume is
+exact, and its update is not. ZeRO 1/2 load each group's step from its own file and are unaffected.
+:func:`unshare_step_counters` gives every state its own copy after every universal load. Both fixes live here and
+run through :func:`repair_universal_load`; the reproduction for upstream is benchmarks/zero3_universal_step_repro.py
+(docs/training.md).
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from tests import train_utils as tu
 
 pytestmark = [pytest.mark.slow, pytest.mark.multirank]
 GLOBAL_BATCH = 4
-#: the largest relative loss difference allowed per precision after the resume: fp32 is bitwise; bf16 measured on
-#: the 2-core CPU box (docs/training.md), with room for other machines
-TOLERANCE = {"fp32": 0.0, "bf16": 1e-3}
+#: the largest relative loss difference to the straight run allowed per precision after the resume: fp32 is bitwise;
+#: bf16 measured bitwise too on the 2-core CPU box (docs/training.md), the bound leaves room for other devices' bf16
+#: reductions and stays below what the shared ZeRO-3 step counter did by the 3rd step after the resume (4.8e-6)
+TOLERANCE = {"fp32": 0.0, "bf16": 1e-6}
 CASES = [
     pytest.param(before, after, stage, precision, id=f"{before}to{after}-zero{stage}-{precision}")
     for before, after in [(2, 1), (1, 2)]
