@@ -17,7 +17,7 @@ difference of 1.9e-3 although the masters were equal after the loads; with the d
 ``--repair`` applies pretrain/resize.py's repair (what the trainer does after every universal load) and shows it
 makes the two loads agree bitwise.
 
-    python -m benchmarks.zero3_universal_step_repro [--repair]     # 1-5 min on a 2-core CPU box
+    python -m benchmarks.zero3_universal_step_repro [--repair]     # ~1.5 min on the loaded 2-core CPU box
 """
 
 from __future__ import annotations
