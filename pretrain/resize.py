@@ -11,10 +11,19 @@ straight run; with dropout 0 the losses equal it up to the order of floating-poi
 
 DeepSpeed 0.19.8's ZeRO-3 universal load (``DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_
 dir_stage3``) copies the hyperparameters of the checkpoint's *first* param group onto *every* group: our no-decay
-group (biases, LayerNorm) then decays with the first group's weight decay, and a resized run drifts from a straight
-one from the second step after the resume (8.8e-7 relative at step 12, 1.1e-3 at step 20). ZeRO 1/2 keep each group's
-own. :func:`restore_param_group_settings` puts each group's saved settings back after every universal load (the one
-place this is fixed; the reproduction for upstream is in docs/training.md).
+group (biases, LayerNorm) then decays with the first group's weight decay. ZeRO 1/2 keep each group's own.
+:func:`restore_param_group_settings` puts each group's saved settings back after every universal load.
+
+The same function hands every ZeRO-3 sub-group *one* ``step`` tensor object (``optimizer_sd['state'][0]['step']``,
+assigned to each flat fp32 partition's state). torch's Adam/AdamW increment ``state['step']`` in place, so with two
+or more sub-groups (our two param groups are at least two) each optimizer step advances the shared counter once per
+sub-group: the first group's update uses step n+1, the second's n+2, and every later step's bias correction is off
+by more (6.9e-7 relative at the 2nd step after a 2 -> 1 resume, 9.2e-5 at the 5th). The loaded state compares equal
+to the checkpoint's (the value is right, only the object is shared), the first forward/backward after the resume is
+exact, and its update is not. ZeRO 1/2 load each group's step from its own file and are unaffected.
+:func:`unshare_step_counters` gives every state its own copy after every universal load. Both fixes live here and
+run through :func:`repair_universal_load`; the reproduction for upstream is benchmarks/zero3_universal_step_repro.py
+(docs/training.md).
 """
 
 from __future__ import annotations
@@ -100,3 +109,33 @@ def restore_param_group_settings(optimizer, load_dir: str, universal_tag: str) -
                 changed.append(f"param group {i} {k}: {group[k]!r} -> {v!r}")
                 group[k] = v
     return changed
+
+
+def unshare_step_counters(optimizer) -> int:
+    """After a universal load: give every optimizer state its own ``step`` tensor (DeepSpeed's ZeRO-3 load shares
+    one object between all sub-groups, and Adam increments it in place once per sub-group). Returns how many states
+    shared another's counter."""
+    import torch
+
+    base = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed's ZeRO wrapper holds the torch optimizer
+    seen: set[int] = set()
+    shared = 0
+    for state in base.state.values():
+        step = state.get("step")
+        if not torch.is_tensor(step):
+            continue
+        if id(step) in seen:
+            shared += 1
+        seen.add(id(step))
+        state["step"] = step.clone()
+    return shared
+
+
+def repair_universal_load(optimizer, load_dir: str, universal_tag: str) -> list[str]:
+    """Every rank, right after DeepSpeed loaded ``load_dir/universal_tag``: undo what DeepSpeed 0.19.8's universal
+    load restores wrongly (per-group hyperparameters, shared ZeRO-3 step counters). Returns one line per repair."""
+    notes = restore_param_group_settings(optimizer, load_dir, universal_tag)
+    shared = unshare_step_counters(optimizer)
+    if shared:
+        notes.append(f"{shared} optimizer state(s) shared another's step counter: each has its own now")
+    return notes

@@ -226,8 +226,9 @@ class Trainer:
         if resuming:
             same_world = saved_world == self.dist.world_size
             rng = checkpoint.load(self.engine, ck.load, load_tag, client, restore_rng=same_world and not ck.no_load_rng)
-            if load_tag != resume_tag:  # DeepSpeed's ZeRO-3 universal load gives every group the first one's settings
-                resize.restore_param_group_settings(self.engine.optimizer, ck.load, load_tag)
+            if load_tag != resume_tag:  # what DeepSpeed's universal load restores wrongly (pretrain/resize.py)
+                for note in resize.repair_universal_load(self.engine.optimizer, ck.load, load_tag):
+                    self._print(f"universal load repaired: {note}")
             if client.get("layout_state") is not None:
                 self.engine.module.load_layout_state(client["layout_state"])  # drops the plans apply_compile built
                 if run.system.compile:

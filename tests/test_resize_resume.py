@@ -1,7 +1,12 @@
 """A run resumes on another number of ranks (a lost node, a bigger allocation): ZeRO 1-3 state is re-partitioned
 through DeepSpeed's universal checkpoint, the global batch is kept (gradient accumulation absorbs the change), the
-data position is exact, and with dropout 0 the losses after the resume equal a straight run on the original world
-size up to the order of floating-point reductions. Both directions, ZeRO 1, 2 and 3, fp32 and bf16, on one host."""
+data position is exact, and with dropout 0 the run after the resume replays the straight run: bitwise in fp32.
+
+Global batch 4 of micro-batches of 2: 2 ranks x 1 accumulation step or 1 rank x 2. Gradients then sum in the same
+order on both world sizes (g1 + g2, halved exactly), and straight 1- and 2-rank runs are bitwise equal in fp32, so a
+resize must be too: any difference is state restored wrongly (the ZeRO-3 shared step counter and per-group settings
+that pretrain/resize.py repairs gave 6.9e-7 at the 2nd step after the resume and 9.2e-5 at the 5th). bf16 is
+compared at a tolerance (its reductions round to bf16 at other points on the two world sizes)."""
 
 from __future__ import annotations
 
@@ -12,11 +17,17 @@ import pytest
 from tests import train_utils as tu
 
 pytestmark = [pytest.mark.slow, pytest.mark.multirank]
-ITERS, SAVED = 4, 2
-#: the largest relative loss difference allowed per precision (measured on the 2-core CPU box: fp32 0 to 3.6e-6,
-#: bf16 1.3e-6 to 2.4e-5, ZeRO-3 the largest; the bound leaves room for other reduction orders and stays far below
-#: what a wrong sample position or LR does to the loss, > 1e-3)
-TOLERANCE = {"fp32": 1e-4, "bf16": 1e-3}
+GLOBAL_BATCH = 4
+#: the largest relative loss difference to the straight run allowed per precision after the resume: fp32 is bitwise;
+#: bf16 measured bitwise too on the 2-core CPU box (docs/training.md), the bound leaves room for other devices' bf16
+#: reductions and stays below what the shared ZeRO-3 step counter did by the 3rd step after the resume (4.8e-6)
+TOLERANCE = {"fp32": 0.0, "bf16": 1e-6}
+CASES = [
+    pytest.param(before, after, stage, precision, id=f"{before}to{after}-zero{stage}-{precision}")
+    for before, after in [(2, 1), (1, 2)]
+    for stage in (1, 2, 3)
+    for precision in sorted(TOLERANCE)
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,37 +35,80 @@ def data(tmp_path_factory):
     return tu.prepare(tmp_path_factory.mktemp("resize"), hidden_dropout=0.0, attention_dropout=0.0)
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("precision", sorted(TOLERANCE))
-@pytest.mark.parametrize("stage", [1, 2, 3])
-@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["2to1", "1to2"])
-def test_resume_on_another_world_size_continues_the_run(data, tmp_path, before, after, stage, precision):
+def rel_diffs(x: list[dict], y: list[dict], key: str = "loss") -> list[float]:
+    return [abs(p[key] - q[key]) / abs(p[key]) for p, q in zip(x, y)]
+
+
+def check_resize(
+    data, tmp_path, before: int, after: int, stage: int, precision: str, saved: int, iters: int, both: bool = False
+) -> None:
+    """Straight run on `before` ranks saving at `saved`; the checkpoint of `saved` resumed on `after` ranks must
+    replay the straight run's steps saved+1..iters (same samples and LR; fp32: the same losses bit for bit).
+
+    `both` adds a straight run on `after` ranks. From the resume on, the resumed run computes what a run on `after`
+    ranks computes, so in fp32 it must equal that run bitwise; it equals the `before` run as far as the two straight
+    runs agree (ZeRO 1/2: bitwise up to step 11, then the gradient norm's last bits differ; ZeRO-3: all 14 steps).
+    Without `both` the steps compared must lie where the straight runs are bitwise equal (measured: up to 11)."""
     if precision == "bf16" and tu.bf16_gpu_skip_reason():
         pytest.skip(tu.bf16_gpu_skip_reason())
     cfg = f"zero{stage}_{precision}.json"
 
-    def args(ck, log, *extra):
-        return tu.train_args(data, cfg, ITERS, "--save", str(ck), "--log-json", str(log), *extra, global_batch=8)
+    def args(log, *extra):
+        return tu.train_args(
+            data, cfg, iters, "--log-json", str(log), *tu.DETERMINISTIC, *extra, global_batch=GLOBAL_BATCH
+        )
 
-    straight = tu.launch(
-        "deepspeed", args(tmp_path / "a", tmp_path / "a.jsonl", "--save-interval", str(SAVED)), nprocs=before
-    )
-    assert straight.returncode == 0, straight.stdout[-3000:]
-    ck = tmp_path / "b"  # the checkpoint a job that lost its node left behind: iteration 2 committed
-    shutil.copytree(tmp_path / "a" / f"iter_{SAVED:07d}", ck / f"iter_{SAVED:07d}")
-    (ck / "latest").write_text(f"iter_{SAVED:07d}")
-    resumed = tu.launch("deepspeed", args(ck, tmp_path / "b.jsonl", "--load", str(ck)), nprocs=after)
-    assert resumed.returncode == 0, resumed.stdout[-3000:]
-    out = resumed.stdout
+    def run(nprocs: int, *extra: str):
+        done = tu.launch("deepspeed", list(extra), nprocs=nprocs, timeout=120 + 20 * iters)
+        assert done.returncode == 0, done.stdout[-3000:]
+        return done
+
+    run(before, *args(tmp_path / "a.jsonl", "--save", str(tmp_path / "a"), "--save-interval", str(saved)))
+    ck = tmp_path / "b"  # the checkpoint a job that lost its node left behind: iteration `saved` committed
+    shutil.copytree(tmp_path / "a" / f"iter_{saved:07d}", ck / f"iter_{saved:07d}")
+    (ck / "latest").write_text(f"iter_{saved:07d}")
+    out = run(after, *args(tmp_path / "b.jsonl", "--save", str(ck), "--load", str(ck))).stdout
     assert "Traceback" not in out
     assert f"was saved by {before} rank(s), this run has {after}" in out and "universal checkpoint" in out
-    assert f"global batch 8 kept ({8 // (2 * after)} accumulation step(s) of 2 on {after} rank(s))" in out
-    assert f"resumed from {ck}/iter_{SAVED:07d}: iteration {SAVED}, {SAVED * 8} samples consumed" in out
-    a, b = tu.train_records(tmp_path / "a.jsonl"), tu.train_records(tmp_path / "b.jsonl")
-    assert [r["iteration"] for r in b] == list(range(SAVED + 1, ITERS + 1))
-    assert [r["consumed_samples"] for r in b] == [r["consumed_samples"] for r in a[SAVED:]]  # the same samples
-    assert [r["lr"] for r in b] == [r["lr"] for r in a[SAVED:]]
-    worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a[SAVED:], b))
-    print(f"ZeRO-{stage} {precision} {before}->{after} ranks: largest relative loss difference {worst:.3g}")
-    assert worst <= TOLERANCE[precision], (worst, [r["loss"] for r in a], [r["loss"] for r in b])
-    assert (ck / f"iter_{ITERS:07d}" / "commit.json").is_file()  # saves go on at the new world size
+    gas = GLOBAL_BATCH // (2 * after)
+    assert f"global batch {GLOBAL_BATCH} kept ({gas} accumulation step(s) of 2 on {after} rank(s))" in out
+    assert f"resumed from {ck}/iter_{saved:07d}: iteration {saved}, {saved * GLOBAL_BATCH} samples consumed" in out
+    if stage == 3:  # both DeepSpeed defects pretrain/resize.py repairs show on this path
+        assert "universal load repaired: param group 1 weight_decay" in out, out[-3000:]
+        assert "shared another's step counter" in out, out[-3000:]
+    a, b = tu.train_records(tmp_path / "a.jsonl")[saved:], tu.train_records(tmp_path / "b.jsonl")
+    assert [r["iteration"] for r in b] == list(range(saved + 1, iters + 1))
+    assert [r["consumed_samples"] for r in b] == [r["consumed_samples"] for r in a]  # the same samples
+    assert [r["lr"] for r in b] == [r["lr"] for r in a]
+    ref = a
+    line = f"ZeRO-{stage} {precision} {before}->{after} ranks, {iters - saved} steps after the resume: vs the straight"
+    line += f" {before}-rank run {max(rel_diffs(a, b)):.3g} (per step {' '.join(f'{d:.2g}' for d in rel_diffs(a, b))})"
+    if both:
+        run(after, *args(tmp_path / "c.jsonl"))
+        ref = tu.train_records(tmp_path / "c.jsonl")[saved:]
+        line += f"; vs the straight {after}-rank run {max(rel_diffs(ref, b)):.3g}; the two straight runs differ by "
+        line += f"{max(rel_diffs(ref, a)):.3g}"
+    print(line)
+    if TOLERANCE[precision] == 0.0:
+        assert [r["loss"] for r in b] == [r["loss"] for r in ref], ([r["loss"] for r in ref], [r["loss"] for r in b])
+        # the norm is reduced in float64 over the ranks' partitions: its last bits depend on the world size
+        # (3e-16 between straight 1- and 2-rank ZeRO-3 runs); a wrong update moves it by > 1e-5 within 2 steps
+        assert max(rel_diffs(ref, b, "grad_norm")) <= 1e-12, [(x["grad_norm"], y["grad_norm"]) for x, y in zip(ref, b)]
+    else:
+        assert max(rel_diffs(a, b)) <= TOLERANCE[precision], ([r["loss"] for r in a], [r["loss"] for r in b])
+    assert (ck / f"iter_{iters:07d}" / "commit.json").is_file()  # saves go on at the new world size
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("before, after, stage, precision", CASES)
+def test_resume_on_another_world_size_continues_the_run(data, tmp_path, before, after, stage, precision):
+    """CI: 3 steps after the resume (the shared ZeRO-3 step counter already shows at the 2nd)."""
+    check_resize(data, tmp_path, before, after, stage, precision, saved=2, iters=5)
+
+
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("before, after, stage, precision", CASES)
+def test_resume_on_another_world_size_replays_ten_steps(data, tmp_path, before, after, stage, precision):
+    """The extended check: 10 steps after the resume, for drift that grows slowly."""
+    check_resize(data, tmp_path, before, after, stage, precision, saved=4, iters=14, both=True)
