@@ -7,6 +7,8 @@ SPARSEBERT_FAULT_KILL_RANK="RANK:ITER"             that rank SIGKILLs itself at 
 SPARSEBERT_FAULT_SIGNAL="RANK:ITER:SIGNAME"          that rank sends itself SIGNAME at the start of ITER
 SPARSEBERT_FAULT_STALL="RANK:ITER"                 that rank's main thread sleeps forever at the start of ITER
                                                    (a hang outside any collective: only the watchdog ends it)
+SPARSEBERT_FAULT_ONCE_DIR=DIR                     the RANK:ITER faults fire once (a marker file in DIR): a
+                                                   requeued job, same environment, does not meet them again
 SPARSEBERT_FAULT_SLOW_DATA="RANK:SECONDS"           that rank sleeps SECONDS before reading each micro-batch (a
                                                    straggler: a slow data path)
 """
@@ -33,9 +35,19 @@ def maybe_kill_in_save(iteration: int, rank: int) -> None:
 
 
 def _at(var: str, iteration: int, rank: int) -> bool:
-    """Whether ``$var`` (``RANK:ITER``) names this rank and iteration."""
+    """Whether ``$var`` (``RANK:ITER``) names this rank and iteration, and, with SPARSEBERT_FAULT_ONCE_DIR, the fault
+    has not fired yet (a requeued job reruns the same command with the same environment)."""
     raw = os.environ.get(var, "")
-    return bool(raw) and tuple(int(x) for x in raw.split(":")) == (rank, iteration)
+    if not raw or tuple(int(x) for x in raw.split(":")) != (rank, iteration):
+        return False
+    once = os.environ.get("SPARSEBERT_FAULT_ONCE_DIR")
+    if once:
+        marker = os.path.join(once, f"{var}.{rank}.{iteration}")
+        if os.path.exists(marker):
+            return False
+        os.makedirs(once, exist_ok=True)
+        open(marker, "w").close()
+    return True
 
 
 def maybe_kill_rank(iteration: int, rank: int) -> None:

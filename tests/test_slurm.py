@@ -162,6 +162,35 @@ def test_time_limit_signal_saves_requeues_and_resumes_exactly(cluster, data, str
 
 @pytest.mark.slow
 @pytest.mark.multirank
+@pytest.mark.timeout(600)
+def test_a_peer_that_stops_answering_requeues_the_job_which_resumes(cluster, data, straight, tmp_path):
+    """Rank 1's main thread hangs at iteration 4 (SPARSEBERT_FAULT_STALL, once): rank 0's collective times out
+    (exit 5, a lost peer), rank 1's watchdog ends it (exit 5), srun returns 5, job.sh requeues the job, and the
+    requeued job resumes from the last committed checkpoint to the straight run's losses."""
+    run = tmp_path / "run"
+    args = [*template_args(data), "--distributed-timeout-minutes", "0.25", "--save-interval", "2"]
+    job = submit(
+        cluster,
+        "pretrain_srun.sbatch",
+        args,
+        tmp_path / "job.out",
+        OUT=str(run),
+        SPARSEBERT_FAULT_STALL="1:4",
+        SPARSEBERT_FAULT_ONCE_DIR=str(tmp_path / "faults"),
+    )
+    cluster.wait_job(job, timeout=240, until=lambda j: j.get("Restarts") == "1")
+    info = cluster.wait_job(job, timeout=360)
+    text = (tmp_path / "job.out").read_text()  # --open-mode=append: both runs
+    assert "[slurm] a rank's peers stopped answering (watchdog, exit 5): requeueing job" in text, text[-4000:]
+    assert "a collective failed because a peer rank stopped answering or died" in text, text[-4000:]
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    assert f"job {job} (restart 1)" in text and "resumed from" in text
+    last = {r["iteration"]: r["loss"] for r in tu.train_records(run / "log.jsonl")}  # redone iterations: the rerun's
+    assert [last[i] for i in range(1, ITERS + 1)] == straight["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not Path("/usr/bin/mpirun").exists(), reason="mpirun not installed (run_scripts/setup_env.sh)")
 def test_deepspeed_template_forwards_the_batch_signal_and_requeues(cluster, data, tmp_path):
