@@ -20,6 +20,7 @@ checkpoint loads unverified, and the log says so.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -173,6 +174,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+UNIVERSAL_SUFFIX = "_universal"
+"""``TAG`` + this: the universal-checkpoint conversion of ``TAG`` (pretrain/resize.py), kept next to it."""
+
+
+def clear_tag(save_dir: str | os.PathLike, tag: str) -> list[str]:
+    """Empty the place a save of ``tag`` writes: what an interrupted save left there (another world size's ZeRO
+    shard files) or an older run's checkpoint of the same iteration would otherwise be swept into the new commit
+    marker and into a later universal conversion, which merges every shard file it finds (a 2 -> 1 -> 2 resize failed
+    with "shape '[64]' is invalid for input of size 128"); so would a stale conversion of the tag, reused as is."""
+    removed = []
+    for d in [Path(save_dir, tag), *Path(save_dir).glob(glob.escape(tag + UNIVERSAL_SUFFIX) + "*")]:
+        if d.is_dir():
+            shutil.rmtree(d)
+            removed.append(d.name)
+    return removed
+
+
 def save(
     engine, save_dir: str, iteration: int, client_state: dict[str, Any], keep_last: int | None, rng: dict[str, Any]
 ) -> str:
@@ -185,6 +203,9 @@ def save(
     rank = dist.get_rank()
     from pretrain.distributed import all_gather_objects, rank0_result
 
+    if rank == 0 and Path(save_dir).is_dir():
+        clear_tag(save_dir, tag)
+    dist.barrier()  # no rank writes before the tag's place is empty
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     torch.save(rng, Path(save_dir, tag, f"rng_rank{rank}.pt"))
     dist.barrier()  # every rank's files (DeepSpeed's and RNG) are on disk past this point

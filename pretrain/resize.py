@@ -33,10 +33,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpoint import CheckpointError
+from pretrain.checkpoint import UNIVERSAL_SUFFIX, CheckpointError
 from pretrain.ds_config import ResolvedDSConfig
 
-UNIVERSAL_SUFFIX = "_universal"
 DONE = "universal.done"
 """Written into the universal folder once it is complete."""
 

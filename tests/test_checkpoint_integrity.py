@@ -151,3 +151,36 @@ def test_resume_skips_a_corrupt_checkpoint_and_replays_the_straight_run(run, tmp
     assert [r["iteration"] for r in b] == [3, 4, 5, 6]
     assert [r["loss"] for r in b] == [r["loss"] for r in a[2:]]
     assert ck.verify_tag(tmp_path / "new", ck.tag_for(6)) == ([], True)
+
+
+def test_clear_tag_empties_the_tag_and_its_conversions_only(tmp_path):
+    for d in ("iter_0000006", "iter_0000006_universal", "iter_0000006_universal.partial", "iter_0000060"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"stale")
+    assert sorted(ck.clear_tag(tmp_path, "iter_0000006")) == [
+        "iter_0000006",
+        "iter_0000006_universal",
+        "iter_0000006_universal.partial",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000060"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_save_over_an_interrupted_save_of_another_world_size_keeps_none_of_its_files(tmp_path):
+    """A 2-rank save of iteration 2 was interrupted (rank 1's ZeRO shard and a stale conversion left, no marker);
+    the 1-rank rerun that saves iteration 2 again starts from an empty tag: the stale files are gone and its
+    marker lists only its own (the chaos test found a later resize merging the stale shard: a shape error)."""
+    tu.prepare(tmp_path)
+    save = tmp_path / "ck"
+    stale = save / "iter_0000002" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"rank 1 of the interrupted 2-rank save")
+    (save / "iter_0000002_universal").mkdir()
+    args = tu.train_args(tmp_path, "zero2_fp32.json", 2, "--save", str(save), "--save-interval", "2", global_batch=4)
+    p = tu.launch("deepspeed", args, nprocs=1, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert not stale.exists() and not (save / "iter_0000002_universal").exists()
+    marker = json.loads((save / "iter_0000002" / ck.COMMIT_MARKER).read_text())
+    assert marker["world_size"] == 1 and not any("rank_1" in name for name in marker["files"]), marker["files"]
+    assert ck.verify_tag(save, "iter_0000002") == ([], True)
