@@ -240,7 +240,11 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
 
         betas = (optim.adam_beta1, optim.adam_beta2)
         wd = optim.applied_weight_decay
-        client = StableAdamW(groups, lr=optim.lr, betas=betas, weight_decay=wd, eps=optim.adam_eps)
+        # optimi 0.3.3 decides its Triton kernels on an empty parameter list (all([]) is True), so it picks Triton
+        # wherever Triton is installed, CPU runs of PyPI's CUDA torch included ("0 active drivers"): decide here,
+        # with optimi's own rule (a CUDA device with bf16)
+        triton = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        client = StableAdamW(groups, lr=optim.lr, betas=betas, weight_decay=wd, eps=optim.adam_eps, triton=triton)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=None if client else groups,

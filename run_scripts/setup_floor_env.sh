@@ -30,6 +30,16 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   quiet "$venv/bin/python" -m pip install -q -r "$venv/floors.txt"
   echo "$want" > "$stamp"
 fi
+# a venv moved here (an older set-up's .venv-floor, a cache seeded from another checkout) keeps its old path in its
+# console scripts' #! lines, and `deepspeed`/`torchrun` then fail with "No such file or directory": point them here
+for f in "$venv"/bin/*; do
+  [ -f "$f" ] && [ ! -L "$f" ] || continue
+  first="$(head -n 1 "$f" 2>/dev/null | tr -d '\0' || true)"
+  case "$first" in
+    "#!$venv/bin/python"*) ;;
+    '#!'/*/bin/python*) sed -i "1s|^#!.*/bin/\(python[0-9.]*\)\$|#!$venv/bin/\1|" "$f" ;;
+  esac
+done
 # the DeepSpeed CPU op, built for this torch (its own extensions dir: another torch needs another build)
 export TORCH_EXTENSIONS_DIR="$venv/torch_extensions"  # one build for every checkout
 if [ ! -f "$TORCH_EXTENSIONS_DIR/.shm_op_built" ] && "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then

@@ -301,7 +301,7 @@ def test_fully_decoupled_weight_decay_is_the_configured_decay_at_the_peak(optimi
         if optimizer == "adamw":
             opt = torch.optim.AdamW(groups, lr=peak, eps=1e-8)
         else:
-            opt = StableAdamW(groups, lr=peak, eps=1e-8, weight_decay=run.optim.applied_weight_decay)
+            opt = StableAdamW(groups, lr=peak, eps=1e-8, weight_decay=run.optim.applied_weight_decay, triton=False)
         sched = WarmupLinearDecay(opt, **lr_schedule(run.optim, run.loop, 6))
         for step in range(4):  # warmup peak/2, peak, then the decay
             lr = opt.param_groups[0]["lr"]
@@ -329,8 +329,8 @@ def test_fully_decoupled_decay_equals_torch_optimi_decouple_lr():
     for _ in range(2):
         torch.manual_seed(0)
         models.append(torch.nn.Linear(4, 4).double())
-    ours = StableAdamW(models[0].parameters(), lr=peak, weight_decay=optim.applied_weight_decay)
-    ref = StableAdamW(models[1].parameters(), lr=peak, weight_decay=wd, decouple_lr=True, max_lr=peak)
+    ours = StableAdamW(models[0].parameters(), lr=peak, weight_decay=optim.applied_weight_decay, triton=False)
+    ref = StableAdamW(models[1].parameters(), lr=peak, weight_decay=wd, decouple_lr=True, max_lr=peak, triton=False)
     scheds = [WarmupLinearDecay(o, peak=peak, min_lr=0.0, warmup=2, decay_iters=6) for o in (ours, ref)]
     x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     for _ in range(6):
