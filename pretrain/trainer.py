@@ -153,7 +153,8 @@ class Trainer:
         self.watchdog = Watchdog(run.system.distributed_timeout_minutes * 60, self.dist.rank, self.dist.world_size)
         self.timer = RankTimer(self.dist.device)
         self._timed_window = False
-        self.hosts = all_gather_objects(socket.gethostname()) if self.dist.world_size > 1 else [socket.gethostname()]
+        straggler_check = self.dist.world_size > 1 and run.loop.straggler_ratio > 0  # no start-up collective when off
+        self.hosts = all_gather_objects(socket.gethostname()) if straggler_check else [socket.gethostname()]
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
