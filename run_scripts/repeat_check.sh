@@ -11,7 +11,8 @@ bash run_scripts/setup_env.sh
 N="${1:-10}"; shift || true
 if [ $# -eq 0 ]; then
   set -- tests/test_launch.py tests/test_faults.py tests/test_train_resume.py tests/test_exit_signal.py \
-    tests/test_rank_agreement.py tests/test_slurm.py
+    tests/test_rank_agreement.py tests/test_slurm.py tests/test_bounded_exit.py tests/test_lost_output.py \
+    tests/test_stragglers.py
   for extra in tests/test_multinode.py; do
     [ -f "$extra" ] && set -- "$@" "$extra"
   done
