@@ -12,7 +12,7 @@ import warnings
 from model.attention.bias import DenseScoreBias, ScoreBias, SumScoreBias  # noqa: F401
 from model.attention.kernels import KERNELS, choose_kernel, get_kernel, register_kernel  # noqa: F401
 from model.attention.layouts import (  # noqa: F401
-    SPARSITY_MODES,
+    BLOCK_LAYOUTS,
     BigBirdSparsityConfig,
     BlockBERTSparsityConfig,
     BSLongformerSparsityConfig,
@@ -27,7 +27,7 @@ from model.attention.layouts import (  # noqa: F401
 from model.attention.module import BlockSparseAttention  # noqa: F401
 
 # every registered layout class, including ones added later, without listing it here
-globals().update({_cls.__name__: _cls for _cls in SPARSITY_MODES.values()})
+globals().update({_cls.__name__: _cls for _cls in BLOCK_LAYOUTS.values()})
 
 _MOVED_NAMES = ("SparseSelfAttention", "BertSparseSelfAttention", "SparseAttentionUtils", "MatMul", "Softmax")
 """Names moved to model.attention.deepspeed (deprecated here for one release)."""

@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
+from model.attention.patterns import BLOCK_LAYOUT, REGISTRIES, lookup
+
 __all__ = [
     "SparsityConfig",
     "DenseSparsityConfig",
@@ -34,7 +36,7 @@ __all__ = [
     "from_ds_config",
     "from_deepspeed_block",
     "layout_density",
-    "SPARSITY_MODES",
+    "BLOCK_LAYOUTS",
     "register_layout",
     "accepted_keys",
 ]
@@ -62,17 +64,19 @@ def _check_global_ranges(starts: Sequence[int], ends: Sequence[int] | None) -> N
             raise ValueError(f"Global block start index, {s}, must be smaller than global block end index, {e}!")
 
 
-SPARSITY_MODES: dict[str, type["SparsityConfig"]] = {}
-"""Registered layout classes by ``mode``: ``from_ds_config``, ``--sparsity-config``, the docs and the tests'
-parametrisations read this."""
+BLOCK_LAYOUTS: dict[str, type["SparsityConfig"]] = REGISTRIES[BLOCK_LAYOUT]
+"""Registered block layout classes by ``mode`` (the block-layout kind of :mod:`model.attention.patterns`; token
+masks are the other kind): ``from_ds_config``, ``--sparsity-config``, the docs, the benchmarks' choices and the
+tests' parametrisations read this. Every class must build from ``num_heads`` alone (its defaults): the benchmarks
+run a mode they have no tuned settings for that way."""
 
 
 def register_layout(cls: type["SparsityConfig"]) -> type["SparsityConfig"]:
     """Class decorator: register a layout family under its ``mode``. The keys a ds_config block may give for it are
     its constructor's parameters (:func:`accepted_keys`), so there is no second list to keep in step."""
-    if cls.mode in SPARSITY_MODES:
+    if cls.mode in BLOCK_LAYOUTS:
         raise ValueError(f"layout mode {cls.mode!r} is registered twice")
-    SPARSITY_MODES[cls.mode] = cls
+    BLOCK_LAYOUTS[cls.mode] = cls
     return cls
 
 
@@ -696,14 +700,14 @@ def check_ds_config(cfg: Any) -> dict[str, Any]:
     constructor parameters."""
     if not isinstance(cfg, dict) or "mode" not in cfg:
         raise ValueError(
-            f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(SPARSITY_MODES)}); got {cfg!r}"
+            f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(BLOCK_LAYOUTS)}); got {cfg!r}"
         )
     mode = cfg["mode"]
-    if mode not in SPARSITY_MODES:
-        raise NotImplementedError(
-            f"sparse_attention mode {mode!r} is not supported; choose one of {sorted(SPARSITY_MODES)}"
-        )
-    allowed = accepted_keys(SPARSITY_MODES[mode])
+    try:
+        cls = lookup(mode, BLOCK_LAYOUT)
+    except ValueError as e:  # DeepSpeed raised NotImplementedError for a mode it did not have
+        raise NotImplementedError(f"sparse_attention mode {mode!r} is not supported: {e}") from None
+    allowed = accepted_keys(cls)
     tolerated = _OLD_DS_KEYS if mode in _DS_PARSER_DEFAULTS else set()  # modes DeepSpeed never had are strict
     unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
@@ -717,7 +721,7 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
     """Build a layout from an old ds_config ``sparse_attention`` block (or our BlockBERT dict); keys as
     :func:`check_ds_config` says."""
     kwargs = check_ds_config(cfg)
-    return SPARSITY_MODES[cfg["mode"]](num_heads=num_heads, **kwargs)
+    return BLOCK_LAYOUTS[cfg["mode"]](num_heads=num_heads, **kwargs)
 
 
 def layout_density(layout: torch.Tensor) -> float:

@@ -2,7 +2,7 @@
 (model/attention/layouts.py is their one home: the encoder uses them too), so code that imports from this path
 (GPT-NeoX does) ports by changing the package name. Every registered layout class is here (DeepSpeed's and ours)."""
 
-from model.attention.layouts import SPARSITY_MODES, SparsityConfig
+from model.attention.layouts import BLOCK_LAYOUTS, SparsityConfig
 
-globals().update({cls.__name__: cls for cls in SPARSITY_MODES.values()})
-__all__ = ["SparsityConfig"] + [cls.__name__ for cls in SPARSITY_MODES.values()]
+globals().update({cls.__name__: cls for cls in BLOCK_LAYOUTS.values()})
+__all__ = ["SparsityConfig"] + [cls.__name__ for cls in BLOCK_LAYOUTS.values()]
