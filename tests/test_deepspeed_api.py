@@ -99,8 +99,9 @@ def test_a_subclass_overriding_a_step_is_honoured_in_deepspeeds_order():
 
 
 def test_ds_config_block_reads_as_deepspeeds_parser():
-    from_deepspeed_block = layouts.from_deepspeed_block
+    from model.attention.deepspeed.ds_config import DS_PARSER_DEFAULTS, from_deepspeed_block
 
+    assert set(DS_PARSER_DEFAULTS) == layouts.DEEPSPEED_MODES  # the modes that tolerate DeepSpeed's other keys
     assert from_deepspeed_block({})["mode"] == "fixed"
     assert isinstance(layouts.from_ds_config(from_deepspeed_block({"block": 32}), 4), A.FixedSparsityConfig)
     bb = layouts.from_ds_config(from_deepspeed_block({"mode": "bigbird"}), 4)

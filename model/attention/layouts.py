@@ -34,7 +34,6 @@ __all__ = [
     "DilatedSlidingWindowSparsityConfig",
     "BlockBERTSparsityConfig",
     "from_ds_config",
-    "from_deepspeed_block",
     "layout_density",
     "BLOCK_LAYOUTS",
     "register_layout",
@@ -626,7 +625,7 @@ class BlockBERTSparsityConfig(SparsityConfig):
 
 
 # Old ds_config keys that DeepSpeed's own modes ignored when a mode did not use them; accepted (and ignored) for those
-# modes (the keys of _DS_PARSER_DEFAULTS) so old configs still load. Modes DeepSpeed never had refuse them.
+# modes (DEEPSPEED_MODES) so old configs still load. Modes DeepSpeed never had refuse them.
 _OLD_DS_KEYS = {
     "num_local_blocks",
     "num_global_blocks",
@@ -643,52 +642,9 @@ _OLD_DS_KEYS = {
 }
 
 
-# What DeepSpeed 0.19.5's own ds_config parser (runtime/config.py get_sparse_*_config) filled in for absent keys. Its
-# defaults differ from the classes' in one place: bigbird's num_random_blocks is 0 there, 1 in the class.
-_DS_PARSER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "dense": {"block": 16, "different_layout_per_head": False},
-    "fixed": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_local_blocks": 4,
-        "num_global_blocks": 1,
-        "attention": "bidirectional",
-        "horizontal_global_attention": False,
-        "num_different_global_patterns": 1,
-    },
-    "variable": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_random_blocks": 0,
-        "local_window_blocks": [4],
-        "global_block_indices": [0],
-        "global_block_end_indices": None,
-        "attention": "bidirectional",
-        "horizontal_global_attention": False,
-    },
-    "bigbird": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_random_blocks": 0,
-        "num_sliding_window_blocks": 3,
-        "num_global_blocks": 1,
-    },
-    "bslongformer": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_sliding_window_blocks": 3,
-        "global_block_indices": [0],
-        "global_block_end_indices": None,
-    },
-}
-
-
-def from_deepspeed_block(block: dict[str, Any]) -> dict[str, Any]:
-    """A ds_config ``sparse_attention`` block as DeepSpeed's parser read it: no ``mode`` means ``fixed``, absent keys
-    take the parser's defaults (``{"mode": "bigbird"}`` has 0 random blocks, as it had in DeepSpeed). Deliberate
-    difference: DeepSpeed's parser dropped ``attention`` for bigbird and bslongformer; we keep it when given."""
-    mode = block.get("mode", "fixed")
-    return {"mode": mode, **_DS_PARSER_DEFAULTS.get(mode, {}), **block}
+DEEPSPEED_MODES = frozenset({"dense", "fixed", "variable", "bigbird", "bslongformer"})
+"""The modes DeepSpeed 0.19.5's own ds_config parser knew (its defaults for them are in
+:mod:`model.attention.deepspeed.ds_config`): they tolerate, and ignore, DeepSpeed's keys they do not use."""
 
 
 def check_ds_config(cfg: Any) -> dict[str, Any]:
@@ -708,7 +664,7 @@ def check_ds_config(cfg: Any) -> dict[str, Any]:
     except ValueError as e:  # DeepSpeed raised NotImplementedError for a mode it did not have
         raise NotImplementedError(f"sparse_attention mode {mode!r} is not supported: {e}") from None
     allowed = accepted_keys(cls)
-    tolerated = _OLD_DS_KEYS if mode in _DS_PARSER_DEFAULTS else set()  # modes DeepSpeed never had are strict
+    tolerated = _OLD_DS_KEYS if mode in DEEPSPEED_MODES else set()  # modes DeepSpeed never had are strict
     unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
         raise ValueError(

@@ -3,9 +3,10 @@
 Code written for DeepSpeed ports by changing the package name only: ``from deepspeed.ops.sparse_attention import
 SparseSelfAttention, FixedSparsityConfig`` becomes ``from model.attention.deepspeed import ...``, and DeepSpeed's
 module paths exist below this package (``.sparsity_config``, ``.sparse_self_attention``,
-``.bert_sparse_self_attention``, ``.sparse_attention_utils``, ``.matmul``, ``.softmax``). The layout classes are
-aliases of :mod:`model.attention.layouts` (their one home); nothing outside this package imports it: the encoder
-and the Hugging Face export run :class:`model.attention.module.BlockSparseAttention` directly.
+``.bert_sparse_self_attention``, ``.sparse_attention_utils``, ``.matmul``, ``.softmax``); ``.ds_config`` reads an old
+ds_config ``sparse_attention`` block as DeepSpeed's parser did (the trainer's ds_config reader calls it). The layout
+classes are aliases of :mod:`model.attention.layouts` (their one home). The encoder and the Hugging Face export never
+import this package: they run :class:`model.attention.module.BlockSparseAttention` directly.
 """
 
 from model.attention.deepspeed.bert_sparse_self_attention import BertSparseSelfAttention
