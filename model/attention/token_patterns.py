@@ -165,7 +165,7 @@ class TokenMaskConfig:
     pattern's parameters (:attr:`params`, whose fields sit beside ``pattern`` in JSON)."""
 
     pattern: str
-    """Name of a registered pattern (see the pattern tables)."""
+    """Name of a registered token mask (see the pattern table in docs/model.md, 'Block layout or token mask?')."""
     seq_len: int | None = None
     """Length the mask is built for (None = max_position_embeddings); shorter inputs use the top-left crop. Set it
     to the training length: Strided/Fixed/Star depend on n (paper: n = 128)."""
