@@ -57,7 +57,13 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--patterns", nargs="+", default=["no_diagonal", "longformer", "bigbird", "star", "fixed"])
+    p.add_argument(
+        "--patterns",
+        nargs="+",
+        default=["no_diagonal", "longformer", "bigbird", "star", "fixed"],
+        choices=S.pattern_names("fixed"),
+        help="token masks (fixed ones: the registry's) to time",
+    )
     p.add_argument("--masks-only", action="store_true", help="skip the DIET-bias and DAM rows")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)

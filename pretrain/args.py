@@ -347,7 +347,7 @@ class ModelArgs:
     """Attention kernel of every layer (AttentionConfig.kernel; default: the model config's)."""
     sparsity_config: str | None = None
     """AttentionConfig.sparsity as JSON text or a JSON file: a ds_config-style block with a registered 'mode' (see
-    the block-layout table in docs/configuration.md)."""
+    the pattern table in docs/model.md, 'Block layout or token mask?')."""
     blockbert_blocks: int | None = None
     """BlockBERT n (shorthand for a sparsity config with mode 'blockbert'; needs --head-assignment)."""
     head_assignment: str | None = None

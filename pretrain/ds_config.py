@@ -167,7 +167,7 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
         block = cfg.pop("sparse_attention")
         if not isinstance(block, dict):
             raise DSConfigError(f"{path}: 'sparse_attention' must be an object, got {type(block).__name__}")
-        from model.attention.layouts import from_deepspeed_block
+        from model.attention.deepspeed.ds_config import from_deepspeed_block
 
         out.sparse_attention = from_deepspeed_block(block)
         out.notes.append(

@@ -9,7 +9,7 @@ import torch
 
 from model import attention as A
 from model.attention.kernels import KERNELS
-from model.attention.layouts import SPARSITY_MODES, SparsityConfig
+from model.attention.layouts import BLOCK_LAYOUTS, SparsityConfig
 
 REFERENCE = "dense"
 """The kernel every other kernel is tested against."""
@@ -67,7 +67,7 @@ LAYOUT_EXAMPLES: dict[str, Callable[[int], SparsityConfig]] = {
 def missing_layout_examples(num_heads: int = 4) -> list[str]:
     """Registered modes without an entry in :data:`LAYOUT_EXAMPLES`."""
     covered = {make(num_heads).mode for make in LAYOUT_EXAMPLES.values()}
-    return sorted(set(SPARSITY_MODES) - covered)
+    return sorted(set(BLOCK_LAYOUTS) - covered)
 
 
 def upstream_grad(out: torch.Tensor, seed: int = 9) -> torch.Tensor:

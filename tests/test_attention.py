@@ -8,6 +8,7 @@ import torch
 import torch._dynamo
 
 from model import attention as A
+from model.attention.deepspeed import SparseSelfAttention
 from model.attention.kernels.block_gather import (
     GatherPlan,
     PermutationPlan,
@@ -218,7 +219,7 @@ def test_sparse_self_attention_deepspeed_semantics(kernel, kp_mode, am_mode):
     am01 = (torch.rand(n, n, generator=g) > 0.2).float()
     am = am01 if am_mode == "mul" else torch.randn(n, n, generator=g)
     rpe = torch.randn(B, H, n, n, generator=g)
-    ssa = A.SparseSelfAttention(
+    ssa = SparseSelfAttention(
         cfg, key_padding_mask_mode=kp_mode, attn_mask_mode=am_mode, max_seq_length=128, kernel=kernel
     )
     # DeepSpeed accepted [B, 1, 1, N] padding masks and a transposed key

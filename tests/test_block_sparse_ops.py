@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.attention import MatMul, Softmax
-from model.attention.block_sparse_ops import dense_to_sparse, sparse_to_dense
+from model.attention.deepspeed import MatMul, Softmax
+from model.attention.deepspeed.block_sparse_ops import dense_to_sparse, sparse_to_dense
 
 Z, H, BLOCK = 2, 3, 16
 

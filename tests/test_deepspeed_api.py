@@ -1,4 +1,5 @@
-"""The rest of deepspeed.ops.sparse_attention 0.19.5's public API, from our package: DeepSpeed's module paths, the
+"""The rest of deepspeed.ops.sparse_attention 0.19.5's public API, from model.attention.deepspeed (the peer API's
+import changed, nothing else): DeepSpeed's module paths, the
 layout-building steps a subclass may override, SparseSelfAttention's master_layout buffer and get_layout,
 BertSparseSelfAttention in bing_bert-style model code, SparseAttentionUtils on transformers 5's BERT, and the
 ds_config block read as DeepSpeed's own parser read it."""
@@ -12,8 +13,9 @@ import types
 import pytest
 import torch
 
-from model import attention as A
-from model.attention.sparse_attention_utils import SparseAttentionUtils as U
+from model.attention import deepspeed as A
+from model.attention import layouts
+from model.attention.deepspeed.sparse_attention_utils import SparseAttentionUtils as U
 
 DS_NAMES = [
     "SparsityConfig",
@@ -41,9 +43,33 @@ def test_every_public_name_and_module_path_imports():
         "softmax": ["Softmax"],
     }
     for mod, names in paths.items():
-        m = importlib.import_module(f"model.attention.{mod}")
+        m = importlib.import_module(f"model.attention.deepspeed.{mod}")
         for n in names:
             assert getattr(m, n) is getattr(A, n)
+
+
+def test_the_old_paths_still_import_for_one_release_with_a_deprecation_warning():
+    """model.attention.<name> and model.attention.<DeepSpeed module> served the API before it got its package."""
+    import model.attention as old
+
+    for name in ("SparseSelfAttention", "BertSparseSelfAttention", "SparseAttentionUtils", "MatMul", "Softmax"):
+        with pytest.warns(DeprecationWarning, match=rf"model\.attention\.{name} moved to model\.attention\.deepspeed"):
+            assert getattr(old, name) is getattr(A, name)
+    for mod in (
+        "sparsity_config",
+        "sparse_self_attention",
+        "bert_sparse_self_attention",
+        "sparse_attention_utils",
+        "matmul",
+        "softmax",
+    ):
+        sys.modules.pop(f"model.attention.{mod}", None)
+        with pytest.warns(DeprecationWarning, match=f"model.attention.deepspeed.{mod}"):
+            m = importlib.import_module(f"model.attention.{mod}")
+        public = [n for n in vars(m) if n[0].isupper()]
+        assert public and all(getattr(m, n) is getattr(A, n) for n in public), mod
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        old.Nothing
 
 
 class _GlobalFirstRowAndColumn(A.FixedSparsityConfig):
@@ -73,13 +99,17 @@ def test_a_subclass_overriding_a_step_is_honoured_in_deepspeeds_order():
 
 
 def test_ds_config_block_reads_as_deepspeeds_parser():
-    from model.attention.layouts import from_deepspeed_block
+    from model.attention.deepspeed.ds_config import DS_PARSER_DEFAULTS, from_deepspeed_block
 
+    assert set(DS_PARSER_DEFAULTS) == layouts.DEEPSPEED_MODES  # the modes that tolerate DeepSpeed's other keys
     assert from_deepspeed_block({})["mode"] == "fixed"
-    assert isinstance(A.from_ds_config(from_deepspeed_block({"block": 32}), 4), A.FixedSparsityConfig)
-    bb = A.from_ds_config(from_deepspeed_block({"mode": "bigbird"}), 4)
+    assert isinstance(layouts.from_ds_config(from_deepspeed_block({"block": 32}), 4), A.FixedSparsityConfig)
+    bb = layouts.from_ds_config(from_deepspeed_block({"mode": "bigbird"}), 4)
     assert bb.num_random_blocks == 0  # DeepSpeed's parser default (the class default is 1)
-    assert A.from_ds_config(from_deepspeed_block({"mode": "bigbird", "num_random_blocks": 2}), 4).num_random_blocks == 2
+    assert (
+        layouts.from_ds_config(from_deepspeed_block({"mode": "bigbird", "num_random_blocks": 2}), 4).num_random_blocks
+        == 2
+    )
 
 
 def test_master_layout_is_a_buffer_that_loads_deepspeed_state_dicts_strictly():
@@ -263,3 +293,20 @@ def test_the_deepspeed_path_never_asks_the_device_for_a_python_bool(monkeypatch)
     out = m(q, k, v, key_padding_mask=kpm, attn_mask=torch.ones(64, 64))
     monkeypatch.undo()
     assert syncs == [] and torch.isfinite(out).all()
+
+
+def test_the_encoder_never_loads_the_deepspeed_package():
+    """The compatibility layer is for ported code only: building and running our model does not import it (so the
+    Hugging Face export, which copies what the model imports, does not carry it either)."""
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "from model.bert import BertForPreTraining\n"
+        "from model.config import ModelConfig\n"
+        "m = BertForPreTraining(ModelConfig.preset('tiny', attention={'sparsity': {'mode': 'fixed', 'block': 16}}))\n"
+        "m(torch.randint(0, 100, (1, 64)))\n"
+        "print(sorted(n for n in sys.modules if n.startswith('model.attention.deepspeed')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

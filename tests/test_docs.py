@@ -119,6 +119,18 @@ def test_configuration_reference_is_generated_from_the_code() -> None:
     )
 
 
+def test_pattern_table_is_generated_from_the_registries() -> None:
+    """docs/model.md's one table of block layouts and token masks (both registries)."""
+    from tools import config_docs
+
+    doc = (REPO / "docs" / "model.md").read_text(encoding="utf-8")
+    generated = config_docs.generate("docs/model.md")
+    assert "| `fixed` | block layout |" in generated and "| `fixed` | token mask |" in generated
+    assert config_docs.splice(doc, generated, "docs/model.md") == doc, (
+        "docs/model.md is stale: run `python -m tools.config_docs --write docs/model.md`"
+    )
+
+
 def test_relative_links_in_docs_resolve() -> None:
     missing = []
     for doc in DOCS:

@@ -125,10 +125,10 @@ def test_from_ds_config_roundtrip_and_errors():
         A.from_ds_config({"mode": "triangle"}, 2)
 
 
-@pytest.mark.parametrize("mode", sorted(set(A.layouts.SPARSITY_MODES) - set(A.layouts._DS_PARSER_DEFAULTS)))
+@pytest.mark.parametrize("mode", sorted(set(A.layouts.BLOCK_LAYOUTS) - A.layouts.DEEPSPEED_MODES))
 def test_modes_deepspeed_never_had_refuse_keys_they_do_not_take(mode):
     """Only DeepSpeed's own modes tolerate (and ignore) DeepSpeed's other keys; a new mode takes its parameters."""
-    unused = sorted(A.layouts._OLD_DS_KEYS - A.layouts.accepted_keys(A.layouts.SPARSITY_MODES[mode]))
+    unused = sorted(A.layouts._OLD_DS_KEYS - A.layouts.accepted_keys(A.layouts.BLOCK_LAYOUTS[mode]))
     with pytest.raises(ValueError, match=unused[0]):
         A.from_ds_config({"mode": mode, unused[0]: 1}, 4)
 

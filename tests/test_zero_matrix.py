@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from model.attention.token_patterns import PATTERNS
+from model.attention.token_patterns import TOKEN_MASKS
 from model.config import ModelConfig
 from model.positions import POSITION_TYPES, SEGMENT_TYPES
 from tests import train_utils as tu
@@ -25,7 +25,7 @@ STAGES = (0, 1, 2, 3)
 
 def _token_mask(pattern: str, tmp) -> dict:
     tm = {"pattern": pattern, "seq_len": N, "block": 8}
-    if PATTERNS[pattern].kind == "file":  # stage 2 of a SparseBERT run: a mask saved by stage 1
+    if TOKEN_MASKS[pattern].kind == "file":  # stage 2 of a SparseBERT run: a mask saved by stage 1
         import torch
 
         from model.attention.token_patterns import save_masks
@@ -45,7 +45,7 @@ def families(tmp) -> dict[str, dict]:
         "blockbert_n2": {"attention": {"sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1"}}},
         "free_head_size": {"head_size": 24},
     }
-    for pattern in PATTERNS:
+    for pattern in TOKEN_MASKS:
         out[f"token_{pattern}"] = {"attention": {"token_mask": _token_mask(pattern, tmp)}}
     for pos in POSITION_TYPES:
         if pos != "absolute":

@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
+from model.attention.patterns import BLOCK_LAYOUT, REGISTRIES, lookup
+
 __all__ = [
     "SparsityConfig",
     "DenseSparsityConfig",
@@ -32,9 +34,8 @@ __all__ = [
     "DilatedSlidingWindowSparsityConfig",
     "BlockBERTSparsityConfig",
     "from_ds_config",
-    "from_deepspeed_block",
     "layout_density",
-    "SPARSITY_MODES",
+    "BLOCK_LAYOUTS",
     "register_layout",
     "accepted_keys",
 ]
@@ -62,17 +63,19 @@ def _check_global_ranges(starts: Sequence[int], ends: Sequence[int] | None) -> N
             raise ValueError(f"Global block start index, {s}, must be smaller than global block end index, {e}!")
 
 
-SPARSITY_MODES: dict[str, type["SparsityConfig"]] = {}
-"""Registered layout classes by ``mode``: ``from_ds_config``, ``--sparsity-config``, the docs and the tests'
-parametrisations read this."""
+BLOCK_LAYOUTS: dict[str, type["SparsityConfig"]] = REGISTRIES[BLOCK_LAYOUT]
+"""Registered block layout classes by ``mode`` (the block-layout kind of :mod:`model.attention.patterns`; token
+masks are the other kind): ``from_ds_config``, ``--sparsity-config``, the docs, the benchmarks' choices and the
+tests' parametrisations read this. Every class must build from ``num_heads`` alone (its defaults): the benchmarks
+run a mode they have no tuned settings for that way."""
 
 
 def register_layout(cls: type["SparsityConfig"]) -> type["SparsityConfig"]:
     """Class decorator: register a layout family under its ``mode``. The keys a ds_config block may give for it are
     its constructor's parameters (:func:`accepted_keys`), so there is no second list to keep in step."""
-    if cls.mode in SPARSITY_MODES:
+    if cls.mode in BLOCK_LAYOUTS:
         raise ValueError(f"layout mode {cls.mode!r} is registered twice")
-    SPARSITY_MODES[cls.mode] = cls
+    BLOCK_LAYOUTS[cls.mode] = cls
     return cls
 
 
@@ -622,7 +625,7 @@ class BlockBERTSparsityConfig(SparsityConfig):
 
 
 # Old ds_config keys that DeepSpeed's own modes ignored when a mode did not use them; accepted (and ignored) for those
-# modes (the keys of _DS_PARSER_DEFAULTS) so old configs still load. Modes DeepSpeed never had refuse them.
+# modes (DEEPSPEED_MODES) so old configs still load. Modes DeepSpeed never had refuse them.
 _OLD_DS_KEYS = {
     "num_local_blocks",
     "num_global_blocks",
@@ -639,52 +642,9 @@ _OLD_DS_KEYS = {
 }
 
 
-# What DeepSpeed 0.19.5's own ds_config parser (runtime/config.py get_sparse_*_config) filled in for absent keys. Its
-# defaults differ from the classes' in one place: bigbird's num_random_blocks is 0 there, 1 in the class.
-_DS_PARSER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "dense": {"block": 16, "different_layout_per_head": False},
-    "fixed": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_local_blocks": 4,
-        "num_global_blocks": 1,
-        "attention": "bidirectional",
-        "horizontal_global_attention": False,
-        "num_different_global_patterns": 1,
-    },
-    "variable": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_random_blocks": 0,
-        "local_window_blocks": [4],
-        "global_block_indices": [0],
-        "global_block_end_indices": None,
-        "attention": "bidirectional",
-        "horizontal_global_attention": False,
-    },
-    "bigbird": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_random_blocks": 0,
-        "num_sliding_window_blocks": 3,
-        "num_global_blocks": 1,
-    },
-    "bslongformer": {
-        "block": 16,
-        "different_layout_per_head": False,
-        "num_sliding_window_blocks": 3,
-        "global_block_indices": [0],
-        "global_block_end_indices": None,
-    },
-}
-
-
-def from_deepspeed_block(block: dict[str, Any]) -> dict[str, Any]:
-    """A ds_config ``sparse_attention`` block as DeepSpeed's parser read it: no ``mode`` means ``fixed``, absent keys
-    take the parser's defaults (``{"mode": "bigbird"}`` has 0 random blocks, as it had in DeepSpeed). Deliberate
-    difference: DeepSpeed's parser dropped ``attention`` for bigbird and bslongformer; we keep it when given."""
-    mode = block.get("mode", "fixed")
-    return {"mode": mode, **_DS_PARSER_DEFAULTS.get(mode, {}), **block}
+DEEPSPEED_MODES = frozenset({"dense", "fixed", "variable", "bigbird", "bslongformer"})
+"""The modes DeepSpeed 0.19.5's own ds_config parser knew (its defaults for them are in
+:mod:`model.attention.deepspeed.ds_config`): they tolerate, and ignore, DeepSpeed's keys they do not use."""
 
 
 def check_ds_config(cfg: Any) -> dict[str, Any]:
@@ -696,15 +656,15 @@ def check_ds_config(cfg: Any) -> dict[str, Any]:
     constructor parameters."""
     if not isinstance(cfg, dict) or "mode" not in cfg:
         raise ValueError(
-            f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(SPARSITY_MODES)}); got {cfg!r}"
+            f"sparse_attention config must be a dict with a 'mode' key (one of {sorted(BLOCK_LAYOUTS)}); got {cfg!r}"
         )
     mode = cfg["mode"]
-    if mode not in SPARSITY_MODES:
-        raise NotImplementedError(
-            f"sparse_attention mode {mode!r} is not supported; choose one of {sorted(SPARSITY_MODES)}"
-        )
-    allowed = accepted_keys(SPARSITY_MODES[mode])
-    tolerated = _OLD_DS_KEYS if mode in _DS_PARSER_DEFAULTS else set()  # modes DeepSpeed never had are strict
+    try:
+        cls = lookup(mode, BLOCK_LAYOUT)
+    except ValueError as e:  # DeepSpeed raised NotImplementedError for a mode it did not have
+        raise NotImplementedError(f"sparse_attention mode {mode!r} is not supported: {e}") from None
+    allowed = accepted_keys(cls)
+    tolerated = _OLD_DS_KEYS if mode in DEEPSPEED_MODES else set()  # modes DeepSpeed never had are strict
     unknown = sorted(set(cfg) - allowed - tolerated)
     if unknown:
         raise ValueError(
@@ -717,7 +677,7 @@ def from_ds_config(cfg: dict[str, Any], num_heads: int) -> SparsityConfig:
     """Build a layout from an old ds_config ``sparse_attention`` block (or our BlockBERT dict); keys as
     :func:`check_ds_config` says."""
     kwargs = check_ds_config(cfg)
-    return SPARSITY_MODES[cfg["mode"]](num_heads=num_heads, **kwargs)
+    return BLOCK_LAYOUTS[cfg["mode"]](num_heads=num_heads, **kwargs)
 
 
 def layout_density(layout: torch.Tensor) -> float:

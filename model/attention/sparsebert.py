@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from common.strict import from_dict
 from model.attention.token_patterns import (  # noqa: F401  (re-exported: the SparseBERT API in one place)
     MASK_FILE_FORMAT,
-    PATTERNS,
     TABLE3,
+    TOKEN_MASKS,
     TokenMaskConfig,
     _offsets,
     block_layout_from_mask,

@@ -1,13 +1,7 @@
-"""DeepSpeed's module path ``deepspeed.ops.sparse_attention.sparsity_config``: the layout classes (model/attention/
-layouts.py holds them), so code that imports from this path (GPT-NeoX does) ports by changing the package name."""
+"""Deprecated path, kept for one release: moved to ``model.attention.deepspeed.sparsity_config`` (DeepSpeed's
+API has its own package). Code ported to this path keeps importing, with a DeprecationWarning naming the new one."""
 
-from model.attention.layouts import (  # noqa: F401
-    BigBirdSparsityConfig,
-    BlockBERTSparsityConfig,
-    BSLongformerSparsityConfig,
-    DenseSparsityConfig,
-    FixedSparsityConfig,
-    LocalSlidingWindowSparsityConfig,
-    SparsityConfig,
-    VariableSparsityConfig,
-)
+from model.attention import warn_moved
+
+warn_moved(__name__)
+from model.attention.deepspeed.sparsity_config import *  # noqa: E402,F403

@@ -3,7 +3,7 @@
 A pattern is one function registered with :func:`register_pattern` under its name, with its own small parameter
 dataclass (a docstring per field, checks in ``__post_init__``). In JSON the parameters sit beside ``"pattern"``:
 ``{"pattern": "strided", "stride": 16, "seq_len": 128}``; a key the chosen pattern does not take is refused, naming
-the keys it takes. ``--help`` texts, docs/configuration.md and the tests read :data:`PATTERNS`.
+the keys it takes. ``--help`` texts, docs/configuration.md and the tests read :data:`TOKEN_MASKS`.
 
 A fixed mask is a bool ``[H|1, n, n]`` tensor (True = query i may attend key j) made once at ``seq_len`` and cropped
 (top-left) for shorter sequences, like the block layouts. The attention module ANDs it with the block layout and
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from common.strict import check_keys, field_names
 from model.attention.band import BandMask
+from model.attention.patterns import REGISTRIES, TOKEN_MASK, lookup
 
 MASK_FILE_FORMAT = "sparsebert-token-masks/1"
 
@@ -43,8 +44,9 @@ class TokenPattern:
     """fixed (made from its parameters), file (read from a mask file) or learned (no fixed mask)."""
 
 
-PATTERNS: dict[str, TokenPattern] = {}
-"""Registered token patterns by name."""
+TOKEN_MASKS: dict[str, TokenPattern] = REGISTRIES[TOKEN_MASK]
+"""Registered token patterns by name (the token-mask kind of :mod:`model.attention.patterns`; block layouts are the
+other kind)."""
 
 
 def register_pattern(name: str, params: type | None = None, kind: str = "fixed") -> Callable[[MakeMask], MakeMask]:
@@ -53,10 +55,10 @@ def register_pattern(name: str, params: type | None = None, kind: str = "fixed")
         raise ValueError(f"token pattern kind must be fixed, file or learned, got {kind!r}")
 
     def deco(fn: MakeMask) -> MakeMask:
-        if name in PATTERNS:
+        if name in TOKEN_MASKS:
             raise ValueError(f"token pattern {name!r} is registered twice")
         doc = " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
-        PATTERNS[name] = TokenPattern(name, params or NoParams, fn, doc, kind)
+        TOKEN_MASKS[name] = TokenPattern(name, params or NoParams, fn, doc, kind)
         return fn
 
     return deco
@@ -64,7 +66,7 @@ def register_pattern(name: str, params: type | None = None, kind: str = "fixed")
 
 def pattern_names(kind: str | None = None) -> list[str]:
     """Registered pattern names (of one kind: fixed, file or learned)."""
-    return [n for n, p in PATTERNS.items() if kind is None or p.kind == kind]
+    return [n for n, p in TOKEN_MASKS.items() if kind is None or p.kind == kind]
 
 
 def _check(cond: bool, message: str) -> None:
@@ -163,7 +165,7 @@ class TokenMaskConfig:
     pattern's parameters (:attr:`params`, whose fields sit beside ``pattern`` in JSON)."""
 
     pattern: str
-    """Name of a registered pattern (see the pattern tables)."""
+    """Name of a registered token mask (see the pattern table in docs/model.md, 'Block layout or token mask?')."""
     seq_len: int | None = None
     """Length the mask is built for (None = max_position_embeddings); shorter inputs use the top-left crop. Set it
     to the training length: Strided/Fixed/Star depend on n (paper: n = 128)."""
@@ -177,11 +179,13 @@ class TokenMaskConfig:
     """The pattern's parameter dataclass (None = its defaults; a dict is checked against its fields)."""
 
     def __post_init__(self) -> None:
-        if self.pattern not in PATTERNS:
-            raise ValueError(f"attention.token_mask.pattern {self.pattern!r} unknown; choose one of {pattern_names()}")
+        try:
+            lookup(self.pattern, TOKEN_MASK)
+        except ValueError as e:  # an unknown name, or a block layout's: the message names the choices
+            raise ValueError(f"attention.token_mask.pattern: {e}") from None
         _check(int(self.block) >= 1, f"block must be >= 1, got {self.block}")
         _check(self.seq_len is None or self.seq_len >= 2, f"seq_len must be >= 2 or null, got {self.seq_len}")
-        kind = PATTERNS[self.pattern].params
+        kind = TOKEN_MASKS[self.pattern].params
         if self.params is None:
             self.params = kind()
         elif isinstance(self.params, dict):
@@ -199,8 +203,10 @@ class TokenMaskConfig:
             raise ValueError(f"{where} must be a JSON object, got {type(d).__name__}")
         if "pattern" not in d:
             raise ValueError(f"{where} needs a 'pattern': one of {pattern_names()}")
-        if d["pattern"] not in PATTERNS:
-            raise ValueError(f"{where}.pattern {d['pattern']!r} unknown; choose one of {pattern_names()}")
+        try:
+            lookup(d["pattern"], TOKEN_MASK)
+        except ValueError as e:
+            raise ValueError(f"{where}.pattern: {e}") from None
         common = {f.name for f in dataclasses.fields(cls)} - {"params"}
         own = {k: v for k, v in d.items() if k not in common}
         return cls(**{k: v for k, v in d.items() if k in common}, params=_params_from_dict(d["pattern"], own, where))
@@ -216,7 +222,7 @@ def common_keys() -> list[str]:
 
 
 def _params_from_dict(pattern: str, d: dict[str, Any], where: str) -> Any:
-    kind = PATTERNS[pattern].params
+    kind = TOKEN_MASKS[pattern].params
     check_keys(d, field_names(kind), f"{where} (pattern {pattern!r}; common keys: {common_keys()})")
     return kind(**d)
 
@@ -318,7 +324,7 @@ def build_token_mask(cfg: TokenMaskConfig | None, num_heads: int, n: int, layer:
     """The fixed bool ``[H, n', n']`` mask of a layer (None for no mask or a learned one such as DAM's)."""
     if cfg is None:
         return None
-    m = PATTERNS[cfg.pattern].make(cfg.params, num_heads, n, torch.Generator().manual_seed(int(cfg.seed)), layer)
+    m = TOKEN_MASKS[cfg.pattern].make(cfg.params, num_heads, n, torch.Generator().manual_seed(int(cfg.seed)), layer)
     if m is None:
         return None
     m = m.expand(num_heads, *m.shape[-2:]).clone() if m.dim() == 2 else m
@@ -337,7 +343,7 @@ def build_layer_mask(cfg: TokenMaskConfig | None, num_heads: int, n: int, layer:
 
 def make_pattern(cfg: TokenMaskConfig, num_heads: int, n: int) -> torch.Tensor:
     """Bool ``[H, n, n]`` mask of a pattern that needs no file and learns nothing."""
-    if PATTERNS[cfg.pattern].kind != "fixed":
+    if TOKEN_MASKS[cfg.pattern].kind != "fixed":
         raise ValueError(f"make_pattern: pattern {cfg.pattern!r} is not a fixed pattern")
     return build_token_mask(cfg, num_heads, n, 0)
 

@@ -1,0 +1,3 @@
+"""DeepSpeed's module path ``deepspeed.ops.sparse_attention.matmul`` (the op lives in ``block_sparse_ops.py``)."""
+
+from model.attention.deepspeed.block_sparse_ops import MatMul  # noqa: F401
