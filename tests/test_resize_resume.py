@@ -22,8 +22,17 @@ GLOBAL_BATCH = 4
 #: bf16 measured bitwise too on the 2-core CPU box (docs/training.md), the bound leaves room for other devices' bf16
 #: reductions and stays below what the shared ZeRO-3 step counter did by the 3rd step after the resume (4.8e-6)
 TOLERANCE = {"fp32": 0.0, "bf16": 1e-6}
+#: CI runs fp32 at every stage and bf16 under ZeRO-3 (where the shared step counter showed); the bf16 ZeRO-1/2 cases
+#: (~35 s each on the 2-core box) run in the extended check, with its 10-step matrix
 CASES = [
-    pytest.param(before, after, stage, precision, id=f"{before}to{after}-zero{stage}-{precision}")
+    pytest.param(
+        before,
+        after,
+        stage,
+        precision,
+        id=f"{before}to{after}-zero{stage}-{precision}",
+        marks=pytest.mark.extended if precision == "bf16" and stage != 3 else (),
+    )
     for before, after in [(2, 1), (1, 2)]
     for stage in (1, 2, 3)
     for precision in sorted(TOLERANCE)
