@@ -100,55 +100,63 @@ def _int(env: Mapping[str, str], var: str, default: int | None = None) -> int | 
         raise UserError(f"{var}={value!r} in the environment is not a number; unset it or fix the launcher") from None
 
 
-def _master(env: Mapping[str, str], default_port: int | None) -> tuple[str | None, int | None]:
-    """MASTER_ADDR / MASTER_PORT as exported to the ranks (``mpirun -x``, ``srun --export``), or (None, None)."""
+def _master_kw(env: Mapping[str, str], default_port: int | None = None) -> dict[str, str | int | None]:
+    """MASTER_ADDR / MASTER_PORT as exported to the ranks (``mpirun -x``, ``srun --export``), or None."""
     if not env.get("MASTER_ADDR"):
-        return None, None
-    return env["MASTER_ADDR"], _int(env, "MASTER_PORT", default_port)
+        return {"master_addr": None, "master_port": None}
+    return {"master_addr": env["MASTER_ADDR"], "master_port": _int(env, "MASTER_PORT", default_port)}
+
+
+def _master_env(place: LaunchEnv) -> dict[str, str]:
+    return {"MASTER_ADDR": str(place.master_addr), "MASTER_PORT": str(place.master_port)}
+
+
+@dataclass(frozen=True)
+class RankVars:
+    """The environment variables in which a launcher numbers its ranks (None: it does not say)."""
+
+    rank: str
+    world_size: str | None = None
+    local_rank: str | None = None
+    local_world_size: str | None = None
+
+    def read(self, env: Mapping[str, str]) -> dict[str, int | None]:
+        """The :class:`LaunchEnv` numbers found in ``env``."""
+        return {f: _int(env, var) if var else None for f, var in vars(self).items()}
+
+    def write(self, place: LaunchEnv) -> dict[str, str]:
+        """The variables that put a rank at ``place``."""
+        return {var: str(getattr(place, f)) for f, var in vars(self).items() if var}
+
+
+TORCH_VARS = RankVars("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+"""torch.distributed's env:// variables, as torchrun exports them."""
+DEEPSPEED_VARS = RankVars("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE")
+OMPI_VARS = RankVars(
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
+)
+SLURM_VARS = RankVars("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID")
+"""A Slurm step's task ids (no ranks-per-node count: --gpus-per-task gives each task its own GPU, nothing to check)."""
+HYDRA_VARS = RankVars("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
 
 def _detect_torchrun(env: Mapping[str, str], master: bool) -> LaunchEnv | None:
     if "RANK" not in env or "TORCHELASTIC_RUN_ID" not in env:
         return None
-    return _from_torch_vars("torchrun", env, "LOCAL_WORLD_SIZE")
+    return LaunchEnv("torchrun", **TORCH_VARS.read(env), **_master_kw(env), fills_env=False)
 
 
 def _detect_deepspeed(env: Mapping[str, str], master: bool) -> LaunchEnv | None:
     if "RANK" not in env or "CROSS_RANK" not in env:
         return None
-    return _from_torch_vars("deepspeed", env, "LOCAL_SIZE")
+    return LaunchEnv("deepspeed", **DEEPSPEED_VARS.read(env), **_master_kw(env), fills_env=False)
 
 
 def _detect_env(env: Mapping[str, str], master: bool) -> LaunchEnv | None:
     """RANK set by something else (a hand-written ``env://`` world, a launcher we do not know)."""
     if "RANK" not in env:
         return None
-    return _from_torch_vars("env", env, "LOCAL_WORLD_SIZE")
-
-
-def _from_torch_vars(name: str, env: Mapping[str, str], local_size_var: str) -> LaunchEnv:
-    addr, port = _master(env, None)
-    return LaunchEnv(
-        launcher=name,
-        rank=_int(env, "RANK"),
-        world_size=_int(env, "WORLD_SIZE"),
-        local_rank=_int(env, "LOCAL_RANK"),
-        local_world_size=_int(env, local_size_var),
-        master_addr=addr,
-        master_port=port,
-        fills_env=False,
-    )
-
-
-def _torch_rank_env(place: LaunchEnv) -> dict[str, str]:
-    """What the deepspeed and torchrun launchers both export."""
-    return {
-        "RANK": str(place.rank),
-        "WORLD_SIZE": str(place.world_size),
-        "LOCAL_RANK": str(place.local_rank),
-        "MASTER_ADDR": str(place.master_addr),
-        "MASTER_PORT": str(place.master_port),
-    }
+    return LaunchEnv("env", **TORCH_VARS.read(env), **_master_kw(env), fills_env=False)
 
 
 def _detect_mpirun(env: Mapping[str, str], master: bool) -> LaunchEnv | None:
@@ -158,30 +166,14 @@ def _detect_mpirun(env: Mapping[str, str], master: bool) -> LaunchEnv | None:
     overwriting any MASTER_PORT."""
     if "OMPI_COMM_WORLD_RANK" not in env:
         return None
-    addr, port = _master(env, 29500)
-    return LaunchEnv(
-        launcher="mpirun",
-        rank=_int(env, "OMPI_COMM_WORLD_RANK"),
-        world_size=_int(env, "OMPI_COMM_WORLD_SIZE"),
-        local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
-        local_world_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-        master_addr=addr,
-        master_port=port,
-        fills_env=addr is not None,
-        mpi=True,
-    )
+    given = _master_kw(env, 29500)
+    numbers = {**OMPI_VARS.read(env), "local_rank": _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0)}
+    return LaunchEnv("mpirun", **numbers, **given, fills_env=given["master_addr"] is not None, mpi=True)
 
 
 def _mpirun_rank_env(place: LaunchEnv) -> dict[str, str]:
-    out = {
-        "OMPI_COMM_WORLD_RANK": str(place.rank),
-        "OMPI_COMM_WORLD_SIZE": str(place.world_size),
-        "OMPI_COMM_WORLD_LOCAL_RANK": str(place.local_rank),
-        "OMPI_COMM_WORLD_LOCAL_SIZE": str(place.local_world_size),
-    }
-    if place.master_addr is not None:  # mpirun -x MASTER_ADDR=... -x MASTER_PORT=...
-        out.update(MASTER_ADDR=place.master_addr, MASTER_PORT=str(place.master_port))
-    return out
+    given = _master_env(place) if place.master_addr is not None else {}  # mpirun -x MASTER_ADDR=... -x MASTER_PORT=...
+    return {**OMPI_VARS.write(place), **given}
 
 
 #: set by a launcher that starts the ranks itself (deepspeed/torchrun, mpirun's orted, MPICH's hydra), also when
@@ -216,33 +208,19 @@ def _detect_srun(env: Mapping[str, str], master: bool) -> LaunchEnv | None:
             "own job ids and task numbers, so the ranks cannot be derived from them; submit one homogeneous "
             "allocation (e.g. sbatch -N 4 --ntasks-per-node=8 --gpus-per-node=8)"
         )
-    addr, port = _master(env, None)
+    addr, port = _master_kw(env).values()
     if master:
         addr = addr or slurm_task0_host(env)
         port = port or slurm_port(env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID"))
+    numbers = {**SLURM_VARS.read(env), "local_rank": _int(env, "SLURM_LOCALID", 0)}
     return LaunchEnv(
-        launcher="srun",
-        rank=_int(env, "SLURM_PROCID"),
-        world_size=_int(env, "SLURM_STEP_NUM_TASKS"),
-        local_rank=_int(env, "SLURM_LOCALID", 0),
-        local_world_size=None,  # --gpus-per-task gives each task its own GPU: no ranks-per-GPU check
-        master_addr=addr,
-        master_port=port,
-        fills_env=True,
-        launch_id=slurm_step_id(env),
+        "srun", **numbers, master_addr=addr, master_port=port, fills_env=True, launch_id=slurm_step_id(env)
     )
 
 
 def _srun_rank_env(place: LaunchEnv) -> dict[str, str]:
-    return {
-        "SLURM_PROCID": str(place.rank),
-        "SLURM_STEP_NUM_TASKS": str(place.world_size),
-        "SLURM_LOCALID": str(place.local_rank),
-        "SLURM_JOB_ID": "77",
-        "SLURM_STEP_ID": "0",
-        "MASTER_ADDR": str(place.master_addr),  # srun --export=ALL,MASTER_ADDR=...,MASTER_PORT=...
-        "MASTER_PORT": str(place.master_port),
-    }
+    # srun --export=ALL,MASTER_ADDR=...,MASTER_PORT=...
+    return {**SLURM_VARS.write(place), "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", **_master_env(place)}
 
 
 def slurm_step_id(environ: Mapping[str, str] | None = None) -> str:
@@ -305,26 +283,8 @@ def _detect_mpiexec(env: Mapping[str, str], master: bool) -> LaunchEnv | None:
     DeepSpeed's MPI discovery finds the master."""
     if not any(v in env for v in _PMI_VARS):
         return None
-    return LaunchEnv(
-        launcher="mpiexec",
-        rank=_int(env, "PMI_RANK", _int(env, "PMIX_RANK", 0)),
-        world_size=_int(env, "PMI_SIZE"),
-        local_rank=_int(env, "MPI_LOCALRANKID"),
-        local_world_size=_int(env, "MPI_LOCALNRANKS"),
-        master_addr=None,
-        master_port=None,
-        fills_env=False,
-        mpi=True,
-    )
-
-
-def _mpiexec_rank_env(place: LaunchEnv) -> dict[str, str]:
-    return {
-        "PMI_RANK": str(place.rank),
-        "PMI_SIZE": str(place.world_size),
-        "MPI_LOCALRANKID": str(place.local_rank),
-        "MPI_LOCALNRANKS": str(place.local_world_size),
-    }
+    numbers = {**HYDRA_VARS.read(env), "rank": _int(env, "PMI_RANK", _int(env, "PMIX_RANK", 0))}
+    return LaunchEnv("mpiexec", **numbers, master_addr=None, master_port=None, fills_env=False, mpi=True)
 
 
 def _detect_python(env: Mapping[str, str], master: bool) -> LaunchEnv:
@@ -470,7 +430,7 @@ LAUNCHERS: dict[str, Launcher] = {
             "torchrun --nproc_per_node N [TORCHRUN_ARGS] SCRIPT: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, "
             "MASTER_* and TORCHELASTIC_RUN_ID exported",
             _detect_torchrun,
-            lambda p: {**_torch_rank_env(p), "LOCAL_WORLD_SIZE": str(p.local_world_size), "TORCHELASTIC_RUN_ID": "1"},
+            lambda p: {**TORCH_VARS.write(p), **_master_env(p), "TORCHELASTIC_RUN_ID": "1"},
             _torchrun_cmd,
         ),
         Launcher(
@@ -478,7 +438,7 @@ LAUNCHERS: dict[str, Launcher] = {
             "deepspeed --num_gpus N --master_port FREE SCRIPT on one node: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, "
             "CROSS_RANK and MASTER_* exported (also the ranks of deepspeed --hostfile with pdsh)",
             _detect_deepspeed,
-            lambda p: {**_torch_rank_env(p), "LOCAL_SIZE": str(p.local_world_size), "CROSS_RANK": "0"},
+            lambda p: {**DEEPSPEED_VARS.write(p), **_master_env(p), "CROSS_RANK": "0"},
             _deepspeed_cmd,
         ),
         Launcher(
@@ -496,7 +456,7 @@ LAUNCHERS: dict[str, Launcher] = {
             "env",
             "RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set by hand or by a launcher not listed here (torch's env://)",
             _detect_env,
-            _torch_rank_env,
+            lambda p: {**TORCH_VARS.write(p), **_master_env(p)},
         ),
         Launcher(
             "mpirun",
@@ -518,7 +478,7 @@ LAUNCHERS: dict[str, Launcher] = {
             "mpiexec",
             "MPICH's hydra or another PMI/PMIx world (PMI_RANK, PMI_SIZE, MPI_LOCALNRANKS): MPI tells the rest",
             _detect_mpiexec,
-            _mpiexec_rank_env,
+            HYDRA_VARS.write,
         ),
         Launcher(
             PYTHON, "python -m MODULE: one process, a world of one on a free port", _detect_python, None, _python_cmd
