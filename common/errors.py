@@ -43,11 +43,14 @@ def take_debug_flag(argv: Sequence[str] | None) -> list[str]:
 
 
 def is_rank0() -> bool:
-    """Rank 0 of a launched job (torchrun/deepspeed ``RANK``, Open MPI, Slurm), or a single process."""
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var]) == 0
-    return True
+    """Rank 0 of a launched job (as :func:`common.launch.detect` sees it), or a single process; True where the
+    environment cannot tell (one more error line rather than none)."""
+    from common import launch  # here: common.launch reports its errors through this module
+
+    try:
+        return launch.detect(master=False).rank == 0
+    except Exception:  # a malformed launcher environment must not hide the error being reported
+        return True
 
 
 _OS_HINTS = {

@@ -3,15 +3,16 @@
 The preprocessing flow needs only two collectives, both rooted at rank 0: ``bcast`` (rank 0's decision to every
 rank) and ``gather`` (every rank's outcome to rank 0). Two implementations:
 
-- :class:`MpiWorld`: mpi4py's ``COMM_WORLD`` (mpirun / mpiexec, which set OMPI_COMM_WORLD_SIZE or
-  MPI_LOCALNRANKS; or a PMI/PMIx world outside Slurm).
+- :class:`MpiWorld`: mpi4py's ``COMM_WORLD`` (Open MPI's mpirun, MPICH's mpiexec or another PMI/PMIx world outside
+  an srun step).
 - :class:`TorchWorld`: a task of a Slurm job step (``srun -n K``: SLURM_PROCID / SLURM_STEP_NUM_TASKS). The ranks
   form a torch.distributed gloo group that meets through a file next to the output (which every rank must see
   anyway: rank 0 merges the part shards the others wrote). No MPI is initialised, so this works whatever ``--mpi``
   plugin srun uses (none, pmix, pmi2), with or without an MPI that matches the cluster's PMI.
 
-:func:`detect` picks one: an mpirun launch wins (it may itself run inside a Slurm allocation, where its ranks
-inherit the variables of the launcher's own step), then a Slurm step of more than one task, then PMI variables.
+:func:`detect` picks one from what :func:`common.launch.detect` says: ranks that share an MPI world (mpirun wins
+inside a Slurm allocation, where its ranks inherit the variables of the launcher's own step) use MPI; ranks with a
+shared launch id (a Slurm step of more than one task) a TorchWorld.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-#: set by mpirun / mpiexec themselves (Open MPI's orted, MPICH's hydra), never by srun
-MPIRUN_VARS = ("OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
-#: set by any PMI/PMIx server (also srun --mpi=pmi2/pmix)
-PMI_VARS = ("PMI_SIZE", "PMIX_RANK")
+from common import launch
+from common.errors import UserError
 
 
 class MpiWorld:
@@ -44,23 +43,6 @@ class MpiWorld:
 
     def close(self, ok: bool = True) -> None:
         pass  # a rank that fails outside the collectives exits non-zero; mpirun then ends the others
-
-
-def slurm_step(environ: dict[str, str] | None = None) -> tuple[int, int, str] | None:
-    """(rank, size, step id) of a task of a Slurm job step with more than one task, else None.
-
-    The step id is ``JOB.STEP[.rRESTART]`` (a requeued job keeps its id and step numbers)."""
-    env = os.environ if environ is None else environ
-    try:
-        rank, size = int(env["SLURM_PROCID"]), int(env["SLURM_STEP_NUM_TASKS"])
-    except (KeyError, ValueError):
-        return None
-    if size <= 1:
-        return None
-    step = f"{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', env.get('SLURM_STEPID', '0'))}"
-    if env.get("SLURM_RESTART_COUNT", "0") not in ("", "0"):
-        step += f".r{env['SLURM_RESTART_COUNT']}"
-    return rank, size, step
 
 
 class TorchWorld:
@@ -122,14 +104,17 @@ class TorchWorld:
 
 def detect(output_prefix: str, environ: dict[str, str] | None = None) -> MpiWorld | TorchWorld | None:
     """The world this process belongs to (None: a single process)."""
-    env = os.environ if environ is None else environ
-    step = None if any(v in env for v in MPIRUN_VARS) else slurm_step(env)
-    if step is not None:
-        rank, size, step_id = step
-        return TorchWorld(f"{output_prefix}.rendezvous-{step_id}", rank, size)
-    if not any(v in env for v in MPIRUN_VARS + PMI_VARS):
-        return None
-    from mpi4py import MPI
+    where = launch.detect(environ, master=False)
+    if where.mpi:
+        from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    return MpiWorld(comm) if comm.Get_size() > 1 else None
+        comm = MPI.COMM_WORLD
+        return MpiWorld(comm) if comm.Get_size() > 1 else None
+    if (where.world_size or 1) <= 1:
+        return None
+    if where.launch_id is not None:  # srun: the step's tasks meet through a file named by the step
+        return TorchWorld(f"{output_prefix}.rendezvous-{where.launch_id}", where.rank, where.world_size)
+    raise UserError(
+        f"preprocessing was started by {where.launcher} ({where.world_size} ranks): its ranks would each write the "
+        "whole output; start it with mpirun -np K, srun -n K, or one plain python process"
+    )

@@ -1,15 +1,11 @@
-"""Process-group start-up for the four launch paths, and a teardown that always runs.
+"""Process-group start-up for every launch path, and a teardown that always runs.
 
-- `deepspeed pretrain/train.py` (single node or --hostfile/pdsh): RANK/WORLD_SIZE/MASTER_* and --local_rank set.
-- `torchrun`: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set.
-- `mpirun -np K python -m pretrain.train`: only OMPI_* set; deepspeed.init_distributed's MPI discovery (mpi4py)
-  fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/PORT, unless MASTER_ADDR is exported to the ranks (mpirun_env:
-  then mpirun's own OMPI_COMM_WORLD_* numbering and the given MASTER_ADDR/MASTER_PORT are used).
-- `srun python -m pretrain.train` (one task per GPU): SLURM_PROCID/SLURM_STEP_NUM_TASKS/SLURM_LOCALID and the
-  first host of the node list (slurm_env), whatever srun's --mpi plugin: PMI/PMIx variables that agree with the
-  step's task ids come from srun itself, and no MPI is initialised for them (Debian's Open MPI aborts in MPI_Init
-  under --mpi=pmi2).
-- plain `python -m pretrain.train`: one rank; we fill the env for a world of one.
+Who started this process and where it sits is :func:`common.launch.detect`'s answer (deepspeed, torchrun, mpirun,
+srun, MPICH's mpiexec, or a plain ``python``: a world of one); this module keeps what is torch.distributed's: where
+the launcher did not export RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* (srun, mpirun with a given MASTER_ADDR, plain
+python) they are set from that answer, and where it cannot tell (mpirun without a master, mpiexec)
+``deepspeed.init_distributed``'s MPI discovery (mpi4py) fills them. The GPU a rank uses is picked before DeepSpeed
+initialises (:func:`cuda_device_index`: under ``srun --gpus-per-task=1`` local rank 3 is cuda:0).
 Backend: NCCL on GPUs, gloo on CPU (DeepSpeed's accelerator decides). The timeout bounds how long a rank waits for
 a dead peer inside a collective: it is made the default of every group created later too (DeepSpeed's own,
 pretrain/watchdog.py), and the watchdog ends a rank that still hangs.
@@ -19,8 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -29,11 +23,9 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
+from common.launch import PYTHON, detect
+
 T = TypeVar("T")
-_LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-#: set by a launcher that starts the ranks itself (deepspeed/torchrun, mpirun's orted, MPICH's hydra), also when
-#: it runs inside a Slurm allocation, where its ranks inherit the Slurm variables of the launcher's own step
-_RANK_LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS")
 
 
 @dataclass
@@ -61,10 +53,6 @@ def cuda_device_index(local_rank: int, device_count: int) -> int:
     return local_rank % device_count
 
 
-LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
-"""Ranks on this node, as torchrun, the deepspeed launcher, Open MPI and MPICH's hydra export it."""
-
-
 def check_ranks_fit_gpus(local_size: int | None, device_count: int, visible_devices: str | None) -> None:
     """Refuse more ranks on a node than the GPUs they see: :func:`cuda_device_index` would put two ranks on one GPU
     (``local_rank % device_count``) and NCCL fails much later, or the ranks silently share it. One visible GPU per
@@ -82,141 +70,21 @@ def check_ranks_fit_gpus(local_size: int | None, device_count: int, visible_devi
     )
 
 
-def _local_size() -> int | None:
-    for var in LOCAL_SIZE_VARS:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def slurm_hosts(nodelist: str) -> list[str]:
-    """Host names of a Slurm node list (``node[001-004]``), expanded by ``scontrol show hostnames``."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise RuntimeError(
-            f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with `scontrol show hostnames` ({e}); "
-            "run under srun on a node with the Slurm client, or set MASTER_ADDR yourself"
-        ) from e
-    hosts = out.split()
-    if not hosts:
-        raise RuntimeError(f"`scontrol show hostnames {nodelist}` printed no host")
-    return hosts
-
-
-def slurm_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
-    """torch.distributed's variables for a task started by ``srun`` (None outside a Slurm job step).
-
-    Rank, world size and local rank are the step's task ids; the master is the first host of the step's node list
-    (task 0 runs there with Slurm's block/cyclic distributions; with ``SLURM_HOSTFILE`` / ``--distribution=arbitrary``
-    it is task 0's line of that file); the port is :func:`slurm_port` (job and step id) so jobs and concurrent
-    steps sharing a node do not collide. Set MASTER_ADDR / MASTER_PORT to override (e.g. another network interface).
-    Heterogeneous jobs are refused (their components have their own job ids and task numbering). Only a job *step*
-    counts (``SLURM_STEP_NUM_TASKS``): a plain python inside an sbatch script is one process, whatever the allocation.
-    Ranks numbered by another launcher running inside the job (RANK from deepspeed/torchrun, mpirun's
-    OMPI_COMM_WORLD_RANK, hydra's MPI_LOCALNRANKS, PMI ranks that differ from the task id) are not srun's tasks:
-    None then too.
-    """
-    env = os.environ if environ is None else environ
-    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
-        return None
-    if any(v in env for v in _RANK_LAUNCHER_VARS):
-        return None  # another launcher inside the job numbered the ranks
-    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", None)):
-        if rank_var in env and (
-            env[rank_var] != env["SLURM_PROCID"]
-            or (size_var and env.get(size_var, env["SLURM_STEP_NUM_TASKS"]) != env["SLURM_STEP_NUM_TASKS"])
-        ):
-            return None  # a PMI world other than this step's tasks (mpiexec's proxies started by srun)
-    if "SLURM_HET_SIZE" in env:
-        raise RuntimeError(
-            f"this is a heterogeneous Slurm job (SLURM_HET_SIZE={env['SLURM_HET_SIZE']}): its components have their "
-            "own job ids and task numbers, so the ranks cannot be derived from them; submit one homogeneous "
-            "allocation (e.g. sbatch -N 4 --ntasks-per-node=8 --gpus-per-node=8)"
-        )
-    out = {
-        "RANK": env["SLURM_PROCID"],
-        "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
-        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
-    }
-    out["MASTER_ADDR"] = env.get("MASTER_ADDR") or _slurm_task0_host(env)
-    out["MASTER_PORT"] = env.get("MASTER_PORT") or str(
-        slurm_port(env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID"))
-    )
-    return out
-
-
-def slurm_port(job_id: str | int, step_id: str | int | None = None) -> int:
-    """The master port of a Slurm job step: ``10000 + (job_id * 16 + step_id) mod 20000``, i.e. within 10000-29999,
-    below Linux's ephemeral range (32768-60999, where outgoing sockets could already hold it); consecutive jobs and
-    up to 16 concurrent steps of one job get different ports. The batch step (no step id) counts as step 0;
-    run_scripts/slurm/pretrain_deepspeed.sbatch computes the same number in shell."""
-    step = int(step_id) if step_id not in (None, "", "batch", "extern") and str(step_id).isdigit() else 0
-    return 10000 + (int(job_id) * 16 + step) % 20000
-
-
-def _slurm_task0_host(env: dict[str, str]) -> str:
-    """Host of task 0: the first line of SLURM_HOSTFILE when the step was laid out by it (--distribution=arbitrary),
-    else the first host of the step's (or job's) node list."""
-    hostfile = env.get("SLURM_HOSTFILE")
-    if hostfile and env.get("SLURM_DISTRIBUTION", "arbitrary").startswith("arbitrary"):
-        try:
-            with open(hostfile) as f:
-                first = next((ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")), None)
-        except OSError as e:
-            raise RuntimeError(
-                f"SLURM_HOSTFILE={hostfile}: cannot read it ({e}); set MASTER_ADDR to task 0's host"
-            ) from e
-        if first:
-            return first
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    return slurm_hosts(nodelist)[0] if nodelist else "127.0.0.1"
-
-
-def mpirun_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
-    """torch.distributed's variables for a rank started by Open MPI's mpirun when MASTER_ADDR is given (None
-    otherwise: then DeepSpeed's MPI discovery runs, which takes rank 0's first `hostname -I` address and port 29500,
-    overwriting any MASTER_ADDR/MASTER_PORT). mpirun numbers the ranks itself (OMPI_COMM_WORLD_RANK/SIZE/
-    LOCAL_RANK), so with the master's address known no MPI call is needed; MASTER_PORT defaults to 29500.
-    This is how ``-x MASTER_ADDR -x MASTER_PORT`` (e.g. from the Slurm templates) pick the interface and port."""
-    env = os.environ if environ is None else environ
-    if "RANK" in env or "OMPI_COMM_WORLD_RANK" not in env or not env.get("MASTER_ADDR"):
-        return None
-    return {
-        "RANK": env["OMPI_COMM_WORLD_RANK"],
-        "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
-        "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
-        "MASTER_ADDR": env["MASTER_ADDR"],
-        "MASTER_PORT": env.get("MASTER_PORT") or "29500",
-    }
-
-
 def init_distributed(timeout_minutes: float, local_rank: int | None = None) -> DistInfo:
     import deepspeed
 
-    found = slurm_env() or mpirun_env()
-    if found is not None:  # srun, or mpirun with a known master: the launcher's variables say who we are
+    where = detect()
+    found = where.torch_env() if where.fills_env else None
+    if found is not None:  # srun, mpirun with a known master, plain python: the launcher did not set them
         os.environ.update(found)
-        if found["RANK"] == "0":  # a wrong master (stale MASTER_ADDR, wrong interface) shows up here, not as a hang
-            print(
+        if where.launcher != PYTHON and found["RANK"] == "0":  # a wrong master (stale MASTER_ADDR, wrong
+            print(  # interface) shows up here, not as a hang
                 f"[dist] {found['WORLD_SIZE']} rank(s); master {found['MASTER_ADDR']}:{found['MASTER_PORT']}",
                 flush=True,
             )
-    elif not any(v in os.environ for v in _LAUNCHER_VARS):
-        os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
-        )
-    node_local = os.environ.get("LOCAL_RANK") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+    node_local = where.local_rank
     if torch.cuda.is_available():
-        check_ranks_fit_gpus(_local_size(), torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        check_ranks_fit_gpus(where.local_world_size, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if torch.cuda.is_available() and node_local is not None:
         # before DeepSpeed: it passes device_id=cuda:LOCAL_RANK to init_process_group, which fails where a task sees
         # only its own GPU (srun --gpus-per-task=1: SLURM_LOCALID 3 must become cuda:0)

@@ -6,7 +6,11 @@
 #   LAUNCHER   deepspeed (default, one node) | hostfile (deepspeed --hostfile $HOSTFILE, pdsh) |
 #              hostfile-openmpi (deepspeed --hostfile --launcher openmpi) | mpirun | torchrun |
 #              srun (inside a Slurm allocation: `srun $SRUN_ARGS python -m pretrain.train`, one task per rank;
-#              the allocation's tasks decide the world, NPROC is unused; see run_scripts/slurm/)
+#              the allocation's tasks decide the world, NPROC is unused; see run_scripts/slurm/) | python (one
+#              process). The command lines are common/launch.py's table: `.venv/bin/python -m common.launch
+#              --launcher L --nproc N --print -- -m pretrain.train ARGS` shows one
+#   MPI_ARGS   mpirun flags (LAUNCHER=mpirun, default --allow-run-as-root --oversubscribe; hostfile-openmpi's
+#              --launcher_args, default --allow-run-as-root)     TORCHRUN_ARGS  extra torchrun flags
 #   NPROC      ranks per node (default: GPUs found, else 2 CPU ranks)      HOSTFILE  (default run_scripts/hostfile)
 #   MASTER_PORT LAUNCHER=deepspeed's rendezvous port (default: a free one, so concurrent runs on one machine do not
 #              meet on DeepSpeed's default 29500 and hang)
@@ -69,27 +73,11 @@ launch() {  # launch TRAIN_ARGS...
   if [ -n "${EXIT_SIGNAL:-}" ]; then
     common+=(--exit-signal-handler --exit-signal "$EXIT_SIGNAL")
   fi
-  local ds_args=()
-  read -r -a ds_args <<< "${DS_ARGS:-}"
-  case "$LAUNCHER" in
-    deepspeed)  # one node: a free port unless MASTER_PORT is set (two runs on one machine never share 29500)
-      port="${MASTER_PORT:-$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
-      "$BIN/deepspeed" --num_gpus "$NPROC" --master_port "$port" pretrain/train.py "$@" "${common[@]}" ;;
-    hostfile)
-      "$BIN/deepspeed" --hostfile "$HOSTFILE" "${ds_args[@]}" pretrain/train.py "$@" "${common[@]}" ;;
-    hostfile-openmpi)
-      "$BIN/deepspeed" --hostfile "$HOSTFILE" "${ds_args[@]}" --launcher openmpi \
-        --launcher_args "${MPI_ARGS:---allow-run-as-root}" pretrain/train.py "$@" "${common[@]}" ;;
-    srun)
-      srun ${SRUN_ARGS:---kill-on-bad-exit=0} --export=ALL,PYTHONPATH="$ROOT" \
-        "$PY" -m pretrain.train "$@" "${common[@]}" ;;
-    mpirun)
-      mpirun ${MPI_ARGS:---allow-run-as-root --oversubscribe} -np "$NPROC" -x PYTHONPATH="$ROOT" \
-        "$PY" -m pretrain.train "$@" "${common[@]}" ;;
-    torchrun)
-      "$BIN/torchrun" --nproc_per_node "$NPROC" ${TORCHRUN_ARGS:-} pretrain/train.py "$@" "${common[@]}" ;;
-    *) echo "LAUNCHER=$LAUNCHER: use deepspeed, hostfile, hostfile-openmpi, mpirun, torchrun or srun" >&2; exit 2 ;;
-  esac
+  # the command line is common/launch.py's (its table has one entry per LAUNCHER); it replaces itself by the
+  # launcher, so the launcher is our child and its exit code ours
+  local flags=(--launcher "$LAUNCHER" --python "$PY" --hostfile "$HOSTFILE")
+  if [ -n "${NPROC:-}" ]; then flags+=(--nproc "$NPROC"); fi
+  "$PY" -m common.launch "${flags[@]}" -- -m pretrain.train "$@" "${common[@]}"
 }
 
 # write_model_config FILE N ATTENTION_JSON POSITION_JSON: bert-base with N positions, the given attention fields

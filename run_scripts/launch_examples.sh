@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The four launch paths on a tiny smoke run (2 CPU ranks on gloo where no GPU exists, NCCL on GPUs).
-#   bash run_scripts/launch_examples.sh deepspeed|hostfile|hostfile-openmpi|mpirun|torchrun
+# The launch paths on a tiny smoke run (2 CPU ranks on gloo where no GPU exists, NCCL on GPUs).
+#   bash run_scripts/launch_examples.sh deepspeed|hostfile|hostfile-openmpi|mpirun|torchrun|srun|python
 # Needs the sample data (run_scripts/quickstart.sh prepares it) or DATA_PATH/VOCAB pointing at yours.
-# What each path runs (see run_scripts/common.sh `launch`):
+# What each path runs (common/launch.py's table; `.venv/bin/python -m common.launch --launcher L --nproc N --print
+# -- -m pretrain.train ARGS` prints it):
 #   deepspeed --num_gpus $NPROC pretrain/train.py ARGS
 #   deepspeed --hostfile run_scripts/hostfile pretrain/train.py ARGS                     (pdsh + ssh)
 #   deepspeed --hostfile run_scripts/hostfile --launcher openmpi pretrain/train.py ARGS   (mpirun)

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from common.launch import free_port
+
 SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
@@ -50,12 +52,6 @@ def why_unavailable() -> str | None:
             "slurmctld slurmd slurm-client munge"
         )
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -122,7 +118,7 @@ class SlurmCluster:
             mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
         except (ValueError, OSError):
             mem_mb = 1024
-        ctld_port, d_port = _free_port(), _free_port()
+        ctld_port, d_port = free_port(), free_port()
         r = self.root
         if self.hosts:
             ctld = f"{self.node}({self.hosts.addresses[0]})"

@@ -1,16 +1,14 @@
 """--exit-signal-handler (what a Slurm job's time-limit warning triggers): one rank receives the signal, every rank
 stops after the same iteration with a committed checkpoint and exit code 4, and the same command with --load
-resumes exactly where a straight run would be. Plus Slurm's rank discovery from a job step's environment."""
+resumes exactly where a straight run would be. (Slurm's rank discovery: tests/test_launch_module.py.)"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from pretrain.distributed import slurm_env, slurm_port
 from tests import train_utils as tu
 
 
@@ -65,44 +63,6 @@ def test_exit_code_4_and_no_traceback_on_one_rank(tmp_path):
     assert p.returncode == 4, p.stdout[-3000:]
     assert "SIGTERM received: stopping at iteration 2" in p.stdout and "Traceback" not in p.stdout
     assert (tmp_path / "ck" / "latest").read_text() == "iter_0000002"
-
-
-def test_slurm_env_from_a_job_step(tmp_path, monkeypatch):
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text("#!/bin/sh\n[ \"$1 $2 $3\" = 'show hostnames gpu[007-008]' ] && printf 'gpu007\\ngpu008\\n'\n")
-    scontrol.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    step = {
-        "SLURM_PROCID": "5",
-        "SLURM_STEP_NUM_TASKS": "8",
-        "SLURM_LOCALID": "1",
-        "SLURM_JOB_ID": "123456",
-        "SLURM_JOB_NODELIST": "gpu[007-008]",
-        "SLURM_STEP_NODELIST": "gpu[007-008]",
-    }
-    assert slurm_env(step) == {
-        "RANK": "5",
-        "WORLD_SIZE": "8",
-        "LOCAL_RANK": "1",
-        "MASTER_ADDR": "gpu007",
-        "MASTER_PORT": str(10000 + (123456 * 16) % 20000),
-    }
-    # concurrent steps of one job get different ports, all below Linux's ephemeral range
-    assert slurm_env({**step, "SLURM_STEP_ID": "1"})["MASTER_PORT"] == str(10000 + (123456 * 16 + 1) % 20000)
-    ports = {slurm_port(job, st) for job in range(1000, 1100) for st in range(16)}
-    assert len(ports) == 1600 and max(ports) < 32768 and min(ports) >= 10000
-    assert slurm_port(123456, "batch") == slurm_port(123456, None) == slurm_port(123456, 0)
-    # --distribution=arbitrary: task 0 runs on the first line of SLURM_HOSTFILE, not on the first node of the list
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text("gpu008\ngpu008\ngpu007\n")
-    arbitrary = {**step, "SLURM_HOSTFILE": str(hostfile), "SLURM_DISTRIBUTION": "arbitrary"}
-    assert slurm_env(arbitrary)["MASTER_ADDR"] == "gpu008"
-    with pytest.raises(RuntimeError, match="heterogeneous Slurm job"):
-        slurm_env({**step, "SLURM_HET_SIZE": "2"})
-    assert slurm_env({**step, "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"})["MASTER_ADDR"] == "10.0.0.7"
-    batch_shell = {k: v for k, v in step.items() if k != "SLURM_STEP_NUM_TASKS"}  # sbatch script, not srun
-    assert slurm_env(batch_shell) is None
-    assert slurm_env({}) is None
 
 
 COUNTING_ENTRY = """import sys

@@ -1,7 +1,7 @@
 """Slurm, tested against a real one-node cluster (tests/slurm_cluster.py: Debian's munge, slurmctld, slurmd as root):
 2 srun tasks train in one world; the sbatch templates of run_scripts/slurm/ run, stop on the time-limit signal with a
 committed checkpoint, requeue themselves and resume to the same losses as a straight run; preprocessing under
-`srun -n 2` writes the bytes of one process. Plus the rank-discovery rules as unit tests (no cluster needed)."""
+`srun -n 2` writes the bytes of one process. Plus the GPU index and the TorchWorld as unit tests (no cluster needed)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from data_pipeline import coordination
-from pretrain.distributed import cuda_device_index, mpirun_env, slurm_env
+from pretrain.distributed import cuda_device_index
 from tests import train_utils as tu
 from tests.cluster_skip import start_failed
 from tests.slurm_cluster import SlurmCluster, Unavailable, why_unavailable
@@ -275,36 +275,8 @@ def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, t
 
 
 # ---------------------------------------------------------------------------------------------------------- units
-STEP = {
-    "SLURM_PROCID": "1",
-    "SLURM_STEP_NUM_TASKS": "2",
-    "SLURM_LOCALID": "1",
-    "SLURM_JOB_ID": "77",
-    "SLURM_STEP_ID": "0",
-    "MASTER_ADDR": "n1",
-}
-
-
-def test_slurm_env_with_srun_pmi_plugins_and_other_launchers():
-    assert slurm_env(STEP)["RANK"] == "1"
-    assert slurm_env({**STEP, "PMI_RANK": "1", "PMI_SIZE": "2"})["WORLD_SIZE"] == "2"  # srun --mpi=pmi2
-    assert slurm_env({**STEP, "PMIX_RANK": "1"})["RANK"] == "1"  # srun --mpi=pmix
-    assert slurm_env({**STEP, "PMI_RANK": "5", "PMI_SIZE": "8"}) is None  # hydra's proxy step, 8 ranks
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS"):  # deepspeed/torchrun, mpirun, hydra
-        assert slurm_env({**STEP, var: "3"}) is None
-
-
-def test_mpirun_env_uses_a_given_master():
-    ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
-    assert mpirun_env(ompi) is None  # no master given: DeepSpeed's MPI discovery
-    assert mpirun_env({**ompi, "MASTER_ADDR": "n1", "MASTER_PORT": "10077"}) == {
-        "RANK": "3",
-        "WORLD_SIZE": "4",
-        "LOCAL_RANK": "1",
-        "MASTER_ADDR": "n1",
-        "MASTER_PORT": "10077",
-    }
-    assert mpirun_env({**ompi, "MASTER_ADDR": "n1"})["MASTER_PORT"] == "29500"
+# the launch-variable rules (srun's PMI plugins, mpirun's master, the visible GPU, preprocessing's worlds) are
+# tested in tests/test_launch_module.py, next to common/launch.py
 
 
 def test_cuda_device_index_with_gpus_per_task():
@@ -313,21 +285,6 @@ def test_cuda_device_index_with_gpus_per_task():
     assert [cuda_device_index(r, 2) for r in range(4)] == [0, 1, 0, 1]  # --gpus-per-task=2
     with pytest.raises(RuntimeError):
         cuda_device_index(0, 0)
-
-
-def test_coordination_detect_rules(tmp_path, monkeypatch):
-    prefix = str(tmp_path / "out")
-    assert coordination.detect(prefix, {}) is None
-    assert coordination.detect(prefix, {**STEP, "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is None
-    assert coordination.slurm_step({**STEP, "SLURM_RESTART_COUNT": "2"}) == (1, 2, "77.0.r2")
-    monkeypatch.setattr(coordination, "TorchWorld", lambda *a: ("torch", *a))  # records, joins no group
-    # srun --mpi=pmi2 sets PMI variables: still the step's own group, no MPI_Init
-    assert coordination.detect(prefix, {**STEP, "SLURM_PROCID": "0", "PMI_SIZE": "2"}) == (
-        "torch",
-        f"{prefix}.rendezvous-77.0",
-        0,
-        2,
-    )
 
 
 def _torch_rank(path: str, rank: int, fail: bool, q) -> None:
@@ -373,64 +330,3 @@ def test_torch_world_failed_rank_stops_the_waiting_ones(tmp_path):
     res = _run_ranks(str(tmp_path / "out.rendezvous-1.0"), fail_rank=2)
     assert res[2] == (2, "from 0", "exited")
     assert isinstance(res[0][2], str) and res[0][2].startswith("error: "), res  # rank 0 does not wait for ever
-
-
-@pytest.mark.parametrize(
-    "env, visible, want",
-    [
-        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "3"}, 1, "0"),  # srun --gpus-per-task=1
-        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "3"}, 4, "3"),  # srun --gpus-per-node=4
-        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 1, "0"),  # two ranks, one visible GPU each
-    ],
-)
-def test_local_rank_is_a_visible_gpu_before_deepspeed_initialises(monkeypatch, env, visible, want):
-    """DeepSpeed passes device_id=cuda:LOCAL_RANK to init_process_group: LOCAL_RANK must already index a GPU the
-    task can see (faked CUDA on CPU; DeepSpeed's init is replaced by a recorder)."""
-    import deepspeed
-    import torch
-
-    from pretrain import distributed as D
-
-    for var in ("SLURM_STEP_NUM_TASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "12345", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7"}
-    if "SLURM_PROCID" in env:
-        base.update(SLURM_STEP_NUM_TASKS=env["SLURM_NTASKS"], SLURM_STEP_NODELIST="n1", SLURM_NODEID="0")
-    for k, v in {**base, **env}.items():
-        monkeypatch.setenv(k, v)
-    seen = {}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda i: seen.setdefault("set_device", i))
-    monkeypatch.setattr(
-        D,
-        "slurm_env",
-        lambda: (
-            None
-            if "SLURM_PROCID" not in env
-            else {
-                "RANK": env["SLURM_PROCID"],
-                "WORLD_SIZE": env["SLURM_NTASKS"],
-                "LOCAL_RANK": env["SLURM_LOCALID"],
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": "12345",
-            }
-        ),
-    )
-
-    class Stop(Exception):
-        pass
-
-    def fake_init(**kwargs):
-        seen["LOCAL_RANK"] = os.environ["LOCAL_RANK"]
-        raise Stop
-
-    monkeypatch.setattr(deepspeed, "init_distributed", fake_init)
-    saved = dict(os.environ)  # init_distributed writes RANK/WORLD_SIZE/... itself: none may leak to later tests
-    try:
-        with pytest.raises(Stop):
-            D.init_distributed(1.0)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    assert seen == {"set_device": int(want), "LOCAL_RANK": want}

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from common.launch import LaunchRequest, command, free_port
 from data_pipeline.indexed import IndexedDatasetBuilder, best_dtype
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,12 +47,6 @@ def tiny_model_config(path: Path, **overrides) -> Path:
     cfg = ModelConfig.preset("tiny", vocab_size=VOCAB_SIZE, **overrides)
     path.write_text(json.dumps(cfg.to_dict()))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_args(
@@ -125,38 +119,24 @@ DETERMINISTIC: list[str] = ["--deterministic"] if CUDA else []
 def launch(
     kind: str, args: list[str], nprocs: int = NPROCS, timeout: float = 240, entry: Path | None = None, **env_extra: str
 ):
-    """Run training through one launch path; returns CompletedProcess (stdout+stderr merged).
+    """Run training through one launch path (the command line of common/launch.py's table); returns
+    CompletedProcess (stdout+stderr merged).
 
-    ``entry`` replaces pretrain/train.py as the script the deepspeed / torchrun launchers start."""
-    port = str(free_port())
-    script = str(entry or REPO / "pretrain" / "train.py")
-    if kind == "deepspeed":
-        cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", port, script]
-    elif kind == "torchrun":
-        cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", port, script]
-    elif kind == "mpirun":
+    ``entry`` replaces pretrain/train.py as the script the launchers start."""
+    port = free_port()
+    program = [str(entry)] if entry else ["-m", "pretrain.train"]
+    req = LaunchRequest(launcher=kind, nproc=nprocs, master_port=port, python=sys.executable)
+    if kind == "mpirun":
         # an explicit master (the documented `-x MASTER_ADDR -x MASTER_PORT` path): DeepSpeed's MPI discovery would
         # take the fixed port 29500, which collides with any other run on the machine (seen with concurrent tests)
-        env_extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **env_extra}
-        cmd = [
-            "mpirun",
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            str(nprocs),
-            "-x",
-            "PYTHONPATH",
-            "-x",
-            "OMP_NUM_THREADS",
-            *sum((["-x", k] for k in env_extra), []),
-            sys.executable,
-            "-m",
-            "pretrain.train",
-        ]
+        env_extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **env_extra}
+        flags = ["--allow-run-as-root", "--oversubscribe", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"]
+        req.launcher_args = " ".join(flags + sum((["-x", k] for k in env_extra), []))
     elif kind == "python":
-        cmd = [sys.executable, "-m", "pretrain.train"]
+        req.nproc = None
     else:
-        raise ValueError(kind)
+        req.launcher_args = ""  # no launcher knob of the caller's environment
+    cmd = command(req, program, env(**env_extra), cwd=REPO)
     return subprocess.run(
         cmd + args,
         cwd=REPO,

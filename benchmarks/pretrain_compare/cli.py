@@ -17,6 +17,7 @@ from benchmarks.pretrain_compare.presets import CONFIG_NAMES, DEFAULT_CONFIGS, P
 from benchmarks.pretrain_compare.report import print_table, report
 from benchmarks.pretrain_compare.specs import run_specs
 from common.errors import UserError
+from common.launch import command_launchers
 from common.outputs import check_dir_writable
 
 
@@ -62,7 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra trainer flag, repeatable (--train-arg=--checkpoint-activations)",
     )
     la = p.add_argument_group("launcher")
-    la.add_argument("--launcher", choices=["deepspeed", "hostfile", "torchrun"], default="deepspeed")
+    la.add_argument(
+        "--launcher",
+        choices=command_launchers(),
+        default="deepspeed",
+        help="common/launch.py's table (docs/training.md)",
+    )
     la.add_argument("--nproc", type=int, default=2, help="ranks (GPUs, or CPU ranks on gloo without GPUs)")
     la.add_argument(
         "--hostfile", help="with --launcher hostfile: DeepSpeed hostfile (see run_scripts/hostfile.example)"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,28 +15,25 @@ from typing import Any
 from benchmarks.pretrain_compare.logs import read_log
 from benchmarks.pretrain_compare.presets import REPO, CompareError
 from benchmarks.pretrain_compare.specs import RunSpec
+from common.errors import UserError
+from common.launch import LaunchRequest, command, free_port
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launcher_command(ns: argparse.Namespace) -> list[str]:
-    """The launcher prefix: deepspeed on one node (CPU ranks on gloo when there is no GPU), a hostfile, or
-    torchrun; each launch gets its own master port unless --master-port is given (other jobs may hold 29500)."""
-    bindir = Path(sys.executable).parent
-    port = str(ns.master_port or _free_port())
-    if ns.launcher == "deepspeed":
-        return [str(bindir / "deepspeed"), "--num_gpus", str(ns.nproc), "--master_port", port, *ns.launcher_arg]
-    if ns.launcher == "hostfile":
-        if not ns.hostfile:
-            raise CompareError("--launcher hostfile needs --hostfile FILE (format: run_scripts/hostfile.example)")
-        return [str(bindir / "deepspeed"), "--hostfile", ns.hostfile, "--master_port", port, *ns.launcher_arg]
-    if ns.launcher == "torchrun":
-        return [str(bindir / "torchrun"), "--nproc_per_node", str(ns.nproc), "--master_port", port, *ns.launcher_arg]
-    raise CompareError(f"--launcher {ns.launcher}: use deepspeed, hostfile or torchrun")
+def launcher_command(ns: argparse.Namespace, program: list[str]) -> list[str]:
+    """The command line of one launch (common/launch.py's table): deepspeed on one node (CPU ranks on gloo when
+    there is no GPU), a hostfile, torchrun, ...; each launch gets its own master port unless --master-port is
+    given (other jobs may hold 29500)."""
+    req = LaunchRequest(
+        launcher=ns.launcher,
+        nproc=ns.nproc,
+        master_port=ns.master_port or free_port(),
+        hostfile=ns.hostfile,
+        launcher_args=shlex.join(ns.launcher_arg) if ns.launcher_arg else None,
+    )
+    try:
+        return command(req, program, cwd=REPO)
+    except UserError as e:
+        raise CompareError(str(e)) from e
 
 
 def _spec_json(spec: RunSpec) -> dict[str, Any]:
@@ -72,22 +68,26 @@ def train_run(ns: argparse.Namespace, spec: RunSpec, run_dir: Path) -> bool:
     (run_dir / "model.json").write_text(json.dumps(spec.model_config, indent=1))
     ckpt = run_dir / "ckpt"
     eval_interval = int(spec.train_args[spec.train_args.index("--eval-interval") + 1])
-    cmd = launcher_command(ns) + [
-        "pretrain/train.py",
-        *spec.train_args,
-        "--model-config",
-        str(run_dir / "model.json"),
-        "--save",
-        str(ckpt),
-        "--load",
-        str(ckpt),
-        "--save-interval",
-        str(eval_interval),
-        "--keep-last",
-        "1",
-        "--log-json",
-        str(run_dir / "log.jsonl"),
-    ]
+    cmd = launcher_command(
+        ns,
+        [
+            "-m",
+            "pretrain.train",
+            *spec.train_args,
+            "--model-config",
+            str(run_dir / "model.json"),
+            "--save",
+            str(ckpt),
+            "--load",
+            str(ckpt),
+            "--save-interval",
+            str(eval_interval),
+            "--keep-last",
+            "1",
+            "--log-json",
+            str(run_dir / "log.jsonl"),
+        ],
+    )
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     env["PYTHONUNBUFFERED"] = "1"
