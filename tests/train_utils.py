@@ -137,15 +137,31 @@ def launch(
     else:
         req.launcher_args = ""  # no launcher knob of the caller's environment
     cmd = command(req, program, env(**env_extra), cwd=REPO)
-    return subprocess.run(
-        cmd + args,
-        cwd=REPO,
-        env=env(**env_extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
+    return run_group(cmd + args, timeout=timeout, cwd=REPO, env=env(**env_extra))
+
+
+def run_group(cmd: list[str], timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, timeout=...)`` with merged text output, but in a session of its own that is killed whole
+    on timeout: subprocess.run kills only the launcher, and its ranks (children of DeepSpeed's launch.py, torchrun's
+    agent, mpirun's orted) lived on after a timed-out test, holding ports, files and CPU for the tests after it."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen_kwargs
     )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out) from None
+    finally:
+        if proc.poll() is None:  # an exception in communicate (e.g. KeyboardInterrupt): no rank outlives the test
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    try:  # the launcher has exited: a rank it left behind (its own exit came first) goes too
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
 def read_log(path: Path) -> list[dict]:
