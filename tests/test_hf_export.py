@@ -15,15 +15,10 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from model.hf_adapter import stock_bert_reason, stock_export
-from tools.convert_checkpoint import (
-    ConversionError,
-    hf_to_ds,
-    read_hf,
-    read_hf_token_masks,
-    write_hf,
-)
 from tools.hf_export import remote_code
+from tools.hf_export.export import ConversionError, write_hf
+from tools.hf_export.stock_bert import stock_bert_reason, stock_export
+from tools.hf_export.warm_start import hf_to_ds, read_hf, read_hf_token_masks
 
 TOL = 1e-4
 _SMALL = dict(
@@ -553,7 +548,7 @@ def test_sentencepiece_unigram_tokenizer_exports_with_identical_ids(tmp_path):
     from transformers import AutoTokenizer
 
     from data_pipeline.tokenization import build_tokenizer
-    from tools.convert_checkpoint import _save_tokenizer
+    from tools.hf_export.export import _save_tokenizer
 
     data = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
     texts = [
