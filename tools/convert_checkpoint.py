@@ -8,10 +8,11 @@ ZeRO 1/2/3 shards of any number of ranks (fp32, fp16, bf16) are consolidated to 
 zero_to_fp32; ZeRO-0 fp16/bf16 checkpoints give the optimizer's fp32 master weights. Models that stock BERT can
 express (decided by tools.hf_export.stock_bert.stock_export) become a plain ``BertForMaskedLM`` directory,
 ModernBERT-style models (rotary, GeGLU, full or exact-window layers) a plain ``ModernBertForMaskedLM`` one; the
-others carry our own model code and load with ``trust_remote_code=True``. ``--from-hf`` reads BERT, ModernBERT and our custom-code exports. Output
-directories are written to a temporary sibling and renamed at the end, so a failed conversion leaves nothing
-half-written. This module is the command line only; the export lives in tools/hf_export/ (export.py: to Hugging
-Face, warm_start.py: from it, stock_bert.py / stock_modernbert.py: the name maps, remote_code.py: our model code).
+others carry our own model code and load with ``trust_remote_code=True``. ``--from-hf`` reads BERT, ModernBERT
+and our custom-code exports. Output directories are written to a temporary sibling and renamed at the end, so a
+failed conversion leaves nothing half-written. This module is the command line only; the export lives in
+tools/hf_export/ (export.py: to Hugging Face, warm_start.py: from it, stock_bert.py / stock_modernbert.py: the
+name maps, remote_code.py: our model code).
 """
 
 from __future__ import annotations

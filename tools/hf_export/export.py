@@ -19,7 +19,6 @@ import torch
 
 from common.errors import UserError, write_errors
 from common.outputs import OutputError, atomic_dir, check_dir_writable, check_fresh, check_not_input
-from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from pretrain.checkpoint_reader import (
     COMMIT_MARKER,
@@ -175,7 +174,7 @@ def write_hf(
     if use_remote:
         if token_masks is None:
             needs = any(config.attention.token_mask_for_layer(i) is not None for i in range(config.num_layers))
-            token_masks = remote_code.token_mask_state(BertForPreTraining(config)) if needs else {}
+            token_masks = remote_code.config_token_masks(config) if needs else {}
         remote_code.copy_model_code(out_dir)
         tensors = remote_code.to_remote_state_dict(state_dict, layout_state, token_masks)
         hf_config = {
@@ -232,19 +231,23 @@ def ds_to_hf(
         config = ModelConfig.from_dict(client["model_config"])
     except (ValueError, TypeError) as e:
         raise ConversionError(f"{load_dir}/{tag}: the stored model config is not valid for this code: {e}") from e
-    state_dict = load_fp32_weights(load_dir, tag)
-    model = BertForPreTraining(config)
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    if missing or unexpected:
+    state_dict = load_fp32_weights(load_dir, tag)  # from the files alone: no model is built for the export
+    problems = remote_code.weight_problems(config, state_dict)
+    if problems:
         raise ConversionError(
-            f"{load_dir}/{tag}: weights do not match the stored model config: missing "
-            f"{missing[:5]}, unexpected {unexpected[:5]}"
+            f"{load_dir}/{tag}: weights do not match the stored model config: {'; '.join(problems[:6])}"
         )
-    if client.get("layout_state") is not None:
-        model.load_layout_state(client["layout_state"])
+    layouts = client.get("layout_state")
+    if layouts is None and any(
+        config.attention.for_layer(i, config.num_attention_heads)[1] for i in range(config.num_layers)
+    ):
+        raise ConversionError(
+            f"{model_state_file(load_dir, tag)}: no 'layout_state' saved with a block-sparse model; the checkpoint "
+            "was not written by pretrain/train.py (its random layouts cannot be recovered)"
+        )
     out = Path(out_dir)
     with write_errors(f"--to-hf {out}", out), atomic_dir(out) as tmp:
-        info = write_hf(state_dict, config, model.layout_state(), tmp, remote, remote_code.token_mask_state(model))
+        info = write_hf(state_dict, config, layouts, tmp, remote, remote_code.config_token_masks(config))
         files = []
         if tokenizer:
             files = _save_tokenizer(
