@@ -89,6 +89,18 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.layer_norm(x))
 
 
+def layer_token_mask(c: ModelConfig, index: int) -> torch.Tensor | BandMask | None:
+    """The fixed token mask layer ``index`` applies (bool ``[H, n, n]`` or a BandMask; None without one, and for DAM's
+    learned mask), built from the config alone: the layer uses it, and so does the HF export without a model."""
+    tm_cfg = c.attention.token_mask_for_layer(index)
+    n_mask = c.max_position_embeddings if tm_cfg is None or tm_cfg.seq_len is None else tm_cfg.seq_len
+    if n_mask > c.max_position_embeddings:
+        raise ValueError(
+            f"attention.token_mask.seq_len {n_mask} exceeds max_position_embeddings {c.max_position_embeddings}"
+        )
+    return build_layer_mask(tm_cfg, c.num_attention_heads, n_mask, index)
+
+
 class BertSelfAttention(nn.Module):
     """Fused Q/K/V projection to heads x head_size, rotary positions (if configured), the shared attention module,
     output projection back."""
@@ -104,12 +116,7 @@ class BertSelfAttention(nn.Module):
             global_ = c.attention.is_global(index)
             self.rope_theta = c.position.rope_theta if global_ else c.position.rope_theta_local
         tm_cfg = c.attention.token_mask_for_layer(index)
-        n_mask = c.max_position_embeddings if tm_cfg is None or tm_cfg.seq_len is None else tm_cfg.seq_len
-        if n_mask > c.max_position_embeddings:
-            raise ValueError(
-                f"attention.token_mask.seq_len {n_mask} exceeds max_position_embeddings {c.max_position_embeddings}"
-            )
-        token_mask = build_layer_mask(tm_cfg, self.num_heads, n_mask, index)
+        token_mask = layer_token_mask(c, index)
         self.core = BlockSparseAttention(
             sparsity,
             kernel,

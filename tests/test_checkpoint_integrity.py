@@ -13,7 +13,7 @@ import pytest
 
 from pretrain import checkpoint as ck
 from tests import train_utils as tu
-from tools import convert_checkpoint as cc
+from tools.hf_export import export
 
 ITERS = 6
 BLOCKBERT = {
@@ -91,8 +91,8 @@ def test_each_damaged_file_is_named_and_resume_falls_back(run, tmp_path, how):
         with pytest.raises(ck.CheckpointError, match="--strict-load") as e:
             ck.select_resume_tag(root, strict=True)
         assert str(bad) in str(e.value)
-        with pytest.raises(cc.ConversionError, match="refusing to export") as e:
-            cc.ds_to_hf(str(root), str(tmp_path / "hf"), tag=ck.tag_for(4), tokenizer=False)
+        with pytest.raises(export.ConversionError, match="refusing to export") as e:
+            export.ds_to_hf(str(root), str(tmp_path / "hf"), tag=ck.tag_for(4), tokenizer=False)
         assert str(bad) in str(e.value)
 
 
@@ -122,7 +122,7 @@ def test_old_marker_without_checksums_loads_unverified(run, tmp_path):
     assert tag == ck.tag_for(4) and client["iteration"] == 4
     assert notes == [f"{root / ck.tag_for(4)}: " + notes[0].split(": ", 1)[1]] and "loading it unverified" in notes[0]
     out = tmp_path / "hf"
-    cc.ds_to_hf(str(root), str(out), tokenizer=False)  # exported, with a note on stderr
+    export.ds_to_hf(str(root), str(out), tokenizer=False)  # exported, with a note on stderr
     assert (out / "config.json").is_file()
 
 

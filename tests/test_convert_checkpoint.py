@@ -12,9 +12,10 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from pretrain import checkpoint_reader
 from tests import train_utils as tu
 from tools import convert_checkpoint as cc
-from tools.hf_export import remote_code
+from tools.hf_export import export, remote_code, warm_start
 
 BLOCKBERT = {
     "kernel": "block_gather",
@@ -57,7 +58,7 @@ def test_zero3_two_ranks_to_hf(zero3_ckpt, tmp_path):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".hf.")]  # no temporary leftovers
 
     # consolidated fp32 weights: every parameter of the model, full shapes, trained (not all equal to init)
-    sd, cfg, layouts = cc.read_hf(out)
+    sd, cfg, layouts = warm_start.read_hf(out)
     model = BertForPreTraining(cfg)
     model.load_state_dict(sd, strict=True)
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in sd.values())
@@ -73,11 +74,11 @@ def test_zero3_two_ranks_to_hf(zero3_ckpt, tmp_path):
         assert torch.equal(ref[k].float(), sd[k]), k
 
     # and back: HF -> warm-start checkpoint keeps every tensor and the trained layouts (ours -> HF -> ours)
-    info = cc.hf_to_ds(str(out), str(tmp_path / "back"))
+    info = warm_start.hf_to_ds(str(out), str(tmp_path / "back"))
     back = torch.load(tmp_path / "back" / info["tag"] / "mp_rank_00_model_states.pt", weights_only=False)
     assert set(back["module"]) == set(ref)
     assert all(torch.equal(back["module"][k], ref[k].float()) for k in ref)
-    client = cc.read_client_state(str(zero3_ckpt / "ckpt"), "iter_0000002")
+    client = checkpoint_reader.read_client_state(str(zero3_ckpt / "ckpt"), "iter_0000002")
     assert back["model_config"] == client["model_config"]
     for layer, lay in client["layout_state"].items():
         assert (lay is None and back["layout_state"][layer] is None) or torch.equal(back["layout_state"][layer], lay)
@@ -104,36 +105,36 @@ def test_bad_checkpoint_dirs(zero3_ckpt, tmp_path):
 
     no_latest = _copy(zero3_ckpt, tmp_path / "no_latest")
     (no_latest / "latest").unlink()
-    with pytest.raises(cc.ConversionError, match=r"no 'latest' file.*iter_0000002.*--tag"):
-        cc.ds_to_hf(str(no_latest), str(out))
+    with pytest.raises(export.ConversionError, match=r"no 'latest' file.*iter_0000002.*--tag"):
+        export.ds_to_hf(str(no_latest), str(out))
 
-    with pytest.raises(cc.ConversionError, match=r"--tag 'iter_0000099'.*does not exist"):
-        cc.ds_to_hf(str(good), str(out), tag="iter_0000099")
+    with pytest.raises(export.ConversionError, match=r"--tag 'iter_0000099'.*does not exist"):
+        export.ds_to_hf(str(good), str(out), tag="iter_0000099")
 
     missing = _copy(zero3_ckpt, tmp_path / "missing_rank")
     (missing / "iter_0000002" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
     # the commit marker's file list catches it first (pretrain/checkpoint.py verify), naming the file
     with pytest.raises(
-        cc.ConversionError, match=r"does not verify.*zero_pp_rank_1_mp_rank_00_optim_states\.pt: missing; refusing"
+        export.ConversionError, match=r"does not verify.*zero_pp_rank_1_mp_rank_00_optim_states\.pt: missing; refusing"
     ):
-        cc.ds_to_hf(str(missing), str(out))
+        export.ds_to_hf(str(missing), str(out))
 
     uncommitted = _copy(zero3_ckpt, tmp_path / "uncommitted")
     (uncommitted / "iter_0000002" / "commit.json").unlink()
-    with pytest.raises(cc.ConversionError, match="no commit.json marker"):
-        cc.ds_to_hf(str(uncommitted), str(out))
+    with pytest.raises(export.ConversionError, match="no commit.json marker"):
+        export.ds_to_hf(str(uncommitted), str(out))
 
-    with pytest.raises(cc.ConversionError, match="no such directory"):
-        cc.ds_to_hf(str(tmp_path / "nowhere"), str(out))
+    with pytest.raises(export.ConversionError, match="no such directory"):
+        export.ds_to_hf(str(tmp_path / "nowhere"), str(out))
     assert not out.exists()  # nothing half-written
 
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("x")
-    with pytest.raises(cc.ConversionError, match="already exist.*--overwrite"):
-        cc.ds_to_hf(str(good), str(busy), tokenizer=False)
-    with pytest.raises(cc.ConversionError, match="is the input --load"):  # it deleted every checkpoint (issue 34)
-        cc.ds_to_hf(str(good), str(good), tokenizer=False, overwrite=True)
+    with pytest.raises(export.ConversionError, match="already exist.*--overwrite"):
+        export.ds_to_hf(str(good), str(busy), tokenizer=False)
+    with pytest.raises(export.ConversionError, match="is the input --load"):  # it deleted every checkpoint (issue 34)
+        export.ds_to_hf(str(good), str(good), tokenizer=False, overwrite=True)
     assert (good / "latest").is_file()
 
 
@@ -223,8 +224,8 @@ def test_half_precision_runs_export_fp32_masters(tmp_path, ds_config):
         r = tu.launch("python", args, timeout=240)
     assert r.returncode == 0, r.stdout[-4000:]
     out = tmp_path / "hf"
-    cc.ds_to_hf(str(tmp_path / "ckpt"), str(out), tokenizer=False)
-    sd, _, _ = cc.read_hf(out)
+    export.ds_to_hf(str(tmp_path / "ckpt"), str(out), tokenizer=False)
+    sd, _, _ = warm_start.read_hf(out)
     module = _module_states(tmp_path / "ckpt")["module"]  # the checkpoint the export read: `latest`
     assert set(sd) == set(module)
     half = next(iter(module.values())).dtype
@@ -329,11 +330,11 @@ def test_from_hf_refuses_a_stored_mask_our_code_would_draw_differently(tmp_path)
     hf = tmp_path / "hf"
     hf.mkdir()
     model = BertForPreTraining(cfg)
-    cc.write_hf(model.state_dict(), cfg, model.layout_state(), hf)
+    export.write_hf(model.state_dict(), cfg, model.layout_state(), hf)
     sd = load_file(str(hf / "model.safetensors"))
     key = "sparsebert.token_masks.layer1"
     sd[key] = sd[key].flip(-1).contiguous()
     save_file(sd, str(hf / "model.safetensors"))
-    with pytest.raises(cc.ConversionError, match="layer1's token mask built from the config differs"):
-        cc.hf_to_ds(str(hf), str(tmp_path / "out"))
+    with pytest.raises(export.ConversionError, match="layer1's token mask built from the config differs"):
+        warm_start.hf_to_ds(str(hf), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()

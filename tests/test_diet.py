@@ -132,7 +132,7 @@ def test_sharing_and_no_input_positions():
     with pytest.raises(ValueError, match="segment"):
         ModelConfig.preset("tiny", segment="head")
     with pytest.raises(ValueError, match="Hugging Face"):
-        from model.hf_adapter import to_hf
+        from tools.hf_export.stock_bert import to_hf
 
         to_hf(rel_head.state_dict(), rel_head.config)
 

@@ -12,7 +12,7 @@ import torch
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from tools import finetune as ft
-from tools.convert_checkpoint import write_hf
+from tools.hf_export.export import write_hf
 
 DATA = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
 

@@ -13,8 +13,8 @@ from transformers import BertForPreTraining as HFBertForPreTraining
 from model.attention.module import BlockSparseAttention
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from model.hf_adapter import from_hf, to_hf
 from tests.registry_cases import ALL_KERNELS
+from tools.hf_export.stock_bert import from_hf, to_hf
 
 
 def _hf_config(**kw):

@@ -15,15 +15,10 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from model.hf_adapter import stock_bert_reason, stock_export
-from tools.convert_checkpoint import (
-    ConversionError,
-    hf_to_ds,
-    read_hf,
-    read_hf_token_masks,
-    write_hf,
-)
 from tools.hf_export import remote_code
+from tools.hf_export.export import ConversionError, write_hf
+from tools.hf_export.stock_bert import stock_bert_reason, stock_export
+from tools.hf_export.warm_start import hf_to_ds, read_hf, read_hf_token_masks
 
 TOL = 1e-4
 _SMALL = dict(
@@ -272,7 +267,110 @@ def test_closure_covers_model_code_and_nothing_else():
         "model.attention.kernels",
         "model.attention.layouts",
     } <= set(mods)
-    assert "model.hf_adapter" not in mods  # not needed by the model itself
+    # DeepSpeed's compatibility API is not run by the exported model: neither its modules (wherever they live:
+    # model/attention/ or model/attention/deepspeed/) nor its classes travel with the export
+    compat = {
+        "sparse_self_attention",
+        "bert_sparse_self_attention",
+        "sparse_attention_utils",
+        "matmul",
+        "softmax",
+        "sparsity_config",
+        "block_sparse_ops",
+    }
+    assert not [m for m in mods if m.split(".")[-1] in compat or ".deepspeed" in m]
+
+
+def test_export_code_leaves_out_what_the_model_never_runs(tmp_path):
+    files = remote_code.copy_model_code(tmp_path)
+    text = "\n".join((tmp_path / f).read_text() for f in files)
+    for name in ("class SparseSelfAttention", "class BertSparseSelfAttention", "class MatMul", "class Softmax"):
+        assert name not in text
+    assert "class BlockSparseAttention" in text and "class BertModel" in text
+    # what remains is still our code, statement for statement: the copied module is the source minus whole
+    # top-level statements (here: model/bert.py, whose BertForPreTraining the HF wrappers do not use)
+    bert = (tmp_path / "ours_bert.py").read_text()
+    assert "class BertForPreTraining" not in bert and "# Left out (the exported model never uses them)" in bert
+    kept = [line for line in bert.splitlines() if not line.startswith("#")]
+    source = (remote_code.REPO / "model" / "bert.py").read_text().splitlines()
+    it = iter(remote_code.rewrite_imports("\n".join(source)).splitlines())
+    assert all(any(line == s for s in it) for line in kept)  # an ordered subsequence of the source
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_export_plan_rules(tmp_path):
+    """The pruning rules on a made-up package: a definition nothing kept uses goes, and with it an import only it
+    used and the module behind that import; registrations by decorator and imports done for their effects stay; a
+    re-export of a module without effects goes."""
+    _write_tree(
+        tmp_path,
+        {
+            "model/__init__.py": "",
+            "model/registry.py": "REG = {}\n\n\ndef register(f):\n    REG[f.__name__] = f\n    return f\n",
+            "model/compat.py": "class Compat:\n    pass\n",
+            "model/plugin.py": "from model.registry import register\n\n\n@register\ndef plugin():\n    return 1\n",
+            "model/plain.py": "def plain():\n    return 2\n",
+            "model/core.py": (
+                '"""doc"""\n'
+                "from dataclasses import dataclass\n"
+                "import json\n"
+                "from model.compat import Compat\n"
+                "from model.plugin import plugin  # noqa: F401  (imported for its registration)\n"
+                "from model.plain import plain  # noqa: F401  (a re-export)\n"
+                "from model.registry import REG\n"
+                "_TABLE = {'a': 1}\n"
+                "\n\n@dataclass\nclass Helper:\n    x: int = 0\n"
+                "\n\nclass Used:\n    def f(self):\n        return REG, _helper(), getattr(self, 'Helper', None)\n"
+                "\n\ndef _helper():\n    return _TABLE\n"
+                "\n\nclass Old(Compat):\n    def g(self):\n        return json.dumps({})\n"
+            ),
+        },
+    )
+    template = tmp_path / "template"
+    _write_tree(template, {"modeling.py": "from .ours_core import Used\n"})
+    plan = remote_code.plan_export(template, root=tmp_path)
+    assert sorted(plan) == ["model.core", "model.plugin", "model.registry"]
+    text, dropped = remote_code.pruned_source("model.core", plan["model.core"], root=tmp_path)
+    assert dropped == ["json", "Compat", "plain", "Old"]
+    for kept in ("class Used", "def _helper", "_TABLE =", "class Helper", "import plugin", "import REG", '"""doc"""'):
+        assert kept in text
+    template.joinpath("modeling.py").write_text("from .ours_core import Used, Old\n")
+    assert sorted(remote_code.plan_export(template, root=tmp_path)) == [
+        "model.compat",
+        "model.core",
+        "model.plugin",
+        "model.registry",
+    ]
+    template.joinpath("modeling.py").write_text("from .ours_nothing import X\n")
+    with pytest.raises(remote_code.ExportError, match="ours_nothing.*none of our modules"):
+        remote_code.plan_export(template, root=tmp_path)
+
+
+@pytest.mark.parametrize("name", [*CUSTOM, *(f"preset:{p}" for p in _all_presets())])
+def test_export_reads_masks_and_checks_weights_without_a_model(name, tmp_path):
+    """A checkpoint's export builds no model: the token masks come from the config (= those a built model applies,
+    random patterns included) and the weights are checked against a meta-device skeleton (= a built model's names
+    and shapes); a renamed or resized weight is named."""
+    if name.startswith("preset:"):
+        cfg = _preset(name.removeprefix("preset:"))
+    else:
+        kw = CUSTOM[name]
+        cfg = _config(_with_mask_file(kw, tmp_path / "m.pt", seed=1) if name.startswith("mask_file") else kw)
+    model = BertForPreTraining(cfg)
+    want, got = remote_code.token_mask_state(model), remote_code.config_token_masks(cfg)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    sd = model.state_dict()
+    assert remote_code.weight_problems(cfg, sd) == []
+    first, last = next(iter(sd)), list(sd)[-1]
+    bad = {**{k: v for k, v in sd.items() if k != first}, "bert.renamed": sd[first], last: sd[last][..., :1]}
+    problems = remote_code.weight_problems(cfg, bad)
+    assert f"missing {first}" in problems and "unexpected bert.renamed" in problems
+    assert any(p.startswith(f"{last}: shape") for p in problems)
 
 
 def test_exported_code_imports_only_torch_transformers_stdlib(tmp_path):
@@ -553,7 +651,7 @@ def test_sentencepiece_unigram_tokenizer_exports_with_identical_ids(tmp_path):
     from transformers import AutoTokenizer
 
     from data_pipeline.tokenization import build_tokenizer
-    from tools.convert_checkpoint import _save_tokenizer
+    from tools.hf_export.export import _save_tokenizer
 
     data = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
     texts = [

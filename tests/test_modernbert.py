@@ -159,8 +159,8 @@ def _random_model(config: ModelConfig, seed: int = 0) -> BertForPreTraining:
 
 
 def _export(m: BertForPreTraining, out, remote: str = "auto") -> dict:
-    from tools.convert_checkpoint import write_hf
     from tools.hf_export import remote_code
+    from tools.hf_export.export import write_hf
 
     out.mkdir(parents=True)
     sd = {k: v.clone() for k, v in m.state_dict().items()}
@@ -171,7 +171,7 @@ def _export(m: BertForPreTraining, out, remote: str = "auto") -> dict:
 def test_export_to_stock_modernbert_logits_match(name, tmp_path):
     """Ours (dense reference kernel) vs the exported stock model (eager and SDPA attention) on a padded batch."""
     transformers = pytest.importorskip("transformers")
-    from model.hf_adapter import stock_export
+    from tools.hf_export.stock_bert import stock_export
 
     cfg = _tiny(**EXPORTS[name])
     assert stock_export(cfg) == ("modernbert", None)
@@ -198,7 +198,7 @@ def test_window_matters_and_roundtrips_through_from_hf(tmp_path):
     """The window really acts (a wider one changes the logits), and --from-hf restores our model exactly: from our
     export (full config kept) and from a plain ModernBERT directory (no ``sparse_bert`` entry)."""
     transformers = pytest.importorskip("transformers")
-    from tools.convert_checkpoint import read_hf
+    from tools.hf_export.warm_start import read_hf
 
     m = _random_model(_tiny())
     _export(m, tmp_path / "ours")
@@ -261,7 +261,7 @@ REMOTE = {  # combinations stock ModernBERT cannot express: the reason names wha
 
 @pytest.mark.parametrize("name", sorted(REMOTE))
 def test_inexpressible_combinations_keep_remote_code(name, tmp_path):
-    from model.hf_adapter import stock_export
+    from tools.hf_export.stock_bert import stock_export
 
     overrides, why = REMOTE[name]
     cfg = _tiny(**overrides)

@@ -5,27 +5,35 @@ Why copy instead of re-implementing: the exported model then runs the very code 
 exactly and there is one source of truth. Hugging Face's dynamic-module loader follows ``from .x import y`` between
 files of the same directory, so ``model/attention/kernels.py`` becomes ``ours_attention_kernels.py`` and
 ``from model.attention.kernels import KERNELS`` becomes ``from .ours_attention_kernels import KERNELS``.
-Only the modules reachable from ``model/bert.py`` are copied (the transitive closure of its ``model.*`` imports).
+
+Only what the exported model runs is copied (:func:`plan_export`): starting from the names the wrappers in
+``remote_template/`` import, the top-level definitions they reach through names and imports are kept, module by
+module; a definition nothing kept refers to (e.g. DeepSpeed's compatibility classes next to our attention module)
+is left out, and so is an import only such definitions used, and a module nothing kept imports. Statements with
+effects at import (registrations by decorator, side-effect imports of kernel modules, module-level calls) are
+always kept.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from model.attention.band import dense_mask
+from model.bert import BertForPreTraining, layer_token_mask
 from model.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "model"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "remote_template"
-ENTRY_MODULES = ("model.bert", "model.config")
 MODEL_TYPE = "sparsebert"
 """``model_type`` of exported custom-code configs."""
 BASE_PREFIX = "sparsebert"
@@ -64,12 +72,12 @@ def flat_name(module: str) -> str:
     return "ours_" + "_".join(parts[1:] if parts[0] == "model" else parts)
 
 
-def _module_file(module: str) -> Path:
+def _module_file(module: str, root: Path = REPO) -> Path:
     rel = Path(*module.split("."))
-    for cand in (REPO / rel.with_suffix(".py"), REPO / rel / "__init__.py"):
+    for cand in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
         if cand.is_file():
             return cand
-    raise ExportError(f"cannot find the source of {module!r} under {REPO}")
+    raise ExportError(f"cannot find the source of {module!r} under {root}")
 
 
 def _model_imports(path: Path) -> list[str]:
@@ -89,17 +97,149 @@ def _model_imports(path: Path) -> list[str]:
     return out
 
 
-def module_closure(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
-    """The ``model.*`` and ``common.*`` modules the entry modules need, sorted."""
-    seen: set[str] = set()
-    todo = list(entries)
-    while todo:
-        m = todo.pop()
-        if m in seen:
-            continue
-        seen.add(m)
-        todo.extend(_model_imports(_module_file(m)))
-    return sorted(seen)
+_PURE_DECORATORS = {"dataclass", "dataclasses.dataclass", "functools.cache", "functools.lru_cache", "torch.no_grad"}
+"""Decorators with no effect beyond the definition they decorate: a definition carrying only these may be left
+out; any other decorator (``@register_kernel``, ``@register_pattern``, ...) registers something, so it stays."""
+_IDENT = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+def _dotted(node: ast.expr) -> str:
+    node = node.func if isinstance(node, ast.Call) else node
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+class _Stmt:
+    """One top-level statement of a module: the names it binds and uses, and the imports of our code inside it."""
+
+    def __init__(self, node: ast.stmt):
+        self.node = node
+        self.binds: set[str] = set()
+        self.is_import = isinstance(node, (ast.Import, ast.ImportFrom))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self.binds.add(node.name)
+            self.prunable = all(_dotted(d) in _PURE_DECORATORS for d in node.decorator_list)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            self.binds |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            calls = node.value is not None and any(isinstance(n, ast.Call) for n in ast.walk(node.value))
+            self.prunable = not calls
+        elif self.is_import:
+            self.binds |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            self.prunable = not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+        else:  # docstrings, module-level calls, if/try blocks: kept
+            self.prunable = False
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        # runs something at import beyond binding names: a registration by decorator, a module-level call
+        self.effect = not self.prunable and not self.is_import and not docstring and not isinstance(node, ast.Assign)
+        self.uses: set[str] = set()
+        self.imports: list[tuple[str, set[str]]] = []  # (our module, names), top level or inside functions
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name):
+                self.uses.add(n.id)
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and _IDENT.fullmatch(n.value):
+                self.uses |= set(n.value.split("."))  # getattr(x, "name"), "Forward" references
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                if n.module.split(".")[0] in EXPORTED_PACKAGES:
+                    self.imports.append((n.module, {a.name for a in n.names}))
+        self.uses -= self.binds if not self.is_import else set()
+
+    def lines(self) -> range:
+        """The source lines (0-based) of the statement, decorators included."""
+        first = min([self.node.lineno, *(d.lineno for d in getattr(self.node, "decorator_list", []))])
+        return range(first - 1, self.node.end_lineno)
+
+
+def _kept(stmts: list[_Stmt], requested: set[str], effects: Callable[[str], bool]) -> list[bool]:
+    """Which statements of a module the requested names need (see the module docstring). An import whose names
+    the module never uses is a re-export or an import for its effects: kept when the imported module has effects at
+    import (``effects(module)``, e.g. kernels registering themselves) or is not ours, else left to the requests."""
+    used_anywhere = set().union(*(s.uses for s in stmts if not s.is_import)) if stmts else set()
+    keep = [
+        not s.prunable
+        or (
+            s.is_import and not s.binds & used_anywhere and (not s.imports or any(effects(src) for src, _ in s.imports))
+        )
+        for s in stmts
+    ]
+    changed = True
+    while changed:
+        needed = set(requested).union(*(s.uses for s, k in zip(stmts, keep) if k))
+        grown = [k or bool(s.binds & needed) for s, k in zip(stmts, keep)]
+        changed, keep = grown != keep, grown
+    return keep
+
+
+def plan_export(template_dir: Path = TEMPLATE_DIR, root: Path = REPO) -> dict[str, list[bool]]:
+    """``{module: which of its top-level statements to copy}`` for the modules (of our packages under ``root``) the
+    exported model runs, starting from the ``from .ours_x import A, B`` lines of the wrappers in ``template_dir``."""
+    by_flat = {}
+    for pkg in EXPORTED_PACKAGES:
+        for f in (root / pkg).rglob("*.py"):
+            parts = f.relative_to(root).with_suffix("").parts
+            mod = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            if mod.count("."):
+                by_flat[flat_name(mod)] = mod
+    requested: dict[str, set[str]] = {}
+    for t in sorted(template_dir.glob("*.py")):
+        for n in ast.walk(ast.parse(t.read_text(), str(t))):
+            if isinstance(n, ast.ImportFrom) and n.level == 1 and (n.module or "").startswith("ours_"):
+                if n.module not in by_flat:
+                    raise ExportError(f"{t.name} imports .{n.module}, which is none of our modules")
+                requested.setdefault(by_flat[n.module], set()).update(a.name for a in n.names)
+    parsed: dict[str, list[_Stmt]] = {}
+
+    def stmts(mod: str) -> list[_Stmt]:
+        if mod not in parsed:
+            path = _module_file(mod, root)
+            _model_imports(path)  # refuses imports that cannot be flattened
+            parsed[mod] = [_Stmt(n) for n in ast.parse(path.read_text(), str(path)).body]
+        return parsed[mod]
+
+    @functools.cache
+    def effects(mod: str, _seen: frozenset = frozenset()) -> bool:
+        """Importing ``mod`` runs something (itself, or through a module it imports whose names it never uses)."""
+        if mod in _seen:
+            return False
+        own = stmts(mod)
+        used = set().union(*(s.uses for s in own if not s.is_import))
+        return any(s.effect for s in own) or any(
+            effects(src, _seen | {mod}) for s in own if s.is_import and not s.binds & used for src, _ in s.imports
+        )
+
+    plan: dict[str, list[bool]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for mod in sorted(requested):
+            plan[mod] = _kept(stmts(mod), requested[mod], effects)
+            for s, k in zip(parsed[mod], plan[mod]):
+                for src, names in s.imports if k else ():
+                    if not names <= requested.get(src, set()):
+                        requested.setdefault(src, set()).update(names)
+                        changed = True
+    return plan
+
+
+def module_closure() -> list[str]:
+    """The ``model.*`` and ``common.*`` modules the exported model runs, sorted."""
+    return sorted(plan_export())
+
+
+def pruned_source(module: str, keep: list[bool], root: Path = REPO) -> tuple[str, list[str]]:
+    """The module's source without the statements ``keep`` leaves out, and the names those defined."""
+    text = _module_file(module, root).read_text()
+    lines = text.splitlines(keepends=True)
+    stmts = [_Stmt(n) for n in ast.parse(text).body]
+    drop, dropped = set(), []
+    for s, k in zip(stmts, keep):
+        if not k:
+            drop.update(s.lines())
+            dropped += sorted(s.binds)
+    return "".join(line for i, line in enumerate(lines) if i not in drop), dropped
 
 
 _FROM_RE = re.compile(r"^(\s*)from\s+((?:model|common)(?:\.\w+)+)\s+import\b", re.MULTILINE)
@@ -133,12 +273,14 @@ def copy_model_code(out_dir: str | Path) -> list[str]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for m in module_closure():
+    for m, keep in sorted(plan_export().items()):
         src = _module_file(m)
-        text = rewrite_imports(src.read_text())
+        text, dropped = pruned_source(m, keep)
         header = f"# Copied from {src.relative_to(REPO)} by tools/hf_export (imports made relative). Do not edit.\n"
+        if dropped:
+            header += f"# Left out (the exported model never uses them): {', '.join(dropped)}\n"
         dst = out / f"{flat_name(m)}.py"
-        dst.write_text(header + text)
+        dst.write_text(header + rewrite_imports(text))
         written.append(dst.name)
     for t in sorted(TEMPLATE_DIR.glob("*.py")):
         shutil.copyfile(t, out / t.name)
@@ -162,6 +304,36 @@ def token_mask_state(model) -> dict[str, torch.Tensor]:
             n = core.max_seq_length
             out[f"layer{i}"] = dense_mask(core.fixed_token_mask)[:, :n, :n].detach().cpu().bool().clone()
     return out
+
+
+def config_token_masks(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """:func:`token_mask_state` of the model ``config`` describes, without building it (the export of a checkpoint:
+    fixed masks are not saved with the weights; random patterns are drawn from the config's seed)."""
+    out = {}
+    for i in range(config.num_layers):
+        m = layer_token_mask(config, i)
+        if m is not None:
+            n = m.shape[-1]
+            out[f"layer{i}"] = dense_mask(m)[:, :n, :n].detach().cpu().bool().clone()
+    return out
+
+
+def weight_problems(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> list[str]:
+    """What differs between ``state_dict`` and the parameters of the model ``config`` describes: missing and
+    unexpected names, other shapes. Checked on a skeleton on the meta device (no memory, no initialisation); fixed
+    token masks are left out of it, since they hold no parameter and some are drawn from data."""
+    d = config.to_dict()
+    att = d["attention"]
+    for entry in [att, *(att.get("per_layer") or [])]:
+        tm = entry.get("token_mask")
+        if tm is not None and tm.get("pattern") != "dam":
+            entry["token_mask"] = None
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in BertForPreTraining(ModelConfig.from_dict(d)).state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in state_dict.items()}
+    problems = [f"missing {k}" for k in want if k not in have] + [f"unexpected {k}" for k in have if k not in want]
+    problems += [f"{k}: shape {have[k]}, the config gives {want[k]}" for k in want if k in have and have[k] != want[k]]
+    return problems
 
 
 def _uses_top_level_mask(config: ModelConfig, i: int) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from model.config import AttentionConfig, ModelConfig
-from model.hf_modernbert import stock_modernbert_reason
+from tools.hf_export.stock_modernbert import stock_modernbert_reason
 
 _HF_IGNORED = ("position_ids", "token_type_ids")  # buffers some transformers versions keep in state dicts
 
