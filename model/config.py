@@ -326,4 +326,3 @@ class ModelConfig:
         d = copy.deepcopy(PRESETS[name])
         d.update(check_keys(overrides, field_names(cls), f"the overrides of preset {name!r}"))
         return cls.from_dict(d) if isinstance(d.get("attention"), dict) else cls(**d)
-
