@@ -65,18 +65,10 @@ def add_deprecated_alias(group: argparse._ActionsContainer, action: argparse.Act
     """Accept the old spellings ``old`` of ``action``'s flag for one release: each parses to the same value as the
     new flag and prints one deprecation line (once per process) naming the new flag; ``--help`` lists only the new
     flag. The one way flags are renamed (flag names follow Megatron-LM's where one exists)."""
+    same = {k: getattr(action, k) for k in ("dest", "nargs", "type", "choices", "metavar")}  # parses as the new flag
     for name in old:
         group.add_argument(
-            name,
-            dest=action.dest,
-            nargs=action.nargs,
-            type=action.type,
-            choices=action.choices,
-            action=_DeprecatedAlias,
-            target=action,
-            default=argparse.SUPPRESS,
-            metavar=action.metavar,
-            help=argparse.SUPPRESS,
+            name, action=_DeprecatedAlias, target=action, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **same
         )
 
 

@@ -19,6 +19,7 @@ from model import presets
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.presets import PRESETS, PresetError, blockbert, diet, modernbert, scale_head_split, sparsebert
+from tests.test_cuda_contracts import _tiny as shrunk_preset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,16 +106,7 @@ def test_the_head_split_scaling_equals_both_old_copies(blocks):
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_each_preset_builds_a_model(name):
-    heads = PRESETS[name].get("num_attention_heads", 12)  # the BlockBERT splits depend on it
-    every = (PRESETS[name].get("attention") or {}).get("global_every") or 1
-    cfg = ModelConfig.preset(
-        name,
-        vocab_size=64,
-        hidden_size=4 * heads,
-        num_layers=max(2, every + 1),  # a global and a local layer under a cadence
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
+    cfg = shrunk_preset(name)  # the preset at test size, its head count (the BlockBERT splits) and cadence kept
     model = BertForPreTraining(cfg)
     assert sum(p.numel() for p in model.parameters()) > 0
     assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # the JSON round trip holds
