@@ -31,19 +31,20 @@ import torch.nn.functional as F
 from model.attention import (
     BLOCK_LAYOUTS,
     BigBirdSparsityConfig,
-    BlockBERTSparsityConfig,
     BlockSparseAttention,
     BSLongformerSparsityConfig,
     FixedSparsityConfig,
     LocalSlidingWindowSparsityConfig,
     VariableSparsityConfig,
+    from_ds_config,
     layout_density,
 )
+from model.presets import blockbert
 
 HEADS, HEAD_DIM = 12, 64
 TUNED_LAYOUTS: dict[str, Callable[[], object]] = {
-    "blockbert_n2": lambda: BlockBERTSparsityConfig(HEADS, num_blocks=2, head_assignment="10:2", block=16),
-    "blockbert_n3": lambda: BlockBERTSparsityConfig(HEADS, num_blocks=3, head_assignment="8:2:2", block=16),
+    "blockbert_n2": lambda: from_ds_config(blockbert(2, HEADS), HEADS),  # model/presets.py: heads 10:2, block 16
+    "blockbert_n3": lambda: from_ds_config(blockbert(3, HEADS), HEADS),
     "fixed_b16": lambda: FixedSparsityConfig(HEADS, block=16),
     "fixed_b64": lambda: FixedSparsityConfig(HEADS, block=64),
     "bigbird_b64": lambda: BigBirdSparsityConfig(HEADS, block=64),

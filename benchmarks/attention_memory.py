@@ -40,6 +40,7 @@ from model.attention.kernels import KERNELS
 from model.attention.kernels.block_gather.split import SWITCH
 from model.attention.token_patterns import TokenMaskConfig, build_layer_mask
 from model.positions import DietAbsBias, DietRelBias
+from model.presets import blockbert, modernbert
 
 HEADS, HEAD_DIM, BATCH = 4, 64, 1
 TARGET = 1.5
@@ -53,17 +54,17 @@ MODE_ARGS: dict[str, dict[str, Any]] = {
     "bslongformer": {"block": 64},
     "local": {"block": 64, "attention": "bidirectional"},
     "dilated_local": {"block": 64},
-    "blockbert": {"num_blocks": 2, "head_assignment": "3:1", "block": 16},
+    "blockbert": {k: v for k, v in blockbert(2, HEADS).items() if k != "mode"},  # heads 3:1, block 16
 }
 """Benchmark settings of the registered layout modes; a mode missing here runs at its class defaults."""
 
 EXTRA_FAMILIES: dict[str, dict[str, Any]] = {
-    "blockbert_n3": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "2:1:1", "block": 16},
-    "diet_rel_padded": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16, "_bias": "rel"},
-    "diet_abs_padded": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16, "_bias": "abs"},
+    "blockbert_n3": blockbert(3, HEADS),  # heads 2:1:1
+    "diet_rel_padded": {**blockbert(2, HEADS), "_bias": "rel"},
+    "diet_abs_padded": {**blockbert(2, HEADS), "_bias": "abs"},
     "packed_docs": {"mode": "fixed", "block": 16, "_docs": 4},
-    "packed_docs_blockbert": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16, "_docs": 4},
-    "modernbert_local": {"_token_mask": {"pattern": "sliding_window", "window": 128}},
+    "packed_docs_blockbert": {**blockbert(2, HEADS), "_docs": 4},
+    "modernbert_local": {"_token_mask": modernbert(128)["local"]["token_mask"]},
 }
 """Families beyond one per mode: the cases the per-call inputs (biases, padding, documents, token masks) make."""
 

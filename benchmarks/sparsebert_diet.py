@@ -1,7 +1,7 @@
 """Forward+backward time of SparseBERT token masks, DIET biases and the DAM search step, relative to unmasked dense
 SDPA at the same shape (each row's ratio is paired: case and baseline run alternately, so load hits both alike).
 
-    .venv/bin/python -m benchmarks.sparsebert_diet --seq-len 512 --batch 2 --repeats 3 --out out/sparsebert_diet.json
+    .venv/bin/python -m benchmarks.sparsebert_diet --seq-length 512 --batch 2 --repeats 3 --out out/sparsebert_diet.json
 
 Rows: each mask on ``dense`` (SDPA with the element mask) and ``block_gather`` (skips blocks the mask leaves empty,
 element mask inside partial blocks); DIET-ABS/REL and per-head segment biases on both kernels; DAM's gated O(n^2)
@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from common.cli import add_deprecated_alias
 from model.attention import BlockSparseAttention
 from model.attention import sparsebert as S
 from model.positions import PositionalAttention, PositionConfig
@@ -53,7 +54,7 @@ def _main(argv: list[str]) -> int:
     from common.outputs import atomic_file, check_file_writable
 
     p = argparse.ArgumentParser(prog="benchmarks.sparsebert_diet", description=__doc__.splitlines()[0])
-    p.add_argument("--seq-len", type=int, default=512)
+    add_deprecated_alias(p, p.add_argument("--seq-length", dest="seq_len", type=int, default=512), "--seq-len")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)

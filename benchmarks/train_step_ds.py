@@ -11,8 +11,8 @@ pipeline's own batches (the sample mode, padding and masking the trainer reads: 
 set-ups' doc-sentences), each step a new batch; tokens/s then counts real (unpadded) tokens. Without, the ids are
 synthetic full rows with 15% labelled.
 
-    python -m benchmarks.train_step_ds --preset bert-base --json out/train_step_ds.json          # on a GPU
-    python -m benchmarks.train_step_ds --preset tiny --device cpu --precisions bf16 --steps 1      # smoke test
+    python -m benchmarks.train_step_ds --model-preset bert-base --json out/train_step_ds.json          # on a GPU
+    python -m benchmarks.train_step_ds --model-preset tiny --device cpu --precisions bf16 --steps 1      # smoke test
     python -m benchmarks.train_step_ds --data-path data/wiki_text_sentence --vocab-file vocab.txt ...  # real batches
 
 How FLOPs are counted ("model FLOPs", no recomputation, per trained token; forward + backward = 3 x forward):
@@ -38,6 +38,9 @@ from pathlib import Path
 
 import torch
 
+from common.cli import add_deprecated_alias
+from model.presets import PRESETS, blockbert
+
 PEAK_TFLOPS = (
     ("H100 PCIe", 756.0),
     ("H100", 989.0),
@@ -46,15 +49,10 @@ PEAK_TFLOPS = (
     ("A100", 312.0),
     ("V100", 125.0),
 )
-PRESETS = {
-    "bert-base": dict(hidden=768, layers=12, heads=12, tokens=16384),
-    "tiny": dict(hidden=64, layers=2, heads=4, tokens=256),
-}
-VARIANTS = {
-    "dense": None,
-    "blockbert-n2": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2"},
-    "blockbert-n3": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2"},
-}
+TOKENS_PER_STEP = {"bert-base": 16384, "tiny": 256}
+"""The model presets (model/presets.py) this benchmark sizes, and the b x N of a step for each."""
+VARIANTS = {"dense": None, "blockbert-n2": 2, "blockbert-n3": 3}
+"""Variant -> BlockBERT n (model.presets.blockbert, the paper's split scaled to the preset's heads); None = dense."""
 
 
 def peak_tflops(name: str) -> float | None:
@@ -71,14 +69,6 @@ def flops_per_token(hidden: int, layers: int, seq_len: int, vocab: int, density:
     attention = 12 * layers * seq_len * hidden * density
     head = 6 * (hidden**2 + vocab * hidden) * predicted
     return encoder + attention + head
-
-
-def _head_assignment(spec: str, heads: int) -> str:
-    """Scale a 12-head assignment (10:2) to another head count, keeping the proportions."""
-    parts = [int(x) for x in spec.split(":")]
-    scaled = [max(1, round(p * heads / sum(parts))) for p in parts]
-    scaled[0] += heads - sum(scaled)
-    return ":".join(map(str, scaled))
 
 
 def _init_single_rank() -> torch.device:
@@ -113,13 +103,12 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     from tools.measure import synthetic_batch
 
     repo = Path(__file__).resolve().parents[1]
-    sparsity = VARIANTS[variant]
-    if sparsity is not None:
-        sparsity = dict(sparsity, head_assignment=_head_assignment(sparsity["head_assignment"], args.heads))
+    blocks = VARIANTS[variant]
+    sparsity = None if blocks is None else blockbert(blocks, args.heads, block=None)  # the layout's default tile
     attention = {"kernel": args.kernel, "sparsity": sparsity}
     cfg = ModelConfig.preset(
         "bert-base",
-        vocab_size=args.vocab,
+        vocab_size=args.vocab_size,
         hidden_size=args.hidden,
         num_layers=args.layers,
         num_attention_heads=args.heads,
@@ -141,7 +130,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
         hosts, cap = _pipeline_batches(args, seq_len, batch, args.warmup + args.steps)
     else:
         hosts, cap = (
-            [synthetic_batch(batch, seq_len, args.vocab, torch.device("cpu"))],
+            [synthetic_batch(batch, seq_len, args.vocab_size, torch.device("cpu"))],
             derived_max_predictions(seq_len, 0.15),
         )
     feed = [device_batch(h, device, cap) for h in hosts]
@@ -177,7 +166,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
     core = engine.module.bert.encoder.layers[0].attention.core
     used = sorted({k for plan in core._plans.values() for k in getattr(plan, "chosen", {}).values()})
     tokens = statistics.mean(real_tokens[args.warmup % len(hosts) :] or real_tokens)
-    fpt = flops_per_token(args.hidden, args.layers, seq_len, args.vocab, density, predicted)
+    fpt = flops_per_token(args.hidden, args.layers, seq_len, args.vocab_size, density, predicted)
     peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     row = {
         "variant": variant,
@@ -289,7 +278,9 @@ def _main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", choices=sorted(PRESETS), default="bert-base")
+    add_deprecated_alias(
+        p, p.add_argument("--model-preset", choices=sorted(TOKENS_PER_STEP), default="bert-base"), "--preset"
+    )
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
     p.add_argument(
@@ -306,7 +297,7 @@ def _main(argv: list[str]) -> int:
         help="default: bf16 and fp16, fp16 only on GPUs below compute capability 8.0 (no bf16 hardware)",
     )
     p.add_argument("--kernel", default="auto", help="attention kernel of the sparse variants")
-    p.add_argument("--vocab", type=int, default=30522)
+    add_deprecated_alias(p, p.add_argument("--vocab-size", type=int, default=30522), "--vocab")
     p.add_argument("--data-path", help="time the data pipeline's batches of this shard prefix (else synthetic ids)")
     p.add_argument("--vocab-file", help="with --data-path: the shard's WordPiece vocab")
     p.add_argument("--tokenizer-type", default="BertWordPieceLowerCase")
@@ -330,15 +321,15 @@ def _main(argv: list[str]) -> int:
         p.error(str(e))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
-    preset = PRESETS[args.preset]
-    args.hidden, args.layers, args.heads = preset["hidden"], preset["layers"], preset["heads"]
-    args.tokens = args.tokens or preset["tokens"]
+    preset = PRESETS[args.model_preset]
+    args.hidden, args.layers, args.heads = preset["hidden_size"], preset["num_layers"], preset["num_attention_heads"]
+    args.tokens = args.tokens or TOKENS_PER_STEP[args.model_preset]
     if args.device == "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     device = _init_single_rank()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(
-        f"device {name}; torch {torch.__version__}; {args.preset}: hidden {args.hidden} x {args.layers} layers x "
+        f"device {name}; torch {torch.__version__}; {args.model_preset}: hidden {args.hidden} x {args.layers} layers x "
         f"{args.heads} heads; b x N = {args.tokens}; ZeRO-1",
         flush=True,
     )
@@ -368,10 +359,10 @@ def _main(argv: list[str]) -> int:
                     flush=True,
                 )
             if args.json:  # after every row: a run stopped at its time limit keeps what it measured
-                _write_json(args.json, {"device": name, "preset": args.preset, "rows": rows, "complete": False})
+                _write_json(args.json, {"device": name, "preset": args.model_preset, "rows": rows, "complete": False})
     result = {
         "device": name,
-        "preset": args.preset,
+        "preset": args.model_preset,
         "rows": rows,
         "targets": targets(rows, name),
         "comparisons": comparisons(rows),

@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import sys
 import types
 import typing
 from functools import lru_cache
@@ -29,11 +30,46 @@ def cli(
     aliases: Sequence[str] = (),
     choices: Callable[[], Iterable[str]] | None = None,
     skip: bool = False,
+    deprecated: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``metadata`` for a dataclass field: ``field(default=..., metadata=cli(flag="--kv-channels"))``.
 
-    ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names)."""
-    return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip}}
+    ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names).
+    ``deprecated``: old spellings still accepted for one release (:func:`add_deprecated_alias`)."""
+    return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip, "deprecated": deprecated}}
+
+
+_warned: set[str] = set()
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old flag spelling: warns once per process, naming the new flag, then acts as the new flag's action."""
+
+    def __init__(self, option_strings: list[str], dest: str, target: argparse.Action, **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.target = target
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # noqa: ANN001 (argparse's API)
+        new = self.target.option_strings[0]
+        if option_string not in _warned:
+            _warned.add(option_string)
+            print(
+                f"warning: {option_string} is deprecated and will be removed in the next release; use {new}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.target(parser, namespace, values, new)
+
+
+def add_deprecated_alias(group: argparse._ActionsContainer, action: argparse.Action, *old: str) -> None:
+    """Accept the old spellings ``old`` of ``action``'s flag for one release: each parses to the same value as the
+    new flag and prints one deprecation line (once per process) naming the new flag; ``--help`` lists only the new
+    flag. The one way flags are renamed (flag names follow Megatron-LM's where one exists)."""
+    same = {k: getattr(action, k) for k in ("dest", "nargs", "type", "choices", "metavar")}  # parses as the new flag
+    for name in old:
+        group.add_argument(
+            name, action=_DeprecatedAlias, target=action, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **same
+        )
 
 
 @lru_cache(maxsize=None)
@@ -121,7 +157,7 @@ def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str 
             kw.pop("default", None)
         if meta.get("choices") is not None:
             kw["choices"] = list(meta["choices"]())
-        group.add_argument(*names, **kw)
+        add_deprecated_alias(group, group.add_argument(*names, **kw), *meta.get("deprecated", ()))
 
 
 def override_fields(cls: type) -> list[dataclasses.Field]:

@@ -12,6 +12,7 @@ from model.attention.kernels import KERNELS
 from model.attention.layouts import SparsityConfig, check_ds_config, from_ds_config
 from model.attention.sparsebert import TokenMaskConfig
 from model.positions import SEGMENT_TYPES, PositionConfig
+from model.presets import PRESETS  # the recipes' home; re-exported here for the old import path
 
 _LAYER_KEYS = ["kernel", "sparsity", "token_mask"]
 FFN_TYPES = ("standard", "glu")
@@ -319,72 +320,9 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """The recipe ``name`` of :data:`model.presets.PRESETS`, with ``overrides`` (ModelConfig fields)."""
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
         d = copy.deepcopy(PRESETS[name])
         d.update(check_keys(overrides, field_names(cls), f"the overrides of preset {name!r}"))
         return cls.from_dict(d) if isinstance(d.get("attention"), dict) else cls(**d)
-
-
-_BASE = dict(
-    vocab_size=30522,
-    hidden_size=768,
-    num_layers=12,
-    num_attention_heads=12,
-    intermediate_size=3072,
-    max_position_embeddings=512,
-    type_vocab_size=2,
-)
-_MODERNBERT = dict(
-    _BASE,
-    num_layers=22,
-    intermediate_size=1152,
-    max_position_embeddings=1024,  # ModernBERT's first pretraining phase; its 8192 context came after
-    type_vocab_size=0,
-    hidden_dropout=0.0,
-    attention_dropout=0.0,
-    layer_norm_eps=1e-5,
-    pre_layer_norm=True,
-    ffn_type="glu",
-    linear_bias=False,
-    norm_bias=False,
-    first_attn_norm=False,
-    position={"type": "rotary", "rope_theta": 160000.0, "rope_theta_local": 10000.0},
-    attention={
-        "kernel": "auto",
-        "global_every": 3,
-        "local": {"token_mask": {"pattern": "sliding_window", "window": 128}},
-    },
-)
-PRESETS: dict[str, dict[str, Any]] = {
-    "bert-base": dict(_BASE),
-    "bert-large": dict(_BASE, hidden_size=1024, num_layers=24, num_attention_heads=16, intermediate_size=4096),
-    "tiny": dict(_BASE, hidden_size=64, num_layers=2, num_attention_heads=4, intermediate_size=128),
-    # BlockBERT (paper: RoBERTa-1seq setting, no NSP, N=512 or 1024)
-    "blockbert-base-n2": dict(
-        _BASE,
-        attention={
-            "kernel": "auto",
-            "sparsity": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 16},
-        },
-    ),
-    # ModernBERT (arXiv 2412.13663): pre-LN without biases, GeGLU, RoPE, a 128-token window in two of every three
-    # layers (global attention where layer % 3 == 0); exports to stock transformers.ModernBertForMaskedLM
-    "modernbert-base": dict(_MODERNBERT),
-    "modernbert-tiny": dict(
-        _MODERNBERT,
-        hidden_size=64,
-        num_layers=4,
-        num_attention_heads=4,
-        intermediate_size=96,
-        max_position_embeddings=256,
-        attention={**_MODERNBERT["attention"], "local": {"token_mask": {"pattern": "sliding_window", "window": 32}}},
-    ),
-    "blockbert-base-n3": dict(
-        _BASE,
-        attention={
-            "kernel": "auto",
-            "sparsity": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 16},
-        },
-    ),
-}

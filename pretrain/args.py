@@ -330,9 +330,21 @@ def _kernel_names() -> list[str]:
 
 
 def _preset_names() -> list[str]:
-    from model.config import PRESETS
+    from model.presets import preset_names
 
-    return sorted(PRESETS)
+    return preset_names()
+
+
+def _pattern_names() -> list[str]:
+    from model.attention.token_patterns import TOKEN_MASKS
+
+    return sorted(TOKEN_MASKS)
+
+
+def _sharing_names() -> list[str]:
+    from model.positions import SHARING
+
+    return list(SHARING)
 
 
 @dataclass
@@ -342,16 +354,33 @@ class ModelArgs:
     model_config: str | None = None
     """JSON file holding ModelConfig.to_dict() (wins over --model-preset)."""
     model_preset: str = field(default="bert-base", metadata=cli(choices=_preset_names))
-    """ModelConfig.preset name."""
+    """A recipe of model/presets.py (ModelConfig.preset name; see the presets table in docs/configuration.md)."""
     attention_kernel: str | None = field(default=None, metadata=cli(choices=_kernel_names))
     """Attention kernel of every layer (AttentionConfig.kernel; default: the model config's)."""
     sparsity_config: str | None = None
     """AttentionConfig.sparsity as JSON text or a JSON file: a ds_config-style block with a registered 'mode' (see
     the pattern table in docs/model.md, 'Block layout or token mask?')."""
     blockbert_blocks: int | None = None
-    """BlockBERT n (shorthand for a sparsity config with mode 'blockbert'; needs --head-assignment)."""
+    """BlockBERT n (shorthand for model.presets.blockbert(n, --head-assignment), a sparsity config with mode
+    'blockbert'; needs --head-assignment). Under a ModernBERT cadence (global_every) it lays out the global layers."""
     head_assignment: str | None = None
     """BlockBERT heads per permutation, e.g. 10:2 or 8:2:2."""
+    token_mask: str | None = field(default=None, metadata=cli(choices=_pattern_names))
+    """SparseBERT token mask of every layer (shorthand for model.presets.sparsebert(PATTERN, --seq-length), i.e.
+    attention.token_mask built for the training length; see the token-mask table in docs/configuration.md)."""
+    token_mask_path: str | None = None
+    """With --token-mask file: the mask file (e.g. a DAM search's learned_masks.pt)."""
+    diet_size: int | None = None
+    """With a DIET preset (diet-abs-*, diet-rel-*): DIET-ABS's rank d_p or DIET-REL's clip distance K (default 128;
+    model.presets.diet)."""
+    diet_sharing: str | None = field(default=None, metadata=cli(choices=_sharing_names))
+    """With a DIET preset: share the position parameters across none | layer | head (default none)."""
+    sliding_window: int | None = None
+    """With a ModernBERT preset: the local layers' exact sliding window in tokens (model.presets.modernbert; default
+    the preset's)."""
+    global_every: int | None = None
+    """With a ModernBERT preset: global attention where layer % this == 0, the window elsewhere (default the
+    preset's, 3)."""
     make_vocab_size_divisible_by: int = 1
     """Pad the embedding table to a multiple of this (Megatron pads to 128 for speed)."""
     overrides: dict[str, Any] = field(default_factory=dict, metadata=cli(skip=True))
@@ -362,6 +391,7 @@ class ModelArgs:
     def __post_init__(self) -> None:
         if self.make_vocab_size_divisible_by < 1:
             raise ArgsError("--make-vocab-size-divisible-by must be >= 1")
+        self.check_recipe_flags()
         if not self.attention:
             if self.attention_kernel:
                 self.attention["kernel"] = self.attention_kernel
@@ -387,10 +417,24 @@ class ModelArgs:
         if self.blockbert_blocks:
             if not self.head_assignment:
                 raise ArgsError("--blockbert-blocks needs --head-assignment (e.g. 10:2 for n=2, 8:2:2 for n=3)")
-            return {"mode": "blockbert", "num_blocks": self.blockbert_blocks, "head_assignment": self.head_assignment}
+            from model.presets import blockbert
+
+            # block=None: the layout's default tile, left out of the config as this shorthand always did
+            return blockbert(self.blockbert_blocks, self.head_assignment, block=None)
         if self.head_assignment:
             raise ArgsError("--head-assignment needs --blockbert-blocks")
         return None
+
+    def check_recipe_flags(self) -> None:
+        """The flags that go with one kind of preset or with another flag."""
+        if self.token_mask_path and self.token_mask != "file":
+            raise ArgsError("--token-mask-path needs --token-mask file")
+        if self.token_mask == "file" and not self.token_mask_path:
+            raise ArgsError("--token-mask file needs --token-mask-path (the mask file)")
+        for name in ("diet_size", "sliding_window", "global_every"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ArgsError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
 
 
 @dataclass

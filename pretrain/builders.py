@@ -47,6 +47,7 @@ def build_model_config(
             )
         attention["sparsity"] = sparse_attention
     try:  # the merged settings are validated again here (e.g. a kernel that cannot run with the dropout)
+        cfg = _recipe_flags(cfg, margs, attention, data.seq_length)
         if attention:
             cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, **attention))
         cfg = dataclasses.replace(
@@ -61,6 +62,42 @@ def build_model_config(
             f"--seq-length {data.seq_length} exceeds the model's max_position_embeddings "
             f"{cfg.max_position_embeddings}; raise --max-position-embeddings"
         )
+    return cfg
+
+
+def _recipe_flags(cfg, margs: ModelArgs, attention: dict[str, Any], seq_length: int):
+    """The recipe shorthands (--token-mask, --diet-*, --sliding-window/--global-every), written by the builders of
+    model/presets.py into ``cfg`` (position) and ``attention`` (the attention fields to replace)."""
+    from model import presets
+
+    if margs.token_mask:
+        params = {"path": margs.token_mask_path} if margs.token_mask_path else {}
+        attention["token_mask"] = presets.sparsebert(margs.token_mask, seq_length, **params)
+    if margs.diet_size is not None or margs.diet_sharing is not None:
+        kind = {v[0]: k for k, v in presets.DIET_KINDS.items()}.get(cfg.position.type)
+        if kind is None:
+            raise ArgsError(
+                f"--diet-size / --diet-sharing set a DIET position, but --model-preset {margs.model_preset}'s position "
+                f"is {cfg.position.type!r}: use a DIET preset ({', '.join(n for n in presets.PRESETS if 'diet' in n)})"
+            )
+        size = getattr(cfg.position, presets.DIET_KINDS[kind][1]) if margs.diet_size is None else margs.diet_size
+        sharing = margs.diet_sharing or cfg.position.sharing
+        cfg = dataclasses.replace(cfg, position=presets.diet(kind, size, sharing))
+    current = cfg.attention
+    if margs.sliding_window is not None or margs.global_every is not None:
+        window = ((current.local or {}).get("token_mask") or {}).get("window")
+        if current.global_every is None or window is None:
+            raise ArgsError(
+                "--sliding-window / --global-every change a ModernBERT cadence, but the model has none: use a "
+                "modernbert-* preset"
+            )
+        built = presets.modernbert(margs.sliding_window or window, margs.global_every or current.global_every)
+        attention["global_every"] = built["global_every"]
+        attention["local"] = {"sparsity": None, **built["local"]}  # the local layers: exactly the window
+    if "sparsity" in attention and (attention.get("global_every") or current.global_every):
+        local = dict(attention.get("local") or current.local or {})
+        local.setdefault("sparsity", None)  # a layout given on the command line goes on the global layers only
+        attention["local"] = local
     return cfg
 
 

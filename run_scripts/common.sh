@@ -80,24 +80,6 @@ launch() {  # launch TRAIN_ARGS...
   "$PY" -m common.launch "${flags[@]}" -- -m pretrain.train "$@" "${common[@]}"
 }
 
-# write_model_config FILE N ATTENTION_JSON POSITION_JSON: bert-base with N positions, the given attention fields
-# (merged into attention) and position block, validated by ModelConfig.from_dict (unknown keys rejected).
-write_model_config() {
-  mkdir -p "$(dirname "$1")"
-  "$PY" - "$@" <<'PYEOF'
-import json, sys
-from model.config import ModelConfig
-path, n, attention, position = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
-d = ModelConfig.preset("bert-base").to_dict()
-d["max_position_embeddings"] = n
-d["attention"].update(attention)
-if position:
-    d["position"] = position
-with open(path, "w") as f:
-    json.dump(ModelConfig.from_dict(d).to_dict(), f, indent=1)
-PYEOF
-}
-
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then  # run as a script: launch the given trainer flags
   launch "$@"
 fi

@@ -8,12 +8,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 N="${1:?usage: pretrain_diet.sh N abs|rel [RANK|K]}"
 KIND="${2:?usage: pretrain_diet.sh N abs|rel [RANK|K]}"
 case "$KIND" in
-  abs) POS="{\"type\": \"diet_abs\", \"rank\": ${3:-128}, \"sharing\": \"${SHARING:-none}\"}" ;;
-  rel) POS="{\"type\": \"diet_rel\", \"max_distance\": ${3:-128}, \"sharing\": \"${SHARING:-none}\"}" ;;
+  abs|rel) ;;
   *) echo "KIND must be abs or rel" >&2; exit 2 ;;
 esac
 OUT="${OUT:-runs/diet_${KIND}_N${N}}"
 paper_hparams "$N"
-write_model_config "$OUT/model.json" "$N" '{"kernel": "auto"}' "$POS"
-launch --deepspeed_config "${DS_CONFIG:-ds_configs/zero1_fp16.json}" --model-config "$OUT/model.json" \
-  "${PAPER_ARGS[@]}" "${@:4}"
+launch --deepspeed_config "${DS_CONFIG:-ds_configs/zero1_fp16.json}" --model-preset "diet-$KIND-base" \
+  --diet-size "${3:-128}" --diet-sharing "${SHARING:-none}" "${PAPER_ARGS[@]}" "${@:4}"

@@ -5,9 +5,9 @@
 # pipeline and kernels, with Table 7's step counts and batch size (knobs SCALE, BATCH_SCALE, ... of
 # run_scripts/common.sh) so that runs compare with the BlockBERT set-ups.
 #   bash run_scripts/pretrain_modernbert.sh [N] [TRAIN_FLAGS...]      N = sequence length (default 1024)
-# Layer knobs: PRESET (default modernbert-base; modernbert-tiny for smoke runs), WINDOW (local window, default 128),
-# GLOBAL_EVERY (default 3), GLOBAL=dense (ModernBERT) | blockbert (BlockBERT n=2, heads 10:2, on the global layers;
-# the export then carries our code).
+# Layer knobs: GLOBAL=dense (preset modernbert-base) | blockbert (preset modernbert-blockbert-base: BlockBERT n=2,
+# heads 10:2, on the global layers; the export then carries our code), PRESET (another preset of model/presets.py,
+# e.g. modernbert-tiny for smoke runs), WINDOW (local window, default 128), GLOBAL_EVERY (default 3).
 # Recipe knobs:
 #   OPTIMIZER      stableadamw (default, ModernBERT's; torch-optimi, ZeRO stage 0: default DS_CONFIG
 #                  ds_configs/zero0_bf16_autocast.json, bf16 autocast as ModernBERT's amp_bf16) | adamw (default
@@ -35,29 +35,13 @@ N="${1:-1024}"
 WINDOW="${WINDOW:-128}"
 GLOBAL_EVERY="${GLOBAL_EVERY:-3}"
 GLOBAL="${GLOBAL:-dense}"
-case "$GLOBAL" in
-  dense) GLOBAL_SPARSITY=null ;;
-  blockbert) GLOBAL_SPARSITY='{"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 16}' ;;
+case "$GLOBAL" in  # the recipes of model/presets.py; PRESET picks another one
+  dense) MODEL_PRESET="${PRESET:-modernbert-base}" ;;
+  blockbert) MODEL_PRESET="${PRESET:-modernbert-blockbert-base}" ;;
   *) echo "GLOBAL must be dense or blockbert" >&2; exit 2 ;;
 esac
 RUN_NAME="${RUN_NAME:-modernbert_${GLOBAL}_w${WINDOW}_every${GLOBAL_EVERY}_N${N}}"
 OUT="${OUT:-runs/$RUN_NAME}"
-mkdir -p "$OUT"
-"$PY" - "$OUT/model.json" "$N" "$WINDOW" "$GLOBAL_EVERY" "$GLOBAL_SPARSITY" "${PRESET:-modernbert-base}" <<'PYEOF'
-import json, sys
-from model.config import ModelConfig
-path, n, window, every, sparsity, preset = sys.argv[1:7]
-n, window, every = int(n), int(window), int(every)
-d = ModelConfig.preset(preset).to_dict()
-d["max_position_embeddings"] = n
-d["attention"].update(
-    sparsity=json.loads(sparsity),
-    global_every=every,
-    local={"sparsity": None, "token_mask": {"pattern": "sliding_window", "window": window}},
-)
-with open(path, "w") as f:
-    json.dump(ModelConfig.from_dict(d).to_dict(), f, indent=1)
-PYEOF
 paper_hparams "$N"
 OPTIMIZER="${OPTIMIZER:-stableadamw}"
 case "$OPTIMIZER" in
@@ -90,8 +74,8 @@ for a in "${PAPER_ARGS[@]}"; do  # Table 7's --train-iters and --lr-warmup-iters
   if [ "$a" = --train-iters ] || [ "$a" = --lr-warmup-iters ]; then skip=1; continue; fi
   ARGS+=("$a")
 done
-launch --deepspeed_config "${DS_CONFIG:-$DEFAULT_DS_CONFIG}" --model-config "$OUT/model.json" \
-  "${ARGS[@]}" "${LENGTH[@]}" --optimizer "$OPTIMIZER" --lr 8e-4 --adam-beta1 0.9 --adam-beta2 0.98 \
-  --adam-eps 1e-6 --weight-decay 1e-5 --fully-decoupled-weight-decay --hidden-dropout 0.0 --attention-dropout 0.0 \
+launch --deepspeed_config "${DS_CONFIG:-$DEFAULT_DS_CONFIG}" --model-preset "$MODEL_PRESET" \
+  --sliding-window "$WINDOW" --global-every "$GLOBAL_EVERY" "${ARGS[@]}" "${LENGTH[@]}" --optimizer "$OPTIMIZER" \
+  --lr 8e-4 --adam-beta1 0.9 --adam-beta2 0.98 --adam-eps 1e-6 --weight-decay 1e-5 --fully-decoupled-weight-decay --hidden-dropout 0.0 --attention-dropout 0.0 \
   --mask-prob "${MASK_PROB:-0.3}" --sample-mode "${SAMPLE_MODE:-packed-docs}" \
   --lr-decay-style WSD --lr-wsd-decay-style minus_sqrt "${@:2}"

@@ -11,18 +11,17 @@ KIND="${2:?usage: pretrain_sparsebert.sh N no-diag|fixed PATTERN|dam}"
 BASE="${OUT:-runs/sparsebert_${KIND}${3:+_$3}_N${N}}"
 DS="${DS_CONFIG:-ds_configs/zero1_fp16.json}"
 paper_hparams "$N"
-train() {  # train OUTDIR TOKEN_MASK_JSON EXTRA...
-  local out="$1" mask="$2"; shift 2
-  write_model_config "$out/model.json" "$N" "{\"kernel\": \"auto\", \"token_mask\": $mask}" '{}'
-  OUT="$out" launch --deepspeed_config "$DS" --model-config "$out/model.json" "${PAPER_ARGS[@]}" "$@"
+train() {  # train OUTDIR TRAINER_FLAGS...: the mask is built for --seq-length N (model.presets.sparsebert)
+  local out="$1"; shift
+  OUT="$out" launch --deepspeed_config "$DS" --model-preset bert-base "${PAPER_ARGS[@]}" "$@"
 }
 case "$KIND" in
-  no-diag) train "$BASE" "{\"pattern\": \"no_diagonal\", \"seq_len\": $N}" "${@:3}" ;;
-  fixed)   train "$BASE" "{\"pattern\": \"${3:?give the pattern}\", \"seq_len\": $N}" "${@:4}" ;;
+  no-diag) train "$BASE" --token-mask no_diagonal "${@:3}" ;;
+  fixed)   train "$BASE" --token-mask "${3:?give the pattern}" "${@:4}" ;;
   dam)
     # stage 1: search (DAM gates the full n x n attention; dense compute, as in the paper)
-    train "$BASE/search" "{\"pattern\": \"dam\", \"seq_len\": $N}" --attention-kernel dense "${@:3}"
+    train "$BASE/search" --token-mask dam --attention-kernel dense "${@:3}"
     # stage 2: train with the binarized learned mask as a fixed mask
-    train "$BASE/fixed" "{\"pattern\": \"file\", \"path\": \"$BASE/search/ckpt/learned_masks.pt\", \"seq_len\": $N}" "${@:3}" ;;
+    train "$BASE/fixed" --token-mask file --token-mask-path "$BASE/search/ckpt/learned_masks.pt" "${@:3}" ;;
   *) echo "KIND must be no-diag, fixed or dam" >&2; exit 2 ;;
 esac

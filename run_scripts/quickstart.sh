@@ -51,7 +51,7 @@ step "5/8 pretrain a tiny BlockBERT (n=2, heads 3:1, N=128, block 16) with DeepS
 .venv/bin/deepspeed --num_gpus "$NPROC" pretrain/train.py --deepspeed_config ds_configs/zero2_fp32.json \
     --data-path "$OUT/data/sample_text_sentence" --vocab-file "$OUT/tokenizer/vocab.txt" \
     --model-preset tiny --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512 \
-    --sparsity-config '{"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}' \
+    --blockbert-blocks 2 --head-assignment 3:1 \
     --seq-length 128 --max-position-embeddings 128 --micro-batch-size 8 --global-batch-size $((8 * NPROC)) \
     --train-iters "$ITERS" --lr 2e-3 --lr-warmup-fraction 0.1 --log-interval 10 \
     --eval-interval $((ITERS / 3)) --eval-iters 10 --num-workers 1 \

@@ -305,23 +305,23 @@ SWEEP = [
     ("tools.model_stats", ["--model-config", "{d}/list.json"], "expected a JSON object, got a list"),
     ("tools.model_stats", ["--model-config", "{d}"], "--model-config {d} is a directory"),
     ("tools.model_stats", ["--position", "[1]"], "--position must be a JSON object"),
-    ("tools.model_stats", ["--preset", "nope"], "--preset nope: unknown model preset"),
+    ("tools.model_stats", ["--model-preset", "nope"], "--model-preset nope: unknown model preset"),
     ("tools.plot_layouts", ["--model-config", "{d}/list.json", "--stats"], "expected a JSON object, got a list"),
     ("tools.plot_layouts", ["--sparsity", "[1]", "--num-heads", "2", "--stats"], "--sparsity: sparse_attention"),
-    ("tools.plot_layouts", ["--preset", "nope", "--stats"], "--preset nope: unknown model preset"),
+    ("tools.plot_layouts", ["--model-preset", "nope", "--stats"], "--model-preset nope: unknown model preset"),
     (
         "tools.plot_layouts",
-        ["--preset", "blockbert-base-n2", "--seq-len", "64", "--out", "{ro}/l.png"],
+        ["--model-preset", "blockbert-base-n2", "--seq-length", "64", "--out", "{ro}/l.png"],
         "--out {ro}/l.png: cannot write there",
     ),
     (
         "tools.plot_layouts",
-        ["--preset", "blockbert-base-n2", "--seq-len", "64", "--out", "{full}/l.png"],
+        ["--model-preset", "blockbert-base-n2", "--seq-length", "64", "--out", "{full}/l.png"],
         "no space left on the device",
     ),
     (
         "tools.plot_layouts",
-        ["--preset", "blockbert-base-n2", "--seq-len", "64", "--out", "{d}"],
+        ["--model-preset", "blockbert-base-n2", "--seq-length", "64", "--out", "{d}"],
         "--out {d} is a directory",
     ),  # wrote {d}.png
     ("tools.profile_memory", ["--out", "{ro}/pm"], "--out {ro}/pm: cannot write there: read-only"),

@@ -74,10 +74,11 @@ def _flag_sources(src: Path) -> str:
     text = src.read_text(encoding="utf-8")
     if src in (REPO / "pretrain" / "train.py", REPO / "pretrain" / "__main__.py"):
         src = REPO / "pretrain" / "args.py"  # the trainer's parser lives there
-    if src.suffix == ".py" and "def build_parser(" in src.read_text(encoding="utf-8"):
-        # flags generated from config dataclasses: ask the parser
+    builders = re.findall(r"^def (\w*parser)\(\)", src.read_text(encoding="utf-8"), re.M) if src.suffix == ".py" else []
+    if builders:  # flags generated from config dataclasses: ask the parsers (build_parser, samples_parser, ...)
         module = importlib.import_module(".".join(src.relative_to(REPO).with_suffix("").parts))
-        text += " ".join(f'"{o}"' for a in module.build_parser()._actions for o in a.option_strings)
+        for name in builders:
+            text += " ".join(f'"{o}"' for a in getattr(module, name)()._actions for o in a.option_strings)
     for imported in re.findall(
         r"^from ((?:data_pipeline|tools|pretrain|benchmarks|common)\.[\w.]+) import", text, re.M
     ):

@@ -5,7 +5,6 @@ tiny model, read back from its log."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -42,8 +41,10 @@ def test_the_recipe_script_ramps_the_batch_and_anneals(tmp_path):
     )
     assert p.returncode == 0, p.stdout[-4000:]
     assert "optimizer StableAdamW (torch-optimi, a client optimizer)" in p.stdout
-    model = json.loads((out / "model.json").read_text())
-    assert model["attention"]["local"]["token_mask"] == {"pattern": "sliding_window", "window": 128}
+    from pretrain.checkpoint import find_resume_tag, read_client_state
+
+    model = read_client_state(out / "ckpt", find_resume_tag(out / "ckpt"))["model_config"]  # what the run trained
+    assert model["attention"]["local"] == {"sparsity": None, "token_mask": {"pattern": "sliding_window", "window": 128}}
 
     recs = tu.train_records(out / "log.jsonl")
     # Megatron's ramp from 8 // 6 rounded down to micro x ranks = 2 (at least one unit), +2 every 29 / 3 samples

@@ -229,7 +229,7 @@ def test_tools_stats(capsys):
             '{"pattern": "star", "block": 8, "relay": 5}',
             "--num-heads",
             "2",
-            "--seq-len",
+            "--seq-length",
             "64",
             "--stats",
         ]

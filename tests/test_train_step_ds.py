@@ -18,7 +18,7 @@ from tests import train_utils as tu
 @pytest.mark.timeout(600)
 def test_rows_record_the_inputs_and_kernels_the_trainer_uses(tmp_path):
     out = tmp_path / "rows.json"
-    cmd = [sys.executable, "-m", "benchmarks.train_step_ds", "--preset", "tiny", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "benchmarks.train_step_ds", "--model-preset", "tiny", "--device", "cpu"]
     cmd += ["--precisions", "bf16", "--steps", "1", "--warmup", "1", "--seq-lens", "128", "--json", str(out)]
     p = subprocess.run(cmd, cwd=tu.REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert p.returncode == 0, p.stdout[-3000:]
@@ -38,7 +38,7 @@ def test_it_times_the_data_pipelines_batches(tmp_path):
     derives); tokens/s counts the real tokens."""
     data = tu.prepare(tmp_path)
     out = tmp_path / "rows.json"
-    cmd = [sys.executable, "-m", "benchmarks.train_step_ds", "--preset", "tiny", "--device", "cpu", "--variants"]
+    cmd = [sys.executable, "-m", "benchmarks.train_step_ds", "--model-preset", "tiny", "--device", "cpu", "--variants"]
     cmd += ["dense", "--precisions", "bf16", "--steps", "2", "--warmup", "1", "--seq-lens", "64", "--json", str(out)]
     cmd += ["--data-path", str(data / "shard"), "--vocab-file", str(data / "vocab.txt"), "--vocab", str(tu.VOCAB_SIZE)]
     p = subprocess.run(cmd, cwd=tu.REPO, env=tu.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -79,7 +79,9 @@ def trainer_table() -> str:
 
     out = []
     for group in build_parser()._action_groups:  # argparse keeps no public accessor for groups
-        actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
+        actions = [  # deprecated spellings (help suppressed) stay out of the table
+            a for a in group._group_actions if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS
+        ]
         if not actions:
             continue
         out += [f"#### {group.title}", "", "| flag | default | meaning |", "|---|---|---|"]
@@ -154,6 +156,36 @@ def pattern_table() -> str:
     return "\n".join(out)
 
 
+def _attention_summary(attention: dict[str, Any]) -> str:
+    sparsity, parts = attention.get("sparsity"), []
+    if sparsity:
+        parts.append(f"`{sparsity['mode']}` n={sparsity.get('num_blocks')} heads {sparsity.get('head_assignment')}")
+    if attention.get("global_every"):
+        window = ((attention.get("local") or {}).get("token_mask") or {}).get("window")
+        every = attention["global_every"]
+        parts = [f"{'; '.join(parts) or 'full'} where layer % {every} == 0, a {window}-token window elsewhere"]
+    return "; ".join(parts) or "full"
+
+
+def preset_table() -> str:
+    """The recipes of model/presets.py (``--model-preset``), from the registry."""
+    from model.presets import PRESETS
+
+    out = [
+        "| preset | hidden x layers x heads, FFN | max positions | attention | positions |",
+        "|---|---|---|---|---|",
+    ]
+    for name, d in sorted(PRESETS.items()):
+        size = f"{d['hidden_size']} x {d['num_layers']} x {d['num_attention_heads']}, {d['intermediate_size']}"
+        pos = d.get("position") or {"type": "absolute"}
+        pos_text = ", ".join(f"{k} {v}" for k, v in pos.items() if k != "type")
+        attention = _cell(_attention_summary(d.get("attention") or {}))
+        pos_cell = f"`{pos['type']}`" + (f" ({pos_text})" if pos_text else "")
+        out.append(f"| `{name}` | {size} | {d['max_position_embeddings']} | {attention} | {pos_cell} |")
+    out.append("")
+    return "\n".join(out)
+
+
 def generate(doc: str = "docs/configuration.md") -> str:
     """The generated block of ``doc`` (docs/configuration.md: the reference tables; docs/model.md: the patterns)."""
     if Path(doc).name == "model.md":
@@ -165,6 +197,9 @@ def generate(doc: str = "docs/configuration.md") -> str:
             "### Model configuration",
             "",
             model_tables(),
+            "### Model presets (`--model-preset`, `model/presets.py`)",
+            "",
+            preset_table(),
             "### Registries",
             "",
             registry_tables(),

@@ -357,10 +357,10 @@ fi
 def smoke_model(ctx: Ctx) -> list[str]:
     """A tiny BlockBERT (n=2, heads 3:1, block 16, static MLM gather); smaller still for the CPU rehearsal."""
     hidden, ffn, seq = (64, 256, 64) if ctx.device == "cpu" else (256, 1024, 128)
-    sparsity = '{"mode": "blockbert", "num_blocks": 2, "head_assignment": "3:1", "block": 16}'
     return [
         *("--model-preset", "tiny", "--hidden-size", str(hidden), "--num-attention-heads", "4"),
-        *("--ffn-hidden-size", str(ffn), "--attention-dropout", "0", "--sparsity-config", sparsity),
+        *("--ffn-hidden-size", str(ffn), "--attention-dropout", "0", "--blockbert-blocks", "2", "--head-assignment"),
+        "3:1",
         *("--seq-length", str(seq), "--max-position-embeddings", str(seq), "--max-predictions-per-seq", "16"),
     ]
 
@@ -581,13 +581,13 @@ def train_step_step(ctx: Ctx, cap_s: float) -> Step:
     out = ctx.work / "train_step.json"
     data = data_dir(ctx)
     if ctx.device == "cpu":
-        sizes = ["--preset", "tiny", "--cases", "dense@128", "dense@256", "blockbert-n2@256", "--warmup", "1"]
+        sizes = ["--model-preset", "tiny", "--cases", "dense@128", "dense@256", "blockbert-n2@256", "--warmup", "1"]
         sizes += ["--steps", "1", "--device", "cpu"]
     elif ctx.quick:
-        sizes = ["--preset", "bert-base", "--cases", "dense@512", "dense@4096", "blockbert-n2@4096"]
+        sizes = ["--model-preset", "bert-base", "--cases", "dense@512", "dense@4096", "blockbert-n2@4096"]
         sizes += ["--warmup", "3", "--steps", "8"]
     else:
-        sizes = ["--preset", "bert-base", "--seq-lens", "512", "1024", "4096"]
+        sizes = ["--model-preset", "bert-base", "--seq-lens", "512", "1024", "4096"]
     cmd = [ctx.python, "-m", "benchmarks.train_step_ds", *sizes, "--precisions", ctx.low_precision]
     cmd += ["--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
     cmd += ["--sample-mode", "full-sentences", "--json", str(out)]

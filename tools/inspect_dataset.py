@@ -17,13 +17,13 @@ from typing import Sequence
 
 import numpy as np
 
+from common.cli import HelpFormatter, add_deprecated_alias, add_flags, build
 from common.errors import run_entry
 from common.outputs import check_dir_writable
 from data_pipeline.collate import Collator
 from data_pipeline.data_config import DataConfig, DataConfigError
 from data_pipeline.datasets import build_datasets, check_shard_vocab
 from data_pipeline.indexed import IndexedDataset
-from data_pipeline.samples import MODES
 from data_pipeline.stats import dataset_stats
 from data_pipeline.tokenization import TOKENIZER_TYPES, build_tokenizer
 
@@ -109,44 +109,26 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-def _samples_args(argv: Sequence[str] | None) -> argparse.Namespace:
+SAMPLES_OWN_FLAGS = ("tokenizer_type", "vocab_file", "tokenizer_model", "split_name", "stats", "stats_samples", "show")
+"""The ``samples`` flags that are not DataConfig fields (every other flag is generated from DataConfig)."""
+
+
+def samples_parser() -> argparse.ArgumentParser:
+    """The ``samples`` command line: every data setting generated from :class:`DataConfig` (common.cli, the
+    trainer's names and help texts), plus the tokenizer and what to print."""
     p = argparse.ArgumentParser(
         prog="python -m tools.inspect_dataset samples",
         description="Build (and cache) the sample index of shards; print statistics.",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument(
-        "--data-path",
-        nargs="+",
-        required=True,
-        help="shard prefix, or weights and prefixes: 0.25 books_prefix 0.75 wiki_prefix",
-    )
-    p.add_argument("--split", default="949,50,1", help="train,valid,test proportions of documents")
+    add_flags(p, DataConfig)
+    by_dest = {a.dest: a for a in p._actions}
+    add_deprecated_alias(p, by_dest["sample_mode"], "--mode")
+    add_deprecated_alias(p, by_dest["mask_prob"], "--mlm-probability")
     p.add_argument("--split-name", default="train", choices=("train", "valid", "test"), help="which split to describe")
-    p.add_argument("--seq-length", type=int, default=512)
-    p.add_argument("--sample-mode", "--mode", dest="sample_mode", default="doc-sentences", choices=MODES)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument(
-        "--cut-fraction",
-        type=float,
-        default=0.1,
-        help="doc/full-sentences: cut a sentence to fill a sample when more than this fraction of "
-        "N would stay empty (1.0 = whole sentences only)",
-    )
-    p.add_argument(
-        "--mask-prob",
-        "--mlm-probability",
-        dest="mask_prob",
-        type=float,
-        default=0.15,
-        help="share of tokens chosen for prediction",
-    )
-    p.add_argument("--whole-word-masking", action="store_true")
-    p.add_argument("--pad-to-multiple-of", type=int, default=None)
-    p.add_argument("--tokenizer-type", required=True)
-    p.add_argument("--vocab-file", default=None)
-    p.add_argument("--tokenizer-model", default=None)
-    p.add_argument("--cache-dir", default=None, help="where to cache indices (default: cache/ beside the shards)")
+    p.add_argument("--tokenizer-type", required=True, help="data_pipeline.tokenization type")
+    p.add_argument("--vocab-file", default=None, help="WordPiece vocab file")
+    p.add_argument("--tokenizer-model", default=None, help="SentencePiece / HF tokenizer model")
     p.add_argument("--stats", action="store_true", help="print statistics as JSON")
     p.add_argument(
         "--stats-samples",
@@ -155,7 +137,15 @@ def _samples_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how many samples to mask for the masking statistics (fill ratio uses all)",
     )
     p.add_argument("--show", type=int, default=0, metavar="K", help="decode K masked samples")
-    return p.parse_args(argv)
+    return p
+
+
+def _samples_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = samples_parser()
+    args = p.parse_args(argv)
+    if not args.data_path:
+        p.error("--data-path is required: a shard prefix, or weights and prefixes (0.25 books 0.75 wiki)")
+    return args
 
 
 def samples_main(argv: Sequence[str] | None = None) -> int:
@@ -170,19 +160,7 @@ def _samples_main(argv: Sequence[str]) -> int:
     if args.cache_dir:  # asked for: refused when unwritable (the default, beside the shards, may be read-only)
         check_dir_writable(args.cache_dir, "--cache-dir")
     try:
-        config = DataConfig(
-            data_path=args.data_path,
-            split=args.split,
-            seq_length=args.seq_length,
-            sample_mode=args.sample_mode,
-            seed=args.seed,
-            short_seq_prob=args.short_seq_prob,
-            cut_fraction=args.cut_fraction,
-            mask_prob=args.mask_prob,
-            whole_word_masking=args.whole_word_masking,
-            pad_to_multiple_of=args.pad_to_multiple_of,
-            cache_dir=args.cache_dir,
-        )
+        config = build(DataConfig, args)
         t0 = time.perf_counter()
         # verbose: where each index was built and cached, or why it could not be cached (a full or read-only disk)
         splits = dict(zip(("train", "valid", "test"), build_datasets(config, tokenizer, verbose=True)))

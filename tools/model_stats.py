@@ -1,7 +1,7 @@
 """Parameter counts of a model config, by part; ``--table6`` lays our DIET variants next to DIET's Table 6.
 
-    .venv/bin/python -m tools.model_stats --preset bert-base --position '{"type": "diet_abs", "rank": 128}'
-    .venv/bin/python -m tools.model_stats --preset bert-base --position '{"type": "diet_rel"}' --segment per_head
+    .venv/bin/python -m tools.model_stats --model-preset bert-base --position '{"type": "diet_abs", "rank": 128}'
+    .venv/bin/python -m tools.model_stats --model-preset bert-base --position '{"type": "diet_rel"}' --segment per_head
     .venv/bin/python -m tools.model_stats --model-config my_model.json
     .venv/bin/python -m tools.model_stats --table6            # BERT-base vs DIET-REL/ABS (shared or not), JSON
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from common.cli import add_deprecated_alias
 from common.errors import UserError, run_entry
 from common.inputs import read_json_object
 from model.bert import BertForPreTraining
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tools.model_stats", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="bert-base", help="a ModelConfig preset (default bert-base)")
+    preset = src.add_argument("--model-preset", dest="preset", default="bert-base", help="a model/presets.py recipe")
+    add_deprecated_alias(src, preset, "--preset")
     src.add_argument("--model-config", type=Path, help="a ModelConfig JSON file")
     p.add_argument("--position", help='position block as JSON, e.g. \'{"type": "diet_abs", "rank": 128}\'')
     p.add_argument("--segment", choices=list(SEGMENT_TYPES))
@@ -112,7 +114,7 @@ def _main(argv: list[str]) -> int:
         else:
             cfg = ModelConfig.preset(args.preset, **over)
     except (ValueError, TypeError) as e:
-        where = f"--model-config {args.model_config}" if args.model_config else f"--preset {args.preset}"
+        where = f"--model-config {args.model_config}" if args.model_config else f"--model-preset {args.preset}"
         raise UserError(f"{where}: {e}") from None
     c = count(cfg)
     print(

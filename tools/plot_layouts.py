@@ -1,15 +1,15 @@
 """Draw a block-sparse attention layout, one panel per head (like the papers' figures), to PNG.
 
     .venv/bin/python -m tools.plot_layouts --sparsity '{"mode": "bigbird", "block": 16}' --num-heads 4 \\
-        --seq-len 512 --out out/bigbird.png
-    .venv/bin/python -m tools.plot_layouts --preset blockbert-base-n3 --seq-len 512 --out out/blockbert_n3.png
-    .venv/bin/python -m tools.plot_layouts --model-config my_model.json --layer 0 --seq-len 1024 --out out/l0.png
+        --seq-length 512 --out out/bigbird.png
+    .venv/bin/python -m tools.plot_layouts --model-preset blockbert-base-n3 --seq-length 512 --out out/blockbert_n3.png
+    .venv/bin/python -m tools.plot_layouts --model-config my_model.json --layer 0 --seq-length 1024 --out out/l0.png
 
 SparseBERT token masks (drawn per token; a model config's mask is ANDed with its block layout):
 
-    .venv/bin/python -m tools.plot_layouts --token-mask '{"pattern": "star"}' --num-heads 2 --seq-len 128 \
+    .venv/bin/python -m tools.plot_layouts --token-mask '{"pattern": "star"}' --num-heads 2 --seq-length 128 \
         --out out/star.png --stats
-    .venv/bin/python -m tools.plot_layouts --table3 --seq-len 128        # sparsity of every pattern vs the paper
+    .venv/bin/python -m tools.plot_layouts --table3 --seq-length 128        # sparsity of every pattern vs the paper
 
 Dark cells are (query block, key block) pairs that are computed; the title gives each head's density.
 ``--stats`` prints the sparsity (1 - allowed / n^2) per head and the block-layout density as JSON.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from common.cli import add_deprecated_alias
 from common.errors import UserError, run_entry, write_errors
 from common.inputs import read_json_object
 from common.outputs import atomic_file, check_file_writable
@@ -98,7 +99,7 @@ def _model_config(args: argparse.Namespace) -> ModelConfig:
         else:
             cfg = ModelConfig.preset(args.preset)
     except (ValueError, TypeError) as e:
-        where = f"--model-config {args.model_config}" if args.model_config else f"--preset {args.preset}"
+        where = f"--model-config {args.model_config}" if args.model_config else f"--model-preset {args.preset}"
         raise UserError(f"{where}: {e}") from None
     if not 0 <= args.layer < cfg.num_layers:
         raise UserError(f"--layer {args.layer} out of range: the model has {cfg.num_layers} layers")
@@ -140,7 +141,7 @@ def _resolve(args: argparse.Namespace) -> tuple[SparsityConfig, str]:
         if sp is None:
             raise UserError(f"layer {args.layer} uses full (dense) attention: nothing to draw")
         return sp, f"{args.preset or args.model_config} layer {args.layer}"
-    raise UserError("give one of --sparsity, --preset or --model-config")
+    raise UserError("give one of --sparsity, --model-preset or --model-config")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,13 +153,18 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tools.plot_layouts", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--sparsity", help="ds_config-style sparse_attention block as JSON")
-    src.add_argument("--preset", help="a ModelConfig preset name, e.g. blockbert-base-n2")
+    preset = src.add_argument(
+        "--model-preset",
+        dest="preset",
+        help="a model/presets.py recipe, e.g. blockbert-base-n2",
+    )
+    add_deprecated_alias(src, preset, "--preset")
     src.add_argument("--model-config", help="a ModelConfig JSON file")
     src.add_argument("--token-mask", help="a SparseBERT attention.token_mask block as JSON")
     src.add_argument("--table3", action="store_true", help="print every pattern's sparsity vs SparseBERT Table 3")
     p.add_argument("--num-heads", type=int, help="heads (with --sparsity / --token-mask)")
     p.add_argument("--layer", type=int, default=0)
-    p.add_argument("--seq-len", type=int, default=512)
+    add_deprecated_alias(p, p.add_argument("--seq-length", dest="seq_len", type=int, default=512), "--seq-len")
     p.add_argument("--heads", type=int, nargs="+", help="only these heads")
     p.add_argument("--out", type=Path, help="PNG to write (optional with --stats)")
     p.add_argument("--stats", action="store_true", help="print sparsity per head (and pattern) as JSON")

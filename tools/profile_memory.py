@@ -1,6 +1,7 @@
 """Training-memory profile of the blockwise-attention paper (section 2 and appendix A.2), dense vs BlockBERT.
 
-    python -m tools.profile_memory [--hidden 192 --layers 2 --heads 12] [--tokens 4096] [--out docs/figures]
+    python -m tools.profile_memory [--hidden-size 192 --num-layers 2 --num-attention-heads 12] [--tokens 4096]
+        [--out docs/figures]
 
 Model memory and optimizer memory come from tensor sizes (numel x element_size; Adam keeps gradients plus two
 moments). Activation memory is what backward needs: on CUDA the paper's `max_memory_allocated - model -
@@ -21,17 +22,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cli import add_deprecated_alias
 from common.errors import run_entry, write_errors
 from common.outputs import atomic_file, check_dir_writable
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from model.presets import blockbert
 from tools.measure import MB, SavedActivations, synthetic_batch, tensor_bytes, timed_steps, train_step
 
-VARIANTS = {
-    "dense": None,
-    "blockbert-n2": {"mode": "blockbert", "num_blocks": 2, "head_assignment": "10:2", "block": 64},
-    "blockbert-n3": {"mode": "blockbert", "num_blocks": 3, "head_assignment": "8:2:2", "block": 64},
-}
+VARIANTS = {"dense": None, "blockbert-n2": 2, "blockbert-n3": 3}
+"""Variant -> BlockBERT n (model.presets.blockbert: the paper's split at the model's heads, 64-token tiles)."""
 
 
 @dataclass
@@ -57,7 +57,7 @@ class MemoryProfile:
 def model_config(
     variant: str, hidden: int, layers: int, heads: int, seq_len: int, kernel: str, vocab: int = 30522
 ) -> ModelConfig:
-    sparsity = VARIANTS[variant]
+    sparsity = None if VARIANTS[variant] is None else blockbert(VARIANTS[variant], heads, block=64)
     attention = {"kernel": "dense" if sparsity is None else kernel, "sparsity": sparsity}
     return ModelConfig.preset(
         "bert-base",
@@ -127,9 +127,12 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tools.profile_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--hidden", type=int, default=192)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=12, help="12 so the paper's 10:2 and 8:2:2 assignments apply")
+    add_deprecated_alias(p, p.add_argument("--hidden-size", dest="hidden", type=int, default=192), "--hidden")
+    add_deprecated_alias(p, p.add_argument("--num-layers", dest="layers", type=int, default=2), "--layers")
+    heads = p.add_argument(
+        "--num-attention-heads", dest="heads", type=int, default=12, help="12: the paper's 10:2 and 8:2:2 splits"
+    )
+    add_deprecated_alias(p, heads, "--heads")
     p.add_argument("--tokens", type=int, default=4096, help="b x N kept fixed (the paper: 4096 per GPU)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))

@@ -6,6 +6,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from model.presets import PresetError, blockbert, diet, modernbert, sparsebert
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -105,40 +107,31 @@ DEFAULT_CONFIGS = ("dense", "blockbert_n2", "blockbert_n3", "sparsebert_strided"
 
 
 def head_assignment(num_heads: int, blocks: int) -> str:
-    """The blockwise paper's split scaled to ``num_heads``: 12 heads -> 10:2 (n=2), 8:2:2 (n=3); 4 -> 3:1, 2:1:1."""
-    shifted = max(1, round(num_heads / 6))
-    first = num_heads - shifted * (blocks - 1)
-    if first < 1:
-        raise CompareError(f"{num_heads} heads cannot be split over {blocks} BlockBERT permutations")
-    return ":".join([str(first)] + [str(shifted)] * (blocks - 1))
+    """The blockwise paper's split scaled to ``num_heads`` (model.presets.blockbert): 12 heads -> 10:2 (n=2),
+    8:2:2 (n=3); 4 -> 3:1, 2:1:1."""
+    try:
+        return blockbert(blocks, num_heads)["head_assignment"]
+    except PresetError as e:
+        raise CompareError(str(e)) from None
 
 
 def attention_and_position(config: str, preset: Preset) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """ModelConfig ``attention`` fields and ``position`` block of a named config (see the flags of
-    run_scripts/pretrain_*.sh: the same set-ups, scaled to the preset's heads and N)."""
+    """ModelConfig ``attention`` fields and ``position`` block of a named config: the recipes of model/presets.py
+    (the set-ups of run_scripts/pretrain_*.sh), scaled to the preset's heads and N."""
     n = preset.seq_length
     if config == "dense":  # RoBERTa-1seq
         return {"kernel": "dense"}, None
-    if config in ("blockbert_n2", "blockbert_n3"):
-        blocks = int(config[-1])
-        return {
-            "kernel": "auto",
-            "sparsity": {
-                "mode": "blockbert",
-                "num_blocks": blocks,
-                "block": 16,
-                "head_assignment": head_assignment(preset.num_heads, blocks),
-            },
-        }, None
-    if config == "sparsebert_strided":
-        return {
-            "kernel": "auto",
-            "token_mask": {"pattern": "strided", "stride": preset.strided_stride, "seq_len": n},
-        }, None
-    if config == "diet_rel":
-        return {"kernel": "auto"}, {"type": "diet_rel", "max_distance": min(128, n), "sharing": "none"}
-    if config == "diet_abs":
-        return {"kernel": "auto"}, {"type": "diet_abs", "rank": min(128, preset.hidden_size), "sharing": "none"}
+    try:
+        if config in ("blockbert_n2", "blockbert_n3"):
+            return {"kernel": "auto", "sparsity": blockbert(int(config[-1]), preset.num_heads)}, None
+        if config == "sparsebert_strided":
+            return {"kernel": "auto", "token_mask": sparsebert("strided", n, stride=preset.strided_stride)}, None
+        if config == "diet_rel":
+            return {"kernel": "auto"}, diet("rel", min(128, n))
+        if config == "diet_abs":
+            return {"kernel": "auto"}, diet("abs", min(128, preset.hidden_size))
+    except PresetError as e:
+        raise CompareError(f"config {config!r} at {preset.num_heads} heads: {e}") from None
     raise CompareError(f"unknown config {config!r}; choose from {', '.join(CONFIG_NAMES)}")
 
 
@@ -155,7 +148,7 @@ def _modernbert_dict(config: str, preset: Preset) -> dict[str, Any]:
         max_position_embeddings=preset.seq_length,
     ).to_dict()
     window = min(128, preset.seq_length // 4)
-    d["attention"]["local"] = {"token_mask": {"pattern": "sliding_window", "window": window}}
+    d["attention"]["local"] = modernbert(window)["local"]
     if config == "modernbert_blockbert":
         d["attention"].update(attention_and_position("blockbert_n2", preset)[0])
     return ModelConfig.from_dict(d).to_dict()
