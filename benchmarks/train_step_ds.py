@@ -335,7 +335,7 @@ def _main(argv: list[str]) -> int:
     )
     rows = []
     if args.precisions is None:
-        from tools.gpu_check import gpus_support_bf16
+        from benchmarks.gpu_check import gpus_support_bf16
 
         bf16 = args.device != "cuda" or gpus_support_bf16()
         args.precisions = ["bf16", "fp16"] if bf16 else ["fp16"]

@@ -327,9 +327,9 @@ SWEEP = [
     ("tools.profile_memory", ["--out", "{ro}/pm"], "--out {ro}/pm: cannot write there: read-only"),
     ("tools.profile_memory", ["--out", "{d}/empty.json"], "is a file; give a directory path"),
     ("tools.inspect_dataset", ["{d}/shard", "--vocab-file", "{d}"], "which is a directory"),
-    ("tools.gpu_check", ["--only", "nope"], "--only nope: no such step"),  # ran nothing and passed
-    ("tools.gpu_check", ["--out-dir", "{ro}/gc"], "--out-dir {ro}/gc: cannot write there"),
-    ("tools.gpu_check", ["--work-dir", "{ro}/w", "--out-dir", "{d}/gc"], "--work-dir {ro}/w: cannot write there"),
+    ("benchmarks.gpu_check", ["--only", "nope"], "--only nope: no such step"),  # ran nothing and passed
+    ("benchmarks.gpu_check", ["--out-dir", "{ro}/gc"], "--out-dir {ro}/gc: cannot write there"),
+    ("benchmarks.gpu_check", ["--work-dir", "{ro}/w", "--out-dir", "{d}/gc"], "--work-dir {ro}/w: cannot write there"),
     ("benchmarks.attention", ["--table", "{d}/gone.json"], "--table {d}/gone.json: no such file"),
     ("benchmarks.attention", ["--table", "{d}/empty.json"], "--table {d}/empty.json is empty"),
     ("benchmarks.attention", ["--table", "{d}/list.json"], "expected a JSON object, got a list"),

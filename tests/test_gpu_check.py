@@ -1,4 +1,4 @@
-"""tools/gpu_check.py's own logic on CPU, with mocks where a GPU is needed: the --quick plan, the budget (steps past
+"""benchmarks/gpu_check.py on CPU, with mocks where a GPU is needed: the --quick plan, the budget (steps past
 it are skipped and named, a step reaching it is cut), the process-group kill (a step's children die with it, also
 when gpu_check itself is stopped), the failure when nvidia-smi sees GPUs that torch cannot use, the report's fields,
 the smoke's two-phase resume run for real on CPU, and `gpu_check.sh --quick` end to end in its no-GPU mode."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import gpu_check as gc
+from benchmarks import gpu_check as gc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def _ctx(tmp_path: Path, **kw) -> gc.Ctx:
 
 def test_help_list_and_shell_syntax():
     r = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "benchmarks.gpu_check", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "report.md" in r.stdout and "--quick" in r.stdout
     assert subprocess.run(["bash", "-n", str(REPO / "run_scripts" / "gpu_check.sh")]).returncode == 0
@@ -212,7 +212,7 @@ def test_a_finished_step_leaves_nothing_running(tmp_path):
 
 MOCKED_MAIN = """
 import sys, time, torch
-from tools import gpu_check as gc
+from benchmarks import gpu_check as gc
 torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: 1
 gc.gpus_support_bf16 = lambda: True
@@ -316,7 +316,7 @@ def test_gpus_that_torch_cannot_use_fail_the_check(tmp_path):
     """nvidia-smi lists an H100 but this torch (a CPU build here) cannot use it: a failure naming both, not 'no GPU'."""
     env = _fake_smi(tmp_path / "bin")
     r = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
+        [sys.executable, "-m", "benchmarks.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -350,7 +350,7 @@ def test_without_a_gpu_it_writes_a_report_naming_every_step_and_exits_0(tmp_path
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU mode (this machine has a GPU)")
     r = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
+        [sys.executable, "-m", "benchmarks.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
         cwd=REPO,
         env=dict(os.environ, PATH="/usr/bin:/bin"),  # no nvidia-smi
         capture_output=True,

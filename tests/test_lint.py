@@ -120,6 +120,50 @@ def test_packages_import_only_the_layers_below():
     assert not wrong, "imports against the layering (docs/architecture.md, Module boundaries):\n" + "\n".join(wrong)
 
 
+_MODULE_RUN = re.compile(r"-m\s+((?:%s)\b[\w.]*)" % "|".join(OURS))
+
+
+def _started_packages(path: Path) -> list[tuple[int, str]]:
+    """(line, our package) for every module the file starts as a process: ``[..., "-m", "pkg.mod", ...]`` in a command
+    list, or ``-m pkg.mod`` in an f-string (a bash script built in Python, e.g. ``f"{python} -m pkg.mod ..."``).
+    Plain strings are usage examples in help and error texts, not calls."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            for a, b in zip(node.elts, node.elts[1:]):
+                if isinstance(a, ast.Constant) and a.value == "-m" and isinstance(b, ast.Constant):
+                    out.append((b.lineno, str(b.value).split(".")[0]))
+        elif isinstance(node, ast.JoinedStr):
+            for part in node.values:
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    out += [(node.lineno, m.group(1).split(".")[0]) for m in _MODULE_RUN.finditer(part.value)]
+    return [(line, root) for line, root in out if root in OURS]
+
+
+def test_subprocesses_start_only_the_layers_below():
+    """A package starts our modules as processes (``python -m pkg.mod``) only from the layers it may import: a
+    subprocess is a dependency the import graph cannot see (tools.gpu_check once ran benchmarks that import tools)."""
+    wrong = []
+    for package, allowed in ALLOWED_IMPORTS.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            for line, root in _started_packages(path):
+                if root != package and root not in allowed:
+                    wrong.append(f"{path.relative_to(REPO)}:{line}: {package} starts {root}")
+    assert not wrong, "processes started against the layering (docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def test_the_subprocess_scan_sees_both_forms(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text(
+        '"""python -m benchmarks.attention (a docstring: not a call)"""\n'
+        'cmd = [sys.executable, "-m", "benchmarks.attention", "--n", "1"]\n'
+        'script = f"{py} -m data_pipeline.preprocess --input x"\n'
+        'raise SystemExit("usage: python -m pretrain.train (a plain string: an example, not a call)")\n'
+    )
+    assert sorted(_started_packages(f)) == [(2, "benchmarks"), (3, "data_pipeline")]
+
+
 def test_architecture_doc_states_the_same_layering():
     doc = (REPO / "docs" / "architecture.md").read_text()
     for package, allowed in ALLOWED_IMPORTS.items():

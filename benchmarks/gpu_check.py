@@ -968,7 +968,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; bad arguments are one line and exit 2 (common.errors.run_entry)."""
     from common.errors import run_entry
 
-    return run_entry("tools.gpu_check", _main, argv)
+    return run_entry("benchmarks.gpu_check", _main, argv)
 
 
 def _main(argv: list[str]) -> int:
@@ -976,7 +976,7 @@ def _main(argv: list[str]) -> int:
     from common.outputs import check_dir_writable
 
     p = argparse.ArgumentParser(
-        prog="python -m tools.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--out-dir", default=os.environ.get("GPU_CHECK_OUT", "out/gpu_check"))
     p.add_argument("--work-dir", help="scratch (shards, checkpoints, logs); default: a new directory under $TMPDIR")
