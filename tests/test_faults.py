@@ -136,9 +136,12 @@ def test_dead_rank_ends_the_job_nonzero_in_bounded_time(data, tmp_path):
     assert p.returncode != 0
     assert "rank 1: dying at iteration 3" in p.stdout
     assert "iteration 50/50" not in p.stdout
-    # the survivor names the lost peer (its exit code 5 shows on a host of its own: test_multinode.py; here the
-    # launcher reports the dead rank's -9 and ends the survivor)
-    assert "a collective failed because a peer rank stopped answering or died" in p.stdout, p.stdout[-3000:]
+    # the survivor ends by whichever comes first: its collective fails on the lost peer (the one line, exit code 5;
+    # on a host of its own that is what ends it: test_multinode.py), or DeepSpeed's launcher, polling each second,
+    # sees rank 1's -9 and kills it. Under load the second won (rank 0 was still in its forward): both are bounded.
+    survivor_named_the_peer = "a collective failed because a peer rank stopped answering or died" in p.stdout
+    launcher_ended_the_survivor = "Killing subprocess" in p.stdout and "exits with return code = -9" in p.stdout
+    assert survivor_named_the_peer or launcher_ended_the_survivor, p.stdout[-3000:]
     assert time.monotonic() - start < 240
 
 
