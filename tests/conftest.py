@@ -21,14 +21,23 @@ EXTENDED = os.environ.get("SPARSE_BERT_EXTENDED") == "1"
 """Run the tests marked ``extended`` (run_scripts/extended_check.sh sets it): longer than CI's budget, or not yet
 seen passing three times in a row under load."""
 
+LONG = EXTENDED or os.environ.get("SPARSE_BERT_LONG") == "1"
+"""Run the tests marked ``long`` (run_scripts/repeat_check.sh sets it): multi-rank, multi-host and Slurm cases that
+are proven stable but too long for CI's budget; the repeat check runs them N times under load before every stop."""
+
 
 def pytest_collection_modifyitems(config, items) -> None:
-    if EXTENDED:
-        return
-    skip = pytest.mark.skip(reason="extended check only: bash run_scripts/extended_check.sh (SPARSE_BERT_EXTENDED=1)")
+    skips = {}
+    if not EXTENDED:
+        reason = "extended check only: bash run_scripts/extended_check.sh (SPARSE_BERT_EXTENDED=1)"
+        skips["extended"] = pytest.mark.skip(reason=reason)
+    if not LONG:
+        skips["long"] = pytest.mark.skip(reason="long: bash run_scripts/repeat_check.sh runs it (SPARSE_BERT_LONG=1)")
     for item in items:
-        if "extended" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
+                break
 
 
 @pytest.fixture(scope="session")

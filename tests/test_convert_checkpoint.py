@@ -99,6 +99,7 @@ def test_zero3_two_ranks_to_hf(zero3_ckpt, tmp_path):
     assert hf_tok.mask_token_id == ours.mask_id and hf_tok.pad_token_id == ours.pad_id
 
 
+@pytest.mark.multirank  # its fixture launches 2 ranks (the floor pass leaves it out)
 def test_bad_checkpoint_dirs(zero3_ckpt, tmp_path):
     good = zero3_ckpt / "ckpt"
     out = tmp_path / "out"
