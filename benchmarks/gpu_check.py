@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from common.process import kill_group
+
 REPO = Path(__file__).resolve().parents[1]
 FULL_BUDGET_S = 25 * 60
 QUICK_BUDGET_S = 8 * 60
@@ -135,25 +137,6 @@ class StepSpec:
 
 # ---------------------------------------------------------------------------------------- process-group runner
 _ACTIVE: dict[str, object] = {"pgid": None, "stopped_by": None}
-
-
-def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM to every process of the group, SIGKILL to what is left after ``grace_s``."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    end = time.monotonic() + grace_s
-    while time.monotonic() < end:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _on_signal(signum, frame) -> None:  # noqa: ARG001

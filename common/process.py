@@ -1,10 +1,13 @@
-"""Leaving a process that ran collectives: the one exit path the trainer and the preprocessing ranks share."""
+"""Ending processes: the one exit path the trainer and the preprocessing ranks share (a process that ran
+collectives), and stopping a whole process group (a launcher with its ranks)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import time
 from typing import NoReturn
 
 
@@ -71,3 +74,23 @@ def outlive_lost_output() -> None:
         sys.stdout = _OutputThatOutlivesItsReader(sys.stdout)
     if not isinstance(sys.stderr, _OutputThatOutlivesItsReader):
         sys.stderr = _OutputThatOutlivesItsReader(sys.stderr)
+
+
+def kill_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM to every process of the group, SIGKILL to what is left after ``grace_s`` (0: at once). A launcher's
+    ranks are its children, not the launcher: killing only the launcher leaves them holding ports, files and CPU."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

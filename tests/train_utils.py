@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from common.launch import LaunchRequest, command, free_port
+from common.process import kill_group
 from data_pipeline.indexed import IndexedDatasetBuilder, best_dtype
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,17 +151,16 @@ def run_group(cmd: list[str], timeout: float, **popen_kwargs) -> subprocess.Comp
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid, grace_s=0.0)
         out, _ = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, output=out) from None
     finally:
         if proc.poll() is None:  # an exception in communicate (e.g. KeyboardInterrupt): no rank outlives the test
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid, grace_s=0.0)
             proc.wait()
-    try:  # the launcher has exited: a rank it left behind (its own exit came first) goes too
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_group(
+        proc.pid, grace_s=0.0
+    )  # the launcher has exited: a rank it left behind (its own exit came first) goes too
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
