@@ -137,23 +137,29 @@ def _start(kind: str, args: list[str], log: Path, **env_extra: str) -> subproces
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(tu.NPROCS)]
         cmd += ["-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR", "-x", "MASTER_PORT"]
         cmd += ["-x", "TORCH_EXTENSIONS_DIR", sys.executable, "-m", "pretrain.train"]
-    return subprocess.Popen(cmd + args, cwd=tu.REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(  # a session of its own, as a command started from a terminal: its group is its own
+        cmd + args, cwd=tu.REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(
-    "kind, handler",
+    "kind, handler, how",
     [  # deepspeed and torchrun: extended check (CI time); passed 3 runs in a row while a CI run loaded the box
-        pytest.param("deepspeed", True, marks=pytest.mark.extended),
-        pytest.param("deepspeed", False, marks=pytest.mark.extended),
-        pytest.param("torchrun", True, marks=pytest.mark.extended),
-        ("mpirun", True),
+        pytest.param("deepspeed", True, "SIGTERM", marks=pytest.mark.extended),
+        pytest.param("deepspeed", False, "SIGTERM", marks=pytest.mark.extended),
+        pytest.param("torchrun", True, "SIGTERM", marks=pytest.mark.extended),
+        ("mpirun", True, "SIGTERM"),
+        ("script", True, "SIGTERM"),  # our run_scripts/: bash dies, its deepspeed runner is left to the ranks' watch
+        pytest.param("script", True, "SIGKILL", marks=pytest.mark.long),  # nothing can catch it: the ranks' watch
+        pytest.param("deepspeed", True, "ctrl-c", marks=pytest.mark.long),  # SIGINT to the whole foreground group
     ],
 )
-def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, kind, handler):
-    """SIGTERM to the process the user started, mid-run: no rank trains on (every rank process is gone within
-    60 s); with --exit-signal-handler the ranks first save one committed checkpoint, which is `latest`."""
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, kind, handler, how):
+    """SIGTERM (or SIGKILL) to the process the user started, or Ctrl-C (SIGINT to its whole process group), mid-run:
+    no rank trains on (every rank process is gone within 60 s); with --exit-signal-handler the ranks first save one
+    committed checkpoint, which is `latest`."""
     if kind == "mpirun" and not __import__("shutil").which("mpirun"):
         pytest.skip("mpirun not installed (run_scripts/setup_env.sh)")
     tu.prepare(tmp_path)
@@ -172,7 +178,10 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, kind, handler):
             assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no second iteration within 700 s"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        if how == "ctrl-c":  # a terminal sends SIGINT to every process of the foreground group
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(getattr(signal, how))
         sent = time.monotonic()
         proc.wait(timeout=120)
         while _rank_pids(str(tmp_path)) and time.monotonic() - sent < 60:
@@ -185,8 +194,8 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, kind, handler):
         for pid in _rank_pids(str(tmp_path)):
             os.kill(pid, signal.SIGKILL)
     out = (tmp_path / "out.log").read_text()
-    assert not left, f"ranks {left} still running {gone_after:.0f} s after SIGTERM to {kind}:\n{out[-3000:]}"
-    print(f"{kind} (handler {handler}): every rank gone {gone_after:.1f} s after SIGTERM")
+    assert not left, f"ranks {left} still running {gone_after:.0f} s after {how} to {kind}:\n{out[-3000:]}"
+    print(f"{kind} (handler {handler}): every rank gone {gone_after:.1f} s after {how}")
     assert proc.returncode != 0
     last = tu.train_records(log)[-1]["iteration"]
     time.sleep(2)
