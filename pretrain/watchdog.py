@@ -54,6 +54,8 @@ _LAUNCHERS = (
     "run_scripts/",
 )
 """Command-line fragments of the processes a rank counts as its launcher (their death ends the rank)."""
+_RUN_SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
+"""Our scripts' directory: a shell running a script from it is a launcher however the script was named."""
 
 
 _PEER_LOST = (
@@ -113,6 +115,15 @@ def group_timeouts() -> list[float]:
     return out
 
 
+def _runs_our_script(pid: int) -> bool:
+    """The process is a shell running a script of our run_scripts/: bash keeps the script it reads open on fd 255
+    (an absolute path however it was started: ``bash ./pretrain_blockbert.sh`` from inside the directory, a link)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/fd/255")).resolve().parent == _RUN_SCRIPTS
+    except OSError:
+        return False
+
+
 def _proc(pid: int) -> tuple[int, str] | None:
     """(parent pid, command line) of a process, None when it is gone."""
     try:
@@ -126,8 +137,8 @@ def _proc(pid: int) -> tuple[int, str] | None:
 
 def launcher_pids(pid: int | None = None) -> list[tuple[int, str]]:
     """(pid, start time) of this process's launcher ancestors, nearest first: the parent chain while each is a known
-    launcher (deepspeed's runner and per-node launch.py, torchrun, mpirun/orted, hydra, our run_scripts/). A shell,
-    sshd, srun's slurmstepd or init ends the chain (srun and slurmstepd forward signals themselves)."""
+    launcher (deepspeed's runner and per-node launch.py, torchrun, mpirun/orted, hydra, our run_scripts/). Any
+    other shell, sshd, srun's slurmstepd or init ends the chain (srun and slurmstepd forward signals themselves)."""
     out = []
     pid = os.getppid() if pid is None else pid
     while pid > 1:
@@ -135,7 +146,7 @@ def launcher_pids(pid: int | None = None) -> list[tuple[int, str]]:
         if info is None:
             break
         ppid, cmd = info
-        if not any(f in cmd + " " for f in _LAUNCHERS):
+        if not any(f in cmd + " " for f in _LAUNCHERS) and not _runs_our_script(pid):
             break
         out.append((pid, _start_time(pid)))
         pid = ppid

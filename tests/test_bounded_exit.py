@@ -105,6 +105,32 @@ def test_launcher_chain_stops_at_the_first_non_launcher():
         runner.wait()
 
 
+def test_a_shell_running_one_of_our_scripts_is_a_launcher_however_it_was_named(tmp_path, monkeypatch):
+    """`bash ./pretrain_blockbert.sh` started from inside run_scripts/ has no "run_scripts/" on its command line; the
+    script bash reads (its fd 255) says what it runs. A shell running another script is not a launcher."""
+    import pretrain.watchdog as wd
+
+    ours = tmp_path / "run_scripts"
+    ours.mkdir()
+    (ours / "job.sh").write_text(f"{sys.executable} -c 'import time; time.sleep(60)'\n")
+    shell = subprocess.Popen(["bash", "./job.sh"], cwd=ours)
+    try:
+        deadline = time.monotonic() + 30
+        child = None
+        while time.monotonic() < deadline and child is None:
+            out = subprocess.run(["pgrep", "-P", str(shell.pid)], capture_output=True, text=True).stdout.split()
+            child = int(out[0]) if out else None
+            time.sleep(0.1)
+        assert child is not None  # bash is reading the script (a running command): launcher_pids reads from bash up
+        assert wd.launcher_pids(shell.pid) == []  # the repository's run_scripts/ is elsewhere
+        monkeypatch.setattr(wd, "_RUN_SCRIPTS", ours)
+        assert [pid for pid, _ in wd.launcher_pids(shell.pid)] == [shell.pid]
+    finally:
+        shell.kill()
+        shell.wait()
+        subprocess.run(["pkill", "-f", f"{ours}"], check=False)
+
+
 def _rank_pids(marker: str) -> list[int]:
     """Rank processes of one test run: the trainer's entry (not a launcher) with the run's files in its arguments."""
     out = []
