@@ -576,13 +576,16 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
         cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
         return cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
 
-    def logged() -> int:
-        recs = tu.train_records(log) if log.is_file() else []
+    def logged(since: int) -> int:
+        """The last iteration the current segment logged (0 before its first): the log file is appended by every
+        segment, and a segment that ran past its interruption left higher iterations there than its rerun's target."""
+        recs = tu.train_records(log)[since:] if log.is_file() else []
         return recs[-1]["iteration"] if recs else 0
 
     started, events, seen = time.monotonic(), [], set()
     for segment, world in enumerate([2, 1, 2, 1]):
         out_path = tmp_path / f"segment{segment}.log"
+        since = len(tu.train_records(log)) if log.is_file() else 0
         with open(out_path, "w") as out:
             proc = subprocess.Popen(command(world), cwd=launch, env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
@@ -596,7 +599,7 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
                 start_iter = committed_tags(ck)[-1][0] if committed_tags(ck) else 0
                 target = start_iter + rng.randint(2, 5)
                 deadline = time.monotonic() + 600
-                while logged() < target:
+                while logged(since) < target:
                     assert proc.poll() is None, out_path.read_text()[-4000:]
                     assert time.monotonic() < deadline, f"segment {segment}: iteration {target} not reached"
                     time.sleep(0.1)
@@ -629,7 +632,7 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
         assert not any(left), f"ranks still running: {left}; " + events[-1] + "\n" + out_path.read_text()[-4000:]
         if mode == "sigterm":  # --exit-signal-handler: the ranks saved where they stopped before exiting (their
             # "stopping" line may not reach the command's output: pdsh's ssh sessions end with the signal)
-            stopped = logged()
+            stopped = logged(since)
             assert committed_tags(ck)[-1][0] == stopped, (committed_tags(ck), stopped, out_path.read_text()[-4000:])
         committed = {t for _, t in committed_tags(ck)}
         assert seen <= committed, f"committed checkpoints lost: {sorted(seen - committed)}"
