@@ -519,8 +519,8 @@ def test_sigterm_to_deepspeed_across_two_hosts_saves_on_every_rank_and_stops(clu
 # ------------------------------------------------------------------------------------------------------------ chaos
 CHAOS_ITERS = 40
 """Room for three interruptions: after SIGTERM to a one-host `deepspeed` (whose runner does not pass it on) the rank
-trains on until its launcher watch sees the runner gone (polled each second: 11-16 iterations of the tiny 1-rank run
-under load), and an interruption must land before the last iteration."""
+trains on until its launcher watch sees the runner gone (polled each second: 11 and 14 iterations of the tiny 1-rank
+run in two runs under load), and an interruption must land before the last iteration."""
 
 
 def _train_pids(cluster: NetnsCluster, host: int, launchers: bool = False) -> list[int]:
