@@ -520,7 +520,7 @@ def test_sigterm_to_deepspeed_across_two_hosts_saves_on_every_rank_and_stops(clu
 CHAOS_ITERS = 80
 """Room for three interruptions at most 5 iterations past their resume points, each of which may run on: SIGTERM
 reaches the ranks after a latency (pdsh's kill over ssh; a one-host `deepspeed` runner does not pass it on, and the
-ranks' launcher watch polls each second), during which the tiny model trains on: 9-14 iterations measured. The worst
+ranks' launcher watch polls each second), during which the tiny model trains on: 4-14 iterations measured. The worst
 case (seed 130: SIGTERM at +5 three times) needs about 60."""
 
 
