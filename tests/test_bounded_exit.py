@@ -85,19 +85,24 @@ def test_the_watchdog_ends_a_rank_that_stalls_outside_any_collective(tmp_path):
     assert 6 + GRACE_S - 2 < took < 6 + GRACE_S + 15, took
 
 
+def _first_child(pid: int, timeout_s: float = 30.0) -> int:
+    """The pid of the first child ``pid`` starts (waits for it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        if out:
+            return int(out[0])
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} started no child within {timeout_s:.0f} s")
+
+
 def test_launcher_chain_stops_at_the_first_non_launcher():
     """deepspeed runner -> launch.py -> rank: both launchers are watched; pytest above them is not."""
     inner = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])"
     outer = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {inner!r}, 'deepspeed.launcher.launch'])"
     runner = subprocess.Popen([sys.executable, "-c", outer, "/venv/bin/deepspeed"])
     try:
-        deadline = time.monotonic() + 30
-        launch = None
-        while time.monotonic() < deadline and launch is None:
-            out = subprocess.run(["pgrep", "-P", str(runner.pid)], capture_output=True, text=True).stdout.split()
-            launch = int(out[0]) if out else None
-            time.sleep(0.1)
-        assert launch is not None
+        launch = _first_child(runner.pid)
         assert [pid for pid, _ in launcher_pids(launch)] == [launch, runner.pid]
         assert launcher_pids(os.getpid()) == []  # pytest is no launcher
     finally:
@@ -115,13 +120,7 @@ def test_a_shell_running_one_of_our_scripts_is_a_launcher_however_it_was_named(t
     (ours / "job.sh").write_text(f"{sys.executable} -c 'import time; time.sleep(60)'\n")
     shell = subprocess.Popen(["bash", "./job.sh"], cwd=ours)
     try:
-        deadline = time.monotonic() + 30
-        child = None
-        while time.monotonic() < deadline and child is None:
-            out = subprocess.run(["pgrep", "-P", str(shell.pid)], capture_output=True, text=True).stdout.split()
-            child = int(out[0]) if out else None
-            time.sleep(0.1)
-        assert child is not None  # bash is reading the script (a running command): launcher_pids reads from bash up
+        _first_child(shell.pid)  # bash is running the script's command: launcher_pids reads from bash up
         assert wd.launcher_pids(shell.pid) == []  # the repository's run_scripts/ is elsewhere
         monkeypatch.setattr(wd, "_RUN_SCRIPTS", ours)
         assert [pid for pid, _ in wd.launcher_pids(shell.pid)] == [shell.pid]

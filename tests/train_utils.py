@@ -158,9 +158,8 @@ def run_group(cmd: list[str], timeout: float, **popen_kwargs) -> subprocess.Comp
         if proc.poll() is None:  # an exception in communicate (e.g. KeyboardInterrupt): no rank outlives the test
             kill_group(proc.pid, grace_s=0.0)
             proc.wait()
-    kill_group(
-        proc.pid, grace_s=0.0
-    )  # the launcher has exited: a rank it left behind (its own exit came first) goes too
+    # the launcher has exited: a rank it left behind (its own exit came first) goes too
+    kill_group(proc.pid, grace_s=0.0)
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
