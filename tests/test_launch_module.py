@@ -462,3 +462,16 @@ def test_the_cli_keeps_the_users_own_ssh_settings_and_prints_what_it_adds(tmp_pa
     words = shlex.split(p.stdout)
     assert words[0] == "PDSH_SSH_ARGS_APPEND=-i key -o ServerAliveInterval=30 -o ServerAliveCountMax=3"
     assert words[1:] == L.command(_req("hostfile", python=PY), PROGRAM, {}, cwd=REPO)
+
+
+def test_the_shell_lines_export_the_keepalives_keeping_the_users_own():
+    """``eval "$(python -m common.keepalive)"`` (pretrain_deepspeed.sbatch): the variables as a shell then has them."""
+    script = f'eval "$({shlex.quote(PY)} -m common.keepalive)"; printf "%s\\n" "$PDSH_SSH_ARGS_APPEND" "${OMPI_VAR}"'
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PDSH_SSH_ARGS_APPEND": "-p 2222 -o 'ServerAliveCountMax 9'"}
+    env.pop(OMPI_VAR, None)
+    p = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [
+        "-p 2222 -o 'ServerAliveCountMax 9' -o ServerAliveInterval=5",
+        "-o ServerAliveInterval=5 -o ServerAliveCountMax=3",
+    ]
