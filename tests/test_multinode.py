@@ -55,6 +55,24 @@ def deepspeed_across(c: NetnsCluster, launch: Path, args: list[str], timeout: fl
     return c.run(0, cmd + args, timeout=timeout, cwd=launch, env=env)
 
 
+def _wait_records(proc, log: Path, n: int, out_path: Path, within: float = 400) -> None:
+    """Wait until the run logged ``n`` iterations (the launcher still running)."""
+    import time
+
+    deadline = time.monotonic() + within
+    while not (log.is_file() and len(tu.train_records(log)) >= n):
+        assert proc.poll() is None, out_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no iteration {n} within {within:.0f} s"
+        time.sleep(0.2)
+
+
+def _set_link(c: NetnsCluster, host: int, state: str) -> None:
+    """Host ``host``'s cluster link ``down`` (no reset reaches anyone: a power loss, a switch failure) or ``up``."""
+    import subprocess
+
+    subprocess.run(["ip", "-n", c.namespaces[host], "link", "set", IFNAME, state], check=True)
+
+
 def _pdsh(c: NetnsCluster, hostfile: Path) -> tuple[list[str], dict[str, str]]:
     """The deepspeed pdsh command (the trainer's flags follow) and its environment, with the test hosts' ssh key."""
     return tu.deepspeed_pdsh(hostfile, c.addresses[0], " ".join(c.ssh_options))
@@ -193,15 +211,11 @@ def test_a_peer_that_stops_answering_ends_the_survivor_in_bounded_time(cluster, 
     out_path = tmp_path / "run.log"
     proc = subprocess.Popen(full, cwd=launch, env=env, stdout=open(out_path, "w"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 400
-        while not (log.is_file() and len(tu.train_records(log)) >= 4):
-            assert proc.poll() is None, out_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "no 4th iteration within 400 s"
-            time.sleep(0.2)
+        _wait_records(proc, log, 4, out_path)
         survivor, peer = _rank_pid(cluster, 0), _rank_pid(cluster, 1)
         assert survivor and peer
         if fault == "link_down":
-            subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "down"], check=True)
+            _set_link(cluster, 1, "down")
         else:
             os.kill(peer, signal.SIGSTOP)
         start = time.monotonic()
@@ -274,12 +288,8 @@ def test_the_readmes_multi_host_command_ends_when_a_host_is_lost(cluster, tmp_pa
             cluster.host_cmd(0, ["bash", "-c", line]), cwd=tu.REPO, env=env, stdout=out, stderr=subprocess.STDOUT
         )
         try:
-            deadline = time.monotonic() + 400
-            while not (log.is_file() and len(tu.train_records(log)) >= 4):
-                assert proc.poll() is None, out_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no 4th iteration within 400 s"
-                time.sleep(0.2)
-            subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "down"], check=True)
+            _wait_records(proc, log, 4, out_path)
+            _set_link(cluster, 1, "down")
             start = time.monotonic()
             bound = README_TIMEOUT_MIN * 60 + 60
             try:
@@ -556,11 +566,7 @@ def test_sigterm_to_deepspeed_across_two_hosts_saves_on_every_rank_and_stops(clu
     with open(out_path, "w") as out:
         proc = subprocess.Popen(full, cwd=launch, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 400
-            while not (log.is_file() and len(tu.train_records(log)) >= 3):
-                assert proc.poll() is None, out_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no 3rd iteration within 400 s"
-                time.sleep(0.2)
+            _wait_records(proc, log, 3, out_path)
             proc.send_signal(signal.SIGTERM)
             sent = time.monotonic()
             proc.wait(timeout=60)
@@ -675,7 +681,7 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
                     for p in _train_pids(cluster, world - 1):
                         os.kill(p, signal.SIGKILL)
                 elif mode == "link_down":
-                    subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "down"], check=True)
+                    _set_link(cluster, 1, "down")
                 else:
                     proc.send_signal(signal.SIGTERM)  # the `deepspeed` command (host_cmd execs into it)
                 code = proc.wait(timeout=TIMEOUT_MIN * 60 + 120)
@@ -690,7 +696,7 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
         ranks_s = time.monotonic() - hit
         left = [_train_pids(cluster, h) for h in (0, 1)]
         if mode == "link_down":
-            subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "up"], check=True)
+            _set_link(cluster, 1, "up")
         events.append(
             f"segment {segment} on {world} rank(s): {mode} at iteration {target} (from {start_iter}), "
             f"the command exited {code} after {waited:.1f} s, every rank gone after {ranks_s:.1f} s"
