@@ -1,8 +1,8 @@
 """ssh keep-alives for the launchers that reach other hosts over ssh, so that a lost host ends the launch command.
 
 When a host's link goes down (a power loss, a switch failure), no TCP reset reaches anyone: the surviving ranks end
-by themselves after --distributed-timeout-minutes, but pdsh (``deepspeed --hostfile``) and mpirun's rsh agent wait
-for their ssh session to the lost host, which hears nothing, forever. With ``ServerAliveInterval=5`` and
+by themselves after --distributed-timeout-minutes, but pdsh (``deepspeed --hostfile``) waits for its ssh session to
+the lost host, which hears nothing, forever (mpirun's rsh agent holds ssh sessions the same way). With ``ServerAliveInterval=5`` and
 ``ServerAliveCountMax=3`` ssh gives up after 3 unanswered probes 5 s apart (about 15 s), and the launcher returns.
 
 :data:`SSH_KEEPALIVE` is the one home of the values. :func:`keepalive_env` adds them to the variables pdsh and

@@ -281,7 +281,6 @@ def test_the_readmes_multi_host_command_ends_when_a_host_is_lost(cluster, tmp_pa
         DS_ARGS=f"--no_ssh_check --master_addr {cluster.addresses[0]} --master_port {tu.free_port()}",
         DS_ENV_FILE=str(launch / ".deepspeed_env"),
     )
-    env.pop("OMPI_MCA_plm_rsh_args", None)
     out_path = tmp_path / "run.log"
     with open(out_path, "w") as out:
         proc = subprocess.Popen(
