@@ -2,8 +2,9 @@
 
 When a host's link goes down (a power loss, a switch failure), no TCP reset reaches anyone: the surviving ranks end
 by themselves after --distributed-timeout-minutes, but pdsh (``deepspeed --hostfile``) waits for its ssh session to
-the lost host, which hears nothing, forever (mpirun's rsh agent holds ssh sessions the same way). With ``ServerAliveInterval=5`` and
-``ServerAliveCountMax=3`` ssh gives up after 3 unanswered probes 5 s apart (about 15 s), and the launcher returns.
+the lost host, which hears nothing, forever (mpirun's rsh agent holds ssh sessions the same way). With
+``ServerAliveInterval=5`` and ``ServerAliveCountMax=3`` ssh gives up after 3 unanswered probes 5 s apart (about 15 s),
+and the launcher returns.
 
 :data:`SSH_KEEPALIVE` is the one home of the values. :func:`keepalive_env` adds them to the variables pdsh and
 Open MPI read (``PDSH_SSH_ARGS_APPEND``, ``OMPI_MCA_plm_rsh_args``), keeping what the user already set there: only an
