@@ -17,36 +17,23 @@ import sys
 import traceback
 from typing import Callable, Iterator, Sequence
 
-#: Exit code of every user error (argparse uses 2 for bad flags too).
-USER_ERROR_EXIT = 2
-DEBUG_ENV = "SPARSE_BERT_DEBUG"
-DEBUG_FLAG = "--debug"
+from common import launch
 
-
-class UserError(Exception):
-    """A problem the user can fix; the message says what is wrong, which file or setting, and what to do."""
-
-
-def debug_enabled() -> bool:
-    """Whether full tracebacks were asked for (``--debug`` was seen by :func:`take_debug_flag`, or the env var)."""
-    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def take_debug_flag(argv: Sequence[str] | None) -> list[str]:
-    """``argv`` (default ``sys.argv[1:]``) without ``--debug``; seeing it sets ``SPARSE_BERT_DEBUG=1`` (inherited
-    by the ranks and workers this process starts)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if DEBUG_FLAG in args:
-        args = [a for a in args if a != DEBUG_FLAG]
-        os.environ[DEBUG_ENV] = "1"
-    return args
+# the rule's parts that need nothing of ours: below this module and common/launch.py (re-exported here)
+from common.user_error import (  # noqa: F401
+    DEBUG_ENV,
+    DEBUG_FLAG,
+    USER_ERROR_EXIT,
+    UserError,
+    debug_enabled,
+    error_line,
+    take_debug_flag,
+)
 
 
 def is_rank0() -> bool:
     """Rank 0 of a launched job (as :func:`common.launch.detect` sees it), or a single process; True where the
     environment cannot tell (one more error line rather than none)."""
-    from common import launch  # here: common.launch reports its errors through this module
-
     try:
         return launch.detect(master=False).rank == 0
     except Exception:  # a malformed launcher environment must not hide the error being reported
@@ -116,7 +103,7 @@ def report(prog: str, message: str) -> int:
     if debug_enabled() and sys.exc_info()[0] is not None:
         traceback.print_exc()
     if is_rank0():
-        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+        print(error_line(prog, message), file=sys.stderr, flush=True)
     return USER_ERROR_EXIT
 
 

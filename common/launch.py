@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from common.cli import HelpFormatter, add_flags, build, cli
-from common.errors import UserError, run_entry
+from common.keepalive import OMPI_VAR, PDSH_VAR, keepalive_env, keepalive_mpi_args
+from common.user_error import USER_ERROR_EXIT, UserError, error_line, take_debug_flag
 
 REPO = Path(__file__).resolve().parents[1]
 """The repository root: the ranks' PYTHONPATH under launchers that start ``python`` itself (mpirun, srun)."""
@@ -373,7 +374,7 @@ def _hostfile_cmd(req: LaunchRequest, program: Sequence[str], env: Mapping[str, 
 
 
 def _hostfile_openmpi_cmd(req: LaunchRequest, program: Sequence[str], env: Mapping[str, str], cwd: Path) -> list[str]:
-    mpi = env.get("MPI_ARGS") or "--allow-run-as-root"
+    mpi = shlex.join(keepalive_mpi_args(shlex.split(env.get("MPI_ARGS") or "--allow-run-as-root")))
     return (
         _hostfile_cmd(req, [], env, cwd)
         + ["--launcher", "openmpi", "--launcher_args", mpi]
@@ -382,9 +383,8 @@ def _hostfile_openmpi_cmd(req: LaunchRequest, program: Sequence[str], env: Mappi
 
 
 def _mpirun_cmd(req: LaunchRequest, program: Sequence[str], env: Mapping[str, str], cwd: Path) -> list[str]:
-    return ["mpirun", *_knob(req, env, "MPI_ARGS", "--allow-run-as-root --oversubscribe"), "-np", _nproc(req)] + (
-        ["-x", f"PYTHONPATH={REPO}", req.python, *program]
-    )
+    mpi = keepalive_mpi_args(_knob(req, env, "MPI_ARGS", "--allow-run-as-root --oversubscribe"))
+    return ["mpirun", *mpi, "-np", _nproc(req)] + (["-x", f"PYTHONPATH={REPO}", req.python, *program])
 
 
 def _torchrun_cmd(req: LaunchRequest, program: Sequence[str], env: Mapping[str, str], cwd: Path) -> list[str]:
@@ -420,6 +420,10 @@ class Launcher:
     command: Callable[[LaunchRequest, Sequence[str], Mapping[str, str], Path], list[str]] | None = None
     """The command line that starts the program's ranks (request, python argv of the program, environment knobs,
     working directory). None for launchers we only recognise."""
+    ssh_args_var: str | None = None
+    """For a launcher that reaches other hosts over ssh (pdsh, mpirun's rsh agent): the environment variable whose
+    arguments it adds to every ssh. The command gets ssh keep-alives there (common/keepalive.py), so a host that
+    stops answering ends the command instead of leaving it waiting forever."""
 
 
 LAUNCHERS: dict[str, Launcher] = {
@@ -445,12 +449,14 @@ LAUNCHERS: dict[str, Launcher] = {
             "hostfile",
             "deepspeed --hostfile HOSTFILE [DS_ARGS] SCRIPT: pdsh over ssh to every host of the hostfile",
             command=_hostfile_cmd,
+            ssh_args_var=PDSH_VAR,
         ),
         Launcher(
             "hostfile-openmpi",
             "deepspeed --hostfile HOSTFILE [DS_ARGS] --launcher openmpi --launcher_args MPI_ARGS SCRIPT: mpirun "
             "starts the ranks (recognised as mpirun's)",
             command=_hostfile_openmpi_cmd,
+            ssh_args_var=OMPI_VAR,
         ),
         Launcher(
             "env",
@@ -465,6 +471,7 @@ LAUNCHERS: dict[str, Launcher] = {
             _detect_mpirun,
             _mpirun_rank_env,
             _mpirun_cmd,
+            ssh_args_var=OMPI_VAR,
         ),
         Launcher(
             "srun",
@@ -524,6 +531,15 @@ def command(
     return entry.command(req, list(program), env, Path.cwd() if cwd is None else Path(cwd))
 
 
+def command_env(launcher: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables to add to the environment of ``launcher``'s command (from ``environ``, default
+    ``os.environ``): ssh keep-alives for launchers that reach hosts over ssh (:func:`common.keepalive.keepalive_env`:
+    what the user set there is kept, only missing options are appended), nothing for the others. Only the CLI
+    applies them; a caller of :func:`command` adds them to the environment it runs the command with."""
+    entry = LAUNCHERS.get(launcher)
+    return keepalive_env(environ, [entry.ssh_args_var]) if entry is not None and entry.ssh_args_var else {}
+
+
 # ------------------------------------------------------------------------------------------------------- the CLI
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -541,23 +557,30 @@ def parser() -> argparse.ArgumentParser:
 def _main(args: list[str], program: list[str]) -> int:
     req = build(LaunchRequest, parser().parse_args(args))
     cmd = command(req, program)
-    if req.print:
-        print(shlex.join(cmd), flush=True)
+    env = command_env(req.launcher)
+    if req.print:  # the variables too, as a shell takes them: the printed line behaves as this command does
+        print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(cmd)]), flush=True)
         return 0
+    os.environ.update(env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execvp(cmd[0], cmd)  # the launcher takes our place: its signals and exit code are the caller's
-    except FileNotFoundError:  # as the shell says it, with its code
-        print(f"common.launch: {cmd[0]}: command not found (--launcher {req.launcher})", file=sys.stderr)
-        return 127
+    except OSError as e:  # as the shell says it, with its code
+        why = "command not found" if isinstance(e, FileNotFoundError) else e.strerror
+        print(f"common.launch: {cmd[0]}: {why} (--launcher {req.launcher})", file=sys.stderr)
+        return 127 if isinstance(e, FileNotFoundError) else 126
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Flags, then ``--``, then the program as python would take it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     own, program = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    return run_entry("common.launch", lambda a: _main(a, program), own)
+    try:  # common/errors.py's rule (one line, exit 2), from its parts: errors asks this module for the rank
+        return _main(take_debug_flag(own), program)
+    except UserError as e:
+        print(error_line("common.launch", str(e)), file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
 
 
 if __name__ == "__main__":

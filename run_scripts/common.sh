@@ -8,7 +8,9 @@
 #              srun (inside a Slurm allocation: `srun $SRUN_ARGS python -m pretrain.train`, one task per rank;
 #              the allocation's tasks decide the world, NPROC is unused; see run_scripts/slurm/) | python (one
 #              process). The command lines are common/launch.py's table: `.venv/bin/python -m common.launch
-#              --launcher L --nproc N --print -- -m pretrain.train ARGS` shows one
+#              --launcher L --nproc N --print -- -m pretrain.train ARGS` shows one. hostfile, hostfile-openmpi
+#              and mpirun get ssh keep-alives in PDSH_SSH_ARGS_APPEND / OMPI_MCA_plm_rsh_args (yours kept, missing
+#              ones appended; common/keepalive.py): a lost host ends the command instead of leaving it waiting
 #   MPI_ARGS   mpirun flags (LAUNCHER=mpirun, default --allow-run-as-root --oversubscribe; hostfile-openmpi's
 #              --launcher_args, default --allow-run-as-root)     TORCHRUN_ARGS  extra torchrun flags
 #   NPROC      ranks per node (default: GPUs found, else 2 CPU ranks)      HOSTFILE  (default run_scripts/hostfile)

@@ -18,6 +18,7 @@ import pytest
 
 from common import launch as L
 from common.errors import UserError
+from common.keepalive import OMPI_VAR, SSH_ARG_VARS, given_options, keepalive_mpi_args, with_keepalive
 from data_pipeline import coordination
 
 REPO = Path(__file__).resolve().parents[1]
@@ -365,6 +366,7 @@ FAKE = """#!/bin/sh
 # records how it was started; the python wrapper runs the real one except for the trainer
 if [ "$(basename "$0")" = python ] && [ "$2" != pretrain.train ]; then exec {py} "$@"; fi
 printf '%s\\n' "$0" "$@" > "$RECORD"
+printf '%s\\n' "${{PDSH_SSH_ARGS_APPEND-unset}}" "${{OMPI_MCA_plm_rsh_args-unset}}" > "$RECORD.env"
 exit "${{FAKE_RC:-0}}"
 """
 
@@ -389,7 +391,7 @@ def test_common_sh_launches_through_the_table(tmp_path, name):
         "FAKE_RC": "4",
         "MASTER_PORT": "23456",
     }
-    for knob in ("SRUN_ARGS", "TORCHRUN_ARGS", "DS_ARGS", "MPI_ARGS", "NPROC_GIVEN"):
+    for knob in ("SRUN_ARGS", "TORCHRUN_ARGS", "DS_ARGS", "MPI_ARGS", "NPROC_GIVEN", *SSH_ARG_VARS):
         env.pop(knob, None)
     p = subprocess.run(
         ["bash", str(REPO / "run_scripts" / "common.sh"), "--x", "a b"],
@@ -408,3 +410,68 @@ def test_common_sh_launches_through_the_table(tmp_path, name):
     assert got[0] == want[0] or "/" not in want[0]
     if name in ("deepspeed", "torchrun"):  # MASTER_PORT is LAUNCHER=deepspeed's: torchrun keeps its own default
         assert ("23456" in want) == (name == "deepspeed")
+    # the launchers that reach hosts over ssh get keep-alives: a lost host ends the command (common/keepalive.py)
+    keep = "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+    ssh_var = {"hostfile": "PDSH_SSH_ARGS_APPEND", "hostfile-openmpi": OMPI_VAR, "mpirun": OMPI_VAR}.get(name)
+    assert (tmp_path / "argv.env").read_text().splitlines() == [
+        keep if var == ssh_var else "unset" for var in SSH_ARG_VARS
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ ssh keep-alives
+@pytest.mark.parametrize(
+    "given, want",
+    [
+        ("", "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"),
+        (
+            "-i key -o StrictHostKeyChecking=no",
+            "-i key -o StrictHostKeyChecking=no -o ServerAliveInterval=5 -o ServerAliveCountMax=3",
+        ),
+        ("-o ServerAliveInterval=30", "-o ServerAliveInterval=30 -o ServerAliveCountMax=3"),  # the user's value wins
+        ("-oserveraliveinterval=30 -o 'ServerAliveCountMax 9'", "-oserveraliveinterval=30 -o 'ServerAliveCountMax 9'"),
+        ("-o ServerAliveInterval=5 -o ServerAliveCountMax=3", "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"),
+    ],
+)
+def test_keepalives_are_appended_only_where_missing(given, want):
+    """ssh takes option names in any case, as ``-oKEY=V``, ``-o KEY=V`` or ``-o "KEY V"``: each form counts as set."""
+    assert with_keepalive(given) == want
+    assert with_keepalive(want) == want  # idempotent: a nested launch adds nothing
+
+
+def test_given_options_reads_every_form_of_dash_o():
+    assert given_options("-i k -oA=1 -o B=2 -o 'C 3' -p 22 -o") == {"a", "b", "c"}
+
+
+def test_an_mpirun_rsh_args_flag_gets_the_keepalives_too():
+    """``--mca plm_rsh_args`` on mpirun's command line overrides OMPI_MCA_plm_rsh_args: its value is completed."""
+    args = ["--allow-run-as-root", "--mca", "plm_rsh_args", "-o ServerAliveCountMax=9", "-x", "A"]
+    want = [*args[:3], "-o ServerAliveCountMax=9 -o ServerAliveInterval=5", "-x", "A"]
+    assert keepalive_mpi_args(args) == want
+    got = L.command(_req("hostfile-openmpi"), PROGRAM, {"MPI_ARGS": shlex.join(args)})
+    assert shlex.split(got[got.index("--launcher_args") + 1]) == want
+    got = L.command(_req("mpirun"), PROGRAM, {"MPI_ARGS": shlex.join(args)})
+    assert got[1 : 1 + len(want)] == want
+
+
+def test_the_cli_keeps_the_users_own_ssh_settings_and_prints_what_it_adds(tmp_path):
+    """``python -m common.launch --launcher hostfile``: the user's PDSH_SSH_ARGS_APPEND stays, the missing
+    keep-alive is appended, and ``--print`` shows the variable (the printed line does what the CLI does)."""
+    env = {"PDSH_SSH_ARGS_APPEND": "-i key -o ServerAliveInterval=30"}
+    p = _cli("--launcher", "hostfile", "--hostfile", "hf", "--print", "--", *PROGRAM, env=env)
+    assert p.returncode == 0, p.stderr
+    words = shlex.split(p.stdout)
+    assert words[0] == "PDSH_SSH_ARGS_APPEND=-i key -o ServerAliveInterval=30 -o ServerAliveCountMax=3"
+    assert words[1:] == L.command(_req("hostfile", python=PY), PROGRAM, {}, cwd=REPO)
+
+
+def test_the_shell_lines_export_the_keepalives_keeping_the_users_own():
+    """``eval "$(python -m common.keepalive)"`` (pretrain_deepspeed.sbatch): the variables as a shell then has them."""
+    script = f'eval "$({shlex.quote(PY)} -m common.keepalive)"; printf "%s\\n" "$PDSH_SSH_ARGS_APPEND" "${OMPI_VAR}"'
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PDSH_SSH_ARGS_APPEND": "-p 2222 -o 'ServerAliveCountMax 9'"}
+    env.pop(OMPI_VAR, None)
+    p = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [
+        "-p 2222 -o 'ServerAliveCountMax 9' -o ServerAliveInterval=5",
+        "-o ServerAliveInterval=5 -o ServerAliveCountMax=3",
+    ]

@@ -51,10 +51,31 @@ def _launch_dir(tmp_path: Path, c: NetnsCluster) -> Path:
 
 def deepspeed_across(c: NetnsCluster, launch: Path, args: list[str], timeout: float = 400):
     """`deepspeed --hostfile` with the pdsh launcher, started on host 0, one rank per host."""
-    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
-    cmd += ["--no_ssh_check", "--master_addr", c.addresses[0], "--master_port", str(tu.free_port())]
-    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(c.ssh_options))
-    return c.run(0, cmd + [str(tu.REPO / "pretrain" / "train.py")] + args, timeout=timeout, cwd=launch, env=env)
+    cmd, env = _pdsh(c, launch / "hostfile")
+    return c.run(0, cmd + args, timeout=timeout, cwd=launch, env=env)
+
+
+def _wait_records(proc, log: Path, n: int, out_path: Path, within: float = 400) -> None:
+    """Wait until the run logged ``n`` iterations (the launcher still running)."""
+    import time
+
+    deadline = time.monotonic() + within
+    while not (log.is_file() and len(tu.train_records(log)) >= n):
+        assert proc.poll() is None, out_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no iteration {n} within {within:.0f} s"
+        time.sleep(0.2)
+
+
+def _set_link(c: NetnsCluster, host: int, state: str) -> None:
+    """Host ``host``'s cluster link ``down`` (no reset reaches anyone: a power loss, a switch failure) or ``up``."""
+    import subprocess
+
+    subprocess.run(["ip", "-n", c.namespaces[host], "link", "set", IFNAME, state], check=True)
+
+
+def _pdsh(c: NetnsCluster, hostfile: Path) -> tuple[list[str], dict[str, str]]:
+    """The deepspeed pdsh command (the trainer's flags follow) and its environment, with the test hosts' ssh key."""
+    return tu.deepspeed_pdsh(hostfile, c.addresses[0], " ".join(c.ssh_options))
 
 
 @pytest.mark.timeout(900)
@@ -96,16 +117,12 @@ def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
     args = [*common, "--log-json", str(log), "--save", str(ck), "--load", str(ck), "--save-interval", "3"]
     assert straight.returncode == 0, straight.stdout[-4000:]
 
-    def deepspeed(hostfile: Path) -> list[str]:
-        cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(hostfile), "--launcher", "pdsh", "--no_ssh_check"]
-        return [*cmd, "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
-
-    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options))
     # rank 0 reads each micro-batch 1 s late (no effect on the numbers), so the run is still going when host 1 dies
     slow = launch / "slow"
     slow.mkdir()
     (slow / ".deepspeed_env").write_text((launch / ".deepspeed_env").read_text() + "SPARSEBERT_FAULT_SLOW_DATA=0:1\n")
-    full = cluster.host_cmd(0, [*deepspeed(launch / "hostfile"), str(tu.REPO / "pretrain" / "train.py"), *args])
+    cmd, env = _pdsh(cluster, launch / "hostfile")
+    full = cluster.host_cmd(0, [*cmd, *args])
     out_path = tmp_path / "lost.log"
     with open(out_path, "w") as out:
         proc = subprocess.Popen(full, cwd=slow, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -134,9 +151,8 @@ def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
 
     one_host = launch / "hostfile.left"
     one_host.write_text(f"{cluster.addresses[0]} slots=1\n")
-    resumed = cluster.run(
-        0, [*deepspeed(one_host), str(tu.REPO / "pretrain" / "train.py"), *args], timeout=400, cwd=launch, env=env
-    )
+    cmd, env = _pdsh(cluster, one_host)
+    resumed = cluster.run(0, [*cmd, *args], timeout=400, cwd=launch, env=env)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     assert "was saved by 2 rank(s), this run has 1" in resumed.stdout
     assert "global batch 4 kept (2 accumulation step(s) of 2 on 1 rank(s))" in resumed.stdout
@@ -190,23 +206,16 @@ def test_a_peer_that_stops_answering_ends_the_survivor_in_bounded_time(cluster, 
     args = tu.train_args(data, "zero2_fp32.json", 400, global_batch=4)
     args += ["--save", str(ck), "--load", str(ck), "--save-interval", "3", "--log-json", str(log)]
     args += ["--distributed-timeout-minutes", str(TIMEOUT_MIN)]
-    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
-    cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
-    keepalive = "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
-    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options) + " " + keepalive)
-    full = cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
+    cmd, env = _pdsh(cluster, launch / "hostfile")  # with ssh keep-alives, as common.launch starts it
+    full = cluster.host_cmd(0, [*cmd, *args])
     out_path = tmp_path / "run.log"
     proc = subprocess.Popen(full, cwd=launch, env=env, stdout=open(out_path, "w"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 400
-        while not (log.is_file() and len(tu.train_records(log)) >= 4):
-            assert proc.poll() is None, out_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "no 4th iteration within 400 s"
-            time.sleep(0.2)
+        _wait_records(proc, log, 4, out_path)
         survivor, peer = _rank_pid(cluster, 0), _rank_pid(cluster, 1)
         assert survivor and peer
         if fault == "link_down":
-            subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "down"], check=True)
+            _set_link(cluster, 1, "down")
         else:
             os.kill(peer, signal.SIGSTOP)
         start = time.monotonic()
@@ -233,6 +242,72 @@ def test_a_peer_that_stops_answering_ends_the_survivor_in_bounded_time(cluster, 
     committed = [t for _, t in committed_tags(ck)]
     assert committed  # only committed checkpoints count; each verifies
     assert all(verify_tag(ck, t) == ([], True) for t in committed)
+
+
+def readme_multi_host_command(launcher: str = "hostfile") -> str:
+    """The README's `python -m common.launch --launcher LAUNCHER` line of its "Several nodes" block, without its
+    comment: what a user copies."""
+    block = (tu.REPO / "README.md").read_text().split("Several nodes:", 1)[1].split("```", 2)[1]
+    lines = [ln.split("  #")[0].strip() for ln in block.splitlines() if f"--launcher {launcher} " in ln]
+    assert len(lines) == 1, f"README.md, Several nodes: one `--launcher {launcher}` line expected, found {lines}"
+    return lines[0]
+
+
+README_TIMEOUT_MIN = 1
+"""--distributed-timeout-minutes of the README command's lost-host test (the README run a user would start)."""
+
+
+@pytest.mark.long  # 136-141 s, 385 s on a busier run (CI's budget): run_scripts/repeat_check.sh runs it
+@pytest.mark.timeout(900)
+def test_the_readmes_multi_host_command_ends_when_a_host_is_lost(cluster, tmp_path):
+    """The README's multi-host command, as written (its hostfile and ARGS filled in; the test hosts' ssh key in
+    PDSH_SSH_ARGS_APPEND and the master in DS_ARGS, the knobs a user sets), on two hosts; host 1's link goes down
+    mid-run (no reset reaches anyone). The command itself must end, non-zero, within --distributed-timeout-minutes
+    + 60 s: the survivor times out, and pdsh's ssh session to host 1 gives up through the keep-alives
+    common.launch adds (without them it waits forever)."""
+    import shlex
+    import subprocess
+    import time
+
+    data = tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
+    launch = _launch_dir(tmp_path, cluster)
+    log = tmp_path / "log.jsonl"
+    args = tu.train_args(data, "zero2_fp32.json", 400, global_batch=4)
+    args += ["--log-json", str(log), "--distributed-timeout-minutes", str(README_TIMEOUT_MIN)]
+    line = readme_multi_host_command().replace("run_scripts/hostfile", str(launch / "hostfile"))
+    line = line.replace("ARGS", shlex.join(args))
+    env = tu.env(
+        PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options),
+        DS_ARGS=f"--no_ssh_check --master_addr {cluster.addresses[0]} --master_port {tu.free_port()}",
+        DS_ENV_FILE=str(launch / ".deepspeed_env"),
+    )
+    out_path = tmp_path / "run.log"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(
+            cluster.host_cmd(0, ["bash", "-c", line]), cwd=tu.REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            _wait_records(proc, log, 4, out_path)
+            _set_link(cluster, 1, "down")
+            start = time.monotonic()
+            bound = README_TIMEOUT_MIN * 60 + 60
+            try:
+                code = proc.wait(timeout=bound + 30)
+            except subprocess.TimeoutExpired:
+                code = None
+            took = time.monotonic() - start
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = out_path.read_text()
+    print(
+        f"README command ({line.split(' --', 1)[0]} ...): host 1's link down; the command "
+        + (f"ended after {took:.1f} s, code {code}" if code is not None else f"still ran after {took:.1f} s")
+        + f" (bound {bound} s)"
+    )
+    assert code is not None and took < bound, f"the README's command still ran {took:.0f} s after:\n{out[-4000:]}"
+    assert code != 0, out[-4000:]
+    assert "2 rank(s), backend gloo" in out, out[-4000:]
 
 
 @pytest.mark.timeout(600)
@@ -484,19 +559,13 @@ def test_sigterm_to_deepspeed_across_two_hosts_saves_on_every_rank_and_stops(clu
     ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
     args = tu.train_args(data, "zero2_fp32.json", 400, global_batch=4)
     args += ["--save", str(ck), "--log-json", str(log), "--exit-signal-handler"]
-    cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(launch / "hostfile"), "--launcher", "pdsh"]
-    cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
-    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options))
-    full = cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
+    cmd, env = _pdsh(cluster, launch / "hostfile")
+    full = cluster.host_cmd(0, [*cmd, *args])
     out_path = tmp_path / "run.log"
     with open(out_path, "w") as out:
         proc = subprocess.Popen(full, cwd=launch, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 400
-            while not (log.is_file() and len(tu.train_records(log)) >= 3):
-                assert proc.poll() is None, out_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no 3rd iteration within 400 s"
-                time.sleep(0.2)
+            _wait_records(proc, log, 3, out_path)
             proc.send_signal(signal.SIGTERM)
             sent = time.monotonic()
             proc.wait(timeout=60)
@@ -570,15 +639,12 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
     reference = {r["iteration"]: r for r in tu.train_records(tmp_path / "a")}
     args = [*common, "--log-json", str(log), "--save", str(ck), "--load", str(ck), "--save-interval", "3"]
     args += ["--exit-signal-handler"]
-    keepalive = "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
-    env = tu.env(PDSH_SSH_ARGS_APPEND=" ".join(cluster.ssh_options) + " " + keepalive)
     hostfiles = {2: launch / "hostfile", 1: launch / "hostfile.left"}
     hostfiles[1].write_text(f"{cluster.addresses[0]} slots=1\n")
 
-    def command(world: int) -> list[str]:
-        cmd = [str(tu.VENV_BIN / "deepspeed"), "--hostfile", str(hostfiles[world]), "--launcher", "pdsh"]
-        cmd += ["--no_ssh_check", "--master_addr", cluster.addresses[0], "--master_port", str(tu.free_port())]
-        return cluster.host_cmd(0, [*cmd, str(tu.REPO / "pretrain" / "train.py"), *args])
+    def command(world: int) -> tuple[list[str], dict[str, str]]:
+        cmd, env = _pdsh(cluster, hostfiles[world])
+        return cluster.host_cmd(0, [*cmd, *args]), env
 
     def logged(since: int) -> int:
         """The last iteration the current segment logged (0 before its first): the log file is appended by every
@@ -591,7 +657,8 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
         out_path = tmp_path / f"segment{segment}.log"
         since = len(tu.train_records(log)) if log.is_file() else 0
         with open(out_path, "w") as out:
-            proc = subprocess.Popen(command(world), cwd=launch, env=env, stdout=out, stderr=subprocess.STDOUT)
+            cmd, env = command(world)
+            proc = subprocess.Popen(cmd, cwd=launch, env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
                 if segment == 3:
                     code = proc.wait(timeout=900)
@@ -613,7 +680,7 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
                     for p in _train_pids(cluster, world - 1):
                         os.kill(p, signal.SIGKILL)
                 elif mode == "link_down":
-                    subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "down"], check=True)
+                    _set_link(cluster, 1, "down")
                 else:
                     proc.send_signal(signal.SIGTERM)  # the `deepspeed` command (host_cmd execs into it)
                 code = proc.wait(timeout=TIMEOUT_MIN * 60 + 120)
@@ -628,7 +695,7 @@ def test_chaos_three_interruptions_at_random_steps_lose_nothing(cluster, tmp_pat
         ranks_s = time.monotonic() - hit
         left = [_train_pids(cluster, h) for h in (0, 1)]
         if mode == "link_down":
-            subprocess.run(["ip", "-n", cluster.namespaces[1], "link", "set", IFNAME, "up"], check=True)
+            _set_link(cluster, 1, "up")
         events.append(
             f"segment {segment} on {world} rank(s): {mode} at iteration {target} (from {start_iter}), "
             f"the command exited {code} after {waited:.1f} s, every rank gone after {ranks_s:.1f} s"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.launch import LaunchRequest, command, free_port
+from common.launch import LaunchRequest, command, command_env, free_port
 from common.process import kill_group
 from data_pipeline.indexed import IndexedDatasetBuilder, best_dtype
 
@@ -139,6 +139,18 @@ def launch(
         req.launcher_args = ""  # no launcher knob of the caller's environment
     cmd = command(req, program, env(**env_extra), cwd=REPO)
     return run_group(cmd + args, timeout=timeout, cwd=REPO, env=env(**env_extra))
+
+
+def deepspeed_pdsh(hostfile: Path, master_addr: str, ssh_args: str) -> tuple[list[str], dict[str, str]]:
+    """``deepspeed --hostfile HOSTFILE --launcher pdsh ... pretrain/train.py`` (append the trainer's flags) and its
+    environment, as ``python -m common.launch --launcher hostfile`` starts it: the table's command line and its ssh
+    keep-alives added to ``ssh_args`` (the user's PDSH_SSH_ARGS_APPEND: the test hosts' key). No ssh check (the key is
+    only in those arguments), ``master_addr`` as rank 0's host, a free port."""
+    flags = f"--launcher pdsh --no_ssh_check --master_addr {master_addr}"
+    req = LaunchRequest("hostfile", hostfile=str(hostfile), master_port=free_port(), launcher_args=flags)
+    cmd = command(req, [str(REPO / "pretrain" / "train.py")], {}, REPO)
+    e = env(PDSH_SSH_ARGS_APPEND=ssh_args)
+    return cmd, {**e, **command_env(req.launcher, e)}
 
 
 def run_group(cmd: list[str], timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
