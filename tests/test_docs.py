@@ -154,3 +154,22 @@ def test_json_model_config_examples_in_docs_are_valid() -> None:
     assert blocks
     for block in blocks:
         ModelConfig.from_dict(json.loads(block))
+
+
+# "session" as a word; a hyphen or dot around it marks an identifier (pytest's `--session-timeout`, `xdist.dsession`).
+SESSION_WORD = re.compile(r"(?<![-\w.])sessions?(?![-\w])", re.I)
+
+
+def test_docs_speak_of_the_product_not_of_how_it_was_made() -> None:
+    """Docs say what was measured, on what machine and when (a date), never "this session" (issue #42)."""
+    assert SESSION_WORD.findall("no GPU this session; two Sessions") == ["session", "Sessions"]
+    assert not SESSION_WORD.findall("pytest --session-timeout 45; xdist.dsession.Interrupted")
+    docs = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
+    found = [
+        f"{doc.relative_to(REPO)}:{n}: {line.strip()[:100]}"
+        for doc in docs
+        if doc.exists()
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+        if SESSION_WORD.search(line)
+    ]
+    assert not found, "say what was measured, on what machine and when (a date), not 'session':\n" + "\n".join(found)
