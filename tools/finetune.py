@@ -36,6 +36,7 @@ import torch
 
 from common.cli import HelpFormatter, add_flags, cli
 from common.errors import UserError, report, run_entry
+from common.inputs import parse_json_object
 from tools.device import PRECISIONS
 
 
@@ -169,12 +170,7 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{n}: expected a JSON object per line")
+            obj = parse_json_object(line, str(path), "one JSON object per line", DataError, line=n)
             yield n, obj
 
 
