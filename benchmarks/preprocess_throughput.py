@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,11 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_entry("benchmarks.preprocess_throughput", _main, argv)
 
 
-def _main(argv: list[str]) -> int:
-    from common.errors import UserError, write_errors
-    from common.outputs import atomic_file, check_file_writable
-    from data_pipeline.tokenization import build_tokenizer
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="benchmarks.preprocess_throughput", description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
     ap.add_argument("--vocab-file", default=None, help="default: CORPUS/vocab/bert-base-uncased/vocab.txt")
@@ -140,11 +137,30 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--output-json", default=str(REPO / "out" / "bench" / "preprocess_throughput.json"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--repeat", type=int, default=2, help="best of N for every timed command")
-    a = ap.parse_args(argv)
+    return ap
+
+
+@dataclass
+class _Bench:
+    """One benchmark run's settings and scratch: the flags, the vocab, the temp dir, the interpreter and its env."""
+
+    a: argparse.Namespace
+    vocab: Path
+    tmp: Path
+    py: str = sys.executable
+    env: dict = field(default_factory=lambda: dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false"))
+
+
+def _inputs(a: argparse.Namespace) -> tuple[Path, list[Path], list[Path]]:
+    """The vocab and the books and WikiExtractor files to time, checked before minutes of timings (one line each
+    when something is missing)."""
+    from common.errors import UserError
+    from common.outputs import check_file_writable
+    from data_pipeline.tokenization import build_tokenizer
 
     corpus = Path(a.corpus)
     vocab = Path(a.vocab_file or corpus / "vocab" / "bert-base-uncased" / "vocab.txt")
-    build_tokenizer("BertWordPieceLowerCase", str(vocab))  # before minutes of timings: one line if it is missing
+    build_tokenizer("BertWordPieceLowerCase", str(vocab))
     if a.megatron_repo and not (Path(a.megatron_repo) / "tools" / "preprocess_data.py").is_file():
         raise UserError(
             f"--megatron-repo {a.megatron_repo}: no tools/preprocess_data.py there; give a checkout of "
@@ -153,15 +169,14 @@ def _main(argv: list[str]) -> int:
     check_file_writable(a.output_json, "--output-json")
     books = _select(sorted((corpus / "books").glob("pg*.txt")), int(a.max_mb * 1e6))
     wiki = _select(sorted((corpus / "wiki" / "wikiextractor").rglob("wiki_*")), int(a.max_mb * 1e6))
-    inputs = books + wiki
-    if not inputs:
+    if not books + wiki:
         raise UserError(f"--corpus {corpus}: no books/pg*.txt nor wiki/wikiextractor/**/wiki_* files there")
-    in_bytes = sum(f.stat().st_size for f in inputs)
-    tmp = Path(tempfile.mkdtemp(prefix="bench_preprocess_"))
-    py = sys.executable
-    env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
+    return vocab, books, wiki
 
-    # the cleaned documents, as our readers produce them: the raw tokenizer's input and the shared jsonl
+
+def _write_texts(inputs: list[Path], tmp: Path) -> list[str]:
+    """The cleaned documents, as our readers produce them: the raw tokenizer's input (texts.json), the shared
+    jsonl for our pipeline and Megatron's (docs.jsonl), and a one-document jsonl for start-up costs."""
     from data_pipeline.encode import doc_text
     from data_pipeline.readers import BadInputLog, read_documents
 
@@ -177,145 +192,135 @@ def _main(argv: list[str]) -> int:
             f.write(json.dumps({"text": t}) + "\n")
     with open(tmp / "one.jsonl", "w", encoding="utf-8") as f:
         f.write(json.dumps({"text": texts[0][:2000]}) + "\n")
-    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    jsonl_bytes = (tmp / "docs.jsonl").stat().st_size
-    print(
-        f"input: {len(books)} books + {len(wiki)} WikiExtractor files = {in_bytes / 1e6:.1f} MB raw, "
-        f"{len(texts)} documents, {text_bytes / 1e6:.1f} MB of cleaned text",
-        flush=True,
-    )
+    return texts
 
-    results: dict = {
-        "machine": "2-core CPU dev box, shared, no GPU",
-        "input_files": [str(f) for f in inputs],
-        "input_mb": in_bytes / 1e6,
-        "text_mb": text_bytes / 1e6,
-        "documents": len(texts),
-        "runs": {},
+
+def _entry(wall: float, cpu: float, start: float, start_cpu: float, tokens: int, mb: float) -> dict:
+    """One timed command's row: ``net`` subtracts the tool's start-up cost (``start_cpu``: its CPU share)."""
+    return {
+        "wall_s": wall,
+        "net_s": wall - start,
+        "cpu_s": cpu,
+        "net_cpu_s": cpu - start_cpu,
+        "tokens": tokens,
+        "mb": mb,
     }
 
-    # raw tokenizer, 1 and 2 threads
-    for threads in a.workers:
+
+def _time_raw_tokenizer(b: _Bench, text_mb: float, runs: dict) -> None:
+    """The tokenizer backend alone on the cleaned texts, per thread count (a fresh subprocess each)."""
+    for threads in b.a.workers:
         tenv = dict(
-            env,
+            b.env,
             TOKENIZERS_PARALLELISM="true" if threads > 1 else "false",
             RAYON_NUM_THREADS=str(threads),
             RAYON_RS_NUM_CPUS=str(threads),
         )
         r = subprocess.run(
-            [py, "-c", _RAW, str(tmp / "texts.json"), str(vocab)], env=tenv, capture_output=True, text=True, check=True
+            [b.py, "-c", _RAW, str(b.tmp / "texts.json"), str(b.vocab)],
+            env=tenv,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         for name, v in json.loads(r.stdout).items():
-            results["runs"][f"raw {name} x{threads}"] = {
+            runs[f"raw {name} x{threads}"] = {
                 "net_s": v["seconds"],
                 "net_cpu_s": v["cpu"],
                 "tokens": v["tokens"],
-                "mb": text_bytes / 1e6,
+                "mb": text_mb,
             }
         print(f"raw tokenizer x{threads}: done", flush=True)
-    tokens = results["runs"][f"raw encode_batch x{a.workers[0]}"]["tokens"]
+
+
+def _time_ours(b: _Bench, inputs: list[Path], in_mb: float, jsonl_mb: float, tokens: int, results: dict) -> None:
+    """data_pipeline.preprocess on the raw files (document and sentence level) and on the shared jsonl."""
 
     def ours(inp: list[str], prefix: str, workers: int, extra: list[str]) -> tuple[float, float]:
         cmd = [
-            py,
+            b.py,
             "-m",
             "data_pipeline.preprocess",
             "--input",
             *inp,
             "--output-prefix",
-            str(tmp / prefix),
+            str(b.tmp / prefix),
             "--tokenizer-type",
             "BertWordPieceLowerCase",
             "--vocab-file",
-            str(vocab),
+            str(b.vocab),
             "--workers",
             str(workers),
             "--no-progress",
             "--overwrite",  # each repeat rewrites the same shards
             *extra,
         ]
-        return _best(lambda: _run(cmd, env=env, cwd=str(REPO)), a.repeat)
+        return _best(lambda: _run(cmd, env=b.env, cwd=str(REPO)), b.a.repeat)
 
-    start_ours, start_ours_cpu = ours([str(tmp / "one.jsonl")], "startup", 1, [])
-    results["startup_s"] = {"ours": start_ours}
+    start, start_cpu = ours([str(b.tmp / "one.jsonl")], "startup", 1, [])
+    results["startup_s"] = {"ours": start}
     for level, extra in (("document", []), ("sentence", ["--split-sentences"])):
-        for w in a.workers:
+        for w in b.a.workers:
             wall, cpu = ours([str(f) for f in inputs], f"raw_{level}_{w}", w, extra)
-            results["runs"][f"ours raw files {level} w{w}"] = {
-                "wall_s": wall,
-                "net_s": wall - start_ours,
-                "cpu_s": cpu,
-                "net_cpu_s": cpu - start_ours_cpu * w,
-                "tokens": tokens,
-                "mb": in_bytes / 1e6,
-            }
+            results["runs"][f"ours raw files {level} w{w}"] = _entry(wall, cpu, start, start_cpu * w, tokens, in_mb)
             print(f"ours {level} w{w}: {wall:.1f}s wall, {cpu:.1f}s CPU", flush=True)
-    for w in a.workers:
-        wall, cpu = ours([str(tmp / "docs.jsonl")], f"jsonl_{w}", w, [])
-        results["runs"][f"ours jsonl document w{w}"] = {
-            "wall_s": wall,
-            "net_s": wall - start_ours,
-            "cpu_s": cpu,
-            "net_cpu_s": cpu - start_ours_cpu * w,
-            "tokens": tokens,
-            "mb": jsonl_bytes / 1e6,
-        }
+    for w in b.a.workers:
+        wall, cpu = ours([str(b.tmp / "docs.jsonl")], f"jsonl_{w}", w, [])
+        results["runs"][f"ours jsonl document w{w}"] = _entry(wall, cpu, start, start_cpu * w, tokens, jsonl_mb)
 
-    if a.megatron_repo:
-        shim = tmp / "shim"
-        shim.mkdir()
-        (shim / "sitecustomize.py").write_text(_SHIM)
-        hub = tmp / "mwork" / "bert-large-uncased"
-        hub.mkdir(parents=True)
-        shutil.copy(vocab, hub / "vocab.txt")
-        (hub / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-        (hub / "config.json").write_text(json.dumps({"model_type": "bert"}))
-        menv = dict(
-            os.environ, PYTHONPATH=f"{a.megatron_repo}:{shim}", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+
+def _time_megatron(b: _Bench, jsonl_mb: float, tokens: int, results: dict) -> None:
+    """Megatron-LM's tools/preprocess_data.py on the same jsonl (through the import shim), and whether its
+    shards equal ours byte for byte."""
+    tmp, vocab = b.tmp, b.vocab
+    shim = tmp / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(_SHIM)
+    hub = tmp / "mwork" / "bert-large-uncased"
+    hub.mkdir(parents=True)
+    shutil.copy(vocab, hub / "vocab.txt")
+    (hub / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    (hub / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    menv = dict(
+        os.environ, PYTHONPATH=f"{b.a.megatron_repo}:{shim}", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+    )
+    script = str(Path(b.a.megatron_repo) / "tools" / "preprocess_data.py")
+
+    def megatron(inp: Path, prefix: str, workers: int) -> tuple[float, float]:
+        cmd = [
+            b.py,
+            script,
+            "--input",
+            str(inp),
+            "--output-prefix",
+            str(tmp / prefix),
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            str(vocab),
+            "--tokenizer-hf-no-include-special-tokens",
+            "--workers",
+            str(workers),
+        ]
+        return _best(lambda: _run(cmd, env=menv, cwd=str(tmp / "mwork")), b.a.repeat)
+
+    start, start_cpu = megatron(tmp / "one.jsonl", "mstartup", 1)
+    results["startup_s"]["megatron"] = start
+    for w in b.a.workers:
+        wall, cpu = megatron(tmp / "docs.jsonl", f"megatron_{w}", w)
+        row = results["runs"][f"megatron jsonl document w{w}"] = _entry(wall, cpu, start, start_cpu, tokens, jsonl_mb)
+        same = all(
+            (tmp / f"megatron_{w}_text_document{e}").read_bytes() == (tmp / f"jsonl_{w}_text_document{e}").read_bytes()
+            for e in (".bin", ".idx")
         )
-        script = str(Path(a.megatron_repo) / "tools" / "preprocess_data.py")
+        row["identical_to_ours"] = same
+        print(f"megatron w{w}: {wall:.1f}s (output identical to ours: {same})", flush=True)
 
-        def megatron(inp: Path, prefix: str, workers: int) -> tuple[float, float]:
-            cmd = [
-                py,
-                script,
-                "--input",
-                str(inp),
-                "--output-prefix",
-                str(tmp / prefix),
-                "--tokenizer-type",
-                "BertWordPieceLowerCase",
-                "--vocab-file",
-                str(vocab),
-                "--tokenizer-hf-no-include-special-tokens",
-                "--workers",
-                str(workers),
-            ]
-            return _best(lambda: _run(cmd, env=menv, cwd=str(tmp / "mwork")), a.repeat)
 
-        start_m, start_m_cpu = megatron(tmp / "one.jsonl", "mstartup", 1)
-        results["startup_s"]["megatron"] = start_m
-        for w in a.workers:
-            wall, cpu = megatron(tmp / "docs.jsonl", f"megatron_{w}", w)
-            results["runs"][f"megatron jsonl document w{w}"] = {
-                "wall_s": wall,
-                "net_s": wall - start_m,
-                "cpu_s": cpu,
-                "net_cpu_s": cpu - start_m_cpu,
-                "tokens": tokens,
-                "mb": jsonl_bytes / 1e6,
-            }
-            same = all(
-                (tmp / f"megatron_{w}_text_document{e}").read_bytes()
-                == (tmp / f"jsonl_{w}_text_document{e}").read_bytes()
-                for e in (".bin", ".idx")
-            )
-            results["runs"][f"megatron jsonl document w{w}"]["identical_to_ours"] = same
-            print(f"megatron w{w}: {wall:.1f}s (output identical to ours: {same})", flush=True)
-
-    # table
+def _print_table(runs: dict) -> None:
+    """Each run's wall, net and CPU seconds and rates (the rates are added to its row)."""
     print(f"\n{'run':36s} {'wall s':>7s} {'net s':>7s} {'CPU s':>7s} {'MB/s':>6s} {'tokens/s':>9s} {'tok/CPU-s':>10s}")
-    for name, r in results["runs"].items():
+    for name, r in runs.items():
         r["mb_per_s"] = r["mb"] / r["net_s"]
         r["tokens_per_s"] = r["tokens"] / r["net_s"]
         r["tokens_per_cpu_s"] = r["tokens"] / r["net_cpu_s"]
@@ -324,10 +329,12 @@ def _main(argv: list[str]) -> int:
             f"{name:36s} {wall:>7s} {r['net_s']:7.2f} {r['net_cpu_s']:7.2f} {r['mb_per_s']:6.2f} "
             f"{r['tokens_per_s']:9,.0f} {r['tokens_per_cpu_s']:10,.0f}"
         )
-    print("\nratios (tokens/s on net wall time; and tokens per CPU-second, which a shared box does not distort):")
+
+
+def _ratios(runs: dict, workers: list[int]) -> dict[str, float]:
+    """Ours against the raw tokenizer and against Megatron's script, on net wall time and per CPU-second."""
     ratios = {}
-    runs = results["runs"]
-    for w in a.workers:
+    for w in workers:
         for base in ("encode_batch", "encode_batch_fast"):
             raw = runs[f"raw {base} x{w}"]
             for level in ("document", "sentence"):
@@ -339,6 +346,44 @@ def _main(argv: list[str]) -> int:
             ratios[f"ours / megatron jsonl document w{w} (net wall)"] = o["tokens_per_s"] / m["tokens_per_s"]
             ratios[f"ours / megatron jsonl document w{w} (whole command)"] = m["wall_s"] / o["wall_s"]
             ratios[f"ours / megatron jsonl document w{w} (per CPU-s)"] = o["tokens_per_cpu_s"] / m["tokens_per_cpu_s"]
+    return ratios
+
+
+def _main(argv: list[str]) -> int:
+    """Check the inputs, write the cleaned texts, time the raw tokenizer, our pipeline and (with --megatron-repo)
+    Megatron's script, print the table and ratios, write the JSON."""
+    from common.errors import write_errors
+    from common.outputs import atomic_file
+
+    a = _parser().parse_args(argv)
+    vocab, books, wiki = _inputs(a)
+    inputs = books + wiki
+    in_bytes = sum(f.stat().st_size for f in inputs)
+    b = _Bench(a, vocab, Path(tempfile.mkdtemp(prefix="bench_preprocess_")))
+    texts = _write_texts(inputs, b.tmp)
+    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    jsonl_bytes = (b.tmp / "docs.jsonl").stat().st_size
+    print(
+        f"input: {len(books)} books + {len(wiki)} WikiExtractor files = {in_bytes / 1e6:.1f} MB raw, "
+        f"{len(texts)} documents, {text_bytes / 1e6:.1f} MB of cleaned text",
+        flush=True,
+    )
+    results: dict = {
+        "machine": "2-core CPU dev box, shared, no GPU",
+        "input_files": [str(f) for f in inputs],
+        "input_mb": in_bytes / 1e6,
+        "text_mb": text_bytes / 1e6,
+        "documents": len(texts),
+        "runs": {},
+    }
+    _time_raw_tokenizer(b, text_bytes / 1e6, results["runs"])
+    tokens = results["runs"][f"raw encode_batch x{a.workers[0]}"]["tokens"]
+    _time_ours(b, inputs, in_bytes / 1e6, jsonl_bytes / 1e6, tokens, results)
+    if a.megatron_repo:
+        _time_megatron(b, jsonl_bytes / 1e6, tokens, results)
+    _print_table(results["runs"])
+    print("\nratios (tokens/s on net wall time; and tokens per CPU-second, which a shared box does not distort):")
+    ratios = _ratios(results["runs"], a.workers)
     for k, v in ratios.items():
         print(f"  {k:62s} {v:6.2f}")
     results["ratios"] = ratios
@@ -346,7 +391,7 @@ def _main(argv: list[str]) -> int:
         t.write_text(json.dumps(results, indent=1))
     print(f"\nwritten {a.output_json}")
     if not a.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(b.tmp, ignore_errors=True)
     return 0
 
 

@@ -11,30 +11,47 @@ from typing import Any
 from common.errors import UserError, os_error_message
 
 
-def read_text(path: str | os.PathLike, flag: str, what: str) -> str:
-    """The UTF-8 text of ``path`` (``flag``'s value; ``what`` says what the file should be)."""
-    p = Path(path)
+def _where(flag: str, path: str | os.PathLike) -> str:
+    return f"{flag} {path}" if flag else str(path)
+
+
+def read_text(path: str | os.PathLike, flag: str, what: str, error: type[UserError] = UserError) -> str:
+    """The UTF-8 text of ``path`` (``flag``'s value, or "" for a file no flag names; ``what`` says what the file
+    should be); a problem raises the caller's ``error`` class."""
+    p, where = Path(path), _where(flag, path)
     if p.is_dir():
-        raise UserError(f"{flag} {path} is a directory; give {what}")
+        raise error(f"{where} is a directory; give {what}")
     try:
         data = p.read_bytes()
     except OSError as e:
-        raise UserError(os_error_message(e, f"{flag} {path}")) from None
+        raise error(os_error_message(e, where)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{flag} {path}: not a text file (byte {e.start} is not UTF-8); give {what}") from None
+        raise error(f"{where}: not a text file (byte {e.start} is not UTF-8); give {what}") from None
 
 
-def read_json_object(path: str | os.PathLike, flag: str, what: str) -> dict[str, Any]:
-    """The JSON object in ``path``; anything else (empty, not JSON, a list) is one line naming ``flag``."""
-    text = read_text(path, flag, what)
-    if not text.strip():
-        raise UserError(f"{flag} {path} is empty; give {what}")
+def parse_json_object(
+    text: str, where: str, what: str, error: type[UserError] = UserError, line: int | None = None
+) -> dict[str, Any]:
+    """The JSON object in ``text`` from ``where`` (a flag and path, or a path), the whole file or its line ``line``
+    (JSON Lines); invalid JSON names ``where:LINE:COLUMN``, anything but an object says what it got."""
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(f"{flag} {path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); give {what}") from None
+        raise error(f"{where}:{(line or 1) + e.lineno - 1}:{e.colno}: not valid JSON ({e.msg}); give {what}") from None
     if not isinstance(obj, dict):
-        raise UserError(f"{flag} {path}: expected a JSON object, got a {type(obj).__name__}; give {what}")
+        at = f":{line}" if line is not None else ""
+        raise error(f"{where}{at}: expected a JSON object, got a {type(obj).__name__}; give {what}")
     return obj
+
+
+def read_json_object(
+    path: str | os.PathLike, flag: str, what: str, error: type[UserError] = UserError
+) -> dict[str, Any]:
+    """The JSON object in ``path``; anything else (empty, not JSON, a list) is one line naming ``flag`` (or, with
+    ``flag`` "", the path alone), raised as the caller's ``error`` class."""
+    text = read_text(path, flag, what, error)
+    if not text.strip():
+        raise error(f"{_where(flag, path)} is empty; give {what}")
+    return parse_json_object(text, _where(flag, path), what, error)

@@ -44,12 +44,14 @@ memory-mapped when reused.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -219,69 +221,112 @@ def _pack_tokens(
     return out[keep]
 
 
-def _pack_documents(u_start: np.ndarray, u_len: np.ndarray, u_doc: np.ndarray, config: SampleIndexConfig) -> np.ndarray:
-    """packed-docs: greedy best-fit packing of documents into sequences of N tokens; returns piece rows ``[P, 5]``.
+class _Packer:
+    """The state of :func:`_pack_documents`' greedy best-fit packer over sentence units (``u_len`` tokens each,
+    of document ``u_doc``), and its steps: top up the open pools, open a sample with the oldest open item, fill the
+    rest by best fit, retire finished streams. Each sample is a list of pieces (first unit, end unit, sample)."""
 
-    A piece costs its tokens + 2 ([CLS] ... [SEP]). Documents enter in a seeded random order. One that fits in N
-    is a whole item in a pool of short documents; a longer one is a stream of sentence units. Each sample opens
-    with the oldest open item (the oldest short document, or the longest whole-sentence run of the oldest stream;
-    up to PACK_OPENER_TRIES - 1 sentences less when the rest then fills tighter), so nothing waits for ever; then,
-    while at least 3 tokens are left, the best fit among all candidates goes in: the largest short document that
-    fits, or the longest run of whole sentences that fits from any other open stream. (A stream is never picked
-    twice for one sample: its next sentence did not fit.) Pieces of long documents therefore start at a sentence
-    start (except the budget-sized pieces of sentences longer than N - 2), and the gaps that whole-sentence cutting
-    leaves are filled by other documents instead of padding. ModernBERT reports >99% fill from greedy best-fit
-    packing of whole (truncated) sequences; NeoBERT measured that packing without a document mask costs GLUE.
-    """
-    import bisect
-    from collections import deque
+    def __init__(self, u_len: np.ndarray, u_doc: np.ndarray, config: SampleIndexConfig) -> None:
+        self.N = int(config.seq_length)
+        self.doc_first = np.flatnonzero(np.r_[True, u_doc[1:] != u_doc[:-1]])
+        self.doc_end = np.r_[self.doc_first[1:], len(u_len)]
+        self.cum = np.r_[0, np.cumsum(u_len)]
+        self.doc_tokens = self.cum[self.doc_end] - self.cum[self.doc_first]
+        seed = [config.seed, MODES.index(PACKED), self.N, INDEX_VERSION]
+        self.order = np.random.default_rng(seed).permutation(len(self.doc_first))
+        self.pieces: list[tuple[int, int, int]] = []  # (first unit, end unit, sample)
+        self.short: list[tuple[int, int]] = []  # sorted (size, document) of open short documents
+        self.arrivals: deque = deque()  # open items, oldest first: (is_stream, document)
+        self.used_short: set[int] = set()
+        self.s_doc: list[int] = []  # open streams: document, next unit
+        self.s_pos: list[int] = []
+        self.nxt = 0
 
-    N = int(config.seq_length)
-    U = len(u_len)
-    doc_first = np.flatnonzero(np.r_[True, u_doc[1:] != u_doc[:-1]])
-    doc_end = np.r_[doc_first[1:], U]
-    cum = np.r_[0, np.cumsum(u_len)]
-    doc_tokens = cum[doc_end] - cum[doc_first]
-    order = np.random.default_rng([config.seed, MODES.index(PACKED), N, INDEX_VERSION]).permutation(len(doc_first))
-    pieces: list[tuple[int, int, int]] = []  # (first unit, end unit, sample)
-    short: list[tuple[int, int]] = []  # sorted (size, document) of open short documents
-    arrivals: deque = deque()  # open items, oldest first: (is_stream, document)
-    used_short: set[int] = set()
-    s_doc: list[int] = []  # open streams: document, next unit
-    s_pos: list[int] = []
-    nxt = 0
-
-    def top_up() -> None:
-        nonlocal nxt
-        # both pools are topped up, but short documents never pile up beyond 4 windows while long ones are
-        # scarce (the pool's sorted insert would grow with the corpus)
-        while (
-            nxt < len(order)
-            and len(short) < 4 * PACK_WINDOW_DOCS
-            and (len(short) < PACK_WINDOW_DOCS or len(s_doc) < PACK_WINDOW_STREAMS)
-        ):
-            d = int(order[nxt])
-            nxt += 1
-            if doc_tokens[d] + 2 <= N:
-                bisect.insort(short, (int(doc_tokens[d]) + 2, d))
-                arrivals.append((False, d))
+    def pack(self) -> list[tuple[int, int, int]]:
+        """Every sample's pieces, in order, until no open item is left."""
+        sample = 0
+        while True:
+            self.top_up()
+            opener = self.open_sample(sample)
+            if opener is None:
+                return self.pieces
+            if opener < 0:  # a short document opened the sample
+                first, end, _ = self.pieces[-1]
+                actions, _ = self.plan_fill(self.N - int(self.cum[end] - self.cum[first]) - 2)
             else:
-                s_doc.append(d)
-                s_pos.append(int(doc_first[d]))
-                arrivals.append((True, d))
+                actions = self.open_with_stream(opener, sample)
+            self.apply(actions, sample)
+            self.retire_finished_streams()
+            sample += 1
 
-    def stream_run(i: int, room: int) -> int:
+    def top_up(self) -> None:
+        """Open the next documents of the seeded order: both pools are topped up, but short documents never pile
+        up beyond 4 windows while long ones are scarce (the pool's sorted insert would grow with the corpus)."""
+        while (
+            self.nxt < len(self.order)
+            and len(self.short) < 4 * PACK_WINDOW_DOCS
+            and (len(self.short) < PACK_WINDOW_DOCS or len(self.s_doc) < PACK_WINDOW_STREAMS)
+        ):
+            d = int(self.order[self.nxt])
+            self.nxt += 1
+            if self.doc_tokens[d] + 2 <= self.N:
+                bisect.insort(self.short, (int(self.doc_tokens[d]) + 2, d))
+                self.arrivals.append((False, d))
+            else:
+                self.s_doc.append(d)
+                self.s_pos.append(int(self.doc_first[d]))
+                self.arrivals.append((True, d))
+
+    def take_short(self, d: int, size: int, sample: int) -> None:
+        """Short document ``d`` (``size`` = its tokens + 2) goes whole into ``sample``."""
+        self.short.pop(bisect.bisect_left(self.short, (size, d)))
+        self.used_short.add(d)
+        self.pieces.append((int(self.doc_first[d]), int(self.doc_end[d]), sample))
+
+    def open_sample(self, sample: int) -> int | None:
+        """The oldest open item opens the sample: a short document goes in whole (returns -1), a stream's index is
+        returned for :meth:`open_with_stream`; None when nothing is left. Items already used are dropped."""
+        while self.arrivals:
+            is_stream, d = self.arrivals[0]
+            if is_stream and d in self.s_doc:
+                return self.s_doc.index(d)
+            self.arrivals.popleft()
+            if not is_stream and d not in self.used_short:
+                self.take_short(d, int(self.doc_tokens[d]) + 2, sample)
+                return -1
+        return None
+
+    def stream_run(self, i: int, room: int) -> int:
         """End unit of the longest run of whole units of stream i within ``room`` tokens (its start if none)."""
-        p, e = s_pos[i], int(doc_end[s_doc[i]])
-        return min(int(np.searchsorted(cum, cum[p] + room, side="right")) - 1, e)
+        p, e = self.s_pos[i], int(self.doc_end[self.s_doc[i]])
+        return min(int(np.searchsorted(self.cum, self.cum[p] + room, side="right")) - 1, e)
 
-    def plan_fill(room: int, opener: int = -1) -> tuple[list[tuple], int]:
+    def open_with_stream(self, opener: int, sample: int) -> list[tuple]:
+        """The opener stream's longest whole-sentence run, or up to PACK_OPENER_TRIES - 1 sentences less when the
+        rest then packs tighter; returns the fill actions for the room it leaves."""
+        p0 = self.s_pos[opener]
+        end0 = max(self.stream_run(opener, self.N - 2), p0 + 1)
+        best = None
+        for end in range(end0, max(end0 - PACK_OPENER_TRIES, p0), -1):
+            room = self.N - int(self.cum[end] - self.cum[p0]) - 2
+            actions, left = self.plan_fill(room, opener)
+            if best is None or left < best[2]:
+                best = (end, actions, left)
+            if left < 3:
+                break
+        end, actions, _ = best
+        self.pieces.append((p0, end, sample))
+        self.s_pos[opener] = end
+        return actions
+
+    def plan_fill(self, room: int, opener: int = -1) -> tuple[list[tuple], int]:
         """Best-fit choices for ``room`` tokens without changing the pools (the opener stream, if any, is left
         out: its next sentences would have been part of its own piece); returns the actions and the room left."""
         actions: list[tuple] = []
         taken: set[int] = set()
-        pos = np.asarray(s_pos, dtype=np.int64)
-        ends_cap = doc_end[np.asarray(s_doc, dtype=np.int64)] if s_doc else None
+        short, cum = self.short, self.cum
+        pos = np.asarray(self.s_pos, dtype=np.int64)
+        ends_cap = self.doc_end[np.asarray(self.s_doc, dtype=np.int64)] if self.s_doc else None
         if opener >= 0:
             pos[opener] = ends_cap[opener]  # exhausted for this sample
         while room >= 3:
@@ -290,7 +335,7 @@ def _pack_documents(u_start: np.ndarray, u_len: np.ndarray, u_doc: np.ndarray, c
                 k -= 1
             best_short = short[k][0] if k >= 0 else 0
             best_stream = best_i = best_end = 0
-            if s_doc:
+            if self.s_doc:
                 ends = np.minimum(np.searchsorted(cum, cum[pos] + room - 2, side="right") - 1, ends_cap)
                 got = cum[ends] - cum[pos]
                 best_i = int(np.argmax(got))
@@ -308,57 +353,38 @@ def _pack_documents(u_start: np.ndarray, u_len: np.ndarray, u_doc: np.ndarray, c
                 room -= best_stream
         return actions, room
 
-    sample = 0
-    while True:
-        top_up()
-        opener = None
-        while arrivals:  # the oldest open item opens the sample
-            is_stream, d = arrivals[0]
-            if is_stream and d in s_doc:
-                opener = s_doc.index(d)
-                break
-            arrivals.popleft()
-            if not is_stream and d not in used_short:
-                size = int(doc_tokens[d]) + 2
-                short.pop(bisect.bisect_left(short, (size, d)))
-                used_short.add(d)
-                pieces.append((int(doc_first[d]), int(doc_end[d]), sample))
-                break
-        else:
-            break
-        if opener is None:
-            actions, _ = plan_fill(N - int(cum[pieces[-1][1]] - cum[pieces[-1][0]]) - 2)
-        else:  # the opener's longest whole-sentence run, or up to 3 sentences less when that packs tighter
-            p0 = s_pos[opener]
-            end0 = max(stream_run(opener, N - 2), p0 + 1)
-            best = None
-            for end in range(end0, max(end0 - PACK_OPENER_TRIES, p0), -1):
-                room = N - int(cum[end] - cum[p0]) - 2
-                actions, left = plan_fill(room, opener)
-                if best is None or left < best[2]:
-                    best = (end, actions, left)
-                if left < 3:
-                    break
-            end, actions, _ = best
-            pieces.append((p0, end, sample))
-            s_pos[opener] = end
-        gone = []
+    def apply(self, actions: list[tuple], sample: int) -> None:
+        """Put the planned pieces into ``sample``: stream runs advance their stream, short documents leave the pool."""
         for act in actions:
             if act[0]:
                 _, i, lo, hi = act
-                pieces.append((lo, hi, sample))
-                s_pos[i] = hi
+                self.pieces.append((lo, hi, sample))
+                self.s_pos[i] = hi
             else:
                 _, d, size = act
-                short.pop(bisect.bisect_left(short, (size, d)))
-                used_short.add(d)
-                pieces.append((int(doc_first[d]), int(doc_end[d]), sample))
-        for i in range(len(s_doc)):
-            if s_pos[i] >= doc_end[s_doc[i]]:
-                gone.append(i)
+                self.take_short(d, size, sample)
+
+    def retire_finished_streams(self) -> None:
+        gone = [i for i in range(len(self.s_doc)) if self.s_pos[i] >= self.doc_end[self.s_doc[i]]]
         for i in reversed(gone):
-            del s_doc[i], s_pos[i]
-        sample += 1
+            del self.s_doc[i], self.s_pos[i]
+
+
+def _pack_documents(u_start: np.ndarray, u_len: np.ndarray, u_doc: np.ndarray, config: SampleIndexConfig) -> np.ndarray:
+    """packed-docs: greedy best-fit packing of documents into sequences of N tokens; returns piece rows ``[P, 5]``.
+
+    A piece costs its tokens + 2 ([CLS] ... [SEP]). Documents enter in a seeded random order. One that fits in N
+    is a whole item in a pool of short documents; a longer one is a stream of sentence units. Each sample opens
+    with the oldest open item (the oldest short document, or the longest whole-sentence run of the oldest stream;
+    up to PACK_OPENER_TRIES - 1 sentences less when the rest then fills tighter), so nothing waits for ever; then,
+    while at least 3 tokens are left, the best fit among all candidates goes in: the largest short document that
+    fits, or the longest run of whole sentences that fits from any other open stream. (A stream is never picked
+    twice for one sample: its next sentence did not fit.) Pieces of long documents therefore start at a sentence
+    start (except the budget-sized pieces of sentences longer than N - 2), and the gaps that whole-sentence cutting
+    leaves are filled by other documents instead of padding. ModernBERT reports >99% fill from greedy best-fit
+    packing of whole (truncated) sequences; NeoBERT measured that packing without a document mask costs GLUE.
+    """
+    pieces = _Packer(u_len, u_doc, config).pack()
     out = np.zeros((len(pieces), 5), dtype=np.int64)
     if pieces:
         arr = np.asarray(pieces, dtype=np.int64)

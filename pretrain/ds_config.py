@@ -7,7 +7,6 @@ replacement to use, and reject unknown top-level keys so a typo never trains wit
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
+from common.inputs import read_json_object
 
 
 class DSConfigError(UserError, ValueError):
@@ -147,16 +147,7 @@ def _check_precision_blocks(cfg: dict[str, Any], path: str) -> None:
 def read_ds_config(path: str | Path) -> ResolvedDSConfig:
     """Parse the JSON file, strip `sparse_attention`, refuse `amp` and unknown top-level keys."""
     path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise DSConfigError(f"cannot read DeepSpeed config {path}: {e}") from e
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DSConfigError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from e
-    if not isinstance(cfg, dict):
-        raise DSConfigError(f"{path}: the top level must be a JSON object")
+    cfg = read_json_object(path, "", "a DeepSpeed config JSON file (see ds_configs/)", DSConfigError)
     if "amp" in cfg:
         raise DSConfigError(
             f"{path}: the 'amp' block (NVIDIA Apex AMP) is not supported by DeepSpeed 0.19 nor by this trainer; "

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pretrain.args import RunConfig, applied_weight_decay
+from pretrain.args import CheckpointConfig, RunConfig, applied_weight_decay
 from pretrain.checkpoint import CheckpointError
 from pretrain.schedule import LEGACY_SETTINGS, SETTINGS, schedule_settings
 
@@ -117,20 +117,24 @@ def plan_resume(
     micro_batch: int,
 ) -> ResumePlan:
     """Compare the checkpoint's settings (``client``: read_client_state's dict) with this run's; raise
-    CheckpointError for a refused difference, else say what happens to each one."""
-    ck = run.checkpoint
+    CheckpointError for a refused difference, else say what happens to each one. The steps, in the order their
+    refusals are checked: optimizer and LR schedule, sequence length, batch sizes, sample-stream settings."""
     plan = ResumePlan()
     saved_args = client.get("args") or {}
-
     saved_sched = client.get("lr_scheduler")
     if saved_sched is None:
         raise CheckpointError(f"{where} has no LR scheduler state; it was not written by pretrain/train.py")
-    sched_diffs = schedule_differences(saved_sched, now_schedule)
     now_args = run.to_dict()
-    now_optim = now_args["optim"]
-    saved_optim = saved_args.get("optim") or {}
-    if saved_optim:
-        saved_optim = {**OPTIMIZER_DEFAULTS, **saved_optim}
+    _plan_optimizer_and_schedule(plan, where, saved_sched, saved_args, now_args["optim"], now_schedule, run.checkpoint)
+    _check_seq_length(where, saved_args, run.data.seq_length)
+    plan.notes += _batch_notes(client, saved_args, global_batch, micro_batch)
+    plan.notes += _stream_notes(saved_args, now_args, client.get("consumed_train_samples"))
+    return plan
+
+
+def _optimizer_differences(where: str, saved_optim: dict[str, Any], now_optim: dict[str, Any]) -> list[str]:
+    """The optimizer settings that differ from the checkpoint's; another --optimizer is refused (its state is
+    the checkpoint's)."""
     saved_type = saved_optim.get("optimizer")
     if saved_type is not None and saved_type != now_optim["optimizer"]:
         raise CheckpointError(
@@ -138,11 +142,30 @@ def plan_resume(
             f"the checkpoint holds. Keep --optimizer {saved_type} to resume, or start from the checkpoint's weights "
             "with a fresh optimizer (--finetune)"
         )
-    optim_diffs = [
+    return [
         f"{flag}: checkpoint {saved_optim[key]!r}, now {now_optim[key]!r}"
         for key, flag in OPTIMIZER_SETTINGS
         if key in saved_optim and not _same(saved_optim[key], now_optim[key])
     ]
+
+
+def _plan_optimizer_and_schedule(
+    plan: ResumePlan,
+    where: str,
+    saved_sched: dict[str, Any],
+    saved_args: dict[str, Any],
+    now_optim: dict[str, Any],
+    now_schedule: dict[str, Any],
+    ck: CheckpointConfig,
+) -> None:
+    """Which optimizer settings and LR schedule the run follows (``plan.optimizer``, ``plan.schedule``): the
+    flags' with --override-opt-param-scheduler, the checkpoint's with --use-checkpoint-opt-param-scheduler, and a
+    difference without either is refused, as is a schedule counted in another unit."""
+    sched_diffs = schedule_differences(saved_sched, now_schedule)
+    saved_optim = saved_args.get("optim") or {}
+    if saved_optim:
+        saved_optim = {**OPTIMIZER_DEFAULTS, **saved_optim}
+    optim_diffs = _optimizer_differences(where, saved_optim, now_optim)
     if all(key in saved_optim for key, _ in OPTIMIZER_SETTINGS):
         source = saved_optim if optim_diffs and ck.use_checkpoint_opt_param_scheduler else now_optim
         plan.optimizer = {key: float(source[key]) for key in ("weight_decay", "adam_beta1", "adam_beta2", "adam_eps")}
@@ -188,23 +211,28 @@ def plan_resume(
             "(as Megatron-LM)."
         )
 
-    saved_data = saved_args.get("data") or {}
-    saved_seq = saved_data.get("seq_length")
-    if saved_seq is not None and saved_seq != run.data.seq_length:
+
+def _check_seq_length(where: str, saved_args: dict[str, Any], seq_length: int) -> None:
+    """Another --seq-length is another sample stream: refused (phase 2 of a two-phase run uses --finetune)."""
+    saved_seq = (saved_args.get("data") or {}).get("seq_length")
+    if saved_seq is not None and saved_seq != seq_length:
         raise CheckpointError(
-            f"{where}: --seq-length {run.data.seq_length} differs from the checkpoint's {saved_seq}; samples of "
+            f"{where}: --seq-length {seq_length} differs from the checkpoint's {saved_seq}; samples of "
             "another length are another sample stream, so the checkpoint's data position does not apply. Keep "
             f"--seq-length {saved_seq} to resume, or start phase 2 of a two-phase run with --finetune (weights "
             "only, fresh optimizer; see run_scripts/pretrain_two_phase.sh)"
         )
 
+
+def _batch_notes(client: dict[str, Any], saved_args: dict[str, Any], global_batch: int, micro_batch: int) -> list[str]:
+    """What another global or micro batch size does (both allowed: the run continues at the consumed sample)."""
+    notes = []
     saved_global = client.get("global_batch")
-    consumed = client.get("consumed_train_samples")
     if saved_global is not None and int(saved_global) != global_batch:
-        plan.notes.append(
+        notes.append(
             f"global batch size {global_batch} differs from the checkpoint's {saved_global}: "
-            f"continuing at sample {consumed} with {global_batch} samples per step from iteration "
-            f"{client.get('iteration')} on"
+            f"continuing at sample {client.get('consumed_train_samples')} with {global_batch} samples per step "
+            f"from iteration {client.get('iteration')} on"
         )
     saved_micro = (saved_args.get("loop") or {}).get("micro_batch_size")
     if (
@@ -212,21 +240,26 @@ def plan_resume(
         and int(saved_micro) != micro_batch
         and (saved_global is None or int(saved_global) == global_batch)
     ):
-        plan.notes.append(
+        notes.append(
             f"micro batch size {micro_batch} differs from the checkpoint's {saved_micro}: same "
             "samples per step, gradient accumulation steps change"
         )
+    return notes
 
+
+def _stream_notes(saved_args: dict[str, Any], now_args: dict[str, Any], consumed: Any) -> list[str]:
+    """The sample-stream settings (STREAM_SETTINGS) that changed: allowed, said, since the run will not replay."""
+    notes = []
     for section, key, flag in STREAM_SETTINGS:
         if section not in saved_args or key not in saved_args[section]:
             continue
         old, new = saved_args[section][key], now_args[section][key]
         if not _same(old, new):
-            plan.notes.append(
+            notes.append(
                 f"{flag} {new!r} differs from the checkpoint's {old!r}: the run continues at sample "
                 f"{consumed} of the new sample stream (it will not replay a run that kept the old one)"
             )
-    return plan
+    return notes
 
 
 def install_schedule(scheduler, schedule: dict[str, Any]) -> None:

@@ -7,7 +7,8 @@
 #   5. pretrain a tiny BlockBERT (n=2) with DeepSpeed on 2 ranks (pretrain/train.py; CPU ranks on gloo without GPU)
 #   6. check that the loss fell and print the validation metrics (from the run's --log-json file)
 #   7. convert the checkpoint to Hugging Face                   (tools.convert_checkpoint --to-hf)
-#   8. load it with transformers and fill in masked words       (tools.fill_mask)
+#   8. load it with transformers and score held-out masked words against the unigram baseline
+#                                                              (tools.quickstart_summary)
 # Usage: bash run_scripts/quickstart.sh [OUT_DIR]          (default ./out/quickstart; re-running starts over)
 # Knobs: NPROC (ranks, default 2), ITERS (default 300), WORKERS (preprocess workers, default 2).
 set -euo pipefail
@@ -83,13 +84,10 @@ PYEOF
 step "7/8 convert the DeepSpeed checkpoint to Hugging Face -> $OUT/hf"
 $PY -m tools.convert_checkpoint --load "$RUN/ckpt" --to-hf "$OUT/hf"
 
-step "8/8 load $OUT/hf with transformers (trust_remote_code=True: BlockBERT ships its own code) and fill masks"
-# Sentences in the style of the sample corpus (generate.py's article template); --expect names the masked word.
-# A 2-minute model gets some of them: the point is that the export loads and predicts with stock transformers.
-$PY -m tools.fill_mask --model "$OUT/hf" --top-k 5 --no-fail \
-    --expect rain "The climate is mild, with about 900 mm of [MASK] per year." \
-    --expect town "Millbrook is a small market [MASK] on the River Glent." \
-    --expect century "During the 19th [MASK] the town prospered from fishing."
+step "8/8 load $OUT/hf with transformers (trust_remote_code=True: BlockBERT ships its own code): what did it learn?"
+# Masks held-out tokens (the trainer's validation documents, --split's default 949,50,1) and scores the export's
+# predictions against the unigram baseline (training-token frequencies only); shows two masked positions as examples.
+$PY -m tools.quickstart_summary --model "$OUT/hf" --data-path "$OUT/data/sample_text_sentence" --seq-length 128
 
 echo
 echo "[quickstart] done in $((SECONDS - START))s. Outputs:"

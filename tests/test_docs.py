@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]
 # flags of the launchers in front of our entry points (not ours to check)
 LAUNCHERS = {"deepspeed", "mpirun", "torchrun", "python", ".venv/bin/python", ".venv/bin/deepspeed", "bash"}
 
@@ -154,3 +154,52 @@ def test_json_model_config_examples_in_docs_are_valid() -> None:
     assert blocks
     for block in blocks:
         ModelConfig.from_dict(json.loads(block))
+
+
+# "session" as a word; a hyphen or dot around it marks an identifier (pytest's `--session-timeout`, `xdist.dsession`).
+SESSION_WORD = re.compile(r"(?<![-\w.])sessions?(?![-\w])", re.I)
+
+
+def test_docs_speak_of_the_product_not_of_how_it_was_made() -> None:
+    """Docs say what was measured, on what machine and when (a date), never "this session" (issue #42)."""
+    assert SESSION_WORD.findall("no GPU this session; two Sessions") == ["session", "Sessions"]
+    assert not SESSION_WORD.findall("pytest --session-timeout 45; xdist.dsession.Interrupted")
+    docs = [*DOCS, *sorted((REPO / "docs").glob("*/**/*.md"))]  # generated reports too
+    found = [
+        f"{doc.relative_to(REPO)}:{n}: {line.strip()[:100]}"
+        for doc in docs
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+        if SESSION_WORD.search(line)
+    ]
+    assert not found, "say what was measured, on what machine and when (a date), not 'session':\n" + "\n".join(found)
+
+
+def _deprecated_spellings() -> set[str]:
+    """Every old flag spelling (add_deprecated_alias calls, cli(deprecated=...) fields) and every moved module or name
+    with a deprecation shim (warn_moved) in the code."""
+    arg = r"(?:[\w.]+(?:\[[^\]]*\]|\((?:[^()]|\([^()]*\))*\))?)"  # p, by_dest["x"], p.add_argument(...)
+    alias = re.compile(rf"add_deprecated_alias\(\s*{arg}\s*,\s*{arg}\s*,\s*((?:\"--[\w-]+\"\s*,?\s*)+)\)")
+    found: set[str] = set()
+    for src in REPO.glob("*/**/*.py"):
+        if src.parts[len(REPO.parts)] in ("tests", ".venv") or src.name == "cli.py":
+            continue
+        text = src.read_text(encoding="utf-8")
+        for olds in alias.findall(text) + re.findall(r"\bdeprecated=[\[(]([^\])]*)", text):
+            found |= set(re.findall(r"--[\w-]+", olds))
+        if re.search(r"^warn_moved\(", text, re.M):  # a module kept at its old path
+            found.add(src.stem)
+    from model import attention
+
+    return found | set(attention._MOVED_NAMES)
+
+
+def test_changelog_names_every_deprecated_spelling_and_when_it_goes() -> None:
+    """Each shim the code keeps for one release is listed under a *Deprecated* heading that says when it goes."""
+    text = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert text.startswith("# Changelog") and "\n## [Unreleased]\n" in text
+    deprecated = "".join(re.findall(r"\n### Deprecated\n(.*?)(?=\n##)", text, re.S))
+    assert "removed in the next release after 20" in deprecated
+    spellings = _deprecated_spellings()
+    assert {"--seq-len", "--mlm-probability", "SparseSelfAttention", "sparse_self_attention"} <= spellings
+    missing = sorted(s for s in spellings if f"`{s}`" not in deprecated and f"`.{s}`" not in deprecated)
+    assert not missing, f"CHANGELOG.md: deprecated but not under a '### Deprecated' heading: {missing}"

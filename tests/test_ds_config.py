@@ -101,7 +101,25 @@ def test_unknown_nested_key_goes_through_deepspeed_and_names_file(tmp_path):
 
 def test_bad_json_names_line(tmp_path):
     p = write(tmp_path, '{\n  "fp16": {"enabled": true},\n  oops\n}')
-    with pytest.raises(DSConfigError, match=r"cfg\.json:3:"):
+    with pytest.raises(DSConfigError, match=r"cfg\.json:3:3: not valid JSON"):
+        read_ds_config(p)
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"\xff\xfe{}", r"cfg\.json: not a text file \(byte 0 is not UTF-8\); give a DeepSpeed config"),
+        (b"[1, 2]", r"cfg\.json: expected a JSON object, got a list; give a DeepSpeed config"),
+        (b"  \n", r"cfg\.json is empty; give a DeepSpeed config"),
+        (None, r"cfg\.json is a directory; give a DeepSpeed config"),
+    ],
+    ids=["binary", "list", "empty", "directory"],
+)
+def test_unreadable_config_is_one_ds_config_error_naming_the_file(tmp_path, content, message):
+    """The shared JSON reader (common.inputs) raises DSConfigError here, so the trainer prints one line."""
+    p = tmp_path / "cfg.json"
+    p.mkdir() if content is None else p.write_bytes(content)
+    with pytest.raises(DSConfigError, match=message):
         read_ds_config(p)
 
 

@@ -75,7 +75,10 @@ def test_shipped_datasets_parse():
 def test_bad_data_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"sentence1": "ok", "label": 1}\n{not json\n')
-    with pytest.raises(ft.DataError, match=r"bad\.jsonl:2: not valid JSON"):
+    with pytest.raises(ft.DataError, match=r"bad\.jsonl:2:2: not valid JSON \(Expecting property name"):
+        ft.read_classification(bad)
+    bad.write_text('{"sentence1": "ok", "label": 1}\n[1]\n')
+    with pytest.raises(ft.DataError, match=r"bad\.jsonl:2: expected a JSON object, got a list"):
         ft.read_classification(bad)
     bad.write_text('{"sentence2": "no first sentence", "label": 1}\n')
     with pytest.raises(ft.DataError, match=r"bad\.jsonl:1: .*'sentence1'"):

@@ -82,9 +82,107 @@ def test_quickstart_script_steps_use_real_entry_points() -> None:
         "data_pipeline.train_tokenizer",
         "data_pipeline.preprocess",
         "tools.convert_checkpoint",
-        "tools.fill_mask",
+        "tools.quickstart_summary",
     } <= set(modules)
     for mod in modules:
         assert (REPO / (mod.replace(".", "/") + ".py")).exists(), mod
     for path in re.findall(r"(?:pretrain|ds_configs|run_scripts)/[\w./-]+\.(?:py|json|sh)", text):
         assert (REPO / path).exists(), path
+
+
+def test_mlm_scores_against_hand_computed_values() -> None:
+    """tools.mlm_scores: the model's loss is torch's cross-entropy, top-k as torch.topk; the unigram baseline's
+    numbers worked out by hand."""
+    import math
+
+    import numpy as np
+
+    from tools.mlm_scores import model_scores, unigram_distribution, unigram_scores
+
+    logits = np.array(
+        [[0, math.log(3), 0, -9, -9, -9], [math.log(2), 0, math.log(2), -9, -9, -9], [5, 4, 3, 2, 1, 0]],
+        dtype=np.float32,
+    )
+    labels = np.array([1, 1, 5])
+    got = model_scores(logits, labels)
+    # row 1: p(label) = 3 / (5 + 3e^-9) (top-1 hit); row 2: 1 / (5 + ...) (third: top-5 hit); row 3: ranked sixth
+    z = 3 * math.exp(-9)
+    row3 = -(0 - math.log(sum(math.exp(x) for x in range(6))))
+    expected = (-math.log(3 / (5 + z)) - math.log(1 / (5 + z)) + row3) / 3
+    assert got["loss"] == pytest.approx(expected, rel=1e-6)
+    ref = torch.nn.functional.cross_entropy(torch.from_numpy(logits).double(), torch.from_numpy(labels))
+    assert got["loss"] == pytest.approx(float(ref), rel=1e-6) and got["perplexity"] == pytest.approx(math.exp(expected))
+    top5 = torch.from_numpy(logits).topk(5).indices
+    assert got["top1_accuracy"] == pytest.approx(1 / 3) and got["top5_accuracy"] == pytest.approx(2 / 3)
+    assert got["top5_accuracy"] == pytest.approx(
+        float((top5 == torch.from_numpy(labels)[:, None]).any(1).double().mean())
+    )
+
+    # tokens [0, 0, 1] over a vocabulary of 3, add-one: counts 3, 2, 1 of 6; a second array [2] weighted 1:1
+    p = unigram_distribution([np.array([0, 0, 1])], [1.0], 3)
+    assert p.tolist() == pytest.approx([1 / 2, 1 / 3, 1 / 6])
+    blended = unigram_distribution([np.array([0, 0, 1]), np.array([2])], [1.0, 1.0], 3)
+    assert blended.tolist() == pytest.approx([(1 / 2 + 1 / 4) / 2, (1 / 3 + 1 / 4) / 2, (1 / 6 + 1 / 2) / 2])
+    u = unigram_scores(p, np.array([0, 2, 0, 1]))
+    assert u["loss"] == pytest.approx(-(2 * math.log(1 / 2) + math.log(1 / 6) + math.log(1 / 3)) / 4)
+    assert (u["top1_accuracy"], u["top5_accuracy"], u["tokens"]) == (0.5, 1.0, 4)
+
+
+def _tiny_shard(tmp_path: Path, docs: list[list[str]], vocab: list[str]) -> str:
+    from data_pipeline.indexed import IndexedDatasetBuilder
+
+    prefix = str(tmp_path / "shard_text_sentence")
+    b = IndexedDatasetBuilder(prefix)
+    for doc in docs:
+        b.add_document([[vocab.index(w) for w in sentence.split()] for sentence in doc])
+    b.finalize()
+    return prefix
+
+
+def test_quickstart_summary_scores_the_held_out_documents(tiny_hf: Path, tmp_path: Path, capsys) -> None:
+    """The summary's model loss is the HF model's own MLM loss on the same masked held-out windows; the unigram
+    baseline counts the training documents only; the last screen shows both and what a real run needs."""
+    import numpy as np
+
+    from common.errors import UserError
+    from tools import quickstart_summary as qs
+
+    vocab = (tiny_hf / "vocab.txt").read_text().split()
+    train = [["the river ran high and brown .", "it was miles to town ."]] * 9
+    held_out = [["town town town was high .", "the river was brown and high ."]]
+    prefix = _tiny_shard(tmp_path, train + held_out, vocab)
+    # split 9,1,0 of 10 documents: documents 0-8 train, 9 is held out
+    result = qs.summarize(str(tiny_hf), prefix, split="9,1,0", seq_length=8, mask_prob=0.5, max_tokens=5, seed=3)
+    w = result["windows"]
+    assert result["validation_documents"] == 1 and len(w.labels_M) == 5
+    assert w.input_ids_BN.shape[1] == 8 and (w.input_ids_BN[:, 0] == vocab.index("[CLS]")).all()
+    held_ids = [vocab.index(t) for s in held_out[0] for t in s.split()]
+    assert set(w.labels_M.tolist()) <= set(held_ids)
+
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(tiny_hf).eval()
+    labels_BN = np.full(w.input_ids_BN.shape, -100)
+    labels_BN[w.positions[:, 0], w.positions[:, 1]] = w.labels_M
+    with torch.no_grad():
+        ref = model(
+            input_ids=torch.from_numpy(w.input_ids_BN),
+            attention_mask=torch.from_numpy(w.attention_mask_BN),
+            labels=torch.from_numpy(labels_BN),
+        ).loss
+    assert result["model"]["loss"] == pytest.approx(float(ref), rel=1e-5)
+    # unigram top-1: the most frequent training token is "." (2 per document) -- never "town" of the held-out text
+    train_ids = [vocab.index(t) for s in train[0] for t in s.split()]
+    most = max(set(train_ids), key=lambda t: (train_ids.count(t), -t))
+    assert result["unigram"]["top1_accuracy"] == pytest.approx(float(np.mean(w.labels_M == most)))
+
+    assert qs.main(["--model", str(tiny_hf), "--data-path", prefix, "--split", "9,1,0", "--seq-length", "8"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "this model" in out
+        and "unigram baseline" in out
+        and "Example 1 (_ = other masked tokens): ..." in out
+        and qs.REAL_RUN in out
+    )
+    with pytest.raises(UserError, match=r"--split 1,0,0: no validation documents among the 10"):
+        qs.summarize(str(tiny_hf), prefix, split="1,0,0")

@@ -1,7 +1,7 @@
 """Fill a masked word with an exported Hugging Face directory, through transformers alone.
 
-This is the last step of the quickstart: it proves the export loads with stock `transformers` (our sparse
-attention code travels with the directory, hence `trust_remote_code=True`) and predicts sensibly.
+It shows that an export loads with stock `transformers` (our sparse attention code travels with the directory,
+hence `trust_remote_code=True`) and what it predicts; tools.quickstart_summary scores held-out text instead.
 
     python -m tools.fill_mask --model out/quickstart/hf "Felix felt tired and calm, and said nothing for a long [MASK]."
 """

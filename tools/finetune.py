@@ -36,6 +36,7 @@ import torch
 
 from common.cli import HelpFormatter, add_flags, cli
 from common.errors import UserError, report, run_entry
+from common.inputs import parse_json_object
 from tools.device import PRECISIONS
 
 
@@ -169,12 +170,7 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{n}: expected a JSON object per line")
+            obj = parse_json_object(line, str(path), "one JSON object per line", DataError, line=n)
             yield n, obj
 
 
@@ -443,15 +439,24 @@ def _train(trainer) -> dict[str, float]:
     }
 
 
-def run(cfg: FinetuneConfig) -> dict[str, Any]:
-    from transformers import (
-        AutoConfig,
-        AutoModelForQuestionAnswering,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
+@dataclass
+class _Setup:
+    """What both tasks start from: the device and dtype, the tokenizer, the window length, the output folder."""
 
-    from tools.device import precision_name, resolve_device, resolve_precision
+    device: Any
+    dtype: Any
+    remote: bool
+    tok: Any
+    max_len: int
+    out: Path
+    pad: int
+
+
+def _setup(cfg: FinetuneConfig) -> _Setup:
+    """Device and precision, the tokenizer and config of ``--model``, checked before any data is read."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from tools.device import resolve_device, resolve_precision
 
     device = resolve_device(cfg.device)
     dtype = resolve_precision(cfg.precision, device)
@@ -484,99 +489,106 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    return _Setup(device, dtype, remote, tok, max_len, out, pad)
 
+
+def _run_classification(cfg: FinetuneConfig, s: _Setup, result: dict[str, Any]) -> Any:
+    """Train a sequence classifier, predict the dev set (accuracy, predictions.jsonl); returns the model."""
+    from transformers import AutoModelForSequenceClassification
+
+    train, dev = read_classification(cfg.train), read_classification(cfg.dev)
+    labels = sorted({e.label for e in train}, key=lambda x: (str(type(x)), x))
+    index = {lab: i for i, lab in enumerate(labels)}
+    unknown = sorted({str(e.label) for e in dev if e.label not in index})
+    if unknown:
+        raise DataError(f"{cfg.dev}: labels {unknown} never occur in {cfg.train}")
+    model = AutoModelForSequenceClassification.from_pretrained(
+        cfg.model,
+        num_labels=len(labels),
+        trust_remote_code=s.remote,
+        id2label={i: str(lab) for i, lab in enumerate(labels)},
+        label2id={str(lab): i for i, lab in enumerate(labels)},
+    )
+
+    def encode(exs):
+        enc = s.tok(
+            [e.text_a for e in exs],
+            [e.text_b for e in exs] if any(e.text_b for e in exs) else None,
+            truncation=True,
+            max_length=s.max_len,
+        )
+        tts = enc.get("token_type_ids") or [[0] * len(r) for r in enc["input_ids"]]
+        return enc["input_ids"], tts
+
+    tr_ids, tr_tt = encode(train)
+    rows = [{"input_ids": a, "token_type_ids": b, "labels": index[e.label]} for a, b, e in zip(tr_ids, tr_tt, train)]
+    trainer = _trainer(model, rows, s.pad, cfg, s.device, s.dtype, s.out)
+    result.update(_train(trainer))
+    dv_ids, dv_tt = encode(dev)
+    pred = trainer.predict(_Rows([{"input_ids": a, "token_type_ids": b} for a, b in zip(dv_ids, dv_tt)]))
+    logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
+    preds = np.asarray(logits).argmax(-1).tolist()
+    gold = [index[e.label] for e in dev]
+    result["accuracy"] = accuracy(preds, gold)
+    with open(s.out / "predictions.jsonl", "w") as f:
+        for e, p in zip(dev, preds):
+            f.write(json.dumps({"label": e.label, "prediction": labels[p]}) + "\n")
+    return model
+
+
+def _run_qa(cfg: FinetuneConfig, s: _Setup, result: dict[str, Any]) -> Any:
+    """Train extractive QA on windows of the contexts, decode the dev answers (SQuAD EM/F1, predictions.jsonl);
+    returns the model."""
+    from transformers import AutoModelForQuestionAnswering
+
+    train, dev = read_qa(cfg.train), read_qa(cfg.dev)
+    model = AutoModelForQuestionAnswering.from_pretrained(cfg.model, trust_remote_code=s.remote)
+    tr_f = qa_features(s.tok, train, s.max_len, cfg.doc_stride, cfg.max_query_length)
+    dv_f = qa_features(s.tok, dev, s.max_len, cfg.doc_stride, cfg.max_query_length)
+    rows = [
+        {
+            "input_ids": f.input_ids,
+            "token_type_ids": f.token_type_ids,
+            "start_positions": f.start,
+            "end_positions": f.end,
+        }
+        for f in tr_f
+    ]
+    trainer = _trainer(model, rows, s.pad, cfg, s.device, s.dtype, s.out)
+    result.update(_train(trainer))
+    pred = trainer.predict(_Rows([{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids} for f in dv_f]))
+    start_logits, end_logits = (np.asarray(x, dtype=np.float32) for x in pred.predictions[:2])
+    starts = [start_logits[i, : len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
+    ends = [end_logits[i, : len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
+    preds = decode_qa(dv_f, starts, ends, dev, cfg.n_best, cfg.max_answer_length)
+    result.update(squad_metrics(preds, {e.qid: e.answers for e in dev}))
+    result.update(train_windows=len(tr_f), dev_windows=len(dv_f))
+    with open(s.out / "predictions.jsonl", "w") as f:
+        for e in dev:
+            f.write(json.dumps({"id": e.qid, "prediction": preds[e.qid], "answers": e.answers}) + "\n")
+    return model
+
+
+def run(cfg: FinetuneConfig) -> dict[str, Any]:
+    """Fine-tune ``cfg.model`` on the task and write metrics.json (and the model with --save-model): set up, run
+    the task, save."""
+    from tools.device import precision_name
+
+    s = _setup(cfg)
     result: dict[str, Any] = {
         "task": cfg.task,
         "model": cfg.model,
-        "max_length": max_len,
-        "device": str(device),
-        "precision": precision_name(dtype),
+        "max_length": s.max_len,
+        "device": str(s.device),
+        "precision": precision_name(s.dtype),
         "trainer": "transformers.Trainer",
     }
-    if cfg.task == "classification":
-        train, dev = read_classification(cfg.train), read_classification(cfg.dev)
-        labels = sorted({e.label for e in train}, key=lambda x: (str(type(x)), x))
-        index = {lab: i for i, lab in enumerate(labels)}
-        unknown = sorted({str(e.label) for e in dev if e.label not in index})
-        if unknown:
-            raise DataError(f"{cfg.dev}: labels {unknown} never occur in {cfg.train}")
-        model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.model,
-            num_labels=len(labels),
-            trust_remote_code=remote,
-            id2label={i: str(lab) for i, lab in enumerate(labels)},
-            label2id={str(lab): i for i, lab in enumerate(labels)},
-        )
-
-        def encode(exs):
-            enc = tok(
-                [e.text_a for e in exs],
-                [e.text_b for e in exs] if any(e.text_b for e in exs) else None,
-                truncation=True,
-                max_length=max_len,
-            )
-            tts = enc.get("token_type_ids") or [[0] * len(r) for r in enc["input_ids"]]
-            return enc["input_ids"], tts
-
-        tr_ids, tr_tt = encode(train)
-        trainer = _trainer(
-            model,
-            [{"input_ids": a, "token_type_ids": b, "labels": index[e.label]} for a, b, e in zip(tr_ids, tr_tt, train)],
-            pad,
-            cfg,
-            device,
-            dtype,
-            out,
-        )
-        result.update(_train(trainer))
-        dv_ids, dv_tt = encode(dev)
-        pred = trainer.predict(_Rows([{"input_ids": a, "token_type_ids": b} for a, b in zip(dv_ids, dv_tt)]))
-        logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
-        preds = np.asarray(logits).argmax(-1).tolist()
-        gold = [index[e.label] for e in dev]
-        result["accuracy"] = accuracy(preds, gold)
-        with open(out / "predictions.jsonl", "w") as f:
-            for e, p in zip(dev, preds):
-                f.write(json.dumps({"label": e.label, "prediction": labels[p]}) + "\n")
-    else:
-        train, dev = read_qa(cfg.train), read_qa(cfg.dev)
-        model = AutoModelForQuestionAnswering.from_pretrained(cfg.model, trust_remote_code=remote)
-        tr_f = qa_features(tok, train, max_len, cfg.doc_stride, cfg.max_query_length)
-        dv_f = qa_features(tok, dev, max_len, cfg.doc_stride, cfg.max_query_length)
-
-        trainer = _trainer(
-            model,
-            [
-                {
-                    "input_ids": f.input_ids,
-                    "token_type_ids": f.token_type_ids,
-                    "start_positions": f.start,
-                    "end_positions": f.end,
-                }
-                for f in tr_f
-            ],
-            pad,
-            cfg,
-            device,
-            dtype,
-            out,
-        )
-        result.update(_train(trainer))
-        pred = trainer.predict(_Rows([{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids} for f in dv_f]))
-        start_logits, end_logits = (np.asarray(x, dtype=np.float32) for x in pred.predictions[:2])
-        starts = [start_logits[i, : len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
-        ends = [end_logits[i, : len(f.input_ids)].tolist() for i, f in enumerate(dv_f)]
-        preds = decode_qa(dv_f, starts, ends, dev, cfg.n_best, cfg.max_answer_length)
-        result.update(squad_metrics(preds, {e.qid: e.answers for e in dev}))
-        result.update(train_windows=len(tr_f), dev_windows=len(dv_f))
-        with open(out / "predictions.jsonl", "w") as f:
-            for e in dev:
-                f.write(json.dumps({"id": e.qid, "prediction": preds[e.qid], "answers": e.answers}) + "\n")
+    model = (_run_classification if cfg.task == "classification" else _run_qa)(cfg, s, result)
     if cfg.save_model:
-        model.save_pretrained(out / "model")
-        tok.save_pretrained(out / "model")
+        model.save_pretrained(s.out / "model")
+        s.tok.save_pretrained(s.out / "model")
     result["config"] = asdict(cfg)
-    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+    (s.out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -62,23 +62,17 @@ def unigram_baseline(spec: RunSpec, run_dir: Path, world_size: int) -> dict[str,
 
     from data_pipeline.data_config import parse_data_path
     from data_pipeline.indexed import IndexedDataset
+    from tools.mlm_scores import unigram_distribution, unigram_scores
 
     run, tok, batches = valid_batches(spec, run_dir, world_size)
     blend = parse_data_path(run.data.data_path)
     weights = [1.0 if w is None else float(w) for w, _ in blend]
-    p = np.zeros(tok.vocab_size)
-    for (_, prefix), w in zip(blend, weights):
-        counts = np.bincount(np.asarray(IndexedDataset(prefix).tokens), minlength=tok.vocab_size).astype(np.float64)
-        counts += 1.0  # add-one smoothing: a held-out token never seen in training must not make the loss infinite
-        p += w / sum(weights) * counts / counts.sum()
+    p = unigram_distribution([IndexedDataset(prefix).tokens for _, prefix in blend], weights, tok.vocab_size)
     labels = np.concatenate([b["labels"].numpy().ravel() for b in batches])
-    labels = labels[labels != -100]
-    loss = float(-np.log(p[labels]).mean())
-    return {
-        "loss": loss,
-        "perplexity": math.exp(loss),
-        "mlm_accuracy": float((labels == p.argmax()).mean()),
-        "tokens": int(len(labels)),
+    scores = unigram_scores(p, labels[labels != -100])
+    return {k: scores[k] for k in ("loss", "perplexity")} | {
+        "mlm_accuracy": scores["top1_accuracy"],
+        "tokens": scores["tokens"],
     }
 
 
