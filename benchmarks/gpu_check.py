@@ -61,6 +61,8 @@ STEP_LOG_BYTES = 1 << 20
 """Each step's output kept in steps.log (its end)."""
 CPU_REHEARSAL_SLOWDOWN = 4.0
 """--rehearse-on-cpu: the steps' time limits are this many times the GPU ones."""
+STEP_DEADLINE_ENV = "GPU_CHECK_STEP_DEADLINE"
+"""Set for every step: the epoch second at which its group is stopped (benchmarks/profile_step.py stops before)."""
 
 
 # --------------------------------------------------------------------------------------------------- data types
@@ -186,6 +188,7 @@ def run_step(step: Step, work: Path, deadline: float) -> StepResult:
         else:
             path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)  # keep the caller's
             env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **step.env}
+            env[STEP_DEADLINE_ENV] = f"{time.time() + limit:.1f}"  # a step that can stop itself cleanly reads it
             work.mkdir(parents=True, exist_ok=True)
             log = work / f"{step.name}.log"
             rc, timed_out = run_in_group(step.command, log, limit, env)
@@ -601,6 +604,42 @@ def train_step_step(ctx: Ctx, cap_s: float) -> Step:
     return Step("train_step", cap_s, ["bash", "-c", script], check, min_s=45 if ctx.device == "cuda" else 20)
 
 
+PROFILE_TRACE = "profile_trace.json.gz"
+"""The profile step's chrome trace (the first variant's profiled steps), in the report directory."""
+
+
+def profile_step(ctx: Ctx, cap_s: float) -> Step:
+    """benchmarks/profile_step.py on the smoke's shards: the variants in priority order until the step's deadline."""
+    out = ctx.work / "profile_step.json"
+    data = data_dir(ctx)
+    if ctx.device == "cpu":
+        sizes = ["--model-preset", "tiny", "--seq-len", "64", "--batch", "2", "--warmup", "1", "--steps", "1"]
+        sizes += ["--device", "cpu", "--vocab-size", "4000"]  # the smoke's vocabulary: a CPU-sized MLM head
+    else:
+        sizes = ["--model-preset", "bert-base", "--seq-len", "512", "--batch", "32", "--warmup", "3", "--steps", "2"]
+    cmd = [ctx.python, "-m", "benchmarks.profile_step", *sizes, "--precision", ctx.low_precision]
+    cmd += ["--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
+    cmd += ["--json", str(out), "--trace", str(ctx.out / PROFILE_TRACE)]
+    script = "\n".join(["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx), shlex.join(cmd)])
+
+    def check(res: StepResult, proc) -> None:
+        from benchmarks.profile_step import row_line
+
+        if not out.is_file():
+            res.status, res.summary = "failed", f"no {out.name} (exit code {proc.returncode})"
+            return
+        data = json.loads(out.read_text())
+        res.details = data
+        errors = [r for r in data["rows"] if "error" in r]
+        res.status = "passed" if proc.returncode == 0 and data["rows"] and not errors else "failed"
+        parts = [row_line(r) for r in data["rows"]]
+        if data.get("left_out"):
+            parts.append(f"left out at the time limit: {', '.join(data['left_out'])}")
+        res.summary = "; ".join(parts) or f"no variant measured (exit code {proc.returncode})"
+
+    return Step("profile", cap_s, ["bash", "-c", script], check, min_s=45 if ctx.device == "cuda" else 20)
+
+
 def ds_report_step(ctx: Ctx, cap_s: float) -> Step:
     return Step("ds_report", cap_s, [ctx.python, "-m", "deepspeed.env_report"], None, min_s=15)
 
@@ -655,6 +694,12 @@ STEPS: list[StepSpec] = [
         "bert-base MFU at N=512, BlockBERT n=2 vs dense at N=4096 (trainer's batches)",
         True,
         lambda c: train_step_step(c, 60 if c.quick else 360),
+    ),
+    StepSpec(
+        "profile",
+        "where the step's time goes: bert-base N=512 profiled, eager/compiled, batch, dropout, packed, ZeRO",
+        True,
+        lambda c: profile_step(c, 90 if c.quick else 300),
     ),
     StepSpec(
         "smoke_zero3",
@@ -913,6 +958,10 @@ def render(results: list[StepResult], env_md: str, meta: dict) -> str:
             lines += _kernel_table_md(r)
         elif r.name == "train_step":
             lines += _train_step_md(r)
+        elif r.name == "profile" and r.details.get("rows"):
+            from benchmarks.profile_step import markdown
+
+            lines += markdown(r.details)
     for r in results:
         if r.status not in ("passed", "skipped", "running") and r.output_tail:
             lines += ["", f"## {r.name}: end of output", "", "```", r.output_tail[-2000:], "```"]
