@@ -615,6 +615,8 @@ def profile_step(ctx: Ctx, cap_s: float) -> Step:
     if ctx.device == "cpu":
         sizes = ["--model-preset", "tiny", "--seq-len", "64", "--batch", "2", "--warmup", "1", "--steps", "1"]
         sizes += ["--device", "cpu", "--vocab-size", "4000"]  # the smoke's vocabulary: a CPU-sized MLM head
+        # inductor compiles the step for minutes on a loaded CPU: the rehearsal names the compiled variant left out
+        sizes += ["--compile-estimate-s", "1000"]
     else:
         sizes = ["--model-preset", "bert-base", "--seq-len", "512", "--batch", "32", "--warmup", "3", "--steps", "2"]
     cmd = [ctx.python, "-m", "benchmarks.profile_step", *sizes, "--precision", ctx.low_precision]

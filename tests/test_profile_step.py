@@ -80,12 +80,18 @@ def test_variants_run_in_priority_order_until_the_deadline(monkeypatch, tmp_path
     monkeypatch.setattr(ps, "profile_variant", fake)
     monkeypatch.setenv(ps.STEP_DEADLINE_ENV, str(1000.0 + 40.0 + ps.MARGIN_S))
     args = SimpleNamespace(
-        budget_s=None, precision="bf16", seq_len=512, batch=32, model_preset="bert-base", variants=list(ps.VARIANTS)
+        budget_s=None,
+        compile_estimate_s=15.0,
+        precision="bf16",
+        seq_len=512,
+        batch=32,
+        model_preset="bert-base",
+        variants=list(ps.VARIANTS),
     )
     args.json, args.trace = str(tmp_path / "p.json"), str(tmp_path / "t.json.gz")
     result = ps.run(args, None, "dev")
-    # eager (10 s) at t=0; compiled needs 2 x 10 s: starts at 10, ends at 20; batch_x2 at 20 -> 30; batch_x4 at 30
-    # needs 10 s more with 10 left: runs to 40; dropout0 at 40 has 0 s left: the rest are left out
+    # eager (10 s) at t=0; compiled needs max(2 x 10 s, 15 s): starts at 10, ends at 20; batch_x2 at 20 -> 30;
+    # batch_x4 at 30 needs 10 s with 10 left: runs to 40; dropout0 at 40 has 0 s left: the rest are left out
     assert [r[0] for r in ran] == ["eager", "compiled", "batch_x2", "batch_x4"]
     assert ran[1][1] is True and [r[2] for r in ran] == [32, 32, 64, 128]
     assert ran[0][3] == args.trace and all(r[3] is None for r in ran[1:])  # the trace of the first variant only
