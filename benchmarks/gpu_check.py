@@ -565,7 +565,6 @@ def kernel_table_step(ctx: Ctx, cap_s: float) -> Step:
 
 def train_step_step(ctx: Ctx, cap_s: float) -> Step:
     out = ctx.work / "train_step.json"
-    data = data_dir(ctx)
     if ctx.device == "cpu":
         sizes = ["--model-preset", "tiny", "--cases", "dense@128", "dense@256", "blockbert-n2@256", "--warmup", "1"]
         sizes += ["--steps", "1", "--device", "cpu"]
@@ -575,16 +574,12 @@ def train_step_step(ctx: Ctx, cap_s: float) -> Step:
     else:
         sizes = ["--model-preset", "bert-base", "--seq-lens", "512", "1024", "4096"]
     cmd = [ctx.python, "-m", "benchmarks.train_step_ds", *sizes, "--precisions", ctx.low_precision]
-    cmd += ["--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
     cmd += ["--sample-mode", "full-sentences", "--json", str(out)]
-    script = "\n".join(["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx), shlex.join(cmd)])
 
     def check(res: StepResult, proc) -> None:
-        if not out.is_file():
-            res.status, res.summary = "failed", f"no {out.name} (exit code {proc.returncode})"
+        data = _json_result(out, res, proc)
+        if data is None:
             return
-        data = json.loads(out.read_text())
-        res.details = data
         missed = [t["target"] for t in data["targets"] if t["met"] is False]
         errors = [f"{r['variant']}@{r['seq_len']}: {r['error']}" for r in data["rows"] if "error" in r]
         ok = proc.returncode == 0 and not errors
@@ -601,7 +596,24 @@ def train_step_step(ctx: Ctx, cap_s: float) -> Step:
         parts += [f"target missed: {t}" for t in missed]
         res.summary = "; ".join(errors[:3] + parts)
 
-    return Step("train_step", cap_s, ["bash", "-c", script], check, min_s=45 if ctx.device == "cuda" else 20)
+    return Step("train_step", cap_s, _on_shards(ctx, cmd), check, min_s=45 if ctx.device == "cuda" else 20)
+
+
+def _on_shards(ctx: Ctx, cmd: list[str]) -> list[str]:
+    """A benchmark command run on the smoke's shards (made first when missing), as a bash command line."""
+    data = data_dir(ctx)
+    cmd = [*cmd, "--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
+    lines = ["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx), shlex.join(cmd)]
+    return ["bash", "-c", "\n".join(lines)]
+
+
+def _json_result(out: Path, res: StepResult, proc) -> dict | None:
+    """A benchmark's JSON, kept as the step's details; None, with the step failed, when it wrote none."""
+    if not out.is_file():
+        res.status, res.summary = "failed", f"no {out.name} (exit code {proc.returncode})"
+        return None
+    res.details = json.loads(out.read_text())
+    return res.details
 
 
 PROFILE_TRACE = "profile_trace.json.gz"
@@ -611,7 +623,6 @@ PROFILE_TRACE = "profile_trace.json.gz"
 def profile_step(ctx: Ctx, cap_s: float) -> Step:
     """benchmarks/profile_step.py on the smoke's shards: the variants in priority order until the step's deadline."""
     out = ctx.work / "profile_step.json"
-    data = data_dir(ctx)
     if ctx.device == "cpu":
         sizes = ["--model-preset", "tiny", "--seq-len", "64", "--batch", "2", "--warmup", "1", "--steps", "1"]
         sizes += ["--device", "cpu", "--vocab-size", "4000"]  # the smoke's vocabulary: a CPU-sized MLM head
@@ -620,18 +631,14 @@ def profile_step(ctx: Ctx, cap_s: float) -> Step:
     else:
         sizes = ["--model-preset", "bert-base", "--seq-len", "512", "--batch", "32", "--warmup", "3", "--steps", "2"]
     cmd = [ctx.python, "-m", "benchmarks.profile_step", *sizes, "--precision", ctx.low_precision]
-    cmd += ["--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
     cmd += ["--json", str(out), "--trace", str(ctx.out / PROFILE_TRACE)]
-    script = "\n".join(["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx), shlex.join(cmd)])
 
     def check(res: StepResult, proc) -> None:
         from benchmarks.profile_step import row_line
 
-        if not out.is_file():
-            res.status, res.summary = "failed", f"no {out.name} (exit code {proc.returncode})"
+        data = _json_result(out, res, proc)
+        if data is None:
             return
-        data = json.loads(out.read_text())
-        res.details = data
         errors = [r for r in data["rows"] if "error" in r]
         res.status = "passed" if proc.returncode == 0 and data["rows"] and not errors else "failed"
         parts = [row_line(r) for r in data["rows"]]
@@ -639,7 +646,7 @@ def profile_step(ctx: Ctx, cap_s: float) -> Step:
             parts.append(f"left out at the time limit: {', '.join(data['left_out'])}")
         res.summary = "; ".join(parts) or f"no variant measured (exit code {proc.returncode})"
 
-    return Step("profile", cap_s, ["bash", "-c", script], check, min_s=45 if ctx.device == "cuda" else 20)
+    return Step("profile", cap_s, _on_shards(ctx, cmd), check, min_s=45 if ctx.device == "cuda" else 20)
 
 
 def ds_report_step(ctx: Ctx, cap_s: float) -> Step:
