@@ -631,7 +631,7 @@ def profile_step(ctx: Ctx, cap_s: float) -> Step:
     else:
         sizes = ["--model-preset", "bert-base", "--seq-len", "512", "--batch", "32", "--warmup", "3", "--steps", "2"]
     cmd = [ctx.python, "-m", "benchmarks.profile_step", *sizes, "--precision", ctx.low_precision]
-    cmd += ["--json", str(out), "--trace", str(ctx.out / PROFILE_TRACE)]
+    cmd += ["--sample-mode", "full-sentences", "--json", str(out), "--trace", str(ctx.out / PROFILE_TRACE)]
 
     def check(res: StepResult, proc) -> None:
         from benchmarks.profile_step import row_line

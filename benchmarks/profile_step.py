@@ -8,10 +8,10 @@ variant's profiled steps are written as a chrome trace (``--trace``, gzipped whe
 afterwards (chrome://tracing, https://ui.perfetto.dev).
 
 Variants (:data:`VARIANTS`, in priority order: the most informative first) differ from the base (N=512, batch 32,
-ZeRO-1, attention dropout 0.1, padded rows of the paper set-ups' doc-sentences, eager) in one setting each: compiled
-(torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0 (which lets
-SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document masks), ZeRO-0
-and ZeRO-2. ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in
+ZeRO-1, attention dropout 0.1, --sample-mode rows with an attention mask where padded, eager) in one setting each:
+compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0 (which
+lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document masks),
+ZeRO-0 and ZeRO-2. ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in
 $GPU_CHECK_STEP_DEADLINE) bounds the run: a variant is started only when the time left exceeds the longest variant so
 far (compiled: twice that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly
 with what it has.
@@ -338,7 +338,12 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--data-path", help="the trainer's batches of this shard prefix (else synthetic ids)")
     p.add_argument("--vocab-file", help="with --data-path: the shard's WordPiece vocab")
     p.add_argument("--tokenizer-type", default="BertWordPieceLowerCase")
-    p.add_argument("--sample-mode", default="doc-sentences", help="rows of the base case (the paper set-ups')")
+    p.add_argument(
+        "--sample-mode",
+        default="full-sentences",
+        help="rows of the base case: full-sentences (gpu_check's train_step: rows filled, few padded) or doc-sentences "
+        "(the paper set-ups'; on the sample corpus 70%% padding at N=512)",
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=2, help="profiled steps per variant")
     p.add_argument(

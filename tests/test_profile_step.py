@@ -25,7 +25,8 @@ def test_cpu_profile_reports_every_field_for_padded_and_packed_rows(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks.profile_step", "--model-preset", "tiny", "--device", "cpu"]
     cmd += ["--seq-len", "64", "--batch", "2", "--warmup", "1", "--steps", "1", "--vocab-size", str(tu.VOCAB_SIZE)]
     cmd += ["--data-path", str(tmp_path / "shard"), "--vocab-file", str(tmp_path / "vocab.txt")]
-    cmd += ["--variants", "eager", "packed", "--json", str(out), "--trace", str(trace)]
+    cmd += ["--sample-mode", "doc-sentences", "--variants", "eager", "packed"]
+    cmd += ["--json", str(out), "--trace", str(trace)]
     p = subprocess.run(cmd, cwd=REPO, env=tu.env(), capture_output=True, text=True, timeout=220)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     result = json.loads(out.read_text())
