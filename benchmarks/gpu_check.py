@@ -61,6 +61,8 @@ STEP_LOG_BYTES = 1 << 20
 """Each step's output kept in steps.log (its end)."""
 CPU_REHEARSAL_SLOWDOWN = 4.0
 """--rehearse-on-cpu: the steps' time limits are this many times the GPU ones."""
+STEP_DEADLINE_ENV = "GPU_CHECK_STEP_DEADLINE"
+"""Set for every step: the epoch second at which its group is stopped (benchmarks/profile_step.py stops before)."""
 
 
 # --------------------------------------------------------------------------------------------------- data types
@@ -186,6 +188,7 @@ def run_step(step: Step, work: Path, deadline: float) -> StepResult:
         else:
             path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)  # keep the caller's
             env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **step.env}
+            env[STEP_DEADLINE_ENV] = f"{time.time() + limit:.1f}"  # a step that can stop itself cleanly reads it
             work.mkdir(parents=True, exist_ok=True)
             log = work / f"{step.name}.log"
             rc, timed_out = run_in_group(step.command, log, limit, env)
@@ -562,7 +565,6 @@ def kernel_table_step(ctx: Ctx, cap_s: float) -> Step:
 
 def train_step_step(ctx: Ctx, cap_s: float) -> Step:
     out = ctx.work / "train_step.json"
-    data = data_dir(ctx)
     if ctx.device == "cpu":
         sizes = ["--model-preset", "tiny", "--cases", "dense@128", "dense@256", "blockbert-n2@256", "--warmup", "1"]
         sizes += ["--steps", "1", "--device", "cpu"]
@@ -572,16 +574,12 @@ def train_step_step(ctx: Ctx, cap_s: float) -> Step:
     else:
         sizes = ["--model-preset", "bert-base", "--seq-lens", "512", "1024", "4096"]
     cmd = [ctx.python, "-m", "benchmarks.train_step_ds", *sizes, "--precisions", ctx.low_precision]
-    cmd += ["--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
     cmd += ["--sample-mode", "full-sentences", "--json", str(out)]
-    script = "\n".join(["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx), shlex.join(cmd)])
 
     def check(res: StepResult, proc) -> None:
-        if not out.is_file():
-            res.status, res.summary = "failed", f"no {out.name} (exit code {proc.returncode})"
+        data = _json_result(out, res, proc)
+        if data is None:
             return
-        data = json.loads(out.read_text())
-        res.details = data
         missed = [t["target"] for t in data["targets"] if t["met"] is False]
         errors = [f"{r['variant']}@{r['seq_len']}: {r['error']}" for r in data["rows"] if "error" in r]
         ok = proc.returncode == 0 and not errors
@@ -598,7 +596,60 @@ def train_step_step(ctx: Ctx, cap_s: float) -> Step:
         parts += [f"target missed: {t}" for t in missed]
         res.summary = "; ".join(errors[:3] + parts)
 
-    return Step("train_step", cap_s, ["bash", "-c", script], check, min_s=45 if ctx.device == "cuda" else 20)
+    return Step("train_step", cap_s, _on_shards(ctx, cmd), check, min_s=45 if ctx.device == "cuda" else 20)
+
+
+def _on_shards(ctx: Ctx, cmd: list[str]) -> list[str]:
+    """A benchmark command run on the smoke's shards (made first when missing), as a bash command line."""
+    data = data_dir(ctx)
+    cmd = [*cmd, "--data-path", str(data / "sample_text_sentence"), "--vocab-file", str(data / "vocab.txt")]
+    lines = ["set -euo pipefail", f"cd {shlex.quote(str(REPO))}", ensure_data_script(ctx), shlex.join(cmd)]
+    return ["bash", "-c", "\n".join(lines)]
+
+
+def _json_result(out: Path, res: StepResult, proc) -> dict | None:
+    """A benchmark's JSON, kept as the step's details; None, with the step failed, when it wrote none."""
+    if not out.is_file():
+        res.status, res.summary = "failed", f"no {out.name} (exit code {proc.returncode})"
+        return None
+    res.details = json.loads(out.read_text())
+    return res.details
+
+
+PROFILE_TRACE = "profile_trace.json.gz"
+"""The profile step's chrome trace (the first variant's profiled steps), in the report directory."""
+
+
+def profile_step(ctx: Ctx, cap_s: float) -> Step:
+    """benchmarks/profile_step.py on the smoke's shards: the variants in priority order until the step's deadline."""
+    out = ctx.work / "profile_step.json"
+    if ctx.device == "cpu":
+        sizes = ["--model-preset", "tiny", "--seq-len", "64", "--batch", "2", "--warmup", "1", "--steps", "1"]
+        sizes += ["--device", "cpu", "--vocab-size", "4000"]  # the smoke's vocabulary: a CPU-sized MLM head
+        # inductor compiles the step for minutes on a loaded CPU: the rehearsal names the compiled variant left out
+        sizes += ["--compile-estimate-s", "1000"]
+    else:
+        sizes = ["--model-preset", "bert-base", "--seq-len", "512", "--batch", "32", "--warmup", "3", "--steps", "2"]
+        # --quick leaves the profile about 70 s (the 2026-11-26 H200 timings of the steps before it): eager takes
+        # ~20 s, so compiled starts when 40 s are left
+        sizes += ["--compile-estimate-s", "40"]
+    cmd = [ctx.python, "-m", "benchmarks.profile_step", *sizes, "--precision", ctx.low_precision]
+    cmd += ["--sample-mode", "full-sentences", "--json", str(out), "--trace", str(ctx.out / PROFILE_TRACE)]
+
+    def check(res: StepResult, proc) -> None:
+        from benchmarks.profile_step import row_line
+
+        data = _json_result(out, res, proc)
+        if data is None:
+            return
+        errors = [r for r in data["rows"] if "error" in r]
+        res.status = "passed" if proc.returncode == 0 and data["rows"] and not errors else "failed"
+        parts = [row_line(r) for r in data["rows"]]
+        if data.get("left_out"):
+            parts.append(f"left out at the time limit: {', '.join(data['left_out'])}")
+        res.summary = "; ".join(parts) or f"no variant measured (exit code {proc.returncode})"
+
+    return Step("profile", cap_s, _on_shards(ctx, cmd), check, min_s=45 if ctx.device == "cuda" else 20)
 
 
 def ds_report_step(ctx: Ctx, cap_s: float) -> Step:
@@ -655,6 +706,12 @@ STEPS: list[StepSpec] = [
         "bert-base MFU at N=512, BlockBERT n=2 vs dense at N=4096 (trainer's batches)",
         True,
         lambda c: train_step_step(c, 60 if c.quick else 360),
+    ),
+    StepSpec(
+        "profile",
+        "where the step's time goes: bert-base N=512 profiled, eager/compiled, batch, dropout, packed, ZeRO",
+        True,
+        lambda c: profile_step(c, 90 if c.quick else 300),
     ),
     StepSpec(
         "smoke_zero3",
@@ -913,6 +970,10 @@ def render(results: list[StepResult], env_md: str, meta: dict) -> str:
             lines += _kernel_table_md(r)
         elif r.name == "train_step":
             lines += _train_step_md(r)
+        elif r.name == "profile" and r.details.get("rows"):
+            from benchmarks.profile_step import markdown
+
+            lines += markdown(r.details)
     for r in results:
         if r.status not in ("passed", "skipped", "running") and r.output_tail:
             lines += ["", f"## {r.name}: end of output", "", "```", r.output_tail[-2000:], "```"]
@@ -954,10 +1015,29 @@ def main(argv: list[str] | None = None) -> int:
     return run_entry("benchmarks.gpu_check", _main, argv)
 
 
-def _main(argv: list[str]) -> int:
-    from common.errors import UserError
-    from common.outputs import check_dir_writable
+@dataclass
+class _Run:
+    """What the stages of :func:`_main` pass on: the parsed arguments, the directories, the clock and the results."""
 
+    args: argparse.Namespace
+    out: Path
+    work: Path
+    budget: float
+    started: float
+    """Epoch seconds the budget counts from."""
+    deadline: float
+    """time.monotonic() at which the budget ends."""
+    meta: dict = field(default_factory=dict)
+    env_md: str = ""
+    env_data: dict = field(default_factory=dict)
+    results: list[StepResult] = field(default_factory=list)
+
+    def write(self, extra: list[StepResult] = ()) -> None:
+        self.meta["elapsed_s"] = time.time() - self.started
+        write_report(self.out, [*self.results, *extra], self.env_md, self.env_data, self.meta)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -977,11 +1057,14 @@ def _main(argv: list[str]) -> int:
         help="developers: run the same steps on CPU at CPU sizes, to test the plumbing on a machine without a GPU",
     )
     p.add_argument("--list", action="store_true", help="print the step table (and which steps --quick runs) and exit")
-    args = p.parse_args(argv)
-    if args.list:
-        for s in STEPS:
-            print(f"{s.name:16s} {'quick+full' if s.quick else 'full      '} {s.what}")
-        return 0
+    return p.parse_args(argv)
+
+
+def _prepare(args: argparse.Namespace) -> _Run:
+    """Check the arguments and directories, start the clock, install the stop-signal handlers."""
+    from common.errors import UserError
+    from common.outputs import check_dir_writable
+
     unknown = sorted(set(args.only or ()) - {s.name for s in STEPS})
     if unknown:  # else nothing runs and the check passes
         raise UserError(
@@ -1000,69 +1083,76 @@ def _main(argv: list[str]) -> int:
     work.mkdir(parents=True, exist_ok=True)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
+    return _Run(args, out, work, budget, started, deadline)
 
+
+def _environment(run: _Run) -> Ctx | int:
+    """The environment step; the context of the steps, or the exit code when there is nothing to run (no GPU: every
+    step reported skipped; GPUs torch cannot use: failed)."""
     import torch
 
-    env_md, env_data, problems = environment_report()
+    args, out, work = run.args, run.out, run.work
+    run.env_md, run.env_data, problems = environment_report()
     mode = ("quick" if args.quick else "full") + (" (CPU rehearsal)" if args.rehearse_on_cpu else "")
-    meta = {"mode": mode, "budget_s": budget, "elapsed_s": time.time() - started, "work_dir": str(work)}
+    run.meta = {"mode": mode, "budget_s": run.budget, "elapsed_s": time.time() - run.started, "work_dir": str(work)}
     print(
-        f"[gpu_check] {mode}, budget {budget:.0f} s ({time.time() - started:.0f} s spent before this step)", flush=True
+        f"[gpu_check] {mode}, budget {run.budget:.0f} s ({time.time() - run.started:.0f} s spent before this step)",
+        flush=True,
     )
-    print(f"[gpu_check] {env_md}", flush=True)
+    print(f"[gpu_check] {run.env_md}", flush=True)
     env_res = StepResult("environment", status="failed" if problems else "passed", summary="; ".join(problems) or "ok")
-    results = [env_res]
+    run.results = [env_res]
     if args.rehearse_on_cpu:
-        ctx = Ctx(out, work, quick=args.quick, device="cpu", gpus=0, bf16=True, fp16=_cpu_fp16())
-    elif not torch.cuda.is_available():
-        if problems:  # nvidia-smi sees GPUs that torch cannot use: that is a failure, not "no GPU"
-            print(f"[gpu_check] FAILED: {problems[0]}", flush=True)
-            write_report(out, results, env_md, env_data, meta)
-            return 1
-        env_res.summary = (
-            f"no CUDA GPU found: torch.cuda.is_available() is False and nvidia-smi lists no GPU (torch "
-            f"{torch.__version__}); nothing to check here. Run it on a machine with an NVIDIA GPU"
-        )
-        print(f"gpu_check: {env_res.summary}", flush=True)
-        ctx = Ctx(out, work, quick=args.quick, gpus=0)
-        for s in STEPS:
-            if (s.quick or not args.quick) and (not args.only or s.name in args.only):
-                results.append(StepResult(s.name, status="skipped", summary="no CUDA GPU"))
-        write_report(out, results, env_md, env_data, meta)
-        print(f"[gpu_check] report: {out / 'report.md'}", flush=True)
-        return 0
-    else:
-        ctx = Ctx(out, work, quick=args.quick, gpus=torch.cuda.device_count(), bf16=gpus_support_bf16())
-    write_report(out, results, env_md, env_data, meta)
-    steps = [s for s in plan(ctx) if not args.only or s.name in args.only]
-    code = 0
+        return Ctx(out, work, quick=args.quick, device="cpu", gpus=0, bf16=True, fp16=_cpu_fp16())
+    if torch.cuda.is_available():
+        return Ctx(out, work, quick=args.quick, gpus=torch.cuda.device_count(), bf16=gpus_support_bf16())
+    if problems:  # nvidia-smi sees GPUs that torch cannot use: that is a failure, not "no GPU"
+        print(f"[gpu_check] FAILED: {problems[0]}", flush=True)
+        write_report(out, run.results, run.env_md, run.env_data, run.meta)
+        return 1
+    env_res.summary = (
+        f"no CUDA GPU found: torch.cuda.is_available() is False and nvidia-smi lists no GPU (torch "
+        f"{torch.__version__}); nothing to check here. Run it on a machine with an NVIDIA GPU"
+    )
+    print(f"gpu_check: {env_res.summary}", flush=True)
+    for s in STEPS:
+        if (s.quick or not args.quick) and (not args.only or s.name in args.only):
+            run.results.append(StepResult(s.name, status="skipped", summary="no CUDA GPU"))
+    write_report(out, run.results, run.env_md, run.env_data, run.meta)
+    print(f"[gpu_check] report: {out / 'report.md'}", flush=True)
+    return 0
+
+
+def _run_steps(run: _Run, steps: list[Step]) -> int:
+    """Each step in turn, the report rewritten around each; a stop signal ends the loop (its exit code, else 0)."""
     for i, step in enumerate(steps, 1):
         running = StepResult(step.name, status="running", summary=f"started at {time.strftime('%H:%M:%S')}")
-        meta["elapsed_s"] = time.time() - started
-        write_report(out, [*results, running], env_md, env_data, meta)
-        print(f"[gpu_check] {i}/{len(steps)} {step.name} ... ({meta['elapsed_s']:.0f} s elapsed)", flush=True)
+        run.write([running])
+        print(f"[gpu_check] {i}/{len(steps)} {step.name} ... ({run.meta['elapsed_s']:.0f} s elapsed)", flush=True)
         try:
-            res = run_step(step, work, deadline)
+            res = run_step(step, run.work, run.deadline)
         except _Stopped as stop:
-            results.append(stop.res)
-            code = 128 + int(signal.Signals[str(_ACTIVE.get("stopped_by") or "SIGTERM")])
-            break
+            run.results.append(stop.res)
+            return 128 + int(signal.Signals[str(_ACTIVE.get("stopped_by") or "SIGTERM")])
         except KeyboardInterrupt:
-            results.append(StepResult(step.name, status="interrupted", summary="stopped between steps"))
-            code = 130
-            break
+            run.results.append(StepResult(step.name, status="interrupted", summary="stopped between steps"))
+            return 130
         finally:
-            append_step_log(out, work, step.name)
-        results.append(res)
-        meta["elapsed_s"] = time.time() - started
+            append_step_log(run.out, run.work, step.name)
+        run.results.append(res)
+        run.write()
         print(
             f"[gpu_check] {i}/{len(steps)} {step.name}: {res.status} in {res.seconds:.0f} s "
-            f"({meta['elapsed_s']:.0f} s of {budget:.0f} elapsed) {res.summary}",
+            f"({run.meta['elapsed_s']:.0f} s of {run.budget:.0f} elapsed) {res.summary}",
             flush=True,
         )
-        write_report(out, results, env_md, env_data, meta)
-    meta["elapsed_s"] = time.time() - started
-    write_report(out, results, env_md, env_data, meta)
+    return 0
+
+
+def _finish(run: _Run, code: int) -> int:
+    """The final report, its summary on stdout, and the exit status (module docstring)."""
+    run.write()
+    results, out = run.results, run.out
     past = [r.name for r in results if r.details.get("past_budget")]
     cut = [r.name for r in results if r.status == "cut"]
     bad = [r.name for r in results if r.status not in ("passed", "skipped", "cut")]
@@ -1070,7 +1160,7 @@ def _main(argv: list[str]) -> int:
         print(f"[gpu_check] not run, past the budget: {', '.join(past)}", flush=True)
     if cut:
         print(f"[gpu_check] stopped at the time limit before finishing: {', '.join(cut)}", flush=True)
-    print(f"[gpu_check] report: {out / 'report.md'} ({meta['elapsed_s']:.0f} s)", flush=True)
+    print(f"[gpu_check] report: {out / 'report.md'} ({run.meta['elapsed_s']:.0f} s)", flush=True)
     print((out / "report.md").read_text()[:6000], flush=True)  # also in the output, should the files be lost
     if code:
         return code
@@ -1078,6 +1168,22 @@ def _main(argv: list[str]) -> int:
         print(f"[gpu_check] FAILED: {', '.join(bad)}", flush=True)
         return 1
     return 3 if past or cut else 0
+
+
+def _main(argv: list[str]) -> int:
+    """parse -> prepare -> environment -> plan -> run the steps -> report."""
+    args = _parse(argv)
+    if args.list:
+        for s in STEPS:
+            print(f"{s.name:16s} {'quick+full' if s.quick else 'full      '} {s.what}")
+        return 0
+    run = _prepare(args)
+    ctx = _environment(run)
+    if isinstance(ctx, int):
+        return ctx
+    run.write()
+    steps = [s for s in plan(ctx) if not args.only or s.name in args.only]
+    return _finish(run, _run_steps(run, steps))
 
 
 def _cpu_fp16() -> bool:

@@ -15,13 +15,10 @@ synthetic full rows with 15% labelled.
     python -m benchmarks.train_step_ds --model-preset tiny --device cpu --precisions bf16 --steps 1      # smoke test
     python -m benchmarks.train_step_ds --data-path data/wiki_text_sentence --vocab-file vocab.txt ...  # real batches
 
-How FLOPs are counted ("model FLOPs", no recomputation, per trained token; forward + backward = 3 x forward):
-- the encoder's matmuls: 6 x 12 L h^2 (Q, K, V, output projection 4h^2 and the FFN 8h^2 per layer);
-- attention scores and context: 12 L N h x density (QK^T and PV, 2 N h multiply-adds each per token, forward);
-  density is the share of (query, key) pairs the layout keeps, 1 for dense, about 1/n for BlockBERT n;
-- the MLM head on the predicted positions only (as our model computes it): 6 (h^2 + V h) x the predicted share.
-MFU = counted FLOPs per second / the GPU's dense fp16/bf16 tensor-core peak (H100 SXM 989, H100 PCIe 756,
-H200 989, A100 312, V100 125 TFLOP/s; others: none, MFU left empty). Step time = the median of --steps timed
+FLOPs are counted by model/flops.py ("model FLOPs", the formula the trainer's log uses; here the MLM head's
+predicted share is the batches' labelled share of positions), MFU against the dense fp16/bf16 tensor-core peak of
+pretrain/throughput.py's table (a GPU not listed: MFU left empty). --compile compiles the engine as the trainer's
+--compile does. Step time = the median of --steps timed
 optimizer steps after --warmup ones, with the device synchronised around each.
 """
 
@@ -34,41 +31,20 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from common.cli import add_deprecated_alias
+from model.flops import flops_per_token, layout_density
 from model.presets import PRESETS, blockbert
+from pretrain.throughput import peak_tflops
 
-PEAK_TFLOPS = (
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),
-    ("H200", 989.0),
-    ("GH200", 989.0),
-    ("A100", 312.0),
-    ("V100", 125.0),
-)
 TOKENS_PER_STEP = {"bert-base": 16384, "tiny": 256}
 """The model presets (model/presets.py) this benchmark sizes, and the b x N of a step for each."""
 VARIANTS = {"dense": None, "blockbert-n2": 2, "blockbert-n3": 3}
 """Variant -> BlockBERT n (model.presets.blockbert, the paper's split scaled to the preset's heads); None = dense."""
-
-
-def peak_tflops(name: str) -> float | None:
-    """Dense fp16/bf16 tensor-core peak of a GPU by its name (None when unknown)."""
-    for key, value in PEAK_TFLOPS:
-        if key in name:
-            return value
-    return None
-
-
-def flops_per_token(hidden: int, layers: int, seq_len: int, vocab: int, density: float, predicted: float) -> float:
-    """Model FLOPs per trained token (see the module docstring)."""
-    encoder = 6 * 12 * layers * hidden**2
-    attention = 12 * layers * seq_len * hidden * density
-    head = 6 * (hidden**2 + vocab * hidden) * predicted
-    return encoder + attention + head
 
 
 def _init_single_rank() -> torch.device:
@@ -77,120 +53,167 @@ def _init_single_rank() -> torch.device:
     return init_distributed(10.0).device
 
 
-def _pipeline_batches(args, seq_len: int, batch: int, n: int) -> tuple[list[dict], int | None]:
+def _pipeline_batches(args, seq_len: int, batch: int, n: int, mode: str) -> tuple[list[dict], int | None]:
     """``n`` host batches as the trainer's loader makes them, and the MLM cap it uses."""
     from data_pipeline.data_config import DataConfig
     from data_pipeline.loader import build_dataloader, build_datasets
     from data_pipeline.tokenization import build_tokenizer
 
     tok = build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file)
-    cfg = DataConfig(data_path=[args.data_path], seq_length=seq_len, split="1,0,0", sample_mode=args.sample_mode)
+    cfg = DataConfig(data_path=[args.data_path], seq_length=seq_len, split="1,0,0", sample_mode=mode)
     train = build_datasets(cfg, tok, num_samples=(batch * n, 0, 0))[0]
     loader = build_dataloader(train, tok, cfg, micro_batch_size=batch, dp_rank=0, dp_world_size=1, num_workers=0)
     it = iter(loader)
     return [next(it) for _ in range(n)], cfg.max_predictions
 
 
-def measure(variant: str, precision: str, seq_len: int, args, device: torch.device) -> dict:
-    from data_pipeline.masking import derived_max_predictions
-    from model.bert import BertForPreTraining
-    from model.config import ModelConfig
-    from pretrain.args import OptimConfig
-    from pretrain.ds_config import read_ds_config, resolve_batch_sizes
-    from pretrain.parallelize import initialize_engine
-    from pretrain.schedule import schedule_settings
-    from pretrain.trainer import device_batch
-    from tools.measure import synthetic_batch
+@dataclass(frozen=True)
+class Case:
+    """One training step set-up: what train_step_ds measures and benchmarks/profile_step.py profiles."""
 
-    repo = Path(__file__).resolve().parents[1]
-    blocks = VARIANTS[variant]
-    sparsity = None if blocks is None else blockbert(blocks, args.heads, block=None)  # the layout's default tile
-    attention = {"kernel": args.kernel, "sparsity": sparsity}
-    cfg = ModelConfig.preset(
-        "bert-base",
-        vocab_size=args.vocab_size,
-        hidden_size=args.hidden,
-        num_layers=args.layers,
-        num_attention_heads=args.heads,
-        intermediate_size=4 * args.hidden,
-        max_position_embeddings=max(512, seq_len),
-        hidden_dropout=0.1,
-        attention_dropout=0.1,  # the paper set-ups' (run_scripts/common.sh): auto then trains with block_gather
-        attention=attention,
-    )
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg)
-    batch = max(1, args.tokens // seq_len)
-    ds = read_ds_config(repo / "ds_configs" / f"zero1_{precision}.json")
-    resolve_batch_sizes(ds, batch, None, 1)
-    engine = initialize_engine(model, ds, OptimConfig(lr=1e-4), schedule_settings(1e-4, 0.0, 10, 1000, "linear"))
-    # the inputs the trainer gives the engine: an all-ones mask dropped on the host, the static MLM gather with the
-    # derived cap (pretrain.trainer.device_batch, what Trainer._to_device calls)
-    if args.data_path:
-        hosts, cap = _pipeline_batches(args, seq_len, batch, args.warmup + args.steps)
-    else:
-        hosts, cap = (
-            [synthetic_batch(batch, seq_len, args.vocab_size, torch.device("cpu"))],
-            derived_max_predictions(seq_len, 0.15),
+    variant: str = "dense"
+    """A key of VARIANTS."""
+    precision: str = "bf16"
+    seq_len: int = 512
+    batch: int | None = None
+    """Micro-batch; None: --tokens // seq_len."""
+    zero: int = 1
+    """ZeRO stage of ds_configs/zero{stage}_{precision}.json."""
+    attention_dropout: float = 0.1
+    """The paper set-ups' 0.1 (run_scripts/common.sh): with it ``auto`` trains the sparse variants with block_gather."""
+    compile: bool = False
+    """torch.compile through the engine, as the trainer's --compile (pretrain.parallelize.apply_compile)."""
+    sample_mode: str | None = None
+    """With --data-path: the trainer's --sample-mode (None: --sample-mode of the command line)."""
+
+
+class TrainStep:
+    """A DeepSpeed engine over the model of a :class:`Case` and the inputs the trainer would give it (pretrain.trainer
+    .device_batch, what Trainer._to_device calls: an all-ones mask dropped on the host, the static MLM gather with the
+    derived cap). ``step()`` is one optimizer step on the next batch; ``close()`` frees the engine."""
+
+    def __init__(self, case: Case, args, device: torch.device) -> None:
+        from data_pipeline.masking import derived_max_predictions
+        from model.bert import BertForPreTraining
+        from model.config import ModelConfig
+        from pretrain.args import OptimConfig
+        from pretrain.ds_config import check_compile_supported, read_ds_config, resolve_batch_sizes
+        from pretrain.parallelize import apply_compile, initialize_engine
+        from pretrain.schedule import schedule_settings
+        from pretrain.trainer import device_batch
+        from tools.measure import synthetic_batch
+
+        repo = Path(__file__).resolve().parents[1]
+        self.case, self.device = case, device
+        blocks = VARIANTS[case.variant]
+        sparsity = None if blocks is None else blockbert(blocks, args.heads, block=None)  # the layout's default tile
+        self.config = ModelConfig.preset(
+            "bert-base",
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_attention_heads=args.heads,
+            intermediate_size=4 * args.hidden,
+            max_position_embeddings=max(512, case.seq_len),
+            hidden_dropout=0.1,
+            attention_dropout=case.attention_dropout,
+            attention={"kernel": args.kernel, "sparsity": sparsity},
         )
-    feed = [device_batch(h, device, cap) for h in hosts]
-    data = feed[0]
-    layout = engine.module.bert.encoder.layers[0].attention.core.layout_for(seq_len) if sparsity else None
-    density = 1.0 if layout is None else float(layout.float().mean())
-    predicted = float(sum((d["labels"] != -100).float().mean() for d in feed) / len(feed))
-    real_tokens = [int(h["attention_mask"].sum()) if "attention_mask" in h else h["input_ids"].numel() for h in hosts]
-    calls = [0]
+        torch.manual_seed(0)
+        model = BertForPreTraining(self.config)
+        self.batch = case.batch or max(1, args.tokens // case.seq_len)
+        ds = read_ds_config(repo / "ds_configs" / f"zero{case.zero}_{case.precision}.json")
+        check_compile_supported(ds, case.compile)
+        resolve_batch_sizes(ds, self.batch, None, 1)
+        self.engine = initialize_engine(
+            model, ds, OptimConfig(lr=1e-4), schedule_settings(1e-4, 0.0, 10, 1000, "linear")
+        )
+        if case.compile:
+            apply_compile(self.engine, case.seq_len, device)
+        if args.data_path:
+            self.hosts, cap = _pipeline_batches(
+                args, case.seq_len, self.batch, args.warmup + args.steps, case.sample_mode or args.sample_mode
+            )
+        else:
+            self.hosts = [synthetic_batch(self.batch, case.seq_len, args.vocab_size, torch.device("cpu"))]
+            cap = derived_max_predictions(case.seq_len, 0.15)
+        self.feed = [device_batch(h, device, cap) for h in self.hosts]
+        self.density = layout_density(self.config, case.seq_len)
+        self.predicted = float(sum((d["labels"] != -100).float().mean() for d in self.feed) / len(self.feed))
+        self.real_tokens = [_real_tokens(h) for h in self.hosts]
+        self.flops_per_token = flops_per_token(
+            args.hidden, args.layers, case.seq_len, args.vocab_size, self.density, self.predicted
+        )
+        self.calls = 0
 
-    def step() -> None:
-        i = calls[0] % len(feed)
-        calls[0] += 1
-        loss = engine(**feed[i]).loss
+    def step(self) -> None:
+        engine = self.engine
+        data = self.feed[self.calls % len(self.feed)]
+        self.calls += 1
+        loss = engine(**data).loss
         engine.backward(loss)
         engine.step()
 
-    for _ in range(args.warmup):
-        step()
+    def kernels_used(self) -> str:
+        core = self.engine.module.bert.encoder.layers[0].attention.core
+        used = sorted({k for plan in core._plans.values() for k in getattr(plan, "chosen", {}).values()})
+        return ",".join(used)
+
+    def close(self) -> None:
+        """Free the engine and the batches before the next case."""
+        self.engine = self.feed = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _real_tokens(host: dict) -> int:
+    """Real (unpadded) tokens of a host batch, as the trainer counts them."""
+    return int(host["attention_mask"].sum()) if "attention_mask" in host else host["input_ids"].numel()
+
+
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def measure(variant: str, precision: str, seq_len: int, args, device: torch.device) -> dict:
+    ts = TrainStep(Case(variant, precision, seq_len, compile=args.compile), args, device)
+    for _ in range(args.warmup):
+        ts.step()
+    sync(device)
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     for _ in range(args.steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
         t0 = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        ts.step()
+        sync(device)
         times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
-    core = engine.module.bert.encoder.layers[0].attention.core
-    used = sorted({k for plan in core._plans.values() for k in getattr(plan, "chosen", {}).values()})
-    tokens = statistics.mean(real_tokens[args.warmup % len(hosts) :] or real_tokens)
-    fpt = flops_per_token(args.hidden, args.layers, seq_len, args.vocab_size, density, predicted)
+    tokens = statistics.mean(ts.real_tokens[args.warmup % len(ts.hosts) :] or ts.real_tokens)
+    fpt = ts.flops_per_token
     peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     row = {
         "variant": variant,
         "precision": precision,
         "seq_len": seq_len,
-        "batch": batch,
-        "density": density,
+        "batch": ts.batch,
+        "compiled": args.compile,
+        "density": ts.density,
         "step_s": step_s,
         "tokens_per_s": tokens / step_s,
         "tflops": fpt * tokens / step_s / 1e12,
         "mfu": (fpt * tokens / step_s / 1e12) / peak if peak else None,
         "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "kernel_requested": args.kernel,
-        "kernel_used": ",".join(used) or args.kernel,
-        "attention_mask_passed": any("attention_mask" in d for d in feed),
+        "kernel_used": ts.kernels_used() or args.kernel,
+        "attention_mask_passed": any("attention_mask" in d for d in ts.feed),
         "batches": "data pipeline" if args.data_path else "synthetic",
-        "max_predictions": data.get("max_predictions"),
+        "max_predictions": ts.feed[0].get("max_predictions"),
     }
-    engine = model = data = feed = (
-        None  # free them before the next variant (the closure step() holds cells, not copies)
-    )
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    ts.close()
     return row
 
 
@@ -306,6 +329,7 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile the engine as the trainer's --compile does")
     p.add_argument("--json", help="write the rows and the targets here")
     args = p.parse_args(argv)
     if args.data_path and not args.vocab_file:

@@ -289,6 +289,13 @@ class LoggingConfig:
     """TensorBoard event directory (rank 0 writes)."""
     log_json: str | None = None
     """File receiving one JSON object per logged iteration (rank 0 writes)."""
+    peak_tflops: float | None = None
+    """Per-GPU peak TFLOP/s the logged MFU divides by; default: the device's dense fp16/bf16 tensor-core peak from
+    pretrain/throughput.py's table (CPUs, fp32 training and GPUs not in the table log TFLOP/s without MFU)."""
+
+    def __post_init__(self) -> None:
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ArgsError(f"--peak-tflops {self.peak_tflops}: must be a positive number of TFLOP/s per GPU")
 
 
 @dataclass

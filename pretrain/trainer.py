@@ -28,6 +28,7 @@ from deepspeed.checkpoint.constants import (
 
 from common.errors import write_errors
 from common.outputs import check_dir_writable, check_not_input
+from model.flops import model_flops_per_token
 from pretrain import builders, checkpoint, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, lr_schedule, train_iterations
 from pretrain.distributed import (
@@ -57,6 +58,7 @@ from pretrain.parallelize import (
     optimizer_from_block,
 )
 from pretrain.stragglers import RankTimer, Straggler, find_straggler
+from pretrain.throughput import Throughput, device_peak_tflops
 from pretrain.watchdog import Watchdog
 
 _BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label", "doc_ids")
@@ -74,6 +76,10 @@ def log_line(rec: dict[str, Any], train_iters: int) -> str:
     parts.append(f"skipped {rec['skipped_steps']}")
     if rec.get("tokens_per_s") is not None:
         parts.append(f"tokens/s {rec['tokens_per_s']:.0f}")
+    if rec.get("tflops_per_gpu") is not None:
+        parts.append(f"TFLOP/s/GPU {rec['tflops_per_gpu']:.3g}")
+    if rec.get("mfu") is not None:
+        parts.append(f"MFU {100 * rec['mfu']:.1f}%")
     parts.append(f"mem {rec['memory']:.0f} MB")
     return " | ".join(parts)
 
@@ -263,6 +269,7 @@ class Trainer:
         if self.rank0 and run.logging.log_json:
             Path(run.logging.log_json).parent.mkdir(parents=True, exist_ok=True)
             self.log_file = open(run.logging.log_json, "a")
+        self.throughput = self._throughput()
 
     def _train_iterations(self) -> int:
         """--train-iters, or the steps --train-samples allows; on resume, the samples still to consume are counted
@@ -575,6 +582,16 @@ class Trainer:
                 f'{{"pattern": "file", "path": "{path}"}})'
             )
 
+    def _throughput(self) -> Throughput:
+        """FLOPs per real token of this model and data (model.flops; the MLM head counted at --mask-prob of the
+        tokens) and the peak MFU divides by; says once where the peak comes from, or why MFU is left out."""
+        data = self.run.data
+        fpt = model_flops_per_token(self.model_config, data.seq_length, data.mask_prob)
+        peak, source = device_peak_tflops(self.dist.device, self.ds.precision, self.run.logging.peak_tflops)
+        mfu = f"MFU against {peak:g} TFLOP/s per GPU ({source})" if peak else f"MFU not logged: {source}"
+        self._print(f"model FLOPs per real token {fpt:.4g} (padding excluded); TFLOP/s per GPU logged; {mfu}")
+        return Throughput(fpt, self.dist.world_size, peak)
+
     def _log(
         self, step: dict[str, Any], window_start: float, window_tokens: int, window_samples: int, window_iters: int
     ) -> None:
@@ -599,6 +616,8 @@ class Trainer:
             "consumed_samples": self.consumed_samples,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
             "samples_per_s": window_samples / elapsed if elapsed > 0 else None,
+            "tflops_per_gpu": self.throughput.tflops_per_gpu(tokens / elapsed) if elapsed > 0 else None,
+            "mfu": self.throughput.mfu(tokens / elapsed) if elapsed > 0 else None,
             "memory": peak_memory_mb(self.dist.device),
         }  # MB
         if self.ramp is not None:

@@ -44,3 +44,37 @@ def test_log_line_prints_what_exists_formatted():
     )
     fp16 = dict(rec, loss_scale=65536.0, grad_norm=None, aux_loss=0.5)
     assert "loss scale 65536 | aux loss 0.5 |" in log_line(fp16, 10) and "grad norm" not in log_line(fp16, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_log_reports_tflops_per_gpu_and_mfu_from_the_model_flops(tmp_path):
+    import json
+
+    from model.config import ModelConfig
+    from model.flops import model_flops_per_token
+
+    tu.prepare(tmp_path)
+    log, tb = tmp_path / "log.jsonl", tmp_path / "tb"
+    extra = ("--log-json", str(log), "--peak-tflops", "0.25", "--tensorboard-dir", str(tb))
+    p = tu.launch("python", tu.train_args(tmp_path, "zero1_fp32.json", 3, *extra, global_batch=2))
+    assert p.returncode == 0, p.stdout[-3000:]
+    records = tu.train_records(log)
+    cfg = ModelConfig.from_dict(json.loads((tmp_path / "model.json").read_text()))
+    per_token = model_flops_per_token(cfg, 64, 0.15)  # train_args' --seq-length, the default --mask-prob
+    assert len(records) == 3
+    for r in records:  # real tokens/s (all ranks) x FLOPs per token / ranks; MFU against --peak-tflops
+        assert r["tflops_per_gpu"] == pytest.approx(per_token * r["tokens_per_s"] / 1e12, rel=1e-12)
+        assert r["mfu"] == pytest.approx(r["tflops_per_gpu"] / 0.25, rel=1e-12)
+    assert f"model FLOPs per real token {per_token:.4g}" in p.stdout and "MFU against 0.25 TFLOP/s" in p.stdout
+    assert f"TFLOP/s/GPU {records[-1]['tflops_per_gpu']:.3g} | MFU" in p.stdout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(tb)).Reload().Tags()["scalars"]
+    assert "train/tflops_per_gpu" in scalars and "train/mfu" in scalars
+
+
+def test_log_line_prints_tflops_and_mfu_when_known():
+    rec = {"iteration": 1, "loss": 1.0, "lr": 1e-4, "skipped_steps": 0, "memory": 1.0, "tflops_per_gpu": 123.456}
+    assert "| TFLOP/s/GPU 123 | mem" in log_line(rec, 2) and "MFU" not in log_line(rec, 2)
+    assert "| TFLOP/s/GPU 123 | MFU 12.5% | mem" in log_line(dict(rec, mfu=0.1249), 2)
