@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from common.process import kill_group
+from common.process import STEP_DEADLINE_ENV, kill_group
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_BUDGET_S = 25 * 60
@@ -61,8 +61,6 @@ STEP_LOG_BYTES = 1 << 20
 """Each step's output kept in steps.log (its end)."""
 CPU_REHEARSAL_SLOWDOWN = 4.0
 """--rehearse-on-cpu: the steps' time limits are this many times the GPU ones."""
-STEP_DEADLINE_ENV = "GPU_CHECK_STEP_DEADLINE"
-"""Set for every step: the epoch second at which its group is stopped (benchmarks/profile_step.py stops before)."""
 
 
 # --------------------------------------------------------------------------------------------------- data types
@@ -309,10 +307,10 @@ def _broken(name: str, why: str) -> Step:
 
 
 def gpus_support_bf16() -> bool:
-    """Every visible GPU has bf16 hardware (compute capability 8.0+); the trainer refuses bf16 below that."""
-    import torch
+    """pretrain.ds_config.gpus_support_bf16, imported when asked: this module runs before torch may be installed."""
+    from pretrain.ds_config import gpus_support_bf16 as support
 
-    return all(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(torch.cuda.device_count()))
+    return support()
 
 
 # ---------------------------------------------------------------------------------------------- the data prep

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_check import STEP_DEADLINE_ENV
 from benchmarks.train_step_ds import TOKENS_PER_STEP, Case, TrainStep, sync
+from common.process import STEP_DEADLINE_ENV
 from model.presets import PRESETS
 from pretrain.throughput import peak_tflops
 

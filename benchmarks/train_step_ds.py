@@ -359,7 +359,7 @@ def _main(argv: list[str]) -> int:
     )
     rows = []
     if args.precisions is None:
-        from benchmarks.gpu_check import gpus_support_bf16
+        from pretrain.ds_config import gpus_support_bf16
 
         bf16 = args.device != "cuda" or gpus_support_bf16()
         args.precisions = ["bf16", "fp16"] if bf16 else ["fp16"]

@@ -270,6 +270,13 @@ def _sibling_configs(path: str, precision: str) -> list[str]:
     return out
 
 
+def gpus_support_bf16() -> bool:
+    """Every visible GPU has bf16 hardware (compute capability 8.0+); precision_problem refuses bf16 below that."""
+    import torch
+
+    return all(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(torch.cuda.device_count()))
+
+
 def precision_problem(ds: ResolvedDSConfig) -> str | None:
     """Why this machine cannot run the config's precision (None when it can), decided before any rank starts work.
 

@@ -222,7 +222,7 @@ def bf16_gpu_skip_reason() -> str | None:
     8.0 the trainer refuses bf16 with exit 2 (tested in tests/test_ds_config.py), so bf16 training tests skip."""
     import torch
 
-    from benchmarks.gpu_check import gpus_support_bf16
+    from pretrain.ds_config import gpus_support_bf16
 
     if torch.cuda.is_available() and not gpus_support_bf16():
         return "bf16 needs compute capability 8.0+ (this GPU has none; the trainer refuses it with exit 2)"
