@@ -86,3 +86,51 @@ def test_flex_sees_a_multiple_of_its_tile(monkeypatch, family, n):
     (nq, nk, (tq, tk), (sq, sk)) = seen[0]
     assert nq % tq == 0 and nk % tk == 0 and nq % 128 == 0, (family, n, nq, (tq, tk))
     assert (sq, sk) == (nq, nk)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_closed_form_mask_mod_equals_the_layout_table(family):
+    """Where the plan computes membership from positions (BlockBERT's cyclic chunks, sliding-window bands), the
+    mask_mod equals the layout table's on every real row of the tile-padded sequence (N=300, padded keys
+    included); the table families keep the table."""
+    cfg = FAMILIES[family]()
+    mod = A.BlockSparseAttention(cfg, kernel="flex", max_seq_length=512)
+    n_pad = 300 if cfg is None else cfg.padded_length(300)
+    plan = mod._plan(n_pad, torch.device("cpu"))
+    expected = {"blockbert_n2": "cyclic", "blockbert_n3": "cyclic", "local_uni": "band", "local_bi": "band"}
+    assert (None if plan.form is None else plan.form.kind) == expected.get(family)
+    if plan.form is None:
+        return
+    R = plan.run_len
+    i = torch.arange(R)
+    h = torch.arange(H)[:, None, None]
+    closed = flex.mask_mod_for(plan.layout_HMM, plan.block, form=plan.form)(0, h, i[None, :, None], i[None, None, :])
+    table = flex.mask_mod_for(plan.layout_HMM, plan.block)(0, h, i[None, :, None], i[None, None, :])
+    real = i < n_pad  # padded rows are cut from the output: only the real rows must agree (every key included)
+    closed = closed.expand_as(table)  # (a band is the same for every head)
+    assert torch.equal(closed[:, real], table[:, real])
+    assert not closed[:, real][..., ~real].any()  # no real row reaches a padded key
+
+
+def test_64_key_tiles_where_64_token_columns_half_fill_128_key_tiles(monkeypatch):
+    """Fixed at block 64 (64-token global columns) gets 128 x 64 tiles and no partial tile is left; BlockBERT n=2
+    (256-token chunks) keeps 128 x 128; and on a GPU whose compiled backward has no 64-key tile config (torch's
+    H100/H200 default for head dim 64: 128-key tiles) a training call keeps 128 x 128."""
+    from types import SimpleNamespace
+
+    from model.attention.kernels.flex_mask import partial_tiles
+
+    fixed = A.FixedSparsityConfig(H, block=64)
+    plan = A.BlockSparseAttention(fixed, kernel="flex", max_seq_length=1024)._plan(1024, torch.device("cpu"))
+    assert plan.kv_tile == 64 and plan.layout_mask(64).BLOCK_SIZE == (128, 64)
+    assert partial_tiles(plan.block_mask)[0] > 0 and partial_tiles(plan.layout_mask(64))[0] == 0
+    bb = A.BlockBERTSparsityConfig(H, num_blocks=2, head_assignment="3:1", block=16)
+    assert A.BlockSparseAttention(bb, kernel="flex", max_seq_length=512)._plan(512, torch.device("cpu")).kv_tile is None
+    import torch._inductor.choices as choices
+
+    sm90 = [SimpleNamespace(block_m1=64, block_n1=128, block_m2=128, block_n2=64)]
+    monkeypatch.setattr(choices.InductorChoices, "get_flex_attention_bwd_configs", lambda self, *a: sm90)
+    assert not flex.kv_tile_trains(64, 64, torch.bfloat16, torch.device("cuda", 0))
+    sm8x = [SimpleNamespace(block_m1=64, block_n1=64, block_m2=64, block_n2=64)]
+    monkeypatch.setattr(choices.InductorChoices, "get_flex_attention_bwd_configs", lambda self, *a: sm8x)
+    assert flex.kv_tile_trains(64, 64, torch.bfloat16, torch.device("cuda", 0))

@@ -289,7 +289,9 @@ class FlexPlan:
             tm = _pad_to(token_mask.to(dev), R, (-1, -2), False)
             if self.token_mask is not None:
                 tm = dense_mask(self.token_mask, dev) & tm
-            bm = self.build_block_mask(lay, _pad_to(key_padding_mask_BN, R, (-1,), False), tm, _pad_to(doc, R, (-1,), -1))
+            bm = self.build_block_mask(
+                lay, _pad_to(key_padding_mask_BN, R, (-1,), False), tm, _pad_to(doc, R, (-1,), -1)
+            )
         elif key_padding_mask_BN is not None or doc is not None:  # one BlockMask per forward, shared by the layers
             kpm = key_padding_mask_BN  # the cache is keyed on the inputs as given (module.py pads them once)
             bm = _PADDING_MASKS.get(
