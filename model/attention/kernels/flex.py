@@ -379,17 +379,8 @@ class FlexKernel(Kernel):
             lay = lay.expand(H, -1, -1)
         if form is not None and form.shifts is not None:
             form = LayoutForm(form.kind, form.chunk, form.count, form.shifts.to(device))
-        plan = FlexPlan(
-            layout_HMM=lay,
-            block=block,
-            seq_len=seq_len,
-            block_mask=None,
-            token_mask=tm,
-            run_len=run_len,
-            kv_len=kv_len,
-            kv_tile=None if tm is not None else kv_tile_for(lay, block),
-            form=form,
-        )
+        kv_tile = None if tm is not None else kv_tile_for(lay, block)
+        plan = FlexPlan(lay, block, seq_len, None, tm, run_len=run_len, kv_len=kv_len, kv_tile=kv_tile, form=form)
         plan.block_mask = plan.build_block_mask(lay, None, tm)
         tm_key = (
             None
