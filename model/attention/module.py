@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -15,6 +17,42 @@ from model.attention.bias import ScoreBias
 from model.attention.kernels import get_kernel
 from model.attention.layouts import DenseSparsityConfig, SparsityConfig
 from model.attention.sparsebert import block_layout_from_mask
+
+
+class _PaddedOnce:
+    """The per-forward masks padded to the layout's length, once per forward: every layer pads the same key-padding
+    mask (or document ids) by the same amount, and gets the same tensor object back, so the kernels' per-forward
+    caches (flex's BlockMask, kernels/flex.py) hit in every layer after the first. An entry holds for its source
+    tensor object at its version (a new batch or an in-place change pads again); not used while compiling."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple] = {}
+
+    def get(self, src: torch.Tensor, p: int, value) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return F.pad(src, (0, p), value=value)
+        key = (id(src), src._version, p, value)
+        hit = self._entries.get(key)
+        if hit is not None and hit[0]() is src:
+            return hit[1]
+        out = F.pad(src, (0, p), value=value)
+        self._entries[key] = (weakref.ref(src), out)
+        while len(self._entries) > 16:  # the newest few: one forward needs one or two
+            self._entries.pop(next(iter(self._entries)))
+        return out
+
+    def all_valid(self, B: int, N: int, device: torch.device) -> torch.Tensor:
+        """An all-True ``[B, N]`` key mask (the same object for the same shape and device)."""
+        if torch.compiler.is_compiling():
+            return torch.ones(B, N, dtype=torch.bool, device=device)
+        key = ("ones", B, N, str(device))
+        hit = self._entries.get(key)
+        if hit is None:
+            hit = self._entries[key] = (None, torch.ones(B, N, dtype=torch.bool, device=device))
+        return hit[1]
+
+
+_PADDED = _PaddedOnce()
 
 
 class BlockSparseAttention(nn.Module):
@@ -156,12 +194,12 @@ class BlockSparseAttention(nn.Module):
             p = n_pad - N
             q_BHND, k_BHND, v_BHND = (F.pad(t, (0, 0, 0, p)) for t in (q_BHND, k_BHND, v_BHND))
             if key_padding_mask_BN is None:
-                key_padding_mask_BN = torch.ones(B, N, dtype=torch.bool, device=q_BHND.device)
-            key_padding_mask_BN = F.pad(key_padding_mask_BN, (0, p), value=False)
+                key_padding_mask_BN = _PADDED.all_valid(B, N, q_BHND.device)
+            key_padding_mask_BN = _PADDED.get(key_padding_mask_BN, p, False)
             if token_mask is not None:
                 token_mask = F.pad(token_mask, (0, p, 0, p), value=False)
             if doc_ids_BN is not None:  # the padded keys are masked anyway; -1 is no document
-                doc_ids_BN = F.pad(doc_ids_BN, (0, p), value=-1)
+                doc_ids_BN = _PADDED.get(doc_ids_BN, p, -1)
             if score_bias is not None:
                 score_bias = score_bias.padded(n_pad)
         out = self.kernel(

@@ -49,19 +49,21 @@ def _coarse_any_all(layout_HMM: torch.Tensor, block: int, size: int) -> tuple[to
     return c_any, c_all
 
 
-def _grouped_any_all(x: torch.Tensor, r: int, dims: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(any, all) of bool ``x`` over groups of r along each of its last ``dims`` axes (each -> ceil(len / r)).
+def _grouped_any_all(x: torch.Tensor, r: int | tuple[int, ...], dims: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(any, all) of bool ``x`` over groups of r along each of its last ``dims`` axes (each -> ceil(len / r)); ``r``
+    may give one group size per axis.
 
     Positions past the end (a length not a multiple of r) count as off: a group reaching past the sequence is never
     all-on, so a sparse block cut by N is never full (as in ``create_block_mask``, whose mask_mod sees those
     positions as masked).
     """
+    rs = (r,) * dims if isinstance(r, int) else tuple(r)
     lead, tail = x.shape[:-dims], x.shape[-dims:]
     pads, grouped = [], []
-    for n in reversed(tail):
-        pads += [0, -(-n // r) * r - n]
-    for n in tail:
-        grouped += [-(-n // r), r]
+    for n, ri in reversed(list(zip(tail, rs))):
+        pads += [0, -(-n // ri) * ri - n]
+    for n, ri in zip(tail, rs):
+        grouped += [-(-n // ri), ri]
     g = F.pad(x, pads, value=False).view(*lead, *grouped)
     reduce = tuple(range(len(lead) + 1, len(lead) + 2 * dims, 2))
     return g.any(dim=reduce), g.all(dim=reduce)
@@ -94,6 +96,8 @@ def layout_block_mask(
     key_valid_BN: torch.Tensor | None = None,
     token_mask: torch.Tensor | None = None,
     doc_ids_BN: torch.Tensor | None = None,
+    kv_tile: int | None = None,
+    kv_len: int | None = None,
 ) -> Any:
     """The ``BlockMask`` of ``layout_HMM`` (bool, on the target device) AND key padding AND token mask AND same
     document.
@@ -103,7 +107,9 @@ def layout_block_mask(
     ``doc_ids_BN`` (int ``[B, N]``) enters at block level through each sparse block's smallest and largest id: a
     block pair may hold a same-document pair only if their id ranges overlap (exact for packed rows, where ids
     only grow along the sequence; never wrong for any ids), and is full only when both blocks are one and the same
-    document.
+    document. ``kv_tile``: key tiles narrower than the 128-token query tiles (64: a layout whose 64-token column
+    blocks would half fill 128-token key tiles; ``block`` must divide it, no band token mask). ``kv_len``: keys
+    from there on are masked (the sequence was padded to the tile past what the layout masks itself).
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -111,15 +117,23 @@ def layout_block_mask(
     if size is None:  # e.g. block 48: 128-token sparse blocks from the layout, token by token along one axis
         size = SPARSE_BLOCK
         lay_any, lay_all = _coarse_any_all(layout_HMM, block, size)
+        size_kv = size
     else:
-        lay_any, lay_all = _grouped_any_all(layout_HMM, size // block, 2)  # [H, Mc, Mc]
-    partial = lay_any.unsqueeze(0)  # [1, H, Mc, Mc]
-    full = lay_all.unsqueeze(0)
+        size_kv = size if kv_tile is None else kv_tile
+        lay_any, lay_all = _grouped_any_all(layout_HMM, (size // block, size_kv // block), 2)  # [H, Mq, Mk]
+    Mq, Mk = -(-seq_len // size), -(-seq_len // size_kv)  # (a layout grown past N has blocks beyond)
+    partial = lay_any[..., :Mq, :Mk].unsqueeze(0)  # [1, H, Mq, Mk]
+    full = lay_all[..., :Mq, :Mk].unsqueeze(0)
+    if kv_len is not None:
+        bound = torch.arange(Mk * size_kv, device=layout_HMM.device)[None] < kv_len
+        key_valid_BN = bound if key_valid_BN is None else key_valid_BN & bound[:, : key_valid_BN.shape[-1]]
     if key_valid_BN is not None:
-        k_any, k_all = _grouped_any_all(key_valid_BN, size, 1)  # [B, Mc]
-        partial = partial & k_any[:, None, None, :]
-        full = full & k_all[:, None, None, :]
+        k_any, k_all = _grouped_any_all(key_valid_BN, size_kv, 1)  # [B, Mk]
+        partial = partial & k_any[:, None, None, :Mk]
+        full = full & k_all[:, None, None, :Mk]
     if isinstance(token_mask, BandMask):  # block summaries from the radius (no n x n pass)
+        if size_kv != size:
+            raise ValueError("a band token mask needs square sparse blocks (kv_tile None)")
         tm_any, tm_all = (
             x.unsqueeze(0).to(layout_HMM.device) for x in token_mask.resized(seq_len).grouped_any_all(size)
         )
@@ -127,23 +141,38 @@ def layout_block_mask(
         full = full & tm_all
     elif token_mask is not None:
         tm = token_mask if token_mask.dim() == 4 else token_mask.unsqueeze(0)  # [B|1, H|1, N, N]
-        tm_any, tm_all = _grouped_any_all(tm, size, 2)
+        tm_any, tm_all = _grouped_any_all(tm, (size, size_kv), 2)
         partial = partial & tm_any
         full = full & tm_all
     if doc_ids_BN is not None:
-        lo, hi = _grouped_min_max(doc_ids_BN, size)  # [B, Mc]
-        overlap = (lo[:, :, None] <= hi[:, None, :]) & (lo[:, None, :] <= hi[:, :, None])
-        one = (lo == hi)[:, :, None] & (lo == hi)[:, None, :] & (lo[:, :, None] == lo[:, None, :])
+        lo_q, hi_q = _grouped_min_max(doc_ids_BN, size)  # [B, Mq]
+        lo_k, hi_k = _grouped_min_max(doc_ids_BN, size_kv)  # [B, Mk]
+        overlap = (lo_q[:, :, None] <= hi_k[:, None, :]) & (lo_k[:, None, :] <= hi_q[:, :, None])
+        one = (lo_q == hi_q)[:, :, None] & (lo_k == hi_k)[:, None, :] & (lo_q[:, :, None] == lo_k[:, None, :])
         partial = partial & overlap[:, None]
         full = full & one[:, None]
-    Mc = lay_any.shape[-1]
-    inside = (torch.arange(1, Mc + 1, device=layout_HMM.device) * size) <= seq_len  # sparse blocks not cut by N
-    full = full & inside[:, None] & inside[None, :]  # (all-on implies some-on: full blocks are within partial)
+    dev = layout_HMM.device
+    inside_q = (torch.arange(1, Mq + 1, device=dev) * size) <= seq_len  # sparse blocks not cut by N
+    inside_k = (torch.arange(1, Mk + 1, device=dev) * size_kv) <= seq_len
+    full = full & inside_q[:, None] & inside_k[None, :]  # (all-on implies some-on: full blocks are within partial)
     partial_only = partial & ~full
     B, H = (max(a, b) for a, b in zip(partial_only.shape[:2], full.shape[:2]))  # layout/padding/mask broadcast
     full = full.expand(B, H, -1, -1)
     num, idx = _to_kv_blocks(partial_only.expand(B, H, -1, -1))
     full_num, full_idx = _to_kv_blocks(full)
     return BlockMask.from_kv_blocks(
-        num, idx, full_num, full_idx, BLOCK_SIZE=size, mask_mod=mask_mod, seq_lengths=(seq_len, seq_len)
+        num,
+        idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=(size, size_kv),
+        mask_mod=mask_mod,
+        seq_lengths=(seq_len, seq_len),
     )
+
+
+def partial_tiles(bm: Any) -> tuple[int, int]:
+    """(partial, full) tiles a BlockMask visits, summed over batch and heads (``kv_num_blocks`` counts the partial
+    ones, where the ``mask_mod`` runs element by element; ``full_kv_num_blocks`` the full ones)."""
+    full = 0 if bm.full_kv_num_blocks is None else int(bm.full_kv_num_blocks.sum())
+    return int(bm.kv_num_blocks.sum()), full
