@@ -17,8 +17,10 @@ the same steps, <= 8 minutes on one GPU from a bare node, set-up included). In o
    against dense SDPA (flash where available), N=512..8192: time and peak memory;
 7. ``train_step``: benchmarks/train_step_ds.py on the smoke's shards (the trainer's own batches): bert-base MFU at
    N=512, BlockBERT n=2 vs dense at N=4096;
-8. ``smoke_zero3``: the smoke under ZeRO-3 (last: it runs when time allows);
-9. ``ds_report`` (full check only): DeepSpeed's own report of its ops.
+8. ``profile``: benchmarks/profile_step.py: the bert-base N=512 step under torch.profiler (top kernels, busy
+   fraction, host syncs, peak memory), eager / compiled / batch / dropout / packed / ZeRO variants as time allows;
+9. ``smoke_zero3``: the smoke under ZeRO-3 (last: it runs when time allows);
+10. ``ds_report`` (full check only): DeepSpeed's own report of its ops.
 
 Every step is a subprocess in its own process group (session), killed as a group at its time limit or when this
 process is stopped (SIGTERM/SIGINT/SIGHUP), so no rank outlives it. ``--budget-s`` bounds the whole run, counted from
