@@ -408,15 +408,23 @@ def emulate_cuda(gpu: EmulatedGPU = H100):
     holders = [
         m for name, m in list(sys.modules.items()) if name.startswith("model") and vars(m).get("takes_cpu_path") is real
     ]
+    from model.attention.kernels.block_gather import gather
+
     emulation = Emulation(gpu)
     saved_sdpa = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = emulation.sdpa
+    fused = torch.ops.sparsebert_emulation.fused_sdpa.default
+    kept = getattr(gather, "KEPT_OPS", set())  # selective checkpointing keeps the fused op's output, as CUDA's
+    added = fused not in kept
+    kept.add(fused)
     for m in holders:
         m.takes_cpu_path = lambda where: False
     try:
         yield emulation
     finally:
         F.scaled_dot_product_attention = saved_sdpa
+        if added:
+            kept.discard(fused)
         for m in holders:
             m.takes_cpu_path = real
 
