@@ -13,55 +13,18 @@ import pytest
 import torch
 
 from benchmarks import attention_memory as am
-from benchmarks.attention import cpu_allocations
-from model.bert import BertForPreTraining
-from model.config import ModelConfig
 from tests import cuda_contracts as C
 
-H, HEAD, B, N = 4, 32, 2, 768
-MODEL_FAMILIES = {
-    name: spec for name, spec in am.families().items() if "mode" in spec and not any(k.startswith("_") for k in spec)
-}
+MODEL_FAMILIES = am.model_families()
 """The families of benchmarks/attention_memory.py that are a layout only (no per-call bias, documents or token mask)."""
 RNG_STASH = torch.get_rng_state().numel()
 """Bytes of the CPU RNG state that torch.utils.checkpoint stashes per checkpointed call (5,056; on CUDA plus the
 GPU's few bytes): block_gather's selective checkpoint keeps it so recomputed dropout would match. Independent of N."""
 
 
-def _model(spec: dict | None, kernel: str) -> BertForPreTraining:
-    att = {"kernel": kernel} | ({} if spec is None else {"sparsity": dict(spec)})
-    cfg = ModelConfig.from_dict(
-        dict(
-            vocab_size=128,
-            hidden_size=H * HEAD,
-            num_attention_heads=H,
-            num_layers=1,
-            intermediate_size=128,
-            max_position_embeddings=N,
-            attention=att,
-        )
-    )
-    return BertForPreTraining(cfg)
-
-
-def model_retained(spec: dict | None, kernel: str) -> tuple[int, dict]:
-    """Bytes one training forward leaves allocated (what the backward keeps; the loss excluded) on CUDA's branches,
-    and the SDPA backends it ran. No attention mask: the trainer drops an all-ones mask on the host."""
-    torch.manual_seed(0)
-    model = _model(spec, kernel)
-    ids = torch.randint(5, 128, (B, N), generator=torch.Generator().manual_seed(1))
-    with C.emulate_cuda(C.H100) as emulation:
-        model(input_ids=ids, labels=ids).loss.backward()  # plans and first-call caches
-        model.zero_grad(set_to_none=True)
-        emulation.backends.clear()
-        retained, _, loss = cpu_allocations(lambda: model(input_ids=ids, labels=ids).loss)
-        loss.backward()  # the graph is used: nothing it holds was optimised away
-    return retained - loss.untyped_storage().nbytes(), dict(emulation.backends)
-
-
 @functools.cache
 def _dense() -> int:
-    return model_retained(None, "dense")[0]
+    return am.model_retained(None, "dense")[0]
 
 
 @pytest.mark.timeout(120)
@@ -70,9 +33,9 @@ def test_sparse_model_keeps_no_more_than_dense(family: str) -> None:
     """Every layout family's training forward keeps at most dense's bytes (block_gather: no gathered or permuted
     key tiles, no second copy of the output kept)."""
     dense = _dense()
-    got, backends = model_retained(MODEL_FAMILIES[family], "block_gather")
+    got, backends = am.model_retained(MODEL_FAMILIES[family], "block_gather")
     assert got <= dense + RNG_STASH, (
-        f"{family} (block_gather, N={N}, B={B}, {H} heads x {HEAD}) keeps {got / 2**20:.3f} MiB after the forward, "
+        f"{family} (block_gather, {am.MODEL}) keeps {got / 2**20:.3f} MiB after the forward, "
         f"dense {dense / 2**20:.3f} MiB ({got / dense:.3f}x); backends {backends}"
     )
 
