@@ -172,6 +172,90 @@ def measure(name: str, spec: dict[str, Any], kernel: str, n: int, dtype: torch.d
     return row
 
 
+MODEL = dict(heads=4, head_size=32, batch=2, seq_len=768, intermediate=128, vocab=128)
+"""The one-layer model of the model-level rows (``--model-level``) and of tests/test_saved_activations.py: a length
+every layout-only family divides (48 for BlockBERT n=3, 64 for the block-64 families)."""
+
+
+def model_families() -> dict[str, dict[str, Any]]:
+    """The families that are a layout only (no per-call bias, documents or token mask): the model-level rows."""
+    return {n: s for n, s in families().items() if "mode" in s and not any(k.startswith("_") for k in s)}
+
+
+def model_retained(spec: dict | None, kernel: str, emulate_cuda: bool = True) -> tuple[int, dict]:
+    """Bytes one training forward of the :data:`MODEL` encoder (embeddings, one layer, MLM head) leaves allocated
+    (what the backward keeps; the loss excluded), and the SDPA backends it ran. ``emulate_cuda``: on CUDA's branches
+    with CUDA's SDPA contracts (tests/cuda_contracts.py: the fused backends keep q, k, v, mask, output and logsumexp,
+    no scores), so the bytes are the GPU's. No attention mask: the trainer drops an all-ones mask on the host."""
+    import contextlib
+
+    from model.bert import BertForPreTraining
+    from model.config import ModelConfig
+
+    m = MODEL
+    att = {"kernel": kernel} | ({} if spec is None else {"sparsity": dict(spec)})
+    torch.manual_seed(0)
+    model = BertForPreTraining(
+        ModelConfig.from_dict(
+            dict(
+                vocab_size=m["vocab"],
+                hidden_size=m["heads"] * m["head_size"],
+                num_attention_heads=m["heads"],
+                num_layers=1,
+                intermediate_size=m["intermediate"],
+                max_position_embeddings=m["seq_len"],
+                attention=att,
+            )
+        )
+    )
+    ids = torch.randint(5, m["vocab"], (m["batch"], m["seq_len"]), generator=torch.Generator().manual_seed(1))
+    if emulate_cuda:  # the tests' emulation (not shipped code: the benchmark runs from a checkout)
+        from tests.cuda_contracts import H100
+        from tests.cuda_contracts import emulate_cuda as emulation
+    else:
+        emulation = None
+    backends: dict = {}
+    with emulation(H100) if emulation else contextlib.nullcontext() as em:
+        model(input_ids=ids, labels=ids).loss.backward()  # plans and first-call caches
+        model.zero_grad(set_to_none=True)
+        if em is not None:
+            em.backends.clear()
+        retained, _, loss = cpu_allocations(lambda: model(input_ids=ids, labels=ids).loss)
+        loss.backward()  # the graph is used: nothing it holds was optimised away
+        if em is not None:
+            backends = dict(em.backends)
+    return retained - loss.untyped_storage().nbytes(), backends
+
+
+def model_rows(kernels: list[str], emulate: bool) -> list[dict]:
+    """Model-level rows: dense, then every layout-only family on each kernel, with the ratio to dense."""
+    dense, backends = model_retained(None, "dense", emulate)
+    rows = [dict(family="full", kernel="dense", retained_mib=dense / 2**20, ratio=1.0, backends=backends)]
+    for name, spec in model_families().items():
+        for kernel in kernels:
+            got, backends = model_retained(spec, kernel.split("/")[0], emulate)
+            rows.append(
+                dict(family=name, kernel=kernel, retained_mib=got / 2**20, ratio=got / dense, backends=backends)
+            )
+    return rows
+
+
+def model_table(rows: list[dict], machine: str, emulate: bool) -> str:
+    m = MODEL
+    lines = [
+        f"Measured {machine}{', CUDA emulated (H100 rules)' if emulate else ''}. One-layer encoder, B={m['batch']}, "
+        f"N={m['seq_len']}, {m['heads']} heads x {m['head_size']}, fp32, training forward: MiB left allocated for the "
+        "backward (model level), ratio to dense.",
+        "",
+        "| family | kernel | retained MiB | ratio to dense | SDPA backends |",
+        "|---|---|---:|---:|---|",
+    ]
+    for r in rows:
+        b = ", ".join(f"{k} {v}" for k, v in sorted(r["backends"].items())) or "-"
+        lines.append(f"| {r['family']} | {r['kernel']} | {r['retained_mib']:.3f} | **{r['ratio']:.3f}** | {b} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict], machine: str) -> str:
     lines = [
         f"Measured {machine}. B={BATCH}, {HEADS} heads x {HEAD_DIM}, fp32; MiB; ratio = retained / bound "
@@ -193,19 +277,19 @@ DOC_BEGIN = "<!-- attention_memory table begin -->"
 DOC_END = "<!-- attention_memory table end -->"
 
 
-def write_doc(path: Path, text: str) -> None:
+MODEL_DOC_BEGIN = "<!-- attention_memory model table begin -->"
+MODEL_DOC_END = "<!-- attention_memory model table end -->"
+
+
+def write_doc(path: Path, text: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> None:
     """Replace the table between the markers in docs/model.md."""
     from common.errors import UserError
     from common.inputs import read_text
 
     doc = read_text(path, "--write-doc", "the Markdown page that holds the table (docs/model.md)")
-    if DOC_BEGIN not in doc or DOC_END not in doc:
-        raise UserError(
-            f"--write-doc {path}: markers {DOC_BEGIN!r} / {DOC_END!r} not found; add them where the table goes"
-        )
-    new = re.sub(
-        re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END), lambda _: f"{DOC_BEGIN}\n{text}\n{DOC_END}", doc, flags=re.S
-    )
+    if begin not in doc or end not in doc:
+        raise UserError(f"--write-doc {path}: markers {begin!r} / {end!r} not found; add them where the table goes")
+    new = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{text}\n{end}", doc, flags=re.S)
     path.write_text(new)
 
 
@@ -234,6 +318,16 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     p.add_argument("--out-dir", type=Path, default=Path("out/bench_attention_memory"))
     p.add_argument("--write-doc", type=Path, nargs="?", const=Path("docs/model.md"), default=None)
+    p.add_argument(
+        "--model-level",
+        action="store_true",
+        help="measure the one-layer model's training forward (MODEL) for every layout-only family instead",
+    )
+    p.add_argument(
+        "--emulate-cuda",
+        action="store_true",
+        help="run on CUDA's branches with CUDA's SDPA contracts (tests/cuda_contracts.py): the bytes a GPU keeps",
+    )
     p.add_argument("--machine", default=f"{platform.node()} ({platform.processor() or platform.machine()}), CPU")
     args = p.parse_args(argv)
     check_dir_writable(args.out_dir, "--out-dir")  # before the measurements
@@ -241,6 +335,16 @@ def _main(argv: list[str]) -> int:
         read_text(args.write_doc, "--write-doc", "the Markdown page that holds the table (docs/model.md)")
         check_file_writable(args.write_doc, "--write-doc")
     torch.manual_seed(0)
+    if args.model_level:
+        mrows = model_rows(args.kernels, args.emulate_cuda)
+        text = model_table(mrows, f"{args.machine}, {datetime.date.today().isoformat()}", args.emulate_cuda)
+        with write_errors(f"--out-dir {args.out_dir}", args.out_dir):
+            (args.out_dir / "attention_memory_model.json").write_text(json.dumps(mrows, indent=1))
+        print(text)
+        if args.write_doc:
+            with write_errors(f"--write-doc {args.write_doc}", args.write_doc):
+                write_doc(args.write_doc, text, MODEL_DOC_BEGIN, MODEL_DOC_END)
+        return 0
     rows = []
     for n in args.seq_lens:
         for name in args.families:

@@ -261,6 +261,85 @@ def _math(q, k, v, mask, dropout_p: float, scale: float | None) -> torch.Tensor:
     return (probs @ v.float()).to(q.dtype)
 
 
+@torch.library.custom_op("sparsebert_emulation::fused_sdpa", mutates_args=())
+def fused_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+    scale: float | None,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_math` as one fused CUDA backend op (flash, memory-efficient, cuDNN): ``(out, logsumexp, rng state)``.
+    One op, as on CUDA, so selective checkpointing (model/attention/kernels/block_gather/gather.py) can keep its
+    output; its autograd keeps q, k, v, the mask, the output and a ``[B, H, Q]`` fp32 logsumexp, no score matrix,
+    so ``saved_tensors_hooks`` and allocator counts under the emulation see CUDA's bytes. The scores are computed
+    for :data:`EMULATED_ROWS` query rows at a time (CUDA's kernels tile them too)."""
+    rng = torch.get_rng_state()
+    with torch.no_grad():
+        out = torch.cat([_math(q[..., r, :], k, v, _rows(mask, r), dropout_p, scale) for r in _row_chunks(q)], -2)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # the logsumexp's bytes (values unused here)
+    return backend_layout(out, q, backend), lse, rng
+
+
+def _fused_setup(ctx, inputs, output):
+    q, k, v, mask, dropout_p, scale, _ = inputs
+    out, lse, rng = output
+    ctx.dropout_p, ctx.scale = dropout_p, scale
+    ctx.save_for_backward(q, k, v, mask, out, lse, rng)
+
+
+def _fused_backward(ctx, dout, _dlse, _drng):
+    """The fused backward: the scores again, one chunk of query rows at a time, with the forward's RNG stream (the
+    same chunks draw the same dropout)."""
+    q, k, v, mask, _, _, rng = ctx.saved_tensors
+    wants = [t is not None and w for t, w in zip((q, k, v, mask), ctx.needs_input_grad[:4])]
+    grads = [torch.zeros_like(t) if w else None for w, t in zip(wants, (q, k, v, mask))]
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(rng)
+        for r in _row_chunks(q):
+            qr = q[..., r, :].detach().requires_grad_(wants[0])
+            kd, vd = k.detach().requires_grad_(wants[1]), v.detach().requires_grad_(wants[2])
+            m = None if mask is None else mask.detach().requires_grad_(wants[3])
+            with torch.enable_grad():
+                out = _math(qr, kd, vd, _rows(m, r), ctx.dropout_p, ctx.scale)
+            idx = [i for i, w in enumerate(wants) if w]
+            if not idx:
+                continue
+            got = torch.autograd.grad(out, [(qr, kd, vd, m)[i] for i in idx], dout[..., r, :], allow_unused=True)
+            for i, dg in zip(idx, got):
+                if dg is None:
+                    continue
+                if i == 0:
+                    grads[0][..., r, :] += dg
+                else:
+                    grads[i] += dg
+    return (*grads, None, None, None)
+
+
+fused_sdpa.register_autograd(_fused_backward, setup_context=_fused_setup)
+
+
+EMULATED_ROWS = 128
+"""Query rows whose scores the emulated fused backends hold at once, so the emulation's transient
+memory stays O(N) like CUDA's tiled kernels instead of holding [B, H, N, N] scores."""
+
+
+def _row_chunks(q: torch.Tensor) -> list[slice]:
+    """Query row chunks (the backward replays the forward's RNG stream over the same chunks, so dropout matches;
+    like CUDA's Philox stream, it is not the one an unchunked CPU call draws)."""
+    L = q.shape[-2]
+    return [slice(i, min(L, i + EMULATED_ROWS)) for i in range(0, max(L, 1), EMULATED_ROWS)]
+
+
+def _rows(mask: torch.Tensor | None, r: slice) -> torch.Tensor | None:
+    """``mask``'s part for query rows ``r`` (a mask broadcast over rows is returned whole)."""
+    if mask is None or mask.dim() < 2 or mask.shape[-2] == 1:
+        return mask
+    return mask[..., r, :]
+
+
 def with_stride_order_of(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``x``'s values laid out in memory with ``like``'s dim order (what ``empty_like(like)`` allocates for a dense
     ``like``), through differentiable ops."""
@@ -298,18 +377,24 @@ class Emulation:
         mask = attn_mask
         if backend == "efficient" and mask is not None:
             mask = efficient_mask(mask, query, key, self.gpu)
-        out = _math(query, key, value, mask, dropout_p, scale)
-        if backend == "efficient":
-            # cuda/attention.cu _scaled_dot_product_efficient_attention_cuda: the kernel writes [B, T, H, D]
-            # (_efficient_attention_forward allocates res as {B, M, num_heads, Kv}) and SDPA returns its
-            # transpose(1, 2): a [B, H, T, D] view whose T and H strides are swapped
-            return out.transpose(1, 2).contiguous().transpose(1, 2)
-        if backend in ("flash", "cudnn"):
-            # cuda/attention.cu _scaled_dot_product_flash_attention_cuda hands flash q.transpose(1, 2), whose output
-            # is empty_like(q) (flash_api.cpp mha_fwd), transposed back: the output has the query's layout.
-            # cudnn/MHA.cpp allocates its output with alloc_with_matching_layout(q, ...): the same rule
-            return with_stride_order_of(out, query)
-        return out  # math: matmul output, contiguous
+        if backend == "math":
+            out = _math(query, key, value, mask, dropout_p, scale)
+        else:  # a fused kernel keeps q, k, v, its mask, the output and a logsumexp: no scores
+            out = fused_sdpa(query, key, value, mask, dropout_p, scale, backend)[0]
+        return out  # math: matmul output, contiguous; fused: in the backend's layout (backend_layout)
+
+
+def backend_layout(out: torch.Tensor, query: torch.Tensor, backend: str) -> torch.Tensor:
+    """``out`` in the memory layout the fused ``backend`` returns on CUDA."""
+    if backend == "efficient":
+        # cuda/attention.cu _scaled_dot_product_efficient_attention_cuda: the kernel writes [B, T, H, D]
+        # (_efficient_attention_forward allocates res as {B, M, num_heads, Kv}) and SDPA returns its
+        # transpose(1, 2): a [B, H, T, D] view whose T and H strides are swapped
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+    # cuda/attention.cu _scaled_dot_product_flash_attention_cuda hands flash q.transpose(1, 2), whose output
+    # is empty_like(q) (flash_api.cpp mha_fwd), transposed back: the output has the query's layout.
+    # cudnn/MHA.cpp allocates its output with alloc_with_matching_layout(q, ...): the same rule
+    return with_stride_order_of(out, query)
 
 
 @contextlib.contextmanager
@@ -323,15 +408,23 @@ def emulate_cuda(gpu: EmulatedGPU = H100):
     holders = [
         m for name, m in list(sys.modules.items()) if name.startswith("model") and vars(m).get("takes_cpu_path") is real
     ]
+    from model.attention.kernels.block_gather import gather
+
     emulation = Emulation(gpu)
     saved_sdpa = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = emulation.sdpa
+    fused = torch.ops.sparsebert_emulation.fused_sdpa.default
+    kept = getattr(gather, "KEPT_OPS", set())  # selective checkpointing keeps the fused op's output, as CUDA's
+    added = fused not in kept
+    kept.add(fused)
     for m in holders:
         m.takes_cpu_path = lambda where: False
     try:
         yield emulation
     finally:
         F.scaled_dot_product_attention = saved_sdpa
+        if added:
+            kept.discard(fused)
         for m in holders:
             m.takes_cpu_path = real
 
