@@ -95,7 +95,8 @@ def device_batch(batch: dict[str, torch.Tensor], device: torch.device, max_predi
 
 
 class NonFiniteLossError(RuntimeError):
-    """A NaN/inf loss in bf16/fp32 (fp16 overflows are skipped by the loss scaler instead)."""
+    """A NaN/inf loss in bf16/fp32 (fp16 overflows are skipped by the loss scaler instead), or a NaN/inf gradient
+    norm before a save where DeepSpeed applied that update (bf16.check_grad_overflow off)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -490,6 +491,19 @@ class Trainer:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
 
+    def _refuse_nonfinite_update(self) -> None:
+        """With bf16.check_grad_overflow off (the shipped bf16 ZeRO-1/2 configs: that check reads the norm back every
+        step) DeepSpeed applies an update whose gradients were not finite instead of skipping it, and the next step's
+        loss stops the run. No checkpoint is written from such a state: one read of the last step's gradient norm
+        before a save (all-reduced by DeepSpeed: every rank decides alike)."""
+        norm = self.engine.get_global_grad_norm()
+        if norm is not None and not math.isfinite(float(norm)):
+            raise NonFiniteLossError(
+                f"non-finite gradient norm at iteration {self.iteration} (bf16, check_grad_overflow false in "
+                f"{self.ds.path}): the update was applied, so nothing is saved; every rank stopped. Last complete "
+                f"checkpoint: {self._last_checkpoint_text()}"
+            )
+
     def _last_checkpoint_text(self) -> str:
         save = self.run.checkpoint.save or self.run.checkpoint.load
         tag = checkpoint.find_resume_tag(save) if save else None
@@ -533,6 +547,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
+        if self.ds.applies_nonfinite_grads:
+            self._refuse_nonfinite_update()
         rng = checkpoint.rng_state()  # first: what follows may draw random numbers
         module = self.engine.module
         client = {
