@@ -275,6 +275,29 @@ class Trainer:
             apply_compile(self.engine, run.data.seq_length, self.dist.device)
         # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then
         self._own_grad_norm = self.ds.zero_stage == 0 and self.ds.precision == "fp32"
+        self._print_attention_backend()
+
+    def _print_attention_backend(self) -> None:
+        """On a GPU, the SDPA backend dense attention takes in training and why the faster ones refused (e.g. cuDNN
+        refuses attention dropout 0.1, flash any mask): model/attention/sdpa_backend.py, torch's own rules."""
+        cfg = self.model_config
+        if self.dist.device.type != "cuda" or cfg.position.type not in ("absolute", "rotary"):
+            return
+        layers = [cfg.attention.layer(i) for i in range(cfg.num_layers)]
+        if any(a.sparsity is not None or a.token_mask is not None or a.kernel not in ("auto", "dense") for a in layers):
+            return
+        if self.run.system.deterministic:  # model/attention/kernels/sdpa.py forces the math backend then
+            self._print("attention: SDPA math backend (--deterministic on CUDA)")
+            return
+        from model.attention.sdpa_backend import dense_training_backends, gpu_of_this_machine
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ds.precision, torch.float32)
+        heads, seq = cfg.num_attention_heads, self.run.data.seq_length
+        gpu = gpu_of_this_machine()
+        line = dense_training_backends(
+            self.micro, heads, seq, cfg.attention_head_size, dtype, cfg.attention_dropout, gpu
+        )
+        self._print(f"{line} (dense attention, dropout {cfg.attention_dropout}; docs/training.md)")
 
     def _load_checkpoint(self, point: ResumePoint) -> dict[str, Any] | None:
         """A resume's engine state (model, optimizer, scheduler, loss scaler), repaired where DeepSpeed's universal
