@@ -79,6 +79,12 @@ class ResolvedDSConfig:
     def zero_stage(self) -> int:
         return int(self.config.get("zero_optimization", {}).get("stage", 0))
 
+    @property
+    def applies_nonfinite_grads(self) -> bool:
+        """True when DeepSpeed applies an update whose gradients are not finite instead of skipping it: bf16 under
+        ZeRO 1-2 with ``bf16.check_grad_overflow`` false (that check is what reads the norm back every step)."""
+        return self.precision == "bf16" and self.zero_stage in (1, 2) and not bf16_checks_grad_overflow(self.config)
+
 
 def precision_of(cfg: dict[str, Any]) -> str:
     """The compute precision of a ds_config dict, read by DeepSpeed's own parsers, so every spelling DeepSpeed
@@ -93,6 +99,39 @@ def precision_of(cfg: dict[str, Any]) -> str:
     if get_torch_autocast_enabled(cfg):
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(get_torch_autocast_dtype(cfg), "fp32")
     return "fp32"
+
+
+def bf16_checks_grad_overflow(cfg: dict[str, Any]) -> bool:
+    """DeepSpeed's ``bf16.check_grad_overflow`` (default true), read by its own parser."""
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+
+    return get_bfloat16_config(cfg).check_grad_overflow
+
+
+def host_sync_notes(cfg: dict[str, Any], path: str) -> list[str]:
+    """Start-up notes for the DeepSpeed settings that make the host wait for the device inside every step (the
+    shipped configs turn them off; a user config that keeps them is told, not overridden). docs/training.md,
+    "Host syncs in the step", lists them with the counts tests/test_host_syncs.py measures."""
+    from deepspeed.utils.config import get_timers_config
+
+    notes = []
+    timers = get_timers_config(cfg)
+    if timers.enabled and timers.synchronized:
+        notes.append(
+            f"{path}: timers.throughput is on (DeepSpeed's default): it synchronizes the device at every "
+            "micro-batch's forward and step (two host syncs each); this trainer measures tokens/s itself: set "
+            '"timers": {"throughput": {"enabled": false}} (docs/training.md, host syncs)'
+        )
+    prec = precision_of(cfg)
+    stage = int(cfg.get("zero_optimization", {}).get("stage", 0))
+    if prec == "bf16" and stage in (1, 2) and bf16_checks_grad_overflow(cfg):
+        notes.append(
+            f"{path}: bf16.check_grad_overflow is on (DeepSpeed's default): ZeRO's step reads the overflow flag and "
+            "the gradient norm back (host syncs every step) to skip a step with non-finite gradients; this trainer "
+            'already stops every rank on a non-finite loss: set "check_grad_overflow": false in the bf16 block to '
+            "drop them (docs/training.md, host syncs)"
+        )
+    return notes
 
 
 def precision_summary(cfg: dict[str, Any]) -> str:
@@ -172,6 +211,7 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
             "them. Fix the spelling or remove them (see docs/training.md for the accepted blocks)"
         )
     _check_precision_blocks(cfg, path)
+    out.notes.extend(host_sync_notes(cfg, path))
     return out
 
 

@@ -101,7 +101,8 @@ def device_batch(batch: dict[str, torch.Tensor], device: torch.device, max_predi
 
 
 class NonFiniteLossError(RuntimeError):
-    """A NaN/inf loss in bf16/fp32 (fp16 overflows are skipped by the loss scaler instead)."""
+    """A NaN/inf loss in bf16/fp32 (fp16 overflows are skipped by the loss scaler instead), or a NaN/inf gradient
+    norm before a save where DeepSpeed applied that update (bf16.check_grad_overflow off)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -137,8 +138,27 @@ def check_checkpoint_dirs(run: RunConfig) -> None:
         check_dir_writable(ck.save, "--save")  # every rank probes (its own temporary name): all refuse alike
 
 
+@dataclasses.dataclass
+class ResumePoint:
+    """What --load resolved to, before anything is built from it (Trainer._resolve_resume)."""
+
+    tag: str | None
+    """The complete checkpoint every rank agreed on (None: start from scratch)."""
+    client: dict[str, Any] | None
+    """Its client state (iteration, consumed samples, model config, layout state, world size)."""
+    resuming: bool
+    """A real resume (a tag and not --finetune): iteration, optimizer, scheduler and RNG continue."""
+    load_tag: str | None
+    """The tag DeepSpeed loads: ``tag``, or the universal checkpoint made from it for another world size."""
+    saved_world: int
+    """Ranks of the run that saved it (this run's when not resuming)."""
+    plan: Any = None
+    """pretrain.resume's plan: schedule and optimizer settings to install, notes to print."""
+
+
 class Trainer:
     def __init__(self, run: RunConfig) -> None:
+        """Set-up in the documented order (module docstring); each step is a method below, named for what it does."""
         self.run = run
         self.engine = None
         self._grad_norm = None
@@ -147,21 +167,51 @@ class Trainer:
         self.writer = None
         self.log_file = None
         self.train_iter: Iterator[dict[str, torch.Tensor]] | None = None
+        numerics_notes = self._read_settings()
+        self._setup_distributed()
+        self._resolve_batch_sizes(numerics_notes)
+        self.tokenizer = builders.build_tokenizer(self.run.data)
+        self.model_config = builders.build_model_config(
+            self.run.model, self.run.data, self.tokenizer.vocab_size, self.ds.sparse_attention, self.ds.path
+        )
+        point = self._resolve_resume()
+        self._build_model_and_engine(point)
+        rng = self._load_checkpoint(point)
+        self._build_data(rng)
+        self._open_logs()
+        self.throughput = self._throughput()
+
+    def _read_settings(self) -> list[str]:
+        """The ds_config read and checked before any rank starts work (one line naming the file), its optimizer
+        block merged into the run's settings, and torch's numerics set before any CUDA op. Returns the notes of
+        the numerics settings (printed once rank 0 is known)."""
+        run = self.run
         self.ds = read_ds_config(run.system.deepspeed_config)
-        check_precision_supported(self.ds)  # before any rank starts work: one line naming the file
+        check_precision_supported(self.ds)
         check_compile_supported(self.ds, run.system.compile)
-        run = self.run = dataclasses.replace(run, optim=optimizer_from_block(self.ds, run.optim, run.explicit))
-        numerics_notes = configure_numerics(run.system.deterministic, run.system.tf32)  # before any CUDA op
-        if run.loop.exit_signal_handler:  # before the (slow) set-up, so an early signal is not lost
-            self._signal = ExitSignal(run.loop.exit_signal)
-        self.dist: DistInfo = init_distributed(run.system.distributed_timeout_minutes, run.system.local_rank)
+        self.run = dataclasses.replace(run, optim=optimizer_from_block(self.ds, run.optim, run.explicit))
+        return configure_numerics(run.system.deterministic, run.system.tf32)
+
+    def _setup_distributed(self) -> None:
+        """The exit-signal handler (before the slow set-up, so an early signal is not lost), the process group, the
+        watchdog, the per-rank timer and (only when the straggler check is on: a start-up collective) every rank's
+        host name."""
+        system, loop = self.run.system, self.run.loop
+        if loop.exit_signal_handler:
+            self._signal = ExitSignal(loop.exit_signal)
+        self.dist: DistInfo = init_distributed(system.distributed_timeout_minutes, system.local_rank)
         self.rank0 = self.dist.rank == 0
-        self.watchdog = Watchdog(run.system.distributed_timeout_minutes * 60, self.dist.rank, self.dist.world_size)
+        self.watchdog = Watchdog(system.distributed_timeout_minutes * 60, self.dist.rank, self.dist.world_size)
         self.timer = RankTimer(self.dist.device)
         self._timed_window = False
-        straggler_check = self.dist.world_size > 1 and run.loop.straggler_ratio > 0  # no start-up collective when off
+        straggler_check = self.dist.world_size > 1 and loop.straggler_ratio > 0
         self.hosts = all_gather_objects(socket.gethostname()) if straggler_check else [socket.gethostname()]
         self._print(f"{self.dist.world_size} rank(s), backend {dist.get_backend()}, device {self.dist.device.type}")
+
+    def _resolve_batch_sizes(self, numerics_notes: list[str]) -> None:
+        """Micro batch, accumulation steps and global batch (flags and ds_config agreed), gradient clipping written
+        into the ds_config, the batch ramp; then the ds_config's and the numerics' notes."""
+        run = self.run
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
             self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
         )
@@ -174,53 +224,57 @@ class Trainer:
         for note in self.ds.notes + numerics_notes:
             self._print(note)
 
-        self.tokenizer = builders.build_tokenizer(run.data)
-        self.model_config = builders.build_model_config(
-            run.model, run.data, self.tokenizer.vocab_size, self.ds.sparse_attention, self.ds.path
-        )
-        ck = run.checkpoint
+    def _resolve_resume(self) -> ResumePoint:
+        """Which checkpoint --load means (all ranks agree), the iteration and samples it continues from, the run's
+        length and LR schedule, and, when the world size changed, the universal checkpoint DeepSpeed loads instead.
+        Checked before the model is built: the directories, the architecture, the settings a resume may change."""
+        run, ck, world = self.run, self.run.checkpoint, self.dist.world_size
         check_checkpoint_dirs(run)
-        if ck.save and self.dist.world_size > 1:  # a node-local --save stops here, not at the first resume
+        if ck.save and world > 1:  # a node-local --save stops here, not at the first resume
             checkpoint.check_save_dir_shared(ck.save)
-        resume_tag, client = checkpoint.agree_on_resume(ck.load, strict=ck.strict_load) if ck.load else (None, None)
-        if ck.load and resume_tag is None:
+        tag, client = checkpoint.agree_on_resume(ck.load, strict=ck.strict_load) if ck.load else (None, None)
+        if ck.load and tag is None:
             self._print(f"--load {ck.load}: no complete checkpoint there; starting from scratch")
-        resuming = resume_tag is not None and not ck.finetune
+        resuming = tag is not None and not ck.finetune
         self.iteration = int(client["iteration"]) if resuming else 0
         self.consumed_samples = int(client["consumed_train_samples"]) if resuming else 0
         self.train_iters = self._train_iterations()
         self.schedule = lr_schedule(run.optim, run.loop, self.train_iters)  # in steps, or samples (--train-samples)
-        plan = None
-        if resuming:
-            where = f"{ck.load}/{resume_tag}"
-            checkpoint.check_architecture(where, client, self.model_config.to_dict())
-            plan = resume.plan_resume(where, client, run, self.schedule, self.global_batch, self.micro)
+        saved_world = int(client.get("world_size") or world) if resuming else world
+        point = ResumePoint(tag, client, resuming, tag, saved_world)
+        if not resuming:
+            return point
+        where = f"{ck.load}/{tag}"
+        checkpoint.check_architecture(where, client, self.model_config.to_dict())
+        point.plan = resume.plan_resume(where, client, run, self.schedule, self.global_batch, self.micro)
+        universal = resize.prepare(self.ds, ck.load, tag, client, world)
+        if universal is not None:
+            point.load_tag = universal
+            self._print(
+                f"{ck.load}/{tag} was saved by {saved_world} rank(s), this run has {world}: "
+                f"ZeRO stage {client.get('zero_stage')} state re-partitioned through DeepSpeed's universal "
+                f"checkpoint {ck.load}/{universal}"
+            )
+        if saved_world != world:
+            self._print(
+                f"global batch {self.global_batch} kept ({self.gas} accumulation step(s) of {self.micro} on "
+                f"{world} rank(s)); the per-rank RNG of {saved_world} rank(s) is not restored, "
+                "so dropout masks differ from a run that kept its ranks"
+            )
+        return point
 
-        load_tag = resume_tag
-        saved_world = int(client.get("world_size") or self.dist.world_size) if resuming else self.dist.world_size
-        if resuming:
-            universal = resize.prepare(self.ds, ck.load, resume_tag, client, self.dist.world_size)
-            if universal is not None:
-                load_tag = universal
-                self._print(
-                    f"{ck.load}/{resume_tag} was saved by {saved_world} rank(s), this run has {self.dist.world_size}: "
-                    f"ZeRO stage {client.get('zero_stage')} state re-partitioned through DeepSpeed's universal "
-                    f"checkpoint {ck.load}/{universal}"
-                )
-            if saved_world != self.dist.world_size:
-                self._print(
-                    f"global batch {self.global_batch} kept ({self.gas} accumulation step(s) of {self.micro} on "
-                    f"{self.dist.world_size} rank(s)); the per-rank RNG of {saved_world} rank(s) is not restored, "
-                    "so dropout masks differ from a run that kept its ranks"
-                )
-
+    def _build_model_and_engine(self, point: ResumePoint) -> None:
+        """The model, identical on every rank (seeded before it is built; --finetune weights loaded into it),
+        activation checkpointing, then the per-rank seed (dropout differs across data-parallel ranks), DeepSpeed's
+        engine and compile (pretrain/parallelize.py's order)."""
+        run = self.run
         seed_everything(run.loop.seed)
         model = builders.build_model(self.model_config)
-        if ck.finetune and resume_tag:
-            self._load_finetune_weights(model, resume_tag, client)
+        if run.checkpoint.finetune and point.tag:
+            self._load_finetune_weights(model, point.tag, point.client)
         if run.system.activation_checkpointing:
             apply_activation_checkpointing(model)
-        seed_everything(run.loop.seed + 100 * self.dist.rank)  # dropout differs across data-parallel ranks
+        seed_everything(run.loop.seed + 100 * self.dist.rank)
         self.engine = initialize_engine(model, self.ds, run.optim, self.schedule)
         if type(self.engine.optimizer).__module__.startswith("optimi"):
             self._print(f"optimizer {type(self.engine.optimizer).__name__} (torch-optimi, a client optimizer)")
@@ -228,48 +282,79 @@ class Trainer:
             apply_compile(self.engine, run.data.seq_length, self.dist.device)
         # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then
         self._own_grad_norm = self.ds.zero_stage == 0 and self.ds.precision == "fp32"
+        self._print_attention_backend()
 
-        rng = None
-        if resuming:
-            same_world = saved_world == self.dist.world_size
-            rng = checkpoint.load(self.engine, ck.load, load_tag, client, restore_rng=same_world and not ck.no_load_rng)
-            if load_tag != resume_tag:  # what DeepSpeed's universal load restores wrongly (pretrain/resize.py)
-                for note in resize.repair_universal_load(self.engine.optimizer, ck.load, load_tag):
-                    self._print(f"universal load repaired: {note}")
-            if client.get("layout_state") is not None:
-                self.engine.module.load_layout_state(client["layout_state"])  # drops the plans apply_compile built
-                if run.system.compile:
-                    build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device)
-            if plan.schedule is not None:
-                resume.install_schedule(self.engine.lr_scheduler, plan.schedule)
-            if plan.optimizer is not None:
-                resume.install_optimizer_settings(self.engine.optimizer, plan.optimizer)
-            self._print(
-                f"resumed from {ck.load}/{resume_tag}: iteration {self.iteration}, "
-                f"{self.consumed_samples} samples consumed"
-            )
-            for note in plan.notes:
-                self._print(note)
+    def _print_attention_backend(self) -> None:
+        """On a GPU, the SDPA backend dense attention takes in training and why the faster ones refused (e.g. cuDNN
+        refuses attention dropout 0.1, flash any mask): model/attention/sdpa_backend.py, torch's own rules."""
+        cfg = self.model_config
+        if self.dist.device.type != "cuda" or cfg.position.type not in ("absolute", "rotary"):
+            return
+        layers = [cfg.attention.layer(i) for i in range(cfg.num_layers)]
+        if any(a.sparsity is not None or a.token_mask is not None or a.kernel not in ("auto", "dense") for a in layers):
+            return
+        if self.run.system.deterministic:  # model/attention/kernels/sdpa.py forces the math backend then
+            self._print("attention: SDPA math backend (--deterministic on CUDA)")
+            return
+        from model.attention.sdpa_backend import dense_training_backends, gpu_of_this_machine
 
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ds.precision, torch.float32)
+        heads, seq = cfg.num_attention_heads, self.run.data.seq_length
+        gpu = gpu_of_this_machine()
+        line = dense_training_backends(
+            self.micro, heads, seq, cfg.attention_head_size, dtype, cfg.attention_dropout, gpu
+        )
+        self._print(f"{line} (dense attention, dropout {cfg.attention_dropout}; docs/training.md)")
+
+    def _load_checkpoint(self, point: ResumePoint) -> dict[str, Any] | None:
+        """A resume's engine state (model, optimizer, scheduler, loss scaler), repaired where DeepSpeed's universal
+        load is wrong, the learned layouts, and the planned schedule and optimizer settings. Returns the saved RNG
+        state (None: not restored), which is set only after the data iterator is built."""
+        if not point.resuming:
+            return None
+        run, ck, plan = self.run, self.run.checkpoint, point.plan
+        same_world = point.saved_world == self.dist.world_size
+        restore_rng = same_world and not ck.no_load_rng
+        rng = checkpoint.load(self.engine, ck.load, point.load_tag, point.client, restore_rng=restore_rng)
+        if point.load_tag != point.tag:  # what DeepSpeed's universal load restores wrongly (pretrain/resize.py)
+            for note in resize.repair_universal_load(self.engine.optimizer, ck.load, point.load_tag):
+                self._print(f"universal load repaired: {note}")
+        if point.client.get("layout_state") is not None:
+            self.engine.module.load_layout_state(point.client["layout_state"])  # drops the plans apply_compile built
+            if run.system.compile:
+                build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device)
+        if plan.schedule is not None:
+            resume.install_schedule(self.engine.lr_scheduler, plan.schedule)
+        if plan.optimizer is not None:
+            resume.install_optimizer_settings(self.engine.optimizer, plan.optimizer)
+        self._print(
+            f"resumed from {ck.load}/{point.tag}: iteration {self.iteration}, {self.consumed_samples} samples consumed"
+        )
+        for note in plan.notes:
+            self._print(note)
+        return rng
+
+    def _build_data(self, rng: dict[str, Any] | None) -> None:
+        """The datasets (sample index sized for the steps still to run) and this rank's batch iterator from the
+        consumed samples on; then the saved RNG (the loader draws nothing from torch's global RNG)."""
+        run = self.run
         self.train_ds, self.valid_ds, _ = builders.build_datasets(
-            run,
-            self.tokenizer,
-            self._samples_needed(),
-            self.train_iters,
-            self.global_batch,
+            run, self.tokenizer, self._samples_needed(), self.train_iters, self.global_batch
         )
         self.train_iter = self._loader(self.train_ds, self.consumed_samples, run.system.num_workers)
         if rng is not None:
             checkpoint.set_rng_state(rng)
 
-        if self.rank0 and run.logging.tensorboard_dir:
+    def _open_logs(self) -> None:
+        """Rank 0's TensorBoard writer and JSON-lines log (appended to: a resumed run continues the file)."""
+        logging = self.run.logging
+        if self.rank0 and logging.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=run.logging.tensorboard_dir)
-        if self.rank0 and run.logging.log_json:
-            Path(run.logging.log_json).parent.mkdir(parents=True, exist_ok=True)
-            self.log_file = open(run.logging.log_json, "a")
-        self.throughput = self._throughput()
+            self.writer = SummaryWriter(log_dir=logging.tensorboard_dir)
+        if self.rank0 and logging.log_json:
+            Path(logging.log_json).parent.mkdir(parents=True, exist_ok=True)
+            self.log_file = open(logging.log_json, "a")
 
     def _train_iterations(self) -> int:
         """--train-iters, or the steps --train-samples allows; on resume, the samples still to consume are counted
@@ -436,6 +521,19 @@ class Trainer:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
 
+    def _refuse_nonfinite_update(self) -> None:
+        """With bf16.check_grad_overflow off (the shipped bf16 ZeRO-1/2 configs: that check reads the norm back every
+        step) DeepSpeed applies an update whose gradients were not finite instead of skipping it, and the next step's
+        loss stops the run. No checkpoint is written from such a state: one read of the last step's gradient norm
+        before a save (all-reduced by DeepSpeed: every rank decides alike)."""
+        norm = self.engine.get_global_grad_norm()
+        if norm is not None and not math.isfinite(float(norm)):
+            raise NonFiniteLossError(
+                f"non-finite gradient norm at iteration {self.iteration} (bf16, check_grad_overflow false in "
+                f"{self.ds.path}): the update was applied, so nothing is saved; every rank stopped. Last complete "
+                f"checkpoint: {self._last_checkpoint_text()}"
+            )
+
     def _last_checkpoint_text(self) -> str:
         save = self.run.checkpoint.save or self.run.checkpoint.load
         tag = checkpoint.find_resume_tag(save) if save else None
@@ -479,6 +577,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
+        if self.ds.applies_nonfinite_grads:
+            self._refuse_nonfinite_update()
         rng = checkpoint.rng_state()  # first: what follows may draw random numbers
         module = self.engine.module
         client = {

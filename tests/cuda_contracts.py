@@ -7,18 +7,14 @@ of masks). :func:`emulate_cuda` sends CPU tensors down the branches a CUDA devic
 ``torch.nn.functional.scaled_dot_product_attention`` with a dispatcher that picks a backend by torch's CUDA rules
 and returns what that backend returns on CUDA: its output strides, its refusals, its mask preprocessing.
 
-Backend selection follows ``select_sdp_backend`` in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: the
-priority order (cuDNN first on sm90/sm100 with a recent cuDNN, see ``check_prefer_cudnn_attention``; then flash,
-memory-efficient, math), each backend's ``can_use_*`` filters, the backends enabled by
-``torch.nn.attention.sdpa_kernel`` (so tests force a backend the same way on the emulation and on a real GPU), and
-"No available kernel. Aborting execution." when none is left. The rules were read from torch's main branch
-(2.1x); what differs between versions is noted where it matters.
+Backend selection is model/attention/sdpa_backend.py's (torch's ``select_sdp_backend`` rules, with the backends
+enabled by ``torch.nn.attention.sdpa_kernel``, so tests force a backend the same way on the emulation and on a real
+GPU); the trainer's start-up line asks the same module.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,197 +22,37 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("cudnn", "flash", "efficient", "math")
-"""torch's SDPA backends on CUDA, in the order ``priority_order`` tries them when cuDNN is preferred."""
+from model.attention.sdpa_backend import (  # the rules live in product code (one home)
+    A100,
+    BACKENDS,
+    GPUS,
+    H100,
+    REFUSALS,
+    V100,
+    enabled_backends,
+    gpu_of_this_machine,
+    minimum_gemm_alignment,
+    predicted_backend,
+    priority_order,
+    select_backend,
+)
+from model.attention.sdpa_backend import GPUProfile as EmulatedGPU
+from model.attention.sdpa_backend import SDPAParams as _Params
 
-
-@dataclass(frozen=True)
-class EmulatedGPU:
-    """What backend selection reads from the device (``cudaDeviceProp`` and the cuDNN build)."""
-
-    name: str
-    capability: tuple[int, int]
-    prefer_cudnn: bool
-    """cuda/sdp_utils.cpp ``check_prefer_cudnn_attention``: cuDNN first on sm90/sm100 with cuDNN > 9.15.0."""
-
-
-H100 = EmulatedGPU("H100", (9, 0), prefer_cudnn=True)
-A100 = EmulatedGPU("A100", (8, 0), prefer_cudnn=False)
-V100 = EmulatedGPU("V100", (7, 0), prefer_cudnn=False)
-GPUS = {g.name: g for g in (H100, A100, V100)}
-
-
-def enabled_backends() -> set[str]:
-    """The backends ``torch.nn.attention.sdpa_kernel`` (or ``torch.backends.cuda.enable_*_sdp``) leaves enabled."""
-    b = torch.backends.cuda
-    on = {
-        "cudnn": b.cudnn_sdp_enabled(),
-        "flash": b.flash_sdp_enabled(),
-        "efficient": b.mem_efficient_sdp_enabled(),
-        "math": b.math_sdp_enabled(),
-    }
-    return {name for name, enabled in on.items() if enabled}
-
-
-@dataclass
-class _Params:
-    """sdp_utils_cpp.h ``sdp_params``."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    mask: torch.Tensor | None
-    dropout: float
-
-    @property
-    def requires_grad(self) -> bool:
-        """sdp_utils_cpp.h ``input_requires_grad``."""
-        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.q, self.k, self.v))
-
-
-def _common_refusal(p: _Params, ignore_singleton_last_dim: bool) -> str | None:
-    """Filters every fused backend applies (sdp_utils_cpp.h): ``check_tensor_shapes`` (4-D only),
-    ``check_batch_size_and_num_heads_dense`` (same B and heads, no GQA here), ``check_nonzero_sequence_lengths_dense``,
-    ``check_last_dim_stride_equals_1_dense`` (q/k/v and the mask)."""
-    q, k, v = p.q, p.k, p.v
-    if not q.dim() == k.dim() == v.dim() == 4:
-        return f"fused kernels need 4-D q/k/v, got {q.dim()}/{k.dim()}/{v.dim()}"
-    if not (q.shape[0] == k.shape[0] == v.shape[0] and q.shape[1] == k.shape[1] == v.shape[1]):
-        return "fused kernels need the same batch size and head count in q, k, v"
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        return "fused kernels refuse zero sequence lengths"
-    strides_ok = all(t.stride(-1) == 1 for t in (q, k, v))
-    if ignore_singleton_last_dim:
-        strides_ok = strides_ok or q.shape[-1] == 1
-    if not strides_ok or (p.mask is not None and p.mask.stride(-1) != 1):
-        return "fused kernels need stride 1 in the last dim of q, k, v and the mask"
-    return None
-
-
-def _half(t: torch.Tensor) -> bool:
-    return t.dtype in (torch.float16, torch.bfloat16)
-
-
-def _same_dtype(p: _Params, allowed: tuple[torch.dtype, ...]) -> str | None:
-    """sdp_utils_cpp.h ``check_tensor_dtype``."""
-    if not (p.q.dtype == p.k.dtype == p.v.dtype and p.q.dtype in allowed):
-        return f"q/k/v dtype {p.q.dtype} is not one of {allowed}"
-    return None
-
-
-def flash_refusal(p: _Params, gpu: EmulatedGPU) -> str | None:
-    """Why flash cannot run (None: it can). cuda/sdp_utils.cpp ``can_use_flash_attention``: no attention mask
-    (``check_for_attn_mask``), q/k/v head dims equal and <= 256 (``check_head_dim_size_flash``), sm80..sm121
-    (``check_flash_attention_hardware_support``), no training with head dim in (192, 224] on sm86/89/120
-    (``check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120``), fp16/bf16 only
-    (``check_dtypes_flash_attention``: fp32 is refused, as torch refuses it)."""
-    if p.mask is not None:
-        return "flash takes no attn_mask"
-    d = (p.q.shape[-1], p.k.shape[-1], p.v.shape[-1])
-    if len(set(d)) != 1 or d[0] > 256:
-        return f"flash needs equal head dims <= 256, got {d}"
-    if not (8, 0) <= gpu.capability <= (12, 1):
-        return f"flash needs sm80..sm121, this is sm{gpu.capability[0]}{gpu.capability[1]}"
-    sm86_89 = (8, 6) <= gpu.capability <= (8, 9) or (12, 0) <= gpu.capability <= (12, 1)
-    if sm86_89 and p.requires_grad and not (d[0] <= 192 or (p.dropout == 0 and d[0] > 224)):
-        return "flash cannot train head dims in (192, 224] on sm86/89/120"
-    why = _same_dtype(p, (torch.float16, torch.bfloat16))
-    return why or _common_refusal(p, ignore_singleton_last_dim=True)
-
-
-def minimum_gemm_alignment(q: torch.Tensor, gpu: EmulatedGPU) -> int:
-    """cuda/sdp_utils.cpp ``minimum_gemm_alignment``: elements the CUTLASS GEMMs of memory-efficient attention
-    need (4 from sm80; 128 bits, i.e. 8 half or 4 float, where tensor cores run: sm80+, or sm70+ in half)."""
-    tensor_cores = gpu.capability[0] >= 8 or (gpu.capability[0] >= 7 and _half(q))
-    align = 4 if gpu.capability[0] >= 8 else 1
-    if tensor_cores:
-        align = max(align, 128 // (16 if _half(q) else 32))
-    return align
-
-
-def efficient_refusal(p: _Params, gpu: EmulatedGPU) -> str | None:
-    """Why memory-efficient attention cannot run. cuda/sdp_utils.cpp ``can_use_mem_efficient_attention``: sm50..sm121,
-    head dims equal in q/k and divisible by :func:`minimum_gemm_alignment` (``check_head_dim_size_mem_efficient``),
-    on sm80+ q/k/v storage offsets aligned to that many elements (``check_data_ptr_alignment_mem_efficient``),
-    dtypes fp16/fp32 below sm80 and fp16/fp32/bf16 from sm80."""
-    if not (5, 0) <= gpu.capability <= (12, 1):
-        return "memory-efficient attention needs sm50..sm121"
-    align = minimum_gemm_alignment(p.q, gpu)
-    dq, dk, dv = p.q.shape[-1], p.k.shape[-1], p.v.shape[-1]
-    if dq != dk or dq % align or dv % align or dq == 0 or dv == 0:
-        return f"memory-efficient attention needs head dims divisible by {align}, got q {dq} k {dk} v {dv}"
-    if gpu.capability[0] >= 8 and any(t.numel() and t.storage_offset() % align for t in (p.q, p.k, p.v)):
-        return f"memory-efficient attention on sm80+ needs q/k/v storage offsets aligned to {align} elements"
-    why = _common_refusal(p, ignore_singleton_last_dim=False)
-    if why:
-        return why
-    allowed = (torch.float16, torch.float32) + ((torch.bfloat16,) if gpu.capability[0] >= 8 else ())
-    return _same_dtype(p, allowed)
-
-
-def cudnn_refusal(p: _Params, gpu: EmulatedGPU) -> str | None:
-    """Why cuDNN attention cannot run. cuda/sdp_utils.cpp ``can_use_cudnn_attention``: not under deterministic
-    algorithms (``check_cudnn_deterministic``), fp16/bf16 (``check_dtypes_low_precision``), a mask of shape
-    ``[Q|1, K|1]`` or ``[B|1, H|1, Q|1, K|1]`` that does not require grad (sdp_utils_cpp.h
-    ``check_attn_mask_shape``: a learned DIET bias is refused), sm80..sm121, dropout a multiple of 1/16
-    (``check_cudnn_dropout``), head dims <= 128 (256 on sm90/sm10x with cuDNN > 9.22) and multiples of 8, key length
-    != 1 (``check_cudnn_tensor_shapes``)."""
-    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
-        return "cuDNN attention is not deterministic"
-    why = _same_dtype(p, (torch.float16, torch.bfloat16))
-    if why:
-        return why
-    m = p.mask
-    if m is not None:
-        if m.requires_grad:
-            return "cuDNN attention takes no attn_mask that requires grad"
-        B, H, Q = p.q.shape[:3]
-        K = p.k.shape[2]
-        if m.shape[-2] not in (Q, 1) or m.shape[-1] not in (K, 1):
-            return "cuDNN attention: mask shape"
-        if m.dim() == 4 and not (m.shape[0] in (1, B) and m.shape[1] in (1, H)):
-            return "cuDNN attention: mask shape"
-        if m.dim() not in (2, 4):
-            return "cuDNN attention: mask must be 2-D or 4-D"
-    if not (8, 0) <= gpu.capability <= (12, 1):
-        return "cuDNN attention needs sm80..sm121"
-    if p.dropout * 16.0 != math.floor(p.dropout * 16.0):
-        return "cuDNN dropout must be a multiple of 1/16"
-    limit = 256 if gpu.capability[0] in (9, 10) else 128
-    dq, dv = p.q.shape[-1], p.v.shape[-1]
-    if dq > limit or dv > limit or dq % 8 or dv % 8:
-        return f"cuDNN attention needs head dims <= {limit} and multiples of 8"
-    if p.k.shape[2] == 1:
-        return "cuDNN attention refuses key length 1"
-    return _common_refusal(p, ignore_singleton_last_dim=True)
-
-
-REFUSALS = {"cudnn": cudnn_refusal, "flash": flash_refusal, "efficient": efficient_refusal}
-
-
-def priority_order(gpu: EmulatedGPU) -> tuple[str, ...]:
-    """cuda/sdp_utils.cpp ``priority_order``: flash, efficient, (cuDNN,) math by default; cuDNN first where
-    ``check_prefer_cudnn_attention`` holds."""
-    if gpu.prefer_cudnn:
-        return ("cudnn", "flash", "efficient", "math")
-    return ("flash", "efficient", "cudnn", "math")
-
-
-def select_backend(p: _Params, gpu: EmulatedGPU) -> str:
-    """cuda/sdp_utils.cpp ``select_sdp_backend``: the first enabled backend whose filters pass; with none, torch's
-    error (it names every refusal)."""
-    enabled = enabled_backends()
-    reasons = []
-    for name in priority_order(gpu):
-        if name not in enabled:
-            continue
-        if name == "math":
-            return name
-        why = REFUSALS[name](p, gpu)
-        if why is None:
-            return name
-        reasons.append(f"{name}: {why}")
-    raise RuntimeError("No available kernel. Aborting execution. (" + "; ".join(reasons) + ")")
+#: re-exported: tests use them as ``cuda_contracts.<name>``
+__all__ = [
+    "A100",
+    "BACKENDS",
+    "GPUS",
+    "H100",
+    "REFUSALS",
+    "V100",
+    "EmulatedGPU",
+    "enabled_backends",
+    "gpu_of_this_machine",
+    "predicted_backend",
+    "priority_order",
+]
 
 
 def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -427,16 +263,3 @@ def emulate_cuda(gpu: EmulatedGPU = H100):
             kept.discard(fused)
         for m in holders:
             m.takes_cpu_path = real
-
-
-def predicted_backend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float, gpu: EmulatedGPU
-) -> str:
-    """The backend torch picks for these inputs on ``gpu`` under the enabled backends (raises like torch if none)."""
-    return select_backend(_Params(q, k, v, mask, dropout_p), gpu)
-
-
-def gpu_of_this_machine() -> EmulatedGPU:
-    """The real GPU's profile (capability; cuDNN preference as torch decides it on sm90/sm100)."""
-    cap = torch.cuda.get_device_capability()
-    return EmulatedGPU(torch.cuda.get_device_name(), cap, prefer_cudnn=cap[0] in (9, 10))

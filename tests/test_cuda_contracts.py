@@ -251,6 +251,46 @@ def test_emulated_backend_priority():
         torch.use_deterministic_algorithms(False)
 
 
+@pytest.mark.parametrize("gpu", ["H100", "A100", "V100"])
+def test_default_recipes_dense_attention_backend_is_said_with_its_reason(gpu, monkeypatch):
+    """The paper recipes' dense attention (bert-base, N=512, attention dropout 0.1, padded rows masked) does not get
+    cuDNN or flash on any of these GPUs: cuDNN refuses dropout 0.1 (not a multiple of 1/16), flash any mask. So the
+    trainer's start-up line says which backend runs and why (the rules are model/attention/sdpa_backend.py's,
+    checked against torch on a GPU by test_backend_choice_matches_torch)."""
+    from types import SimpleNamespace
+
+    from model.attention import sdpa_backend
+    from model.config import ModelConfig
+    from pretrain.trainer import Trainer
+
+    if ON_CUDA:
+        pytest.skip("emulation-only")
+    profile = C.GPUS[gpu]
+    trainer = object.__new__(Trainer)
+    trainer.model_config = ModelConfig.preset("bert-base")
+    trainer.dist = SimpleNamespace(device=torch.device("cuda"))
+    trainer.ds = SimpleNamespace(precision="bf16" if profile.capability >= (8, 0) else "fp16")
+    trainer.run = SimpleNamespace(data=SimpleNamespace(seq_length=512), system=SimpleNamespace(deterministic=False))
+    trainer.micro = 32
+    printed = []
+    trainer._print = printed.append
+    monkeypatch.setattr(sdpa_backend, "gpu_of_this_machine", lambda: profile)
+    trainer._print_attention_backend()
+    padded = "padded batches -> efficient (" + ("cudnn: cuDNN dropout must be a multiple of 1/16; " * (gpu == "H100"))
+    unpadded = {
+        "H100": "unpadded -> flash (cudnn: cuDNN dropout must be a multiple of 1/16)",
+        "A100": "unpadded -> flash",
+        "V100": "unpadded -> efficient (flash: flash needs sm80..sm121, this is sm70)",
+    }[gpu]
+    assert printed == [
+        f"attention on {gpu}: SDPA {padded}flash: flash takes no attn_mask), {unpadded} "
+        "(dense attention, dropout 0.1; docs/training.md)"
+    ]
+    # a dropout that is a multiple of 1/16 gives cuDNN on H100, masked or not
+    line = sdpa_backend.dense_training_backends(32, 12, 512, 64, torch.bfloat16, 0.125, C.H100)
+    assert line == "attention on H100: SDPA padded batches -> cudnn, unpadded -> cudnn"
+
+
 def test_efficient_mask_alignment():
     """transformers/attention.cpp preprocess_mask: a mask whose last dim is not a multiple of 8 is copied into a
     padded buffer, so the kernel's stride checks hold; an aligned broadcast mask is only expanded (no copy)."""

@@ -49,6 +49,30 @@ def test_every_preset_passes_deepspeed_validation(path):
         assert ds.precision == path.stem.split("_")[1]
 
 
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_no_preset_keeps_a_setting_that_syncs_the_host_every_step(path):
+    """The shipped configs turn off DeepSpeed's throughput timers (and, for bf16 ZeRO 1-2, its grad-overflow read):
+    tests/test_host_syncs.py counts what remains."""
+    ds = read_ds_config(path)
+    assert not [n for n in ds.notes if "host syncs" in n], ds.notes
+    assert ds.applies_nonfinite_grads == (path.name in ("zero1_bf16.json", "zero2_bf16.json"))
+
+
+def test_a_user_config_that_syncs_the_host_gets_a_note_not_an_override(tmp_path):
+    p = write(tmp_path, {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}})
+    ds = read_ds_config(p)
+    notes = [n for n in ds.notes if "host syncs" in n]
+    assert len(notes) == 2 and all(str(p) in n for n in notes), ds.notes
+    assert "timers.throughput is on" in notes[0] and "bf16.check_grad_overflow is on" in notes[1]
+    assert "timers" not in ds.config and ds.config["bf16"] == {"enabled": True}  # told, not changed
+    assert not ds.applies_nonfinite_grads
+    off = {"enabled": False}
+    for cfg in ({"timers": {"throughput": off}}, {"timers": {"throughput": {"synchronized": False}}}):
+        assert not [n for n in read_ds_config(write(tmp_path, cfg)).notes if "host syncs" in n]
+    stage3 = read_ds_config(write(tmp_path, {"bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}))
+    assert ["timers" in n for n in stage3.notes] == [True]  # check_grad_overflow is read by ZeRO 1-2 only
+
+
 def test_sparse_attention_block_is_read_and_removed(tmp_path):
     block = {"mode": "fixed", "block": 16, "num_local_blocks": 4, "num_global_blocks": 1}
     p = write(tmp_path, {"zero_optimization": {"stage": 1}, "sparse_attention": block})
