@@ -2,7 +2,7 @@
 
 ``kernel(q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN, token_mask, score_bias, dropout_p, scale, training)``
 
-- ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device, token_mask=None)`` and is cached by
+- ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device, token_mask=None, family=None)`` and is cached by
   the caller per (layout, N, device); ``layout_HMM`` None means full attention. A fixed ``token_mask`` (bool
   ``[H|1, N, N]``, e.g. a SparseBERT pattern) given here is folded into the plan once instead of being re-applied
   every call. A plan object runs itself (``plan.run(q, k, v, call)`` with the per-call inputs in a :class:`Call`),
@@ -95,7 +95,10 @@ class Kernel:
         seq_len: int,
         device: torch.device,
         token_mask: torch.Tensor | None = None,
+        family: str | None = None,
     ) -> Any:
+        """``family``: the layout family (``SparsityConfig.family()``, None for none or a token-mask layout); only
+        ``auto`` reads it (its measured table is keyed by it)."""
         raise NotImplementedError
 
     def __call__(
