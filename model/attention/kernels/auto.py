@@ -42,8 +42,9 @@ def table_choice(
     table: dict | None = None,
 ) -> tuple[str, dict] | None:
     """(kernel, entry) from the measured table: same compute capability, layout family and dtype, the nearest
-    measured (padded) N, log scale, if ``seq_len`` (padded) lies within the measured range; the fastest measured path, ``flex``
-    excluded under attention dropout (it has none; the table was measured without dropout). None: no entry."""
+    measured (padded) N, log scale, if ``seq_len`` (padded) lies within the measured range; the fastest measured
+    path, ``flex`` excluded under attention dropout (it has none; the table was measured without dropout).
+    None: no entry."""
     if capability is None or family is None or dtype not in DTYPE_NAMES:
         return None
     rows = [
