@@ -108,6 +108,8 @@ class AutoPlan:
             )
             return name, why
         name = choose_kernel(device.type, dtype, self.seq_len, self.density, dropout=dropout, capability=capability)
+        if self.density >= 1.0:
+            return name, "rule (full layout: nothing to skip)"
         cap = "" if capability is None else f" sm {capability[0]}.{capability[1]}"
         why = f"rule ({device.type}{cap}, density {self.density:.2f}, attention dropout {'on' if dropout else 'off'})"
         return name, why
@@ -116,7 +118,7 @@ class AutoPlan:
         """The start-up line for ``dtype``'s choice (None before one is made)."""
         if dtype not in self.chosen:
             return None
-        family = self.family or "this layout"
+        family = self.family or ("full attention" if self.layout_HMM is None else "this layout (no family)")
         return (
             f"attention kernel auto -> {self.chosen[dtype]} for {family} at N={self.seq_len}, "
             f"{DTYPE_NAMES.get(dtype, dtype)}: {self.reasons[dtype]}"
