@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.attention import layouts
+from common.errors import UserError, run_entry
+from common.inputs import read_json_object
 from model.attention.kernels.auto import TABLE_KERNELS, TABLE_PATH
 
 GPU_CAPABILITY: dict[str, tuple[int, int]] = {
@@ -52,10 +54,20 @@ def gpu_of(meta: dict, report: str) -> tuple[str, tuple[int, int]]:
     for name, cap in GPU_CAPABILITY.items():
         if re.search(rf"\b{name}\b", meta.get("machine", "")):
             return name, tuple(meta.get("capability", cap))
-    raise SystemExit(
+    raise UserError(
         f"{report}: GPU not recognised in meta.machine {meta.get('machine')!r}; add it to "
         "benchmarks/auto_table.py: GPU_CAPABILITY"
     )
+
+
+def in_repo(report: str) -> str:
+    """``report`` relative to the repository root (the table cites committed reports only)."""
+    path = Path(report).resolve()
+    if not path.is_file():
+        raise UserError(f"{report}: no such file")
+    if not path.is_relative_to(REPO):
+        raise UserError(f"{report}: not inside the repository {REPO}: commit the report (docs/gpu_reports/) first")
+    return path.relative_to(REPO).as_posix()
 
 
 def build(sources: list[tuple[str, str]], root: Path = REPO) -> dict:
@@ -64,13 +76,15 @@ def build(sources: list[tuple[str, str]], root: Path = REPO) -> dict:
     families = {name: cfg.family() for name, cfg in configs.items()}
     entries, src = [], []
     for report, commit in sources:
-        data = json.loads((root / report).read_text())
+        data = read_json_object(root / report, "", "a benchmarks/attention.py report (attention.json)")
+        if not {"meta", "rows"} <= set(data):
+            raise UserError(f"{report}: not a benchmarks/attention.py report (no 'meta' and 'rows')")
         meta = data["meta"]
         commit = meta.get("commit", commit)
         if not commit:
-            raise SystemExit(f"{report}: no meta.commit; give the commit it measured as {report}@<commit>")
+            raise UserError(f"{report}: no meta.commit; give the commit it measured as {report}@<commit>")
         if meta.get("device") != "cuda" or not data.get("complete"):
-            raise SystemExit(f"{report}: not a complete CUDA kernel table (device {meta.get('device')!r})")
+            raise UserError(f"{report}: not a complete CUDA kernel table (device {meta.get('device')!r})")
         gpu, cap = gpu_of(meta, report)
         src.append(dict(report=report, commit=commit, gpu=gpu, capability=list(cap)))
         groups: dict[tuple[str, int], dict[str, dict]] = {}
@@ -103,7 +117,7 @@ def build(sources: list[tuple[str, str]], root: Path = REPO) -> dict:
     keys = [(tuple(e["capability"]), e["family"], e["n"], e["dtype"]) for e in entries]
     dup = {k for k in keys if keys.count(k) > 1}
     if dup:
-        raise SystemExit(f"two reports measure the same (capability, family, N, dtype): {sorted(dup)}")
+        raise UserError(f"two reports measure the same (capability, family, N, dtype): {sorted(dup)}")
     return dict(note=NOTE, sources=src, entries=entries)
 
 
@@ -112,18 +126,23 @@ def render(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    return run_entry("benchmarks.auto_table", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="benchmarks.auto_table", description=__doc__.splitlines()[0])
     p.add_argument("reports", nargs="*", help="attention.json[@commit]; none: the sources already in the table")
     p.add_argument("--out", type=Path, default=TABLE_PATH)
     p.add_argument("--check", action="store_true", help="exit 1 if --out differs from what the reports give")
     args = p.parse_args(argv)
     if args.reports:
-        sources = [
-            (Path(s.partition("@")[0]).resolve().relative_to(REPO).as_posix(), s.partition("@")[2])
-            for s in args.reports
-        ]
+        sources = [(in_repo(s.partition("@")[0]), s.partition("@")[2]) for s in args.reports]
     else:
-        sources = [(s["report"], s["commit"]) for s in json.loads(args.out.read_text())["sources"]]
+        table = read_json_object(args.out, "--out", "the table this script wrote")
+        sources = [(s["report"], s["commit"]) for s in table.get("sources", [])]
+        if not sources:
+            raise UserError(f"--out {args.out}: names no source report; give the reports")
     text = render(build(sources))
     if args.check:
         same = args.out.exists() and args.out.read_text() == text
