@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from benchmarks.gpu_check import commit_info
 from model.attention import (
     BLOCK_LAYOUTS,
     BigBirdSparsityConfig,
@@ -359,7 +360,10 @@ def _main(argv: list[str]) -> int:
         head_dim=HEAD_DIM,
         repeats=args.repeats,
         dense_backend=dense_backend(torch.device(args.device), DTYPES[args.dtype]),
+        commit=commit_info()[0],  # benchmarks/auto_table.py cites it
     )
+    if args.device.startswith("cuda"):
+        meta["capability"] = list(torch.cuda.get_device_capability())  # auto's measured table is keyed by it
     out = args.out_dir / "attention.json"
 
     def write(rows: list[dict], failed: list[str], done: bool = False) -> None:

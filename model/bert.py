@@ -400,12 +400,16 @@ class BertForPreTraining(nn.Module):
 
     def build_attention_plans(
         self, seq_len: int, device: torch.device | str, dtype: torch.dtype = torch.float32
-    ) -> None:
+    ) -> list[str]:
         """Build every attention layer's kernel plan for ``dtype`` inputs of ``seq_len`` on ``device`` ahead of the
-        first forward: call it before torch.compile, so the plans (host-side layout work) stay out of the graph."""
-        for m in self.modules():
-            if isinstance(m, BlockSparseAttention):
-                m.build_plan(seq_len, torch.device(device), dtype)
+        first forward: call it before torch.compile, so the plans (host-side layout work) stay out of the graph.
+        Returns ``auto``'s distinct choices, one line each (the trainer prints them at start)."""
+        lines = [
+            m.build_plan(seq_len, torch.device(device), dtype)
+            for m in self.modules()
+            if isinstance(m, BlockSparseAttention)
+        ]
+        return list(dict.fromkeys(line for line in lines if line is not None))
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """Sum of ``auxiliary_loss()`` of submodules that have one (DAM's L1 term); None if none do."""

@@ -263,14 +263,16 @@ def apply_compile(engine, seq_len: int, device: torch.device) -> None:
     engine.compile()
 
 
-def build_attention_plans(module: torch.nn.Module, seq_len: int, device: torch.device) -> None:
-    """Every attention layer's kernel plan for ``seq_len`` in the module's dtype, built now on the host: before
-    torch.compile, and again after ``load_layout_state`` (a resumed layout drops the plans, which the compiled
-    forward would otherwise rebuild inside the trace, breaking the graph at every layer)."""
+def build_attention_plans(module: torch.nn.Module, seq_len: int, device: torch.device) -> list[str]:
+    """Every attention layer's kernel plan for ``seq_len`` in the module's dtype, built now on the host: at start
+    (``auto``'s choices, returned as lines for the start-up notes), before torch.compile, and again after
+    ``load_layout_state`` (a resumed layout drops the plans, which the compiled forward would otherwise rebuild
+    inside the trace, breaking the graph at every layer)."""
     build = getattr(module, "build_attention_plans", None)
-    if build is not None:
-        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-        build(seq_len, device, dtype)
+    if build is None:
+        return []
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    return build(seq_len, device, dtype)
 
 
 @contextmanager

@@ -278,6 +278,8 @@ class Trainer:
         self.engine = initialize_engine(model, self.ds, run.optim, self.schedule)
         if type(self.engine.optimizer).__module__.startswith("optimi"):
             self._print(f"optimizer {type(self.engine.optimizer).__name__} (torch-optimi, a client optimizer)")
+        for note in build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device):
+            self._print(note)  # which kernel `auto` runs and why (measured table or rule)
         if run.system.compile:
             apply_compile(self.engine, run.data.seq_length, self.dist.device)
         # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then

@@ -327,6 +327,8 @@ SWEEP = [
     ("tools.profile_memory", ["--out", "{ro}/pm"], "--out {ro}/pm: cannot write there: read-only"),
     ("tools.profile_memory", ["--out", "{d}/empty.json"], "is a file; give a directory path"),
     ("tools.inspect_dataset", ["{d}/shard", "--vocab-file", "{d}"], "which is a directory"),
+    ("benchmarks.auto_table", ["{d}/gone.json", "--out", "{d}/t.json"], "{d}/gone.json: no such file"),
+    ("benchmarks.auto_table", ["{d}/list.json", "--out", "{d}/t.json"], "commit the report (docs/gpu_reports/)"),
     ("benchmarks.gpu_check", ["--only", "nope"], "--only nope: no such step"),  # ran nothing and passed
     ("benchmarks.gpu_check", ["--out-dir", "{ro}/gc"], "--out-dir {ro}/gc: cannot write there"),
     ("benchmarks.gpu_check", ["--work-dir", "{ro}/w", "--out-dir", "{d}/gc"], "--work-dir {ro}/w: cannot write there"),

@@ -141,6 +141,11 @@ class SparsityConfig:
             )
         return master[:, :nb, :nb]
 
+    def family(self) -> str:
+        """The layout family ``auto``'s measured table is keyed by (the kernel table's layout names): the mode and
+        the block size, which set the kernels' tiling; subclasses add what changes the pattern's shape."""
+        return f"{self.mode}_b{self.block}"
+
     def to_dict(self) -> dict[str, Any]:
         """The ds_config-style dict that ``from_ds_config`` turns back into this object."""
         d = {"mode": self.mode}
@@ -491,6 +496,9 @@ class LocalSlidingWindowSparsityConfig(SparsityConfig):
         self.num_sliding_window_blocks = num_sliding_window_blocks
         self.attention = attention
 
+    def family(self) -> str:
+        return f"local_{'bi' if self.attention == 'bidirectional' else 'uni'}_b{self.block}"
+
     def set_sliding_window_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
         """A window of ``num_sliding_window_blocks`` blocks (only the past half when unidirectional)."""
         _sliding(layout, h, self.num_sliding_window_blocks, causal=self.attention != "bidirectional")
@@ -592,6 +600,10 @@ class BlockBERTSparsityConfig(SparsityConfig):
         self.head_assignment = (
             head_assignment if isinstance(head_assignment, str) else ":".join(map(str, head_assignment))
         )
+
+    def family(self) -> str:
+        """``blockbert_n{n}``: the chunk count sets the pattern (``block`` is only the layout tensor's tile)."""
+        return f"blockbert_n{self.num_blocks}"
 
     def padded_length(self, seq_len: int) -> int:
         unit = self.num_blocks * self.block

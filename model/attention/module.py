@@ -142,16 +142,19 @@ class BlockSparseAttention(nn.Module):
         n_pad = self.sparsity_config.padded_length(seq_len)
         return self.sparsity_config.layout_for_length(self.master_layout.cpu(), n_pad)
 
-    def build_plan(self, seq_len: int, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+    def build_plan(self, seq_len: int, device: torch.device, dtype: torch.dtype = torch.float32) -> str | None:
         """Build (and cache) the kernel plan for ``dtype`` sequences of ``seq_len`` on ``device`` now (``auto``:
         its choice too). Plan building reads the layout on the host (Python decisions on tensor values), so under
         torch.compile it must not be traced: a cached plan is a dictionary lookup the compiled graph keeps, a
-        missing one is a graph break per decision."""
+        missing one is a graph break per decision. Returns ``auto``'s start-up line (which kernel and why), else
+        None."""
         n_pad = seq_len if self.sparsity_config is None else self.sparsity_config.padded_length(seq_len)
         device = torch.device(device)
         plan = self._plan(n_pad, device)
         if hasattr(plan, "prepare"):  # a plan that picks its kernel per dtype on first use (auto)
             plan.prepare(device, dtype, self.dropout_p)
+            return plan.describe(dtype)
+        return None
 
     def _plan(self, n_pad: int, device: torch.device):
         key = (n_pad, str(device), self._layout_version)
@@ -164,7 +167,8 @@ class BlockSparseAttention(nn.Module):
                 fixed = fixed.resized(n_pad)
             elif fixed is not None:
                 fixed = fixed[:, :n_pad, :n_pad]
-            plan = self.kernel.make_plan(layout, block, n_pad, device, token_mask=fixed)
+            family = None if self.sparsity_config is None or fixed is not None else self.sparsity_config.family()
+            plan = self.kernel.make_plan(layout, block, n_pad, device, token_mask=fixed, family=family)
             self._plans[key] = plan
         return plan
 

@@ -1,9 +1,14 @@
-"""``auto``: picks one registered kernel per plan (device, compute capability, dtype, N, density, configured
-attention dropout) with :func:`choose_kernel` and keeps it for training and evaluation."""
+"""``auto``: picks one registered kernel per plan and keeps it for training and evaluation: the measured table
+(``auto_table.json``, generated from committed GPU kernel-table reports by ``benchmarks/auto_table.py``) where it
+has an entry for the GPU's compute capability, the layout family, N and dtype, else the rule :func:`choose_kernel`."""
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -13,6 +18,45 @@ from model.attention.kernels.registry import KERNELS, Call, Kernel, register_ker
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     """CUDA compute capability of ``device`` (None off CUDA)."""
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+TABLE_PATH = Path(__file__).with_name("auto_table.json")
+"""The measured table (written by ``python -m benchmarks.auto_table``; never edited by hand)."""
+TABLE_KERNELS = ("dense", "flex", "block_gather")
+"""The paths the table compares (``dense`` given a sparse layout runs dense SDPA with the layout's mask)."""
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@functools.cache
+def load_table(path: Path = TABLE_PATH) -> dict:
+    """The measured table (empty where the file is absent, e.g. in a Hugging Face remote-code export)."""
+    return json.loads(path.read_text()) if path.exists() else {"entries": []}
+
+
+def table_choice(
+    capability: tuple[int, int] | None,
+    family: str | None,
+    seq_len: int,
+    dtype: torch.dtype,
+    dropout: bool,
+    table: dict | None = None,
+) -> tuple[str, dict] | None:
+    """(kernel, entry) from the measured table: same compute capability, layout family and dtype, the nearest
+    measured (padded) N, log scale, if ``seq_len`` (padded) lies within the measured range; the fastest measured
+    path, ``flex`` excluded under attention dropout (it has none; the table was measured without dropout).
+    None: no entry."""
+    if capability is None or family is None or dtype not in DTYPE_NAMES:
+        return None
+    rows = [
+        e
+        for e in (load_table() if table is None else table)["entries"]
+        if tuple(e["capability"]) == tuple(capability) and e["family"] == family and e["dtype"] == DTYPE_NAMES[dtype]
+    ]
+    if not rows or not min(e["padded_n"] for e in rows) <= seq_len <= max(e["padded_n"] for e in rows):
+        return None
+    entry = min(rows, key=lambda e: (abs(math.log2(e["padded_n"] / seq_len)), e["padded_n"]))
+    allowed = {k: r for k, r in entry["ratios"].items() if not (dropout and k == "flex")}
+    return min(allowed, key=lambda k: (allowed[k], k != "dense")), entry
 
 
 @dataclass
@@ -25,8 +69,12 @@ class AutoPlan:
     device: torch.device
     density: float
     token_mask: torch.Tensor | None = None
+    family: str | None = None
+    """The layout family (``SparsityConfig.family()``) the measured table is keyed by; None: the rule decides."""
     chosen: dict = field(default_factory=dict)
     """dtype -> kernel name, decided on the first call and kept."""
+    reasons: dict = field(default_factory=dict)
+    """dtype -> why that kernel (the start-up line, :meth:`describe`)."""
     plans: dict = field(default_factory=dict)
     """kernel name -> its plan, made on first use."""
 
@@ -35,20 +83,46 @@ class AutoPlan:
         traces a forward, :meth:`model.attention.module.BlockSparseAttention.build_plan` calls this)."""
         name = self.chosen.get(dtype)
         if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
-            name = choose_kernel(
-                device.type,
-                dtype,
-                self.seq_len,
-                self.density,
-                dropout=configured_dropout_p > 0,
-                capability=device_capability(device),
-            )
+            name, self.reasons[dtype] = self._choose(device, dtype, configured_dropout_p > 0)
             self.chosen[dtype] = name
         if name not in self.plans:
             self.plans[name] = KERNELS[name].make_plan(
                 self.layout_HMM, self.block, self.seq_len, self.device, token_mask=self.token_mask
             )
         return self.plans[name]
+
+    def _choose(self, device: torch.device, dtype: torch.dtype, dropout: bool) -> tuple[str, str]:
+        capability = device_capability(device)
+        deterministic = device.type == "cuda" and torch.are_deterministic_algorithms_enabled()
+        hit = None
+        if self.density < 1.0 and not deterministic:  # the table was measured with the fused (non-math) backends
+            hit = table_choice(capability, self.family, self.seq_len, dtype, dropout)
+        if hit is not None:
+            name, e = hit
+            ratios = ", ".join(f"{k} {r:.2f}x" for k, r in sorted(e["ratios"].items(), key=lambda kv: kv[1]))
+            why = (
+                f"measured table ({e['gpu']} sm {e['capability'][0]}.{e['capability'][1]}, N={e['n']}, report "
+                f"{e['report']} at {e['commit']}: {ratios} of unmasked dense SDPA"
+                + ("; flex left out: it has no attention dropout" if dropout and name != "flex" else "")
+                + ")"
+            )
+            return name, why
+        name = choose_kernel(device.type, dtype, self.seq_len, self.density, dropout=dropout, capability=capability)
+        if self.density >= 1.0:
+            return name, "rule (full layout: nothing to skip)"
+        cap = "" if capability is None else f" sm {capability[0]}.{capability[1]}"
+        why = f"rule ({device.type}{cap}, density {self.density:.2f}, attention dropout {'on' if dropout else 'off'})"
+        return name, why
+
+    def describe(self, dtype: torch.dtype) -> str | None:
+        """The start-up line for ``dtype``'s choice (None before one is made)."""
+        if dtype not in self.chosen:
+            return None
+        family = self.family or ("full attention" if self.layout_HMM is None else "this layout (no family)")
+        return (
+            f"attention kernel auto -> {self.chosen[dtype]} for {family} at N={self.seq_len}, "
+            f"{DTYPE_NAMES.get(dtype, dtype)}: {self.reasons[dtype]}"
+        )
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         plan = self.prepare(q_BHND.device, q_BHND.dtype, call.configured_dropout_p)
@@ -57,13 +131,13 @@ class AutoPlan:
 
 @register_kernel("auto")
 class AutoKernel(Kernel):
-    """Picks a kernel once per plan (device, compute capability, dtype, N, density, configured attention dropout)
-    with :func:`choose_kernel` and keeps it: training and evaluation run the same kernel (evaluation switching to
-    flex would compile it on every rank mid-run)."""
+    """Picks a kernel once per plan (device, compute capability, dtype, N, layout family, density, configured
+    attention dropout) from the measured table or with :func:`choose_kernel` and keeps it: training and evaluation
+    run the same kernel (evaluation switching to flex would compile it on every rank mid-run)."""
 
-    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None):
         density = 1.0 if layout_HMM is None else float(layout_HMM.float().mean())
-        return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, token_mask)
+        return AutoPlan(layout_HMM, block, seq_len, torch.device(device), density, token_mask, family)
 
 
 def choose_kernel(

@@ -39,7 +39,7 @@ class DensePlan:
 class DenseKernel(Kernel):
     """SDPA with the layout as a mask: the reference every other kernel is tested against."""
 
-    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> DensePlan:
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None) -> DensePlan:
         tm = None if token_mask is None else dense_mask(token_mask, device).to(device=device, dtype=torch.bool)
         if layout_HMM is None:
             return DensePlan(tm)

@@ -347,7 +347,7 @@ class FlexKernel(Kernel):
 
     trains_on_cpu = False
 
-    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None) -> FlexPlan:
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None) -> FlexPlan:
         dev = torch.device(device)
         if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < MIN_CAPABILITY:
             cap = torch.cuda.get_device_capability(dev)

@@ -2,11 +2,12 @@
 
 ``kernel(q_BHND, k_BHND, v_BHND, *, plan, key_padding_mask_BN, token_mask, score_bias, dropout_p, scale, training)``
 
-- ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device, token_mask=None)`` and is cached by
-  the caller per (layout, N, device); ``layout_HMM`` None means full attention. A fixed ``token_mask`` (bool
-  ``[H|1, N, N]``, e.g. a SparseBERT pattern) given here is folded into the plan once instead of being re-applied
-  every call. A plan object runs itself (``plan.run(q, k, v, call)`` with the per-call inputs in a :class:`Call`),
-  so a kernel never dispatches on plan types.
+- ``plan`` comes from ``kernel.make_plan(layout_HMM, block, seq_len, device, token_mask=None, family=None)`` and
+  is cached by the caller per (layout, N, device); ``layout_HMM`` None means full attention. A fixed
+  ``token_mask`` (bool ``[H|1, N, N]``, e.g. a SparseBERT pattern) given here is folded into the plan once instead
+  of being re-applied every call. A plan object runs itself (``plan.run(q, k, v, call)`` with the per-call inputs
+  in a :class:`Call`), so a kernel never dispatches on plan types. ``family`` (the layout family) is read by
+  ``auto`` only.
 - ``key_padding_mask_BN``: bool, True = key may be attended. ``token_mask``: bool broadcastable to ``[H, N, N]``,
   True = allowed, combined (AND) with the block layout. ``score_bias``: a :class:`~model.attention.bias.ScoreBias`.
 - ``doc_ids_BN``: int document id of every token of a packed sequence (None = one document per row); query i may
@@ -95,7 +96,10 @@ class Kernel:
         seq_len: int,
         device: torch.device,
         token_mask: torch.Tensor | None = None,
+        family: str | None = None,
     ) -> Any:
+        """``family``: the layout family (``SparsityConfig.family()``, None for none or a token-mask layout); only
+        ``auto`` reads it (its measured table is keyed by it)."""
         raise NotImplementedError
 
     def __call__(

@@ -38,7 +38,7 @@ __all__ = [
 class BlockGatherKernel(Kernel):
     """Gathers only the key/value blocks each query tile attends; see the package docstring for its plans."""
 
-    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None):
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None):
         if layout_HMM is None:
             if token_mask is None:  # full attention: nothing to skip
                 return DensePlan(None)
