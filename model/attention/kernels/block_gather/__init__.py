@@ -3,8 +3,7 @@
 Compute and score memory scale with the layout's density; autograd works on every device (index_select's backward
 is index_add). The kernel only picks a plan, and each plan runs itself. Plans, most specific first:
 
-- :mod:`.permutation`: every query tile attends exactly one aligned key tile (BlockBERT): views; shifted key tiles
-  are gathered under selective checkpointing (:func:`.gather.kept_attention`), so they are never kept;
+- :mod:`.permutation`: every query tile attends exactly one aligned key tile (BlockBERT): views, no gathers;
 - :mod:`.split` (a CPU optimisation, ``SPARSEBERT_CPU_SPLIT=0`` turns it off): key blocks shared by all rows and a
   diagonal window computed once each with torch's CPU flash kernel, merged by logsumexp, when its estimated cost is
   lower;

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from model.attention.band import tile_mask
 from model.attention.kernels.block_gather.tiles import host_mask, query_tile_factor, tile_allow, tiles_to_heads
@@ -37,39 +36,6 @@ def recomputed(fn, *inputs: torch.Tensor) -> torch.Tensor:
     if not torch.is_grad_enabled():
         return fn(*inputs)
     return torch.utils.checkpoint.checkpoint(fn, *inputs, use_reentrant=False)
-
-
-KEPT_OPS: set = {
-    getattr(torch.ops.aten, name).default
-    for name in (
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-    )
-    if hasattr(torch.ops.aten, name)
-}
-"""The fused attention ops whose outputs :func:`kept_attention` keeps (torch's SDPA dispatches to one of them; the
-CUDA emulation of tests/cuda_contracts.py adds its own op while it runs)."""
-
-
-def _keep_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _keep_attention_context():
-    """The selective-checkpoint contexts (a module-level function: torch.compile takes no closure here)."""
-    return create_selective_checkpoint_contexts(_keep_attention)
-
-
-def kept_attention(fn, *inputs: torch.Tensor) -> torch.Tensor:
-    """``fn(*inputs)`` under selective checkpointing: the fused attention op's outputs (output, logsumexp, RNG seed)
-    are kept, everything else ``fn`` makes (gathered or permuted key tiles, reshaped copies, tile masks) is made
-    again in the backward instead of being kept. So the gathers cost memory only while they run, and the attention
-    forward is not run twice (as :func:`recomputed` does). Without grad, a plain call."""
-    if not torch.is_grad_enabled():
-        return fn(*inputs)
-    return torch.utils.checkpoint.checkpoint(fn, *inputs, use_reentrant=False, context_fn=_keep_attention_context)
 
 
 def take_rows(x_BHND: torch.Tensor, head_G: torch.Tensor, index_GX: torch.Tensor) -> torch.Tensor:

@@ -6,20 +6,11 @@ head's map is the identity; otherwise k/v take their tiles with one ``index_sele
 call for all heads, whose output already is ``[B, H, N, D]``. Compared to the general gather path this saves the
 per-token gather and its index_add backward when the map is the identity, and the query/output permutations.
 
-Memory (issue #41): nothing the plan makes is kept for the backward but the attention op's own output. Whenever the
-tiles are not plain views (shifted heads' key tiles, copies of q/k/v that cannot be folded, tile-sized masks and
-biases) the call runs under :func:`~.gather.kept_attention` (selective checkpointing): the fused SDPA op's output and
-logsumexp are kept, the gathers are made again in the backward, the attention forward is not rerun. The encoder's
-q/k/v (slices of one ``[B, N, 3, H, D]`` projection) put the tiles on SDPA's batch axis, ``[B*n, H, T, D]``: views,
-and an output already in the ``[B, N, H, D]`` memory the output projection reads, so the training step keeps what
-dense keeps (tests/test_saved_activations.py; before: one more copy of the output per layer, 1.05x dense's bytes
-for the one-layer test model).
-
 Key padding, per-call token masks, the plan's fixed token mask, score biases and dropout go through the same
 ``sdpa_with_allow`` as the general path (masks and biases are gathered for the tiles), so results match ``dense``
 in every case the general path handles. Those per-call masks and biases are tile-sized (``[B, G, T, T]``, as large as
-the scores with a float bias): they are made again in the backward too (DIET-REL with padding kept 3.1x the scores,
-packed documents 1.1x, before they were).
+the scores with a float bias): with any of them the call runs under :func:`~.gather.recomputed`, so they are made
+again in the backward instead of being kept (DIET-REL with padding kept 3.1x the scores, packed documents 1.1x).
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from model.attention.band import tile_mask
-from model.attention.kernels.block_gather.gather import kept_attention
+from model.attention.kernels.block_gather.gather import recomputed
 from model.attention.kernels.block_gather.tiles import host_mask, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call
 from model.attention.kernels.sdpa import sdpa_tiles
@@ -52,9 +43,8 @@ class PermutationPlan:
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         key_padding_mask_BN, token_mask, score_bias, _, _ = call
         tile_sized = token_mask is not None or score_bias is not None or call.doc_ids_BN is not None
-        copies = self.tile_map is not None or not _tiles_are_views(q_BHND, self.chunks)
-        if tile_sized or copies or (self.token_mask_GQK is not None and key_padding_mask_BN is not None):
-            return kept_attention(lambda q, k, v: self._run(q, k, v, call), q_BHND, k_BHND, v_BHND)
+        if tile_sized or (self.token_mask_GQK is not None and key_padding_mask_BN is not None):
+            return recomputed(lambda q, k, v: self._run(q, k, v, call), q_BHND, k_BHND, v_BHND)
         return self._run(q_BHND, k_BHND, v_BHND, call)
 
     def _run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
@@ -62,9 +52,6 @@ class PermutationPlan:
         B, H, N, D = q_BHND.shape
         Dv = v_BHND.shape[-1]
         n, T = self.chunks, self.tile
-        plain = token_mask is None and score_bias is None and call.doc_ids_BN is None and self.token_mask_GQK is None
-        if plain and _tiles_on_batch(q_BHND, n):
-            return self._run_on_batch(q_BHND, k_BHND, v_BHND, call)
         G = H * n
         q = q_BHND.reshape(B, G, T, D)  # a view: query tiles are in place
         k = k_BHND.reshape(B, G, T, D)
@@ -84,51 +71,6 @@ class PermutationPlan:
         )
         bias = None if score_bias is None else score_bias.gather(self.head_G, self.q_index_GQ, self.k_index_GK)
         return tiles_to_heads(sdpa_tiles(q, k, v, allow, bias, dropout_p, scale), H, N)  # no .view: see there
-
-    def _run_on_batch(self, q_BHND, k_BHND, v_BHND, call: Call) -> torch.Tensor:
-        """Tiles on SDPA's batch axis, ``[B*n, H, T, D]`` (tile b*n + i holds chunk i of every head of row b): a
-        view of the encoder's q/k/v (slices of one ``[B, N, 3, H, D]`` projection), and SDPA's output, in the
-        query's layout (flash, cuDNN) or ``[B, T, H, D]`` memory (memory-efficient), is ``[B, N, H, D]`` memory:
-        the output projection reads it without a copy. Shifted heads take their key chunks with one gather."""
-        key_padding_mask_BN, _, _, dropout_p, scale = call
-        B, H, N, D = q_BHND.shape
-        n, T = self.chunks, self.tile
-
-        def fold(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, E] -> [B*n, H, T, E]
-            return x.unflatten(2, (n, T)).transpose(1, 2).reshape(B * n, H, T, x.shape[-1])
-
-        q = fold(q_BHND)
-        src = None
-        if self.tile_map is None:
-            k, v = fold(k_BHND), fold(v_BHND)
-        else:  # src[i, h]: key chunk of query chunk i on head h
-            src = (self.tile_map.view(H, n) - torch.arange(H, device=self.tile_map.device)[:, None] * n).t()
-            heads = torch.arange(H, device=src.device).expand(n, H)
-            k, v = (
-                x.unflatten(2, (n, T)).transpose(1, 2)[:, src, heads].reshape(B * n, H, T, x.shape[-1])
-                for x in (k_BHND, v_BHND)
-            )
-        allow = None
-        if key_padding_mask_BN is not None:
-            kp = key_padding_mask_BN.view(B, n, T)
-            allow = kp.view(B * n, 1, 1, T) if src is None else kp[:, src].reshape(B * n, H, 1, T)
-        out = sdpa_tiles(q, k, v, allow, None, dropout_p, scale)  # [B*n, H, T, Dv]
-        return out.unflatten(0, (B, n)).permute(0, 2, 1, 3, 4).reshape(B, H, N, out.shape[-1])
-
-
-def _tiles_are_views(x_BHND: torch.Tensor, n: int) -> bool:
-    """Whether ``x`` cut into n chunks per head is a view either way (heads-major ``[B, H*n, T, D]`` or on the
-    batch axis): else the tiles are copies, which the caller keeps out of the saved tensors."""
-    B, H, N, _ = x_BHND.shape
-    return x_BHND.stride(1) == N * x_BHND.stride(2) or _tiles_on_batch(x_BHND, n)
-
-
-def _tiles_on_batch(x_BHND: torch.Tensor, n: int) -> bool:
-    """Whether the tiles should go on SDPA's batch axis: the heads-major fold would copy, the batch one is a view
-    (the encoder's q/k/v are slices of ``[B, N, 3, H, D]``)."""
-    B, H, N, _ = x_BHND.shape
-    heads_major = H == 1 or x_BHND.stride(1) == N * x_BHND.stride(2)
-    return not heads_major and (B == 1 or x_BHND.stride(0) == N * x_BHND.stride(2))
 
 
 class _PermuteTiles(torch.autograd.Function):
