@@ -287,8 +287,8 @@ class Trainer:
         self._print_attention_backend()
 
     def _print_attention_backend(self) -> None:
-        """On a GPU, the SDPA backend dense attention takes in training and why the faster ones refused (e.g. cuDNN
-        refuses attention dropout 0.1, flash any mask): model/attention/sdpa_backend.py, torch's own rules."""
+        """On a GPU, the SDPA backend dense attention takes in training (torch's own choice) and why the faster ones
+        refused (e.g. flash takes no mask): model/attention/sdpa_backend.py, torch's rules."""
         cfg = self.model_config
         if self.dist.device.type != "cuda" or cfg.position.type not in ("absolute", "rotary"):
             return
@@ -304,7 +304,14 @@ class Trainer:
         heads, seq = cfg.num_attention_heads, self.run.data.seq_length
         gpu = gpu_of_this_machine()
         line = dense_training_backends(
-            self.micro, heads, seq, cfg.attention_head_size, dtype, cfg.attention_dropout, gpu
+            self.micro,
+            heads,
+            seq,
+            cfg.attention_head_size,
+            dtype,
+            cfg.attention_dropout,
+            gpu,
+            ask_torch=torch.cuda.is_available(),
         )
         self._print(f"{line} (dense attention, dropout {cfg.attention_dropout}; docs/training.md)")
 

@@ -12,7 +12,6 @@ against ``torch._fused_sdp_choice`` on a real GPU.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -149,9 +148,12 @@ def cudnn_refusal(p: SDPAParams, gpu: GPUProfile) -> str | None:
     """Why cuDNN attention cannot run. cuda/sdp_utils.cpp ``can_use_cudnn_attention``: not under deterministic
     algorithms (``check_cudnn_deterministic``), fp16/bf16 (``check_dtypes_low_precision``), a mask of shape
     ``[Q|1, K|1]`` or ``[B|1, H|1, Q|1, K|1]`` that does not require grad (sdp_utils_cpp.h
-    ``check_attn_mask_shape``: a learned DIET bias is refused), sm80..sm121, dropout a multiple of 1/16
-    (``check_cudnn_dropout``), head dims <= 128 (256 on sm90/sm10x with cuDNN > 9.22) and multiples of 8, key length
-    != 1 (``check_cudnn_tensor_shapes``)."""
+    ``check_attn_mask_shape``: a learned DIET bias is refused), sm80..sm121, head dims <= 128 (256 on sm90/sm10x
+    with cuDNN > 9.22) and multiples of 8, key length != 1 (``check_cudnn_tensor_shapes``).
+
+    No dropout rule: older torch refused a dropout that is not a multiple of 1/16 (``check_cudnn_dropout``), but
+    torch 2.11.0+cu130 with cuDNN 9.19 on an H200 picked cuDNN for dropout 0.1, with and without a boolean key mask
+    (measured 2026-11-27: docs/gpu_reports/2026-11-27-h200-direct/sdpa_backend.txt); torch 2.11 is our floor."""
     if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
         return "cuDNN attention is not deterministic"
     why = _same_dtype(p, (torch.float16, torch.bfloat16))
@@ -171,8 +173,6 @@ def cudnn_refusal(p: SDPAParams, gpu: GPUProfile) -> str | None:
             return "cuDNN attention: mask must be 2-D or 4-D"
     if not (8, 0) <= gpu.capability <= (12, 1):
         return "cuDNN attention needs sm80..sm121"
-    if p.dropout * 16.0 != math.floor(p.dropout * 16.0):
-        return "cuDNN dropout must be a multiple of 1/16"
     limit = 256 if gpu.capability[0] in (9, 10) else 128
     dq, dv = p.q.shape[-1], p.v.shape[-1]
     if dq > limit or dv > limit or dq % 8 or dv % 8:
@@ -235,18 +235,40 @@ def gpu_of_this_machine() -> GPUProfile:
     return GPUProfile(torch.cuda.get_device_name(), cap, prefer_cudnn=cap[0] in (9, 10))
 
 
+def torch_choice(q: torch.Tensor, mask: torch.Tensor | None, dropout_p: float) -> str:
+    """The backend torch itself picks for self-attention on ``q`` (a CUDA tensor): ``torch._fused_sdp_choice``."""
+    names = {int(v): k for k, v in torch.nn.attention.SDPBackend.__members__.items()}
+    name = names.get(int(torch._fused_sdp_choice(q, q, q, mask, dropout_p, False)), "unknown")
+    return {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient"}.get(
+        name, name.lower()
+    )
+
+
 def dense_training_backends(
-    batch: int, heads: int, seq_len: int, head_size: int, dtype: torch.dtype, dropout_p: float, gpu: GPUProfile
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_size: int,
+    dtype: torch.dtype,
+    dropout_p: float,
+    gpu: GPUProfile,
+    ask_torch: bool = False,
 ) -> str:
     """One line: the backend dense attention's SDPA call takes in training on ``gpu``, for padded batches (a boolean
     key mask ``[B, 1, 1, N]``, as model/attention/kernels/sdpa.py passes it) and for batches without padding (the
-    trainer drops their mask), each with why the backends torch prefers refused."""
-    q = torch.empty(batch, seq_len, heads, head_size, dtype=dtype, device="meta").transpose(1, 2).requires_grad_()
-    mask = torch.empty(batch, 1, 1, seq_len, dtype=torch.bool, device="meta")
+    trainer drops their mask), each with why the backends torch prefers refused. ``ask_torch`` (on a real GPU): the
+    backend is torch's own choice for one row of that shape, and a disagreement with these rules is said in the
+    line (the rules are then out of date for this torch)."""
+    device = "cuda" if ask_torch else "meta"
+    rows = 1 if ask_torch else batch
+    q = torch.zeros(rows, seq_len, heads, head_size, dtype=dtype, device=device).transpose(1, 2).requires_grad_()
+    mask = torch.ones(rows, 1, 1, seq_len, dtype=torch.bool, device=device)
     parts = []
     with torch.enable_grad():
         for what, m in (("padded batches", mask), ("unpadded", None)):
             p = SDPAParams(q, q, q, m, dropout_p)
-            why = refusals(p, gpu)
-            parts.append(f"{what} -> {select_backend(p, gpu)}" + (f" ({'; '.join(why)})" if why else ""))
+            rules = select_backend(p, gpu)
+            chosen = torch_choice(q, m, dropout_p) if ask_torch else rules
+            why = refusals(p, gpu) if chosen == rules else [f"these rules predicted {rules}: report it"]
+            parts.append(f"{what} -> {chosen}" + (f" ({'; '.join(why)})" if why else ""))
     return f"attention on {gpu.name}: SDPA " + ", ".join(parts)
