@@ -430,8 +430,6 @@ def test_preset_families_are_derived():
 
 # -- on a GPU only: the emulation's rules against torch's ------------------------------------------------------------
 
-_TORCH_BACKEND = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
-
 
 @pytest.mark.skipif(not ON_CUDA, reason="compares the emulated rules with torch's on a real GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
@@ -447,7 +445,9 @@ def test_backend_choice_matches_torch(dtype, mask, dropout):
         m = torch.ones(2, 1, 1, 64, dtype=torch.bool, device="cuda")
     elif mask == "learned":
         m = torch.zeros(1, 8, 64, 64, device="cuda", dtype=dtype, requires_grad=True)
-    got = _TORCH_BACKEND[int(torch._fused_sdp_choice(q, q, q, m, dropout))]
+    from model.attention.sdpa_backend import torch_choice
+
+    got = torch_choice(q, m, dropout)
     assert got == C.predicted_backend(q, q, q, m, dropout, C.gpu_of_this_machine())
 
 
