@@ -37,14 +37,19 @@ from pathlib import Path
 import torch
 
 from common.cli import add_deprecated_alias
-from model.flops import flops_per_token, layout_density
+from model.config import ModelConfig
+from model.flops import layout_density, model_flops_per_token
 from model.presets import PRESETS, blockbert
 from pretrain.throughput import peak_tflops
 
 TOKENS_PER_STEP = {"bert-base": 16384, "tiny": 256}
 """The model presets (model/presets.py) this benchmark sizes, and the b x N of a step for each."""
-VARIANTS = {"dense": None, "blockbert-n2": 2, "blockbert-n3": 3}
-"""Variant -> BlockBERT n (model.presets.blockbert, the paper's split scaled to the preset's heads); None = dense."""
+VARIANTS = {"dense": None, "blockbert-n2": 2, "blockbert-n3": 3, "modernbert-base": None, "modernbert-blockbert": 2}
+"""Variant -> BlockBERT n (model.presets.blockbert, the paper's split scaled to the preset's heads); None = dense.
+The variants of :data:`WHOLE_PRESETS` are their own models instead (the n is only what they use)."""
+WHOLE_PRESETS = {"modernbert-base": "modernbert-base", "modernbert-blockbert": "modernbert-blockbert-base"}
+"""Variant -> the model preset it trains as a whole (its widths, positions, layer plan and dropouts as the recipe has
+them), whatever --model-preset sizes: issue #41's ModernBERT local/global layers with BlockBERT globals at 8192."""
 
 
 def _init_single_rank() -> torch.device:
@@ -87,6 +92,32 @@ class Case:
     """With --data-path: the trainer's --sample-mode (None: --sample-mode of the command line)."""
 
 
+def case_model_config(case: Case, args) -> ModelConfig:
+    """The model a case trains: --model-preset's sizes with the variant's BlockBERT layout, or a whole preset
+    (:data:`WHOLE_PRESETS`); --kernel is the attention kernel either way."""
+    blocks = VARIANTS[case.variant]
+    sparsity = None if blocks is None else blockbert(blocks, args.heads, block=None)  # the layout's default tile
+    if case.variant in WHOLE_PRESETS:
+        name = WHOLE_PRESETS[case.variant]
+        positions = max(ModelConfig.preset(name).max_position_embeddings, case.seq_len)
+        attention = dict(PRESETS[name]["attention"], kernel=args.kernel)  # --kernel counts here too
+        return ModelConfig.preset(
+            name, vocab_size=args.vocab_size, max_position_embeddings=positions, attention=attention
+        )
+    return ModelConfig.preset(
+        "bert-base",
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_attention_heads=args.heads,
+        intermediate_size=4 * args.hidden,
+        max_position_embeddings=max(512, case.seq_len),
+        hidden_dropout=0.1,
+        attention_dropout=case.attention_dropout,
+        attention={"kernel": args.kernel, "sparsity": sparsity},
+    )
+
+
 class TrainStep:
     """A DeepSpeed engine over the model of a :class:`Case` and the inputs the trainer would give it (pretrain.trainer
     .device_batch, what Trainer._to_device calls: an all-ones mask dropped on the host, the static MLM gather with the
@@ -95,7 +126,6 @@ class TrainStep:
     def __init__(self, case: Case, args, device: torch.device) -> None:
         from data_pipeline.masking import derived_max_predictions
         from model.bert import BertForPreTraining
-        from model.config import ModelConfig
         from pretrain.args import OptimConfig
         from pretrain.ds_config import check_compile_supported, read_ds_config, resolve_batch_sizes
         from pretrain.parallelize import apply_compile, initialize_engine
@@ -105,20 +135,7 @@ class TrainStep:
 
         repo = Path(__file__).resolve().parents[1]
         self.case, self.device = case, device
-        blocks = VARIANTS[case.variant]
-        sparsity = None if blocks is None else blockbert(blocks, args.heads, block=None)  # the layout's default tile
-        self.config = ModelConfig.preset(
-            "bert-base",
-            vocab_size=args.vocab_size,
-            hidden_size=args.hidden,
-            num_layers=args.layers,
-            num_attention_heads=args.heads,
-            intermediate_size=4 * args.hidden,
-            max_position_embeddings=max(512, case.seq_len),
-            hidden_dropout=0.1,
-            attention_dropout=case.attention_dropout,
-            attention={"kernel": args.kernel, "sparsity": sparsity},
-        )
+        self.config = case_model_config(case, args)
         torch.manual_seed(0)
         model = BertForPreTraining(self.config)
         self.batch = case.batch or max(1, args.tokens // case.seq_len)
@@ -141,9 +158,7 @@ class TrainStep:
         self.density = layout_density(self.config, case.seq_len)
         self.predicted = float(sum((d["labels"] != -100).float().mean() for d in self.feed) / len(self.feed))
         self.real_tokens = [_real_tokens(h) for h in self.hosts]
-        self.flops_per_token = flops_per_token(
-            args.hidden, args.layers, case.seq_len, args.vocab_size, self.density, self.predicted
-        )
+        self.flops_per_token = model_flops_per_token(self.config, case.seq_len, self.predicted)
         self.calls = 0
 
     def step(self) -> None:

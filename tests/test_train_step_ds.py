@@ -46,3 +46,23 @@ def test_it_times_the_data_pipelines_batches(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["batches"] == "data pipeline" and row["max_predictions"] == derived_max_predictions(64, 0.15)
     assert 0 < row["tokens_per_s"] * row["step_s"] <= row["batch"] * 64
+
+
+def test_a_whole_preset_variant_trains_that_preset_with_the_kernel_asked_for():
+    from argparse import Namespace
+
+    from benchmarks.train_step_ds import Case, case_model_config
+    from model.config import ModelConfig
+
+    args = Namespace(hidden=64, layers=2, heads=4, vocab_size=30522, kernel="block_gather")
+    got = case_model_config(Case("modernbert-blockbert", seq_len=8192), args)
+    want = ModelConfig.preset("modernbert-blockbert-base")
+    assert (got.num_layers, got.hidden_size, got.intermediate_size) == (
+        want.num_layers,
+        want.hidden_size,
+        want.intermediate_size,
+    )
+    assert got.max_position_embeddings == 8192 and got.vocab_size == 30522
+    assert got.attention.kernel == "block_gather" and got.attention.global_every == want.attention.global_every
+    small = case_model_config(Case("blockbert-n2", seq_len=512), args)
+    assert (small.num_layers, small.hidden_size, small.attention.kernel) == (2, 64, "block_gather")
