@@ -65,8 +65,9 @@ class ResolvedDSConfig:
     notes: list[str] = field(default_factory=list)
     """What we changed, printed once by rank 0."""
     clip_grad: float = 0.0
-    """The gradient-norm bound the trainer applies itself where :attr:`trainer_clips` (taken out of the config's
-    ``gradient_clipping`` by :func:`apply_clip_grad`); 0: no clipping by the trainer."""
+    """The gradient-norm bound the trainer applies itself where :attr:`trainer_clips` (the config's
+    ``gradient_clipping``, DeepSpeed's default 1.0 when absent, moved here by :func:`apply_clip_grad`, which sets it
+    to 0 for DeepSpeed); 0: no clipping by the trainer."""
 
     @property
     def precision(self) -> str:
@@ -282,7 +283,10 @@ def apply_clip_grad(ds: ResolvedDSConfig, clip_grad: float | None) -> None:
             raise DSConfigError(f"{ds.path}: gradient_clipping={file_value} disagrees with --clip-grad {clip_grad}")
         ds.config["gradient_clipping"] = clip_grad
     if ds.trainer_clips:
-        ds.clip_grad = float(ds.config.pop("gradient_clipping", ds.clip_grad))
+        from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT  # 1.0: DeepSpeed clips unless told 0
+
+        ds.clip_grad = float(ds.config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT))
+        ds.config["gradient_clipping"] = 0.0
 
 
 def validate_with_deepspeed(ds: ResolvedDSConfig) -> None:
