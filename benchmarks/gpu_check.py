@@ -631,7 +631,8 @@ def profile_step(ctx: Ctx, cap_s: float) -> Step:
     else:
         sizes = ["--model-preset", "bert-base", "--seq-len", "512", "--batch", "32", "--warmup", "3", "--steps", "2"]
         # --quick leaves the profile about 70 s (the 2026-11-26 H200 timings of the steps before it): eager takes
-        # ~20 s, so compiled starts when 40 s are left
+        # ~20 s, then the ds_config variants zero1_overlap and zero0_autocast (profile_step.VARIANTS' order);
+        # compiled starts only when 40 s are left
         sizes += ["--compile-estimate-s", "40"]
     cmd = [ctx.python, "-m", "benchmarks.profile_step", *sizes, "--precision", ctx.low_precision]
     cmd += ["--sample-mode", "full-sentences", "--json", str(out), "--trace", str(ctx.out / PROFILE_TRACE)]

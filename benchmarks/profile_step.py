@@ -11,8 +11,10 @@ Variants (:data:`VARIANTS`, in priority order: the most informative first) diffe
 ZeRO-1, attention dropout 0.1, --sample-mode rows with an attention mask where padded, eager) in one setting each:
 compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0 (which
 lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document masks),
-ZeRO-0 and ZeRO-2. ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in
-$GPU_CHECK_STEP_DEADLINE) bounds the run: a variant is started only when the time left exceeds the longest variant so
+ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
+per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json).
+``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
+bounds the run: a variant is started only when the time left exceeds the longest variant so
 far (compiled: twice that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly
 with what it has.
 
@@ -47,6 +49,8 @@ from pretrain.throughput import peak_tflops
 TOP_KERNELS = 15
 VARIANTS: dict[str, dict] = {
     "eager": {},
+    "zero1_overlap": {"ds_config": "zero1_bf16_overlap.json"},
+    "zero0_autocast": {"ds_config": "zero0_bf16_autocast.json", "zero": 0},
     "compiled": {"compile": True},
     "batch_x2": {"batch_factor": 2},
     "batch_x4": {"batch_factor": 4},
@@ -55,7 +59,8 @@ VARIANTS: dict[str, dict] = {
     "zero0": {"zero": 0},
     "zero2": {"zero": 2},
 }
-"""Variant name -> what it changes from the base case; the order is the priority order."""
+"""Variant name -> what it changes from the base case; the order is the priority order. A variant with a
+``ds_config`` names a bf16 file (benchmarks/host_overhead.py counts their host work on CPU): run with bf16 only."""
 MARGIN_S = 5.0
 """Kept back before the deadline to write the JSON and leave."""
 _CPU_SYNCING = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal"})
@@ -242,6 +247,10 @@ def run(args, device: torch.device, name: str) -> dict:
     longest = 0.0
     for v in args.variants:
         case = variant_case(v, base)
+        if case.ds_config and case.precision != "bf16":
+            result.setdefault("not_run", {})[v] = f"{case.ds_config} is a bf16 config; this run is {case.precision}"
+            print(f"[profile_step] not run {v}: {result['not_run'][v]}", flush=True)
+            continue
         need = max(2 * longest, args.compile_estimate_s) if case.compile else longest
         if deadline is not None and time.time() + need > deadline:  # a later, cheaper variant may still fit
             result["left_out"].append(v)
@@ -289,8 +298,9 @@ def markdown(result: dict) -> list[str]:
         c = r["case"]
         mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         packed = "packed" if c.get("sample_mode") == "packed-docs" else f"padded ({100 * r['padding_share']:.0f}% pad)"
+        zero = f"{c['zero']} (`{c['ds_config']}`)" if c.get("ds_config") else c["zero"]
         out.append(
-            f"| {r['variant']} | {c['seq_len']} | {c['batch']} | {c['zero']} | {c['attention_dropout']} | {packed} | "
+            f"| {r['variant']} | {c['seq_len']} | {c['batch']} | {zero} | {c['attention_dropout']} | {packed} | "
             f"{'yes' if c['compile'] else 'no'} | {r['kernel_used']} | {r['step_s'] * 1e3:.1f} | "
             f"{r['tokens_per_s']:.0f} | {r['tflops']:.3g} | {mfu} | {100 * r['busy_fraction']:.0f}% | "
             f"{r['host_syncs_per_step']} | {r['peak_memory_mib']:.0f} |"

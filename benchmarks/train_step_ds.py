@@ -84,6 +84,8 @@ class Case:
     """Micro-batch; None: --tokens // seq_len."""
     zero: int = 1
     """ZeRO stage of ds_configs/zero{stage}_{precision}.json."""
+    ds_config: str | None = None
+    """A file of ds_configs/ instead of zero{stage}_{precision}.json (its own stage and precision then apply)."""
     attention_dropout: float = 0.1
     """The paper set-ups' 0.1 (run_scripts/common.sh): with it ``auto`` trains the sparse variants with block_gather."""
     compile: bool = False
@@ -127,7 +129,7 @@ class TrainStep:
         from data_pipeline.masking import derived_max_predictions
         from model.bert import BertForPreTraining
         from pretrain.args import OptimConfig
-        from pretrain.ds_config import check_compile_supported, read_ds_config, resolve_batch_sizes
+        from pretrain.ds_config import apply_clip_grad, check_compile_supported, read_ds_config, resolve_batch_sizes
         from pretrain.parallelize import apply_compile, initialize_engine
         from pretrain.schedule import schedule_settings
         from pretrain.trainer import device_batch
@@ -139,12 +141,13 @@ class TrainStep:
         torch.manual_seed(0)
         model = BertForPreTraining(self.config)
         self.batch = case.batch or max(1, args.tokens // case.seq_len)
-        ds = read_ds_config(repo / "ds_configs" / f"zero{case.zero}_{case.precision}.json")
+        ds = read_ds_config(repo / "ds_configs" / (case.ds_config or f"zero{case.zero}_{case.precision}.json"))
         check_compile_supported(ds, case.compile)
         resolve_batch_sizes(ds, self.batch, None, 1)
-        self.engine = initialize_engine(
-            model, ds, OptimConfig(lr=1e-4), schedule_settings(1e-4, 0.0, 10, 1000, "linear")
-        )
+        optim = OptimConfig(lr=1e-4)
+        apply_clip_grad(ds, optim.clip_grad)  # the trainer's --clip-grad default: DeepSpeed's clipping is in the step
+        self.engine = initialize_engine(model, ds, optim, schedule_settings(1e-4, 0.0, 10, 1000, "linear"))
+        self.clip = ds.clip_grad if ds.trainer_clips else None  # the trainer clips there (Trainer._before_update)
         if case.compile:
             apply_compile(self.engine, case.seq_len, device)
         if args.data_path:
@@ -162,11 +165,15 @@ class TrainStep:
         self.calls = 0
 
     def step(self) -> None:
+        from pretrain.parallelize import clip_gradients
+
         engine = self.engine
         data = self.feed[self.calls % len(self.feed)]
         self.calls += 1
         loss = engine(**data).loss
         engine.backward(loss)
+        if self.clip is not None:
+            clip_gradients(engine.module, self.clip)
         engine.step()
 
     def kernels_used(self) -> str:

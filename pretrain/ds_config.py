@@ -64,6 +64,10 @@ class ResolvedDSConfig:
     """The legacy `sparse_attention` block, for the model's AttentionConfig.sparsity (None when absent)."""
     notes: list[str] = field(default_factory=list)
     """What we changed, printed once by rank 0."""
+    clip_grad: float = 0.0
+    """The gradient-norm bound the trainer applies itself where :attr:`trainer_clips` (the config's
+    ``gradient_clipping``, DeepSpeed's default 1.0 when absent, moved here by :func:`apply_clip_grad`, which sets it
+    to 0 for DeepSpeed); 0: no clipping by the trainer."""
 
     @property
     def precision(self) -> str:
@@ -78,6 +82,17 @@ class ResolvedDSConfig:
     @property
     def zero_stage(self) -> int:
         return int(self.config.get("zero_optimization", {}).get("stage", 0))
+
+    @property
+    def trainer_clips(self) -> bool:
+        """ZeRO stage 0 without DeepSpeed's bf16/fp16 optimizer (fp32, or bf16 through torch_autocast): there
+        DeepSpeed clips with a loop over the parameter tensors on the host (runtime/utils.py clip_grad_norm_: a norm
+        kernel per tensor, and no norm reported), so the trainer clips instead with torch's clip_grad_norm_ (on a
+        GPU one multi-tensor norm and scale) and reports that norm (pretrain/parallelize.py clip_gradients)."""
+        from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+
+        ds_optimizer = get_float16_config(self.config).enabled or get_bfloat16_config(self.config).enabled
+        return self.zero_stage == 0 and not ds_optimizer
 
     @property
     def applies_nonfinite_grads(self) -> bool:
@@ -260,13 +275,18 @@ def resolve_batch_sizes(
 
 
 def apply_clip_grad(ds: ResolvedDSConfig, clip_grad: float | None) -> None:
-    """--clip-grad fills gradient_clipping (the engine clips); a conflicting value in the file is an error."""
-    if clip_grad is None:
-        return
-    file_value = ds.config.get("gradient_clipping")
-    if file_value is not None and float(file_value) != clip_grad:
-        raise DSConfigError(f"{ds.path}: gradient_clipping={file_value} disagrees with --clip-grad {clip_grad}")
-    ds.config["gradient_clipping"] = clip_grad
+    """--clip-grad fills gradient_clipping (the engine clips); a conflicting value in the file is an error. Where
+    ``ds.trainer_clips`` the bound moves to ``ds.clip_grad`` instead (the trainer clips, DeepSpeed does not)."""
+    if clip_grad is not None:
+        file_value = ds.config.get("gradient_clipping")
+        if file_value is not None and float(file_value) != clip_grad:
+            raise DSConfigError(f"{ds.path}: gradient_clipping={file_value} disagrees with --clip-grad {clip_grad}")
+        ds.config["gradient_clipping"] = clip_grad
+    if ds.trainer_clips:
+        from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT  # 1.0: DeepSpeed clips unless told 0
+
+        ds.clip_grad = float(ds.config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT))
+        ds.config["gradient_clipping"] = 0.0
 
 
 def validate_with_deepspeed(ds: ResolvedDSConfig) -> None:

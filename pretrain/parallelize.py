@@ -252,7 +252,23 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
         config=ds.config,
         lr_scheduler=scheduler,
     )
+    if ds.zero_stage == 0 and engine.dp_world_size == 1:
+        # one rank: DeepSpeed's ZeRO-0 all-reduce would flatten every gradient, reduce over itself and copy each back
+        # (a few operators per parameter tensor, on the host, at every step) without changing a value
+        engine.enable_backward_allreduce = False
     return engine
+
+
+def clip_gradients(module: torch.nn.Module, max_norm: float) -> torch.Tensor | None:
+    """The gradients' total 2-norm before clipping (None without gradients), every gradient scaled down to
+    ``max_norm`` when it is > 0: torch's clip_grad_norm_ (foreach on a GPU: one multi-tensor norm and scale, no host
+    sync), for the configs where DeepSpeed's own clipping loops over the tensors (ResolvedDSConfig.trainer_clips)."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    if not params:
+        return None
+    if max_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in params])
 
 
 def apply_compile(engine, seq_len: int, device: torch.device) -> None:

@@ -53,6 +53,7 @@ from pretrain.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
     build_attention_plans,
+    clip_gradients,
     gathered,
     initialize_engine,
     optimizer_from_block,
@@ -282,8 +283,9 @@ class Trainer:
             self._print(note)  # which kernel `auto` runs and why (measured table or rule)
         if run.system.compile:
             apply_compile(self.engine, run.data.seq_length, self.dist.device)
-        # ZeRO-0 in fp32 leaves the norm DeepSpeed clips with unreported: we compute it (on the device) then
-        self._own_grad_norm = self.ds.zero_stage == 0 and self.ds.precision == "fp32"
+        # ZeRO-0 in fp32 or torch_autocast: the trainer clips (DeepSpeed's clipping there loops over the tensors on
+        # the host and reports no norm) and keeps the norm (on the device)
+        self._own_grad_norm = self.ds.trainer_clips
         self._print_attention_backend()
 
     def _print_attention_backend(self) -> None:
@@ -520,15 +522,14 @@ class Trainer:
 
     def _before_update(self, loss_sum: torch.Tensor) -> None:
         """At the accumulation boundary (gradients reduced, update not yet applied): stop every rank together on a
-        non-finite loss (bf16/fp32), and keep the gradient norm DeepSpeed will not report (ZeRO-0 fp32)."""
+        non-finite loss (bf16/fp32), and clip where DeepSpeed does not (ds.trainer_clips: ZeRO-0 fp32 or autocast)."""
         if self.ds.precision != "fp16" and not all_ranks_true(torch.isfinite(loss_sum), self.dist.device):
             raise NonFiniteLossError(
                 f"non-finite loss at iteration {self.iteration + 1} ({self.ds.precision}); every rank stopped "
                 f"before the update. Last complete checkpoint: {self._last_checkpoint_text()}"
             )
         if self._own_grad_norm:
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-            self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
+            self._grad_norm = clip_gradients(self.engine.module, self.ds.clip_grad)
 
     def _refuse_nonfinite_update(self) -> None:
         """With bf16.check_grad_overflow off (the shipped bf16 ZeRO-1/2 configs: that check reads the norm back every

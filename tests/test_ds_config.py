@@ -55,7 +55,9 @@ def test_no_preset_keeps_a_setting_that_syncs_the_host_every_step(path):
     tests/test_host_syncs.py counts what remains."""
     ds = read_ds_config(path)
     assert not [n for n in ds.notes if "host syncs" in n], ds.notes
-    assert ds.applies_nonfinite_grads == (path.name in ("zero1_bf16.json", "zero2_bf16.json"))
+    assert ds.applies_nonfinite_grads == (
+        path.name in ("zero1_bf16.json", "zero1_bf16_overlap.json", "zero2_bf16.json")
+    )
 
 
 def test_a_user_config_that_syncs_the_host_gets_a_note_not_an_override(tmp_path):

@@ -93,10 +93,11 @@ def test_variants_run_in_priority_order_until_the_deadline(monkeypatch, tmp_path
     )
     args.json, args.trace = str(tmp_path / "p.json"), str(tmp_path / "t.json.gz")
     result = ps.run(args, None, "dev")
-    # eager (10 s) at t=0; compiled needs max(2 x 10 s, 15 s): starts at 10, ends at 20; batch_x2 at 20 -> 30;
-    # batch_x4 at 30 needs 10 s with 10 left: runs to 40; dropout0 at 40 has 0 s left: the rest are left out
-    assert [r[0] for r in ran] == ["eager", "compiled", "batch_x2", "batch_x4"]
-    assert ran[1][1] is True and [r[2] for r in ran] == [32, 32, 64, 128]
+    # eager (10 s) at t=0, zero1_overlap 10 -> 20, zero0_autocast 20 -> 30; compiled needs max(2 x 10 s, 15 s) with
+    # 10 left: left out; batch_x2 at 30 needs 10 s with 10 left: runs to 40; the rest have 0 s left
+    assert [r[0] for r in ran] == ["eager", "zero1_overlap", "zero0_autocast", "batch_x2"]
+    assert not any(r[1] for r in ran) and [r[2] for r in ran] == [32, 32, 32, 64]
     assert ran[0][3] == args.trace and all(r[3] is None for r in ran[1:])  # the trace of the first variant only
-    assert result["left_out"] == ["dropout0", "packed", "zero0", "zero2"] and not result["complete"]
+    left = ["compiled", "batch_x4", "dropout0", "packed", "zero0", "zero2"]
+    assert result["left_out"] == left and not result["complete"]
     assert json.loads((tmp_path / "p.json").read_text())["left_out"] == result["left_out"]

@@ -13,18 +13,44 @@ from tests import train_utils as tu
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_zero0_fp32_logs_the_same_grad_norm_as_zero1(tmp_path):
+def test_zero0_fp32_logs_the_same_grad_norm_and_clips_as_zero1(tmp_path):
+    """ZeRO-0 fp32: the trainer clips (pretrain/parallelize.py clip_gradients); ZeRO-1: DeepSpeed's optimizer does.
+    With a bound every step exceeds, the clipped updates, hence the later norms and losses, agree."""
     tu.prepare(tmp_path)
-    norms = {}
+    norms, losses = {}, {}
     for cfg in ("zero0_fp32.json", "zero1_fp32.json"):
         log = tmp_path / f"{cfg}.jsonl"
-        p = tu.launch("python", tu.train_args(tmp_path, cfg, 3, "--log-json", str(log), global_batch=4))
+        args = tu.train_args(tmp_path, cfg, 3, "--log-json", str(log), "--clip-grad", str(CLIP), global_batch=4)
+        p = tu.launch("python", args)
         assert p.returncode == 0, p.stdout[-3000:]
         norms[cfg] = [r["grad_norm"] for r in tu.train_records(log)]
+        losses[cfg] = [r["loss"] for r in tu.train_records(log)]
         assert "grad norm None" not in p.stdout and "loss scale" not in p.stdout
-    assert all(n is not None and math.isfinite(n) and n > 0 for n in norms["zero0_fp32.json"])
+    assert all(n is not None and math.isfinite(n) and n > CLIP for n in norms["zero0_fp32.json"])  # every step clips
     # same seed, data and model: the pre-clipping norms agree (DeepSpeed's ZeRO-1 optimizer vs ours)
     assert norms["zero0_fp32.json"] == pytest.approx(norms["zero1_fp32.json"], rel=1e-4)
+    assert losses["zero0_fp32.json"] == pytest.approx(losses["zero1_fp32.json"], rel=1e-5)
+
+
+def test_clipping_moves_to_the_trainer_only_where_deepspeed_loops_over_the_tensors(tmp_path):
+    """ZeRO-0 without DeepSpeed's bf16/fp16 optimizer: the bound leaves the DeepSpeed config for the trainer."""
+    from pretrain.ds_config import apply_clip_grad, read_ds_config
+
+    for name, trainer in (("zero0_fp32.json", True), ("zero0_bf16_autocast.json", True), ("zero0_bf16.json", False)):
+        ds = read_ds_config(tu.REPO / "ds_configs" / name)
+        apply_clip_grad(ds, 0.5)
+        assert ds.trainer_clips == trainer, name
+        assert (ds.clip_grad, ds.config["gradient_clipping"]) == ((0.5, 0.0) if trainer else (0.0, 0.5)), name
+        ds = read_ds_config(tu.REPO / "ds_configs" / name)
+        apply_clip_grad(ds, None)  # no --clip-grad: DeepSpeed's default bound (1.0) is kept, applied by the trainer
+        assert (ds.clip_grad, ds.config.get("gradient_clipping")) == ((1.0, 0.0) if trainer else (0.0, None)), name
+    ds = read_ds_config(tu.REPO / "ds_configs" / "zero1_fp32.json")
+    apply_clip_grad(ds, 0.5)
+    assert not ds.trainer_clips and ds.config["gradient_clipping"] == 0.5
+
+
+#: far below the tiny model's gradient norms, so every step is clipped
+CLIP = 0.01
 
 
 def test_log_line_prints_what_exists_formatted():
