@@ -11,7 +11,6 @@ visit (CSR, :mod:`.tables`), built once per plan."""
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +54,11 @@ def triton_available() -> str | None:
 
 
 def interpreting() -> bool:
-    """Whether Triton runs in its interpreter (CPU tensors): ``TRITON_INTERPRET=1`` before Triton was imported."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether the Triton programs run in Triton's interpreter (on CPU tensors): decided when they are first imported,
+    by ``TRITON_INTERPRET=1`` in the environment then (tests/test_triton_block.py sets it)."""
+    from model.attention.kernels.triton_block import tl_kernels
+
+    return tl_kernels.INTERPRETED
 
 
 @dataclass

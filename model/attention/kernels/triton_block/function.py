@@ -11,12 +11,6 @@ import torch
 from model.attention.kernels.triton_block.tables import TileTables
 
 
-def interpreting() -> bool:
-    from model.attention.kernels.triton_block import interpreting as _interpreting
-
-    return _interpreting()
-
-
 def _tl():
     from model.attention.kernels.triton_block import tl_kernels
 
@@ -57,7 +51,7 @@ class TritonBlockAttention(torch.autograd.Function):
             H, N, plan.m_blocks, plan.block, plan.tq, scale * tl_k.LOG2E,
             HEAD_STRIDE=plan.head_stride, HAS_KPM=kpm_BN is not None, HAS_DOC=doc_BN is not None,
             DROPOUT_P=float(dropout_p), D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, BLOCK_N=plan.tile_n,
-            PRECISION=_precision(q), LOOP_WHILE=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PRECISION=_precision(q), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, o, lse, seed, *(x for x in (kpm_BN, doc_BN) if x is not None))
         ctx.has = (kpm_BN is not None, doc_BN is not None)
@@ -81,7 +75,7 @@ class TritonBlockAttention(torch.autograd.Function):
         common = dict(
             HEAD_STRIDE=plan.head_stride, HAS_KPM=kpm_BN is not None, HAS_DOC=doc_BN is not None,
             DROPOUT_P=float(ctx.dropout_p), D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, BLOCK_N=plan.tile_n,
-            PRECISION=_precision(q), LOOP_WHILE=interpreting(), num_warps=cfg.num_warps,
+            PRECISION=_precision(q), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )  # fmt: skip
         strides = (

@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+"""Whether the programs below were decorated for Triton's interpreter (read once, as ``triton.jit`` does)."""
 
 
 @triton.jit
