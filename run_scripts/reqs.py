@@ -69,7 +69,7 @@ class Requirement:
     cap: str | None  # `<` bound (None: none)
     spec: str  # the specifier as written, e.g. `>=1.26,<3`
     dev: bool = False  # `# dev`: tests/lint only; an offline set-up without its wheel skips it (says so)
-    cpu_torch: bool = False  # `# cpu-torch`: only where torch is a CPU build that brought none (a CUDA torch has its own)
+    cpu_torch: bool = False  # `# cpu-torch`: only beside a CPU torch that has none (a CUDA torch brings its own)
 
     @property
     def key(self) -> str:
@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in cpu_torch_extras(all_reqs, installed_versions(), torch_is_cpu_build()):
                 line = f"{r.name}=={r.floor}" if ns.floor and r.floor and r.pin else r.install_line()
                 if ns.wheelhouse and not wheel_in(ns.wheelhouse, r):
-                    print(f"[setup] skipped   {line}: tests only, and {ns.wheelhouse} has no wheel of it", file=sys.stderr)
+                    why = f"tests only, and {ns.wheelhouse} has no wheel of it"
+                    print(f"[setup] skipped   {line}: {why}", file=sys.stderr)
                 else:
                     print(line)
         elif ns.cmd == "floors":

@@ -9,6 +9,8 @@ shapes are tiny (N <= 128, head size 16, B * H <= 4). On a CUDA machine the same
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -209,3 +211,23 @@ def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
     q, k, v = (t.detach().cpu() for t in _inputs(1, 64))
     with pytest.raises(RuntimeError, match="triton_block runs on CUDA GPUs.*TRITON_INTERPRET=1"):
         A.BlockSparseAttention(cfg, kernel="triton_block", max_seq_length=64)(q, k, v)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_programs_compile_for_hopper_without_a_gpu():
+    """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the three programs for sm90 (bf16
+    and fp32, every mask and dropout on) in a process without ``TRITON_INTERPRET`` (tests/triton_compile.py). It caught
+    fp32 ``input_precision="ieee"`` failing to compile in Triton 3.6."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.triton_compile", "90", "bf16", "fp32"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=580,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("bytes of shared memory") == 6, r.stdout

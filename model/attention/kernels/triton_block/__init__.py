@@ -34,10 +34,12 @@ class TileConfig:
     num_stages: int
 
 
-def tile_config(head_size: int) -> TileConfig:
-    """The fixed launch table (sm80/sm90): 64 x 64 tiles; 4 warps up to head size 64, 8 above."""
+def tile_config(head_size: int, dtype: torch.dtype = torch.bfloat16) -> TileConfig:
+    """The fixed launch table (sm80/sm90): 64 x 64 tiles; 4 warps up to head size 64, 8 above; 2 pipeline stages in
+    fp16/bf16 up to head size 64, else 1 (fp32's three-product dots already take ~100-165 KB of shared memory)."""
     block_d = max(16, 1 << (head_size - 1).bit_length())
-    return TileConfig(block_d, 4 if block_d <= 64 else 8, 2 if block_d <= 64 else 1)
+    stages = 2 if block_d <= 64 and dtype != torch.float32 else 1
+    return TileConfig(block_d, 4 if block_d <= 64 else 8, stages)
 
 
 TILE = 64
@@ -92,8 +94,8 @@ class TritonBlockPlan:
     def tk(self) -> int:
         return -(-self.seq_len // self.tile_n)
 
-    def config(self, head_size: int) -> TileConfig:
-        return tile_config(head_size)
+    def config(self, head_size: int, dtype: torch.dtype) -> TileConfig:
+        return tile_config(head_size, dtype)
 
     def fallback(self, why: str):
         if not self._warned:

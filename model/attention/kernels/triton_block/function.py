@@ -36,7 +36,7 @@ class TritonBlockAttention(torch.autograd.Function):
         tl_k = _tl()
         q, k, v = _rows(q), _rows(k), _rows(v)
         B, H, N, D = q.shape
-        cfg = plan.config(D)
+        cfg = plan.config(D, q.dtype)
         t: TileTables = plan.tables
         o = torch.empty(B, H, N, D, device=q.device, dtype=q.dtype)
         lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
@@ -51,7 +51,8 @@ class TritonBlockAttention(torch.autograd.Function):
             H, N, plan.m_blocks, plan.block, plan.tq, scale * tl_k.LOG2E,
             HEAD_STRIDE=plan.head_stride, HAS_KPM=kpm_BN is not None, HAS_DOC=doc_BN is not None,
             DROPOUT_P=float(dropout_p), D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, BLOCK_N=plan.tile_n,
-            PRECISION=_precision(q), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PRECISION=dot_precision(q.dtype), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, o, lse, seed, *(x for x in (kpm_BN, doc_BN) if x is not None))
         ctx.has = (kpm_BN is not None, doc_BN is not None)
@@ -67,7 +68,7 @@ class TritonBlockAttention(torch.autograd.Function):
         plan = ctx.plan
         do = _rows(do)
         B, H, N, D = q.shape
-        cfg = plan.config(D)
+        cfg = plan.config(D, q.dtype)
         t: TileTables = plan.tables
         delta = (do.float() * o.float()).sum(-1)  # [B, H, N]
         dq, dk, dv = (torch.empty(B, H, N, D, device=q.device, dtype=q.dtype) for _ in range(3))
@@ -75,7 +76,7 @@ class TritonBlockAttention(torch.autograd.Function):
         common = dict(
             HEAD_STRIDE=plan.head_stride, HAS_KPM=kpm_BN is not None, HAS_DOC=doc_BN is not None,
             DROPOUT_P=float(ctx.dropout_p), D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, BLOCK_N=plan.tile_n,
-            PRECISION=_precision(q), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps,
+            PRECISION=dot_precision(q.dtype), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )  # fmt: skip
         strides = (
@@ -95,9 +96,11 @@ class TritonBlockAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def _precision(q: torch.Tensor) -> str:
-    """fp32 inputs multiply in full fp32 (``ieee``: parity with the fp32 reference), half precision on tensor cores."""
-    return "ieee" if q.dtype == torch.float32 else "tf32"
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs multiply as three TF32 products (``tf32x3``: about fp32's accuracy, for parity with the fp32
+    reference; ``ieee`` does not compile in Triton 3.6: an assertion in ConvertTritonGPUToLLVM for sm80 and sm90,
+    found compiling without a GPU); fp16/bf16 on the tensor cores."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def default_scale(D: int) -> float:

@@ -95,7 +95,8 @@ def fwd_kernel(
     offsets_ptr, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr, seed_ptr,
     H, N, M_BLOCKS, LAY_BLOCK, TQ, qk_scale,
     HEAD_STRIDE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, LOOP_WHILE: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    LOOP_WHILE: tl.constexpr,
 ):  # fmt: skip
     qt = tl.program_id(0)
     bh = tl.program_id(1)
@@ -191,7 +192,8 @@ def bwd_dkdv_kernel(
     offsets_ptr, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr, seed_ptr,
     H, N, M_BLOCKS, LAY_BLOCK, TK, qk_scale, sm_scale,
     HEAD_STRIDE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, LOOP_WHILE: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    LOOP_WHILE: tl.constexpr,
 ):  # fmt: skip
     kt = tl.program_id(0)
     bh = tl.program_id(1)
@@ -264,7 +266,8 @@ def bwd_dq_kernel(
     offsets_ptr, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr, seed_ptr,
     H, N, M_BLOCKS, LAY_BLOCK, TQ, qk_scale, sm_scale,
     HEAD_STRIDE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, LOOP_WHILE: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    LOOP_WHILE: tl.constexpr,
 ):  # fmt: skip
     qt = tl.program_id(0)
     bh = tl.program_id(1)
