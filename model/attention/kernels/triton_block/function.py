@@ -12,9 +12,9 @@ from model.attention.kernels.triton_block.tables import TileTables
 
 
 def _tl():
-    from model.attention.kernels.triton_block import tl_kernels
+    from model.attention.kernels.triton_block import programs
 
-    return tl_kernels
+    return programs()
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
