@@ -23,9 +23,9 @@ POINTERS = {
     "doc_ptr": "*i64", "seed_ptr": "*i64", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
 }  # fmt: skip
 PROGRAMS = {
-    "fwd_kernel": ("q_ptr", "k_ptr", "v_ptr", "o_ptr"),
-    "bwd_dkdv_kernel": ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dk_ptr", "dv_ptr"),
-    "bwd_dq_kernel": ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr"),
+    "fwd_kernel": ({}, ("q_ptr", "k_ptr", "v_ptr", "o_ptr")),
+    "bwd_kernel dK/dV": ({"DQ_PASS": False}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
+    "bwd_kernel dQ": ({"DQ_PASS": True}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
 }
 
 
@@ -42,8 +42,10 @@ def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: flo
         BLOCK_M=64, BLOCK_N=64, PRECISION=dot_precision(torch_dtype), LOOP_WHILE=False,
     )  # fmt: skip
     lines = []
-    for name, tensors in PROGRAMS.items():
-        fn = getattr(K, name)
+    base = consts
+    for name, (extra, tensors) in PROGRAMS.items():
+        fn = getattr(K, name.split()[0])
+        consts = dict(base, **extra)
         kinds = dict(POINTERS, **SCALARS, **{t: f"*{DTYPES[dtype]}" for t in tensors})
         sig = {a: "constexpr" if a in consts else kinds.get(a, "i32") for a in fn.arg_names}
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})

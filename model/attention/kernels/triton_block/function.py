@@ -85,14 +85,13 @@ class TritonBlockAttention(torch.autograd.Function):
         )  # fmt: skip
         masks = (plan.layout_u8, kpm, doc, seed)
         qk_scale = ctx.scale * tl_k.LOG2E
-        tl_k.bwd_dkdv_kernel[(plan.tk, B * H)](
-            q, k, v, do, lse, delta, dk, dv, *strides, t.bwd_offsets_HT, t.bwd_index, t.bwd_partial, *masks,
-            H, N, plan.m_blocks, plan.block, plan.tk, qk_scale, ctx.scale, **common,
-        )  # fmt: skip
-        tl_k.bwd_dq_kernel[(plan.tq, B * H)](
-            q, k, v, do, lse, delta, dq, *strides, t.fwd_offsets_HT, t.fwd_index, t.fwd_partial, *masks,
-            H, N, plan.m_blocks, plan.block, plan.tq, qk_scale, ctx.scale, **common,
-        )  # fmt: skip
+        t_fwd = (t.fwd_offsets_HT, t.fwd_index, t.fwd_partial)
+        t_bwd = (t.bwd_offsets_HT, t.bwd_index, t.bwd_partial)
+        for dq_pass, lists, n_tiles in ((False, t_bwd, plan.tk), (True, t_fwd, plan.tq)):
+            tl_k.bwd_kernel[(n_tiles, B * H)](
+                q, k, v, do, lse, delta, dq, dk, dv, *strides, *lists, *masks,
+                H, N, plan.m_blocks, plan.block, n_tiles, qk_scale, ctx.scale, DQ_PASS=dq_pass, **common,
+            )  # fmt: skip
         return dq, dk, dv, None, None, None, None, None
 
 
