@@ -10,12 +10,10 @@ visit (CSR, :mod:`.tables`), built once per plan."""
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import math
 import warnings
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -56,22 +54,11 @@ def triton_available() -> str | None:
     return None
 
 
-def programs() -> ModuleType:
-    """The Triton programs (:mod:`.tl_kernels`), imported on first use. By module name, not an import statement: a
-    Hugging Face export (tools/hf_export) copies what is imported statically and may depend on torch only, so the
-    programs stay out of it and this kernel says so there."""
-    try:
-        return importlib.import_module(".tl_kernels", __package__)
-    except ModuleNotFoundError as e:
-        raise RuntimeError(
-            f"--attention-kernel triton_block: its Triton programs are not here ({e}); an exported model runs dense, "
-            "block_gather or flex"
-        ) from e
-
-
 def interpreting() -> bool:
     """Whether the Triton programs run in Triton's interpreter (on CPU tensors): decided when they are first imported,
     by ``TRITON_INTERPRET=1`` in the environment then (tests/conftest.py sets it on a machine without a GPU)."""
+    from model.attention.kernels.triton_block.function import programs
+
     return programs().INTERPRETED
 
 

@@ -4,17 +4,25 @@ inputs and the plan."""
 
 from __future__ import annotations
 
-import math
+import importlib
+from types import ModuleType
 
 import torch
 
 from model.attention.kernels.triton_block.tables import TileTables
 
 
-def _tl():
-    from model.attention.kernels.triton_block import programs
-
-    return programs()
+def programs() -> ModuleType:
+    """The Triton programs (:mod:`.tl_kernels`), imported on first use. By module name, not an import statement: a
+    Hugging Face export (tools/hf_export) copies what is imported statically and may depend on torch only, so the
+    programs stay out of it and this kernel says so there."""
+    try:
+        return importlib.import_module(".tl_kernels", __package__)
+    except ModuleNotFoundError as e:
+        raise RuntimeError(
+            f"--attention-kernel triton_block: its Triton programs are not here ({e}); an exported model runs dense, "
+            "block_gather or flex"
+        ) from e
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -33,7 +41,7 @@ class TritonBlockAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, kpm_BN, doc_BN, plan, dropout_p: float, scale: float):
-        tl_k = _tl()
+        tl_k = programs()
         q, k, v = _rows(q), _rows(k), _rows(v)
         B, H, N, D = q.shape
         cfg = plan.config(D, q.dtype)
@@ -61,7 +69,7 @@ class TritonBlockAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        tl_k = _tl()
+        tl_k = programs()
         q, k, v, o, lse, seed, *rest = ctx.saved_tensors
         kpm_BN = rest.pop(0) if ctx.has[0] else None
         doc_BN = rest.pop(0) if ctx.has[1] else None
@@ -100,7 +108,3 @@ def dot_precision(dtype: torch.dtype) -> str:
     reference; ``ieee`` does not compile in Triton 3.6: an assertion in ConvertTritonGPUToLLVM for sm80 and sm90,
     found compiling without a GPU); fp16/bf16 on the tensor cores."""
     return "tf32x3" if dtype == torch.float32 else "tf32"
-
-
-def default_scale(D: int) -> float:
-    return 1.0 / math.sqrt(D)
