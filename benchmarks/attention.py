@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -40,6 +41,7 @@ from model.attention import (
     from_ds_config,
     layout_density,
 )
+from model.attention.kernels import KERNELS
 from model.presets import blockbert
 
 HEADS, HEAD_DIM = 12, 64
@@ -147,6 +149,19 @@ def dense_backend(device: torch.device, dtype: torch.dtype) -> str:
         return f"unknown ({type(e).__name__})"
 
 
+def cpu_skip_reason(kname: str) -> str | None:
+    """Why ``kname`` cannot run forward + backward on CPU here (None: it can). ``triton_block`` runs under Triton's
+    interpreter when ``TRITON_INTERPRET=1`` was set before Triton was imported (slow: tiny sizes only)."""
+    kernel = KERNELS[kname]
+    if kname == "triton_block" and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    if not kernel.runs_on_cpu:
+        return "it runs on CUDA GPUs only"
+    if not kernel.trains_on_cpu:
+        return "it has no backward there"
+    return None
+
+
 def make_step(fn: Callable, q, k, v) -> Callable[[], None]:
     go = torch.randn_like(q)
 
@@ -191,9 +206,10 @@ def run(args: argparse.Namespace, on_row: Callable[[list[dict], list[str]], None
             candidates.append(("sdpa_folded", "none", None, folded_sdpa))
         for lname in args.layouts:
             for kname in args.kernels:
-                if kname == "flex" and device.type == "cpu":
+                why = cpu_skip_reason(kname) if device.type == "cpu" else None
+                if why is not None:
                     if n == args.seq_lens[0] and lname == args.layouts[0]:
-                        print("skipping kernel 'flex' on CPU: FlexAttention has no backward there (use --device cuda)")
+                        print(f"skipping kernel {kname!r} on CPU: {why} (use --device cuda)")
                     continue
                 if kname == "dense" and n > args.max_dense_masked_n:
                     continue
@@ -311,7 +327,7 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     p.add_argument("--layouts", nargs="+", choices=sorted(layouts()), default=list(TUNED_LAYOUTS))
-    p.add_argument("--kernels", nargs="+", default=["block_gather", "flex"])
+    p.add_argument("--kernels", nargs="+", choices=sorted(KERNELS), default=["block_gather", "flex"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--math-baseline", action="store_true", help="also time SDPA's math backend (N^2 scores kept)")
     p.add_argument(

@@ -13,7 +13,8 @@ the same steps, <= 8 minutes on one GPU from a bare node, set-up included). In o
 5. ``smoke``: the sample corpus -> vocab -> shards, then per precision (fp16 with loss scaling; bf16 on sm80+) a
    tiny BlockBERT trained in two phases under ZeRO-2: a straight --deterministic run saving halfway, and a second
    process resuming from the halfway checkpoint, whose losses must equal the straight run's bit for bit;
-6. ``kernel_table``: benchmarks/attention.py, BlockBERT n=2/n=3, Fixed and sliding window (flex and block_gather)
+6. ``kernel_table``: benchmarks/attention.py, BlockBERT n=2/n=3, Fixed and sliding window (flex, block_gather and
+   triton_block)
    against dense SDPA (flash where available), N=512..8192: time and peak memory;
 7. ``train_step``: benchmarks/train_step_ds.py on the smoke's shards (the trainer's own batches): bert-base MFU at
    N=512, BlockBERT n=2 vs dense at N=4096;
@@ -531,7 +532,8 @@ def kernel_table_step(ctx: Ctx, cap_s: float) -> Step:
     if ctx.device == "cpu":
         seq, kernels, dtype, repeats = ["256", "512"], ["block_gather"], "fp32", "1"
     else:
-        seq, kernels, dtype, repeats = ["512", "1024", "4096", "8192"], ["flex", "block_gather"], ctx.low_precision, "3"
+        kernels = ["flex", "block_gather", "triton_block"]
+        seq, dtype, repeats = ["512", "1024", "4096", "8192"], ctx.low_precision, "3"
     cmd = [ctx.python, "-m", "benchmarks.attention", "--device", ctx.device, "--dtype", dtype, "--layouts"]
     cmd += [*KERNEL_TABLE_LAYOUTS, "--kernels", *kernels, "--seq-lens", *seq, "--repeats", repeats]
     cmd += ["--target-factor", "1.3", "--out-dir", str(d), "--no-plot"]

@@ -6,6 +6,9 @@ Each line of requirements.txt pins the version CI tests (`name==X`) or gives a r
 `# floor: V` comment lowers what an existing install may have: `transformers==5.23.0  # floor: 5.17.0` means a
 fresh venv gets 5.23.0 and an image's 5.17.0 is kept. Without it the floor is the `>=` bound, else the pin.
 A `# dev` comment marks what only the tests and the linter need (`make_wheelhouse.sh --no-dev` leaves it out).
+A `# cpu-torch` comment marks a package of torch's own family that a CUDA torch brings (triton): `plan`, `pins` and
+`floors` leave it out, so a CUDA torch's own build is never replaced; `cpu-torch` prints it only where this python's
+torch is a CPU build that brought none (tests/test_triton_block.py runs our Triton kernel in Triton's interpreter).
 
     reqs.py plan --out-dir D                   # TORCH=system: compare with what this python has; write
                                                #   D/install.txt (pins of what is missing or too old) and
@@ -14,6 +17,7 @@ A `# dev` comment marks what only the tests and the linter need (`make_wheelhous
     reqs.py floors                             # every requirement at its floor (the .venv-floor test venv)
     reqs.py pins [--no-dev]                    # every requirement as a fresh venv gets it
     reqs.py range torch                        # `>=2.11.0` (plus the tested pin), for messages
+    reqs.py cpu-torch [--floor] [--wheelhouse D]  # the `# cpu-torch` pins this python's CPU torch lacks (else none)
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class Requirement:
     cap: str | None  # `<` bound (None: none)
     spec: str  # the specifier as written, e.g. `>=1.26,<3`
     dev: bool = False  # `# dev`: tests/lint only; an offline set-up without its wheel skips it (says so)
+    cpu_torch: bool = False  # `# cpu-torch`: only beside a CPU torch that has none (a CUDA torch brings its own)
 
     @property
     def key(self) -> str:
@@ -120,7 +125,11 @@ def parse(path: Path = REQUIREMENTS) -> list[Requirement]:
             floor = fm.group(1)
         elif floor is None:
             floor = pin
-        reqs.append(Requirement(name, pin, floor, cap, spec, dev=bool(re.search(r"(^|\s)dev(\s|:|$)", comment))))
+        dev = bool(re.search(r"(^|[\s,])dev([\s,:]|$)", comment))
+        cpu_torch = bool(re.search(r"(^|[\s,])cpu-torch([\s,:]|$)", comment))
+        if cpu_torch and not TORCH_FAMILY.match(normalize(name)):
+            raise ValueError(f"{path}:{lineno}: {name}: `# cpu-torch` is for torch's own family (triton), not {name}")
+        reqs.append(Requirement(name, pin, floor, cap, spec, dev=dev, cpu_torch=cpu_torch))
     return reqs
 
 
@@ -165,6 +174,8 @@ def plan(reqs: list[Requirement], present: dict[str, str | None]) -> Plan:
     install it in this mode (ValueError otherwise, saying what to do)."""
     kept, install, constraints = [], [], []
     for r in reqs:
+        if r.cpu_torch:  # torch's own family: never beside the image's torch (`cpu-torch` adds it to a CPU torch)
+            continue
         if r.key not in present:
             if r.key == "torch":
                 raise ValueError(
@@ -187,6 +198,23 @@ def plan(reqs: list[Requirement], present: dict[str, str | None]) -> Plan:
         else:
             install.append((r, ver))
     return Plan(kept, install, constraints)
+
+
+def torch_is_cpu_build() -> bool:
+    """Whether this python's torch is built without CUDA and ROCm (False where torch is missing)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return not (torch.version.cuda or torch.version.hip)
+
+
+def cpu_torch_extras(reqs: list[Requirement], present: dict[str, str | None], cpu_build: bool) -> list[Requirement]:
+    """The `# cpu-torch` requirements to install: none beside a CUDA/ROCm torch (it brought its own), else those
+    missing (a present one, any version, is torch's and kept)."""
+    if not cpu_build:
+        return []
+    return [r for r in reqs if r.cpu_torch and r.key not in present]
 
 
 def wheel_in(wheelhouse: Path, r: Requirement) -> bool:
@@ -235,12 +263,24 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("floors", help="every requirement at its floor version")
     pn = sub.add_parser("pins", help="every requirement as a fresh venv installs it")
     pn.add_argument("--no-dev", action="store_true", help="leave out the `# dev` requirements")
+    cp = sub.add_parser("cpu-torch", help="the `# cpu-torch` pins to install beside this python's CPU torch")
+    cp.add_argument("--floor", action="store_true", help="at their floor versions (.venv-floor)")
+    cp.add_argument("--wheelhouse", type=Path, help="offline: one without a wheel here is skipped (said on stderr)")
     rp = sub.add_parser("range", help="the supported range of one requirement")
     rp.add_argument("name")
     ns = ap.parse_args(argv)
     try:
-        reqs = parse(ns.requirements)
-        if ns.cmd == "floors":
+        all_reqs = parse(ns.requirements)
+        reqs = [r for r in all_reqs if not r.cpu_torch]  # never beside a CUDA torch: see `cpu-torch`
+        if ns.cmd == "cpu-torch":
+            for r in cpu_torch_extras(all_reqs, installed_versions(), torch_is_cpu_build()):
+                line = f"{r.name}=={r.floor}" if ns.floor and r.floor and r.pin else r.install_line()
+                if ns.wheelhouse and not wheel_in(ns.wheelhouse, r):
+                    why = f"tests only, and {ns.wheelhouse} has no wheel of it"
+                    print(f"[setup] skipped   {line}: {why}", file=sys.stderr)
+                else:
+                    print(line)
+        elif ns.cmd == "floors":
             for r in reqs:
                 print(f"{r.name}=={r.floor}" if r.floor and r.pin else r.install_line())
         elif ns.cmd == "pins":
@@ -248,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not (ns.no_dev and r.dev):
                     print(r.install_line())
         elif ns.cmd == "range":
-            match = [r for r in reqs if r.key == normalize(ns.name)]
+            match = [r for r in all_reqs if r.key == normalize(ns.name)]
             if not match:
                 raise ValueError(f"{ns.requirements}: no requirement {ns.name!r}")
             print(match[0].range_text())

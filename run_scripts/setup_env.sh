@@ -65,6 +65,16 @@ fi
 # (pip's warnings about the machine's empty local indexes are filtered; real errors still fail the set-up)
 quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; return "${PIPESTATUS[0]}"; }
 
+# Triton for the interpreter tests, only beside a CPU torch that brought none (a CUDA torch's own is never replaced)
+cpu_torch_extras() {
+  local extras
+  extras="$(.venv/bin/python run_scripts/reqs.py cpu-torch ${WHEELHOUSE:+--wheelhouse "$WHEELHOUSE"})"
+  if [ -n "$extras" ]; then
+    echo "[setup] pip install $extras (CPU torch: tests/test_triton_block.py interprets our Triton kernel)"
+    quiet .venv/bin/python -m pip install -q "${pip_src[@]}" $extras
+  fi
+}
+
 # Which mode: an existing .venv keeps its own (pyvenv.cfg says whether it sees the system's packages).
 mode="${TORCH:-auto}"
 venv_mode=""
@@ -111,6 +121,7 @@ if [ "$mode" = system ]; then
       echo "[setup] pip install ${pip_src[*]} $(tr '\n' ' ' < .venv/.setup/install.txt)(torch and the kept ones pinned)"
       quiet .venv/bin/python -m pip install -q "${pip_src[@]}" -r .venv/.setup/install.txt -c .venv/.setup/constraints.txt
     fi
+    cpu_torch_extras
     echo "$want" > "$stamp"
   fi
 else
@@ -136,7 +147,9 @@ else
     elif [ ${#reinstall[@]} -gt 0 ]; then
       quiet .venv/bin/python -m pip install -q "${pip_src[@]}" "${reinstall[@]}" "$(grep -E '^torch==' requirements.txt | sed 's/\s*#.*//')"
     fi
-    quiet .venv/bin/python -m pip install -q "${pip_src[@]}" -r requirements.txt   # keeps that torch: same pinned version
+    mkdir -p .venv/.setup && "$PY" run_scripts/reqs.py pins > .venv/.setup/pins.txt   # all but `# cpu-torch` ones
+    quiet .venv/bin/python -m pip install -q "${pip_src[@]}" -r .venv/.setup/pins.txt   # keeps that torch: same pinned version
+    cpu_torch_extras
     echo "$want" > "$stamp"
   fi
 fi

@@ -28,6 +28,11 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "[setup-floor] pip install into $venv: $(printf '%s ' $floors)(first time: a few minutes)"
   printf '%s\n' "$floors" > "$venv/floors.txt"
   quiet "$venv/bin/python" -m pip install -q -r "$venv/floors.txt"
+  cpu_extras="$("$venv/bin/python" run_scripts/reqs.py cpu-torch --floor)"   # triton beside a CPU torch only
+  if [ -n "$cpu_extras" ]; then
+    echo "[setup-floor] pip install $cpu_extras (CPU torch: tests/test_triton_block.py interprets our Triton kernel)"
+    quiet "$venv/bin/python" -m pip install -q $cpu_extras
+  fi
   echo "$want" > "$stamp"
 fi
 # a venv moved here (an older set-up's .venv-floor, a cache seeded from another checkout) keeps its old path in its

@@ -21,6 +21,14 @@ EXTENDED = os.environ.get("SPARSE_BERT_EXTENDED") == "1"
 """Run the tests marked ``extended`` (run_scripts/extended_check.sh sets it): longer than CI's budget, or not yet
 seen passing three times in a row under load."""
 
+if os.environ.get("TRITON_INTERPRET") is None:
+    import torch
+
+    if not torch.cuda.is_available():
+        # Triton reads it when it is imported (its own @triton.jit helpers, tl.rand, are decorated then): on a machine
+        # without a GPU, Triton can only interpret, and tests/test_triton_block.py runs our kernel that way.
+        os.environ["TRITON_INTERPRET"] = "1"
+
 LONG = EXTENDED or os.environ.get("SPARSE_BERT_LONG") == "1"
 """Run the tests marked ``long`` (run_scripts/repeat_check.sh sets it): multi-rank, multi-host and Slurm cases that
 are proven stable but too long for CI's budget; the repeat check runs them N times under load before every stop."""

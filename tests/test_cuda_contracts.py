@@ -30,9 +30,11 @@ DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 H, D, B, N = 4, 16, 2, 128
 FAMILIES = {"full": lambda: None} | {name: (lambda make=make: make(H)) for name, make in LAYOUT_EXAMPLES.items()}
 """Full attention plus one example of every registered layout mode (tests/registry_cases.py checks coverage)."""
-KERNEL_NAMES = sorted(k for k in KERNELS if k != REFERENCE and (ON_CUDA or k != "flex"))
+KERNEL_NAMES = sorted(k for k in KERNELS if k != REFERENCE and (ON_CUDA or (k != "flex" and KERNELS[k].runs_on_cpu)))
 """Every kernel but the reference. ``flex`` runs Triton on CUDA, not SDPA: on CPU it runs eagerly, with nothing of
-CUDA's to emulate (its CPU parity is tests/test_attention.py's), so only a GPU runs it here."""
+CUDA's to emulate (its CPU parity is tests/test_attention.py's), so only a GPU runs it here; so do the GPU-only
+kernels (``runs_on_cpu`` False: ``triton_block``, Triton programs with no SDPA call to emulate; interpreted on CPU by
+tests/test_triton_block.py)."""
 CASES = ("plain", "padded", "packed", "diet", "token_mask", "fixed_mask")
 DTYPES = (torch.float32, torch.bfloat16)
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=6e-2, rtol=6e-2)}

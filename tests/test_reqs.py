@@ -63,7 +63,31 @@ def test_bad_lines_are_refused_naming_the_line(tmp_path, text, message):
 def test_our_requirements_floor_torch_at_2_11():
     by = {r.key: r for r in reqs.parse()}
     assert by["torch"].floor == "2.11.0" and by["transformers"].floor == "5.17.0" and by["tokenizers"].floor == "0.23.2"
-    assert {r.key for r in reqs.parse() if r.dev} == {"ruff", "pytest", "pytest-timeout"}
+    assert {r.key for r in reqs.parse() if r.dev} == {"ruff", "pytest", "pytest-timeout", "triton"}
+    assert {r.key for r in reqs.parse() if r.cpu_torch} == {"triton"}
+
+
+def test_cpu_torch_requirements_only_beside_a_cpu_torch_that_has_none(tmp_path):
+    """triton (`# cpu-torch`): never planned, pinned or floored beside the image's torch (a CUDA torch brings its
+    own), installed beside a CPU torch that has none, kept where present."""
+    rs = reqs.parse()
+    assert "triton" not in {r.key for r, _ in reqs.plan(rs, reqs.read_freeze(DEVICE_FREEZE)).kept}
+    assert "triton" not in {r.key for r, _ in reqs.plan(rs, {"torch": "2.13.0"}).install}
+    assert [r.key for r in reqs.cpu_torch_extras(rs, {"torch": "2.13.0"}, cpu_build=True)] == ["triton"]
+    assert reqs.cpu_torch_extras(rs, {"torch": "2.13.0"}, cpu_build=False) == []
+    assert reqs.cpu_torch_extras(rs, {"torch": "2.13.0", "triton": "3.2.0"}, cpu_build=True) == []
+    req = tmp_path / "requirements.txt"
+    req.write_text("torch==2.13.0  # floor: 2.11.0\npytorch-triton-absent==1.2  # dev, cpu-torch\n")
+    run = [sys.executable, str(ROOT / "run_scripts/reqs.py"), "--requirements", str(req)]
+    out = {cmd: subprocess.run(run + cmd.split(), capture_output=True, text=True) for cmd in ("pins", "floors",
+                                                                                           "cpu-torch")}  # fmt: skip
+    assert all(r.returncode == 0 for r in out.values()), {k: r.stderr for k, r in out.items()}
+    assert "triton" not in out["pins"].stdout + out["floors"].stdout
+    want = "pytorch-triton-absent==1.2\n" if reqs.torch_is_cpu_build() else ""
+    assert out["cpu-torch"].stdout == want
+    req.write_text("numpy==2.0  # cpu-torch\n")
+    with pytest.raises(ValueError, match=r"requirements.txt:1: numpy: `# cpu-torch` is for torch's own family"):
+        reqs.parse(req)
 
 
 def test_plan_on_the_device_image_keeps_its_packages_and_installs_the_rest():

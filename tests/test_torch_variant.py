@@ -142,7 +142,7 @@ def test_the_driver_rule_in_python():
 def test_setup_env_installs_the_chosen_build_and_reinstalls_when_it_changes(tmp_path):
     root = tmp_path / "repo"
     (root / "run_scripts").mkdir(parents=True)
-    for f in ("run_scripts/setup_env.sh", "run_scripts/torch_variant.py", "requirements.txt"):
+    for f in ("run_scripts/setup_env.sh", "run_scripts/torch_variant.py", "run_scripts/reqs.py", "requirements.txt"):
         shutil.copy(REPO / f, root / f)
     log = tmp_path / "pip.log"
     venv_py = root / ".venv" / "bin" / "python"
@@ -167,14 +167,14 @@ def test_setup_env_installs_the_chosen_build_and_reinstalls_when_it_changes(tmp_
     calls = setup("7.0\n")  # V100: the legacy build first, then the rest
     assert calls[1:] == [
         "-m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126",
-        "-m pip install -q -r requirements.txt",
+        "-m pip install -q -r .venv/.setup/pins.txt",  # requirements.txt but `# cpu-torch` (triton)
     ]
     assert (root / ".venv" / ".requirements.sha256").read_text().strip().endswith(" cu126")
     assert setup("7.0\n") == []  # nothing changed: nothing installed
     calls = setup("9.0\n")  # the machine's GPUs changed: torch is replaced by the default build
     assert calls[1:] == [
         "-m pip install -q --force-reinstall --no-deps torch==2.13.0",
-        "-m pip install -q -r requirements.txt",
+        "-m pip install -q -r .venv/.setup/pins.txt",  # requirements.txt but `# cpu-torch` (triton)
     ]
     assert " " not in (root / ".venv" / ".requirements.sha256").read_text().strip()
     assert setup(None) == []  # default again on a CPU machine: the same stamp

@@ -109,7 +109,8 @@ def registry_tables() -> str:
     ]
     for name, k in sorted(KERNELS.items()):
         doc = " ".join((type(k).__doc__ or "").strip().split("\n\n")[0].split())
-        out.append(f"| `{name}` | {'yes' if k.trains_on_cpu else 'no (inference)'} | {_cell(doc)} |")
+        cpu = "yes" if k.trains_on_cpu else ("no (inference)" if k.runs_on_cpu else "no (CUDA only)")
+        out.append(f"| `{name}` | {cpu} | {_cell(doc)} |")
     out += [
         "",
         "Block layouts (`attention.sparsity`, `--sparsity-config`, a ds_config `sparse_attention` block) and token "

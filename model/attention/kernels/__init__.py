@@ -12,3 +12,4 @@ from model.attention.kernels.block_gather import BlockGatherKernel, GatherPlan, 
 from model.attention.kernels.dense import DenseKernel, DensePlan  # noqa: F401
 from model.attention.kernels.flex import FlexKernel, FlexPlan  # noqa: F401
 from model.attention.kernels.registry import KERNELS, Kernel, get_kernel, register_kernel  # noqa: F401
+from model.attention.kernels.triton_block import TritonBlockKernel, TritonBlockPlan  # noqa: F401

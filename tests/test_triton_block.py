@@ -1,0 +1,233 @@
+"""``triton_block`` (our Triton block-sparse FlashAttention) against ``dense``: outputs and q/k/v gradients for every
+registered layout family, key padding, packed documents, fully masked rows; attention dropout reproducible and the
+same mask in forward and backward; the CSR tile tables against the layout expanded by hand.
+
+On CPU the Triton programs run in Triton's interpreter: tests/conftest.py sets ``TRITON_INTERPRET=1`` on a machine
+without a GPU before anything imports Triton (``triton.jit`` reads it when a function is decorated, Triton's own
+``tl.rand`` included). The interpreter is slow, so the
+shapes are tiny (N <= 128, head size 16, B * H <= 4). On a CUDA machine the same tests run compiled on the GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from model import attention as A
+from model.attention.kernels import KERNELS
+from model.attention.kernels.triton_block.tables import build_tables
+from tests.registry_cases import LAYOUT_EXAMPLES, upstream_grad
+
+pytest.importorskip("triton", reason="triton is not installed (requirements.txt installs it for CPU torch)")
+
+ON_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+H, D = 4, 16
+TILE = 32
+"""Tile of the tests' plans: at N = 96..128 several query and key tiles, 2 x 2 blocks of 16 per tile (partial tiles)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _triton_programs():
+    """On CPU the programs run interpreted (tests/conftest.py sets ``TRITON_INTERPRET=1`` before anything imports
+    Triton); the tests use a small tile."""
+    from model.attention.kernels.triton_block import interpreting
+
+    if not ON_CUDA and not interpreting():
+        pytest.skip("Triton was imported without TRITON_INTERPRET=1 in this process (tests/conftest.py sets it)")
+    kernel = KERNELS["triton_block"]
+    old, kernel.tile = kernel.tile, TILE
+    yield
+    kernel.tile = old
+
+
+def _inputs(B: int, n: int, heads: int = H, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, heads, n, D, generator=g).to(DEVICE).requires_grad_() for _ in range(3)]
+
+
+def _run(kernel, cfg, q, k, v, dropout_p=0.0, **kw):
+    mod = A.BlockSparseAttention(cfg, kernel=kernel, max_seq_length=256, dropout_p=dropout_p).to(DEVICE)
+    mod.train(dropout_p > 0)
+    out = mod(q, k, v, **kw)
+    return out, torch.autograd.grad(out, (q, k, v), upstream_grad(out))
+
+
+def _assert_parity(cfg, q, k, v, **kw):
+    ref, ref_g = _run("dense", cfg, q, k, v, **kw)
+    out, g = _run("triton_block", cfg, q, k, v, **kw)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4, msg=lambda m: f"output: {m}")
+    for i, (a, b) in enumerate(zip(g, ref_g)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m, i=i: f"grad {'qkv'[i]}: {m}")
+    return out, g
+
+
+def _n(name: str) -> int:
+    return 96 if name == "blockbert_n3" else 128  # n3 pads to a multiple of 48
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(LAYOUT_EXAMPLES))
+def test_matches_dense_for_every_layout_family(name):
+    cfg = LAYOUT_EXAMPLES[name](H)
+    q, k, v = _inputs(1, _n(name))
+    _assert_parity(cfg, q, k, v)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["local_uni", "fixed", "blockbert_n3"])
+def test_key_padding_and_fully_masked_rows(name):
+    """Ragged padding, leading keys masked (causal/local rows with no key left) and a fully padded sequence: zeros
+    and zero gradients there, never NaN. N = 100 is not a multiple of the tile (or of n3's 48: padded to 144)."""
+    cfg = LAYOUT_EXAMPLES[name](2) if name != "blockbert_n3" else A.BlockBERTSparsityConfig(2, 3, "1:1", block=16)
+    n = 100
+    q, k, v = _inputs(2, n, heads=2)
+    kpm = torch.ones(2, n, dtype=torch.bool)
+    kpm[0, :20] = False
+    kpm[1] = False
+    out, g = _assert_parity(cfg, q, k, v, key_padding_mask_BN=kpm.to(DEVICE))
+    assert out[1].abs().max() == 0 and g[0][1].abs().max() == 0 and g[1][1].abs().max() == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["bigbird", "blockbert_n2"])
+def test_packed_documents(name):
+    cfg = LAYOUT_EXAMPLES[name](H)
+    n = 128
+    doc = torch.zeros(1, n, dtype=torch.long)
+    doc[0, 37:38] = 1  # a one-token document
+    doc[0, 38:90] = 2
+    doc[0, 90:] = -1  # padding: its own id, masked by the key padding too
+    kpm = doc >= 0
+    q, k, v = _inputs(1, n)
+    _assert_parity(cfg, q, k, v, key_padding_mask_BN=kpm.to(DEVICE), doc_ids_BN=doc.to(DEVICE))
+
+
+def _dropout_run(seed: int, v=None, n: int = 32, heads: int = 2):
+    cfg = A.BigBirdSparsityConfig(heads, block=16, num_random_blocks=0, num_sliding_window_blocks=1,
+                                  num_global_blocks=1)  # fmt: skip
+    q, k, v0 = _inputs(1, n, heads=heads, seed=1)
+    v = v0 if v is None else v
+    torch.manual_seed(seed)
+    return _run("triton_block", cfg, q, k, v, dropout_p=0.25), (cfg, q, k, v)
+
+
+@pytest.mark.timeout(120)
+def test_dropout_reproducible_and_same_mask_forward_and_backward():
+    """With v = identity (N = head size 32... here v is N x N) the output is the dropped, rescaled probabilities:
+    that exposes the kernel's mask. Same ``torch.manual_seed`` -> the same output and grads; another seed -> another
+    mask; the kept fraction within 5 sigma of 1 - p; and the kernel's gradients equal autograd through dense
+    attention under that very mask (a backward with another mask would not)."""
+    global D
+    old_d, D = D, 32
+    try:
+        n, p = 32, 0.25
+        eye = torch.eye(n).expand(1, 2, n, n).to(DEVICE).requires_grad_()
+        (probs, _), (cfg, q, k, _) = _dropout_run(5, eye)
+        (again, _), _ = _dropout_run(5, eye)
+        (other, _), _ = _dropout_run(6, eye)
+        torch.testing.assert_close(probs, again, atol=0, rtol=0)
+        assert not torch.equal(probs != 0, other != 0)
+        ref_p = torch.softmax(
+            (q @ k.transpose(-1, -2) / n**0.5).masked_fill(
+                ~cfg.make_layout(n).bool().repeat_interleave(16, 1).repeat_interleave(16, 2).to(DEVICE), -torch.inf
+            ),
+            -1,
+        ).detach()
+        keep = probs.detach() != 0
+        allowed = ref_p > 0
+        frac = (keep & allowed).sum() / allowed.sum()
+        sigma = (p * (1 - p) / allowed.sum()) ** 0.5
+        assert abs(frac - (1 - p)) < 5 * sigma, frac
+        torch.testing.assert_close(probs.detach(), ref_p * keep / (1 - p), atol=1e-5, rtol=1e-4)
+        # the gradients with a random v under seed 5 against autograd through softmax * mask
+        (out, grads), (_, q, k, v) = _dropout_run(5)
+        (out2, grads2), _ = _dropout_run(5)
+        torch.testing.assert_close(out, out2, atol=0, rtol=0)
+        for a, b in zip(grads, grads2):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+        lay = cfg.make_layout(n).bool().repeat_interleave(16, 1).repeat_interleave(16, 2).to(DEVICE)
+        s = (q @ k.transpose(-1, -2) / n**0.5).masked_fill(~lay, -torch.inf)
+        ref = (torch.softmax(s, -1) * keep / (1 - p)) @ v
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+        ref_g = torch.autograd.grad(ref, (q, k, v), upstream_grad(ref))
+        for i, (a, b) in enumerate(zip(grads, ref_g)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m, i=i: f"grad {'qkv'[i]}: {m}")
+    finally:
+        D = old_d
+
+
+@pytest.mark.parametrize("tile", [16, 32, 64])
+@pytest.mark.parametrize("name", sorted(LAYOUT_EXAMPLES))
+def test_tile_tables_match_the_expanded_layout(name, tile):
+    """Visited tiles = tiles with any allowed token pair; partial = visited but not all pairs allowed; the
+    transposed lists hold the same pairs."""
+    cfg = LAYOUT_EXAMPLES[name](H)
+    n = 100  # not a multiple of any tile: the last tiles are cut
+    n_pad = cfg.padded_length(n)
+    lay = cfg.make_layout(n_pad).bool()
+    t = build_tables(lay, cfg.block, n_pad, tile, tile)
+    allow = lay.repeat_interleave(cfg.block, 1).repeat_interleave(cfg.block, 2)[:, :n_pad, :n_pad]
+    nt = -(-n_pad // tile)
+    padded = torch.zeros(lay.shape[0], nt * tile, nt * tile, dtype=torch.bool)
+    padded[:, :n_pad, :n_pad] = allow
+    tiles = padded.view(lay.shape[0], nt, tile, nt, tile)
+    inside = torch.zeros(nt * tile, dtype=torch.bool)
+    inside[:n_pad] = True
+    inside_pairs = (inside[:, None] & inside[None, :]).view(nt, tile, nt, tile)
+    any_on = tiles.any(4).any(2)
+    full = (tiles | ~inside_pairs).all(4).all(2)
+    for h in range(lay.shape[0]):
+        for qt in range(nt):
+            lo, hi = t.fwd_offsets_HT[h, qt], t.fwd_offsets_HT[h, qt + 1]
+            assert t.fwd_index[lo:hi].tolist() == any_on[h, qt].nonzero().flatten().tolist()
+            assert t.fwd_partial[lo:hi].tolist() == (~full[h, qt][any_on[h, qt]]).int().tolist()
+        for kt in range(nt):
+            lo, hi = t.bwd_offsets_HT[h, kt], t.bwd_offsets_HT[h, kt + 1]
+            assert t.bwd_index[lo:hi].tolist() == any_on[h, :, kt].nonzero().flatten().tolist()
+            assert t.bwd_partial[lo:hi].tolist() == (~full[h, :, kt][any_on[h, :, kt]]).int().tolist()
+
+
+@pytest.mark.timeout(120)
+def test_token_masks_and_score_biases_fall_back_to_block_gather_with_a_warning():
+    """Not in this kernel: said by a warning, run by block_gather's plan (never ignored): equal to dense."""
+    cfg = LAYOUT_EXAMPLES["bigbird"](H)
+    n = 64
+    q, k, v = _inputs(1, n)
+    tm = (torch.rand(H, n, n, generator=torch.Generator().manual_seed(2)) > 0.3).to(DEVICE)
+    ref, _ = _run("dense", cfg, q, k, v, token_mask=tm)
+    with pytest.warns(UserWarning, match="triton_block has no token mask.*block_gather"):
+        out, _ = _run("triton_block", cfg, q, k, v, token_mask=tm)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
+    import model.attention.kernels.triton_block as tb
+
+    monkeypatch.setattr(tb, "interpreting", lambda: False)
+    cfg = LAYOUT_EXAMPLES["fixed"](H)
+    q, k, v = (t.detach().cpu() for t in _inputs(1, 64))
+    with pytest.raises(RuntimeError, match="triton_block runs on CUDA GPUs.*TRITON_INTERPRET=1"):
+        A.BlockSparseAttention(cfg, kernel="triton_block", max_seq_length=64)(q, k, v)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_programs_compile_for_hopper_without_a_gpu():
+    """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the three programs for sm90 (bf16
+    and fp32, every mask and dropout on) in a process without ``TRITON_INTERPRET`` (tests/triton_compile.py). It caught
+    fp32 ``input_precision="ieee"`` failing to compile in Triton 3.6."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.triton_compile", "90", "bf16", "fp32"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=580,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("bytes of shared memory") == 6, r.stdout

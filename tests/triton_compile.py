@@ -1,0 +1,61 @@
+"""Compile the ``triton_block`` programs for NVIDIA targets without a GPU (``python -m tests.triton_compile CAP
+DTYPE...``): what the interpreter cannot check (Triton's GPU lowering) fails here on a CPU machine, before a GPU run.
+Run in its own process: ``TRITON_INTERPRET`` must be unset when Triton is imported (tests/conftest.py sets it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from model.attention.kernels.triton_block import tile_config  # noqa: E402
+from model.attention.kernels.triton_block import tl_kernels as K  # noqa: E402
+
+DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+SCALARS = {"qk_scale": "fp32", "sm_scale": "fp32"}
+POINTERS = {
+    "offsets_ptr": "*i32", "index_ptr": "*i32", "partial_ptr": "*i32", "lay_ptr": "*u8", "kpm_ptr": "*u8",
+    "doc_ptr": "*i64", "seed_ptr": "*i64", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+}  # fmt: skip
+PROGRAMS = {
+    "fwd_kernel": ({}, ("q_ptr", "k_ptr", "v_ptr", "o_ptr")),
+    "bwd_kernel dK/dV": ({"DQ_PASS": False}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
+    "bwd_kernel dQ": ({"DQ_PASS": True}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
+}
+
+
+def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: float = 0.1) -> list[str]:
+    """Compile the three programs with every mask on; one line per program (its shared memory)."""
+    import torch
+
+    from model.attention.kernels.triton_block.function import dot_precision
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    cfg = tile_config(head_size, torch_dtype)
+    consts = dict(
+        HEAD_STRIDE=1, HAS_KPM=True, HAS_DOC=True, DROPOUT_P=dropout_p, D=head_size, BLOCK_D=cfg.block_d,
+        BLOCK_M=64, BLOCK_N=64, PRECISION=dot_precision(torch_dtype), LOOP_WHILE=False,
+    )  # fmt: skip
+    lines = []
+    base = consts
+    for name, (extra, tensors) in PROGRAMS.items():
+        fn = getattr(K, name.split()[0])
+        consts = dict(base, **extra)
+        kinds = dict(POINTERS, **SCALARS, **{t: f"*{DTYPES[dtype]}" for t in tensors})
+        sig = {a: "constexpr" if a in consts else kinds.get(a, "i32") for a in fn.arg_names}
+        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        k = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=opts)
+        lines.append(f"sm{capability} {dtype} {name}: {k.metadata.shared} bytes of shared memory")
+    return lines
+
+
+if __name__ == "__main__":
+    cap = int(sys.argv[1])
+    for dt in sys.argv[2:]:
+        print("\n".join(compile_all(cap, dt)), flush=True)
