@@ -213,23 +213,11 @@ def test_the_compiled_trainer_step_compiles_once_for_padded_and_unpadded_batches
     and no_grad change what Dynamo guards on: a second graph is the minimum while evaluation runs compiled too).
     Before (main at 3fc0da7) the first unpadded batch dropped its mask and recompiled: 2 training graphs, 3 in all."""
     import json
-    import subprocess
-    import sys
 
     out = tmp_path / "graphs.json"
     tu.prepare(tmp_path)
     args = tu.train_args(tmp_path, "zero1_fp32.json", 8, "--eval-interval", "4", "--eval-iters", "2", global_batch=4)
-    env = tu.env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(tu.free_port()))
-    p = subprocess.run(
-        [sys.executable, str(tu.REPO / "tests" / "recompile_entry.py"), str(out), *args],
-        cwd=tu.REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=360,
-    )
-    assert p.returncode == 0, p.stdout[-4000:]
+    tu.run_one_rank("recompile_entry.py", str(out), *args, timeout=360)
     got = json.loads(out.read_text())
     assert got["evaluation"]["loss"] > 0, got  # validation batches were evaluated
     assert got["graph_breaks"] == {}, got

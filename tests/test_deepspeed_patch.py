@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,19 +88,8 @@ def test_apply_patches_every_home_and_refuses_other_versions(monkeypatch):
 
 def _engine_run(tmp_path: Path, mode: str, pythonpath: Path | None = None) -> dict:
     out = tmp_path / f"{mode}.pt"
-    env = tu.env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(tu.free_port()))
-    if pythonpath is not None:
-        env["PYTHONPATH"] = f"{pythonpath}:{env['PYTHONPATH']}"
-    p = subprocess.run(
-        [sys.executable, str(tu.REPO / "tests" / "deepspeed_patch_entry.py"), mode, str(out)],
-        cwd=tu.REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=200,
-    )
-    assert p.returncode == 0, p.stdout[-4000:]
+    extra = {} if pythonpath is None else {"PYTHONPATH": f"{pythonpath}:{tu.REPO}"}
+    tu.run_one_rank("deepspeed_patch_entry.py", mode, str(out), timeout=200, **extra)
     return torch.load(out)
 
 

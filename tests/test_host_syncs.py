@@ -15,8 +15,6 @@ device."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -35,17 +33,7 @@ def _syncs(tmp_path, *extra: str, ds_config: str = "zero1_fp32.json", **model) -
     out = tmp_path / "syncs.json"
     tu.prepare(tmp_path, **model)
     args = tu.train_args(tmp_path, ds_config, 8, *extra, global_batch=4)
-    env = tu.env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(tu.free_port()))
-    p = subprocess.run(
-        [sys.executable, str(tu.REPO / "tests" / "host_sync_entry.py"), str(out), *args],
-        cwd=tu.REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=240,
-    )
-    assert p.returncode == 0, p.stdout[-4000:]
+    tu.run_one_rank("host_sync_entry.py", str(out), *args, timeout=240)
     return json.loads(out.read_text())
 
 

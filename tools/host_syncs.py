@@ -132,29 +132,21 @@ class HostSyncCounter:
     def host(self, fn: Callable[..., T]) -> Callable[..., T]:
         """``fn`` runs on the host (the DataLoader's collation, token counting): nothing inside is counted, and what
         it returns lives on the host."""
-
-        def run(*a: Any, **k: Any) -> T:
-            self._paused += 1
-            try:
-                out = fn(*a, **k)
-            finally:
-                self._paused -= 1
-            self._mark(out, host=True)
-            return out
-
-        return run
+        return self._uncounted(fn, host=True)
 
     def to_device(self, fn: Callable[..., T]) -> Callable[..., T]:
         """``fn`` stages host tensors to the device asynchronously (pinned memory, ``non_blocking``; the trainer's
         ``_to_device`` on CUDA): not counted, and what it returns lives on the device."""
+        return self._uncounted(fn, host=False)
 
+    def _uncounted(self, fn: Callable[..., T], host: bool) -> Callable[..., T]:
         def run(*a: Any, **k: Any) -> T:
             self._paused += 1
             try:
                 out = fn(*a, **k)
             finally:
                 self._paused -= 1
-            self._mark(out, host=False)
+            self._mark(out, host=host)
             return out
 
         return run
