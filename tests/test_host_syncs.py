@@ -96,3 +96,58 @@ def test_cpu_only_shortcuts_never_read_another_device():
     with pytest.raises(Exception):
         bool(meta.all())  # reading a meta tensor fails: so cpu_all below did not read it
     assert cpu_all(meta) is False
+
+
+def test_the_counter_sees_what_cudas_sync_debug_mode_flags():
+    """tools/host_syncs.py on CPU: each operation that waits for the device on a GPU counted once, where the tensor
+    would live decided by where it was made (module docstring); each pair below differs only in that."""
+    import torch
+
+    from tools.host_syncs import HostSyncCounter
+
+    device_t = torch.randn(8)  # made before counting: a parameter, a gradient, a state
+    kinds = {}
+    cases = {
+        "torch.tensor to the device": lambda: torch.tensor(-1.0, device="cpu"),
+        "torch.tensor on the host": lambda: torch.tensor(-1.0),
+        "blocking .to(device) of host data": lambda: torch.zeros(3).to("cpu"),
+        "non-blocking .to(device)": lambda: torch.zeros(3).to("cpu", non_blocking=True),  # from pinned memory
+        "masked_fill_ with a device value": lambda: device_t.clone().masked_fill_(device_t > 0, device_t.sum()),
+        "masked_fill_ with a host value": lambda: device_t.clone().masked_fill_(device_t > 0, torch.tensor(0.0)),
+        "masked_fill_ with a number": lambda: device_t.clone().masked_fill_(device_t > 0, -1.0),
+        ".item() of a device tensor": lambda: device_t.sum().item(),
+        ".item() of a host tensor": lambda: torch.zeros(2).sum().item(),
+        ".tolist() of a device tensor": lambda: device_t.tolist(),
+        ".cpu() of a device tensor": lambda: device_t.cpu(),
+        "boolean-mask indexing": lambda: device_t[device_t > 0],
+        "boolean-mask assignment": lambda: device_t.clone().__setitem__(device_t > 0, 0.0),
+        "nonzero": lambda: torch.nonzero(device_t),
+        "unique": lambda: torch.unique(device_t),
+        "repeat_interleave without output_size": lambda: torch.repeat_interleave(device_t.long().abs()),
+        "repeat_interleave with output_size": lambda: device_t.repeat_interleave(2, output_size=16),
+        "arithmetic on the device": lambda: (device_t * 2).sum(),
+    }
+    for name, op in cases.items():
+        with HostSyncCounter() as c:
+            op()
+        kinds[name] = sum(c.sites.values())
+    assert kinds == {
+        "torch.tensor to the device": 1,
+        "torch.tensor on the host": 0,
+        "blocking .to(device) of host data": 1,
+        "non-blocking .to(device)": 0,
+        "masked_fill_ with a device value": 1,
+        "masked_fill_ with a host value": 0,
+        "masked_fill_ with a number": 0,
+        ".item() of a device tensor": 1,
+        ".item() of a host tensor": 0,
+        ".tolist() of a device tensor": 1,
+        ".cpu() of a device tensor": 1,
+        "boolean-mask indexing": 1,
+        "boolean-mask assignment": 1,
+        "nonzero": 1,
+        "unique": 1,
+        "repeat_interleave without output_size": 1,
+        "repeat_interleave with output_size": 0,
+        "arithmetic on the device": 0,
+    }
