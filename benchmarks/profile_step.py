@@ -19,8 +19,9 @@ far (compiled: twice that, at least --compile-estimate-s), the JSON is rewritten
 with what it has.
 
 Host syncs: on CUDA ``torch.cuda.set_sync_debug_mode("warn")`` is on during the counted step and every warning is
-counted at the Python line that made it; on CPU (no such mode) the reads of device values (``_local_scalar_dense``
-and the other data-dependent aten calls) and DeepSpeed's accelerator ``synchronize`` calls are counted instead.
+counted at the Python line that made it; on CPU (no such mode) tools/host_syncs.py counts what that mode would flag
+(value reads and blocking copies of tensors that would live on the device, data-dependent shapes, DeepSpeed's
+accelerator ``synchronize``), by function.
 
     python -m benchmarks.profile_step --data-path D/sample_text_sentence --vocab-file D/vocab.txt --json p.json  # GPU
     python -m benchmarks.profile_step --model-preset tiny --device cpu --seq-len 64 --batch 2 --variants eager packed
@@ -33,7 +34,6 @@ import os
 import platform
 import statistics
 import time
-import traceback
 import warnings
 from collections import Counter
 from dataclasses import asdict, replace
@@ -63,7 +63,6 @@ VARIANTS: dict[str, dict] = {
 ``ds_config`` names a bf16 file (benchmarks/host_overhead.py counts their host work on CPU): run with bf16 only."""
 MARGIN_S = 5.0
 """Kept back before the deadline to write the JSON and leave."""
-_CPU_SYNCING = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal"})
 
 
 def variant_case(name: str, base: Case) -> Case:
@@ -73,21 +72,9 @@ def variant_case(name: str, base: Case) -> Case:
     return replace(base, batch=base.batch * factor, **change)
 
 
-def _site(skip: Path) -> str:
-    """The innermost Python frame outside torch and this file: ``(deepspeed) path:line`` or ``path:line``."""
-    for frame in reversed(traceback.extract_stack()):
-        path = Path(frame.filename)
-        if path.resolve() == skip or "torch" in path.parts:
-            continue
-        if "deepspeed" in path.parts:
-            return f"(deepspeed) {Path(*path.parts[path.parts.index('deepspeed') + 1 :])}:{frame.lineno}"
-        return f"{path.name}:{frame.lineno}"
-    return "(unknown)"
-
-
 class SyncCounter:
-    """Counts host syncs made inside ``with counter:`` by site (module docstring: CUDA's sync debug mode; on CPU the
-    aten reads of device values and DeepSpeed's accelerator synchronize)."""
+    """Counts host syncs made inside ``with counter:`` by site (module docstring: CUDA's sync debug mode; on CPU
+    tools/host_syncs.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -100,27 +87,11 @@ class SyncCounter:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             return self
-        from deepspeed.accelerator import get_accelerator
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from tools.host_syncs import HostSyncCounter
 
-        me, here = self, Path(__file__).resolve()
-
-        class _Reads(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func.overloadpacket.__name__ in _CPU_SYNCING:
-                    me.sites[f"{_site(here)} ({func.overloadpacket.__name__})"] += 1
-                return func(*args, **(kwargs or {}))
-
-        self._accel = get_accelerator()
-        self._real_sync = self._accel.synchronize
-
-        def synchronize(*a, **k):
-            me.sites[f"{_site(here)} (accelerator synchronize)"] += 1
-            return self._real_sync(*a, **k)
-
-        self._accel.synchronize = synchronize
-        self._mode = _Reads()
-        self._mode.__enter__()
+        self._counter = HostSyncCounter(skip=(Path(__file__),))
+        self._counter.sites = self.sites
+        self._counter.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -135,8 +106,7 @@ class SyncCounter:
                     self.sites[f"{where}:{w.lineno}"] += 1
             self._warnings.__exit__(*exc)
             return
-        self._mode.__exit__(*exc)
-        self._accel.synchronize = self._real_sync
+        self._counter.__exit__(*exc)
 
 
 def profile_summary(prof, device: torch.device, wall_s: float, steps: int) -> dict:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import torch
 import torch.utils.checkpoint
 
+from pretrain import deepspeed_patch
 from pretrain.args import OptimConfig
 from pretrain.ds_config import DSConfigError, ResolvedDSConfig, check_precision_supported, validate_with_deepspeed
 from pretrain.schedule import WarmupLinearDecay
@@ -222,9 +223,13 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
 
 
 def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, schedule: dict[str, Any]):
-    """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file).
-    ``schedule``: WarmupLinearDecay's settings (pretrain.args.lr_schedule, or pretrain.schedule.schedule_settings)."""
+    """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file),
+    DeepSpeed's ZeRO-1/2 gradient-norm host syncs removed (pretrain/deepspeed_patch.py; its ``apply()`` gives the
+    start-up line). ``schedule``: WarmupLinearDecay's settings (pretrain.args.lr_schedule, or
+    pretrain.schedule.schedule_settings)."""
     import deepspeed
+
+    deepspeed_patch.apply()
 
     check_precision_supported(ds)
     configure_optimizer(ds, optim)

@@ -29,7 +29,7 @@ from deepspeed.checkpoint.constants import (
 from common.errors import write_errors
 from common.outputs import check_dir_writable, check_not_input
 from model.flops import model_flops_per_token
-from pretrain import builders, checkpoint, faults, resize, resume
+from pretrain import builders, checkpoint, deepspeed_patch, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, lr_schedule, train_iterations
 from pretrain.distributed import (
     DistInfo,
@@ -85,12 +85,16 @@ def log_line(rec: dict[str, Any], train_iters: int) -> str:
     return " | ".join(parts)
 
 
-def device_batch(batch: dict[str, torch.Tensor], device: torch.device, max_predictions: int | None) -> dict[str, Any]:
+def device_batch(
+    batch: dict[str, torch.Tensor], device: torch.device, max_predictions: int | None, keep_mask: bool = False
+) -> dict[str, Any]:
     """What Trainer._to_device makes of a host batch (benchmarks time the same inputs): an all-ones attention mask
     dropped on the host, the rest copied (pinned and asynchronous on CUDA), and ``max_predictions`` for the static MLM
-    gather (None: the boolean-mask head)."""
+    gather (None: the boolean-mask head). ``keep_mask`` (the compiled step) keeps the all-ones mask: the model's
+    inputs then have one signature whether a batch is padded or not, so Dynamo compiles the step once instead of
+    again at the first unpadded batch; an all-ones mask gives the unmasked results (tests/test_compile.py)."""
     keys = [k for k in _BATCH_KEYS if k in batch]
-    if "attention_mask" in batch and bool(batch["attention_mask"].all()):
+    if not keep_mask and "attention_mask" in batch and bool(batch["attention_mask"].all()):
         keys.remove("attention_mask")
     if device.type == "cuda":
         out: dict[str, Any] = {k: batch[k].pin_memory().to(device, non_blocking=True) for k in keys}
@@ -277,6 +281,7 @@ class Trainer:
             apply_activation_checkpointing(model)
         seed_everything(run.loop.seed + 100 * self.dist.rank)
         self.engine = initialize_engine(model, self.ds, run.optim, self.schedule)
+        self._print(deepspeed_patch.apply())  # applied by initialize_engine; this gives its line
         if type(self.engine.optimizer).__module__.startswith("optimi"):
             self._print(f"optimizer {type(self.engine.optimizer).__name__} (torch-optimi, a client optimizer)")
         for note in build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device):
@@ -422,10 +427,11 @@ class Trainer:
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The model's inputs on this rank's device. Decisions that need the values are made here, on the host
         batch, so the step never waits for the device: an attention mask without padding is dropped (the model
-        then runs unmasked attention), and the MLM head gathers a fixed number of positions per sample (the
-        masker's cap, DataConfig.max_predictions; --dynamic-mlm-gather selects with a boolean mask instead). On CUDA the
-        tensors are staged through pinned memory, so the copy is asynchronous."""
-        return device_batch(batch, self.dist.device, self.run.data.max_predictions)
+        then runs unmasked attention; kept under --compile, one input signature for one compiled graph), and the
+        MLM head gathers a fixed number of positions per sample (the masker's cap, DataConfig.max_predictions;
+        --dynamic-mlm-gather selects with a boolean mask instead). On CUDA the tensors are staged through pinned
+        memory, so the copy is asynchronous."""
+        return device_batch(batch, self.dist.device, self.run.data.max_predictions, keep_mask=self.run.system.compile)
 
     @staticmethod
     def _tokens(batch: dict[str, torch.Tensor]) -> int:

@@ -179,3 +179,46 @@ def test_compile_after_load_keeps_one_graph():
     build_attention_plans(model, N, torch.device("cpu"))
     explained = torch._dynamo.explain(model)(**_batch(0))
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+
+
+def test_an_all_ones_mask_gives_the_unmasked_results_when_compiled():
+    """The compiled trainer step keeps an all-ones attention mask (pretrain.trainer.device_batch ``keep_mask``): traced,
+    the model passes it to attention (its CPU-only shortcut that drops it is skipped while compiling); the loss and
+    every gradient equal the unmasked eager step's bit for bit (dropout 0.1, the same seed). Dynamo with the ``eager``
+    backend: the traced graph's own operations, without inductor's fusions."""
+    model = _model("dense")
+    batch = _batch(0)
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    unmasked = {k: v for k, v in batch.items() if k != "attention_mask"}
+    results = []
+    for run, inputs in ((model, unmasked), (torch.compile(model, backend="eager"), batch)):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        loss = run(**inputs).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b), (loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys()
+    assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a), [
+        n for n in grads_a if not torch.equal(grads_a[n], grads_b[n])
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_compiled_trainer_step_compiles_once_for_padded_and_unpadded_batches(tmp_path):
+    """The real Trainer with --compile (tests/recompile_entry.py), training steps over padded and unpadded batches in
+    turn, then an evaluation: no graph break, one graph for training and one more for the evaluation (module.eval()
+    and no_grad change what Dynamo guards on: a second graph is the minimum while evaluation runs compiled too).
+    Before (main at 3fc0da7) the first unpadded batch dropped its mask and recompiled: 2 training graphs, 3 in all."""
+    import json
+
+    out = tmp_path / "graphs.json"
+    tu.prepare(tmp_path)
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 8, "--eval-interval", "4", "--eval-iters", "2", global_batch=4)
+    tu.run_one_rank("recompile_entry.py", str(out), *args, timeout=360)
+    got = json.loads(out.read_text())
+    assert got["evaluation"]["loss"] > 0, got  # validation batches were evaluated
+    assert got["graph_breaks"] == {}, got
+    assert (got["train_graphs"], got["graphs"]) == (1, 2), got

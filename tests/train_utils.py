@@ -103,6 +103,23 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
+def run_one_rank(entry: str, *argv: str, timeout: float, **env_extra: str) -> None:
+    """``python tests/ENTRY ARGV...`` as rank 0 of a one-rank job (what the trainer's entries read from the
+    environment), asserting it succeeds; its output is shown when it does not."""
+    rank = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    e = env(**rank, MASTER_PORT=str(free_port()), **env_extra)
+    p = subprocess.run(
+        [sys.executable, str(REPO / "tests" / entry), *argv],
+        cwd=REPO,
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    assert p.returncode == 0, p.stdout[-4000:]
+
+
 def _cuda_count() -> int:
     import torch
 
