@@ -231,3 +231,27 @@ def test_programs_compile_for_hopper_without_a_gpu():
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("bytes of shared memory") == 6, r.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tile_n", [16, 64])
+def test_key_tiles_of_another_size_than_the_query_tiles(tile_n):
+    """benchmarks/triton_block_tiles.py sweeps (query tile, key tile, warps, stages): the plan's tables and both
+    backward passes follow a key tile that differs from the query tile."""
+    kernel = KERNELS["triton_block"]
+    kernel.tile_n, kernel.launch = tile_n, (4, 1)
+    try:
+        cfg = LAYOUT_EXAMPLES["fixed"](H)
+        plan = kernel.make_plan(cfg.make_layout(128), cfg.block, 128, DEVICE)
+        assert (plan.tile_m, plan.tile_n, plan.tk, plan.config(D, torch.float32).num_warps) == (
+            TILE,
+            tile_n,
+            128 // tile_n,
+            4,
+        )
+        q, k, v = _inputs(1, 128)
+        kpm = torch.ones(1, 128, dtype=torch.bool)
+        kpm[0, 100:] = False
+        _assert_parity(cfg, q, k, v, key_padding_mask_BN=kpm.to(DEVICE))
+    finally:
+        kernel.tile_n = kernel.launch = None

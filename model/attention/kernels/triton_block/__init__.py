@@ -93,8 +93,12 @@ class TritonBlockPlan:
     def tk(self) -> int:
         return -(-self.seq_len // self.tile_n)
 
+    launch: tuple[int, int] | None = None
+    """(num_warps, num_stages) instead of :func:`tile_config`'s (benchmarks/triton_block_tiles.py sweeps them)."""
+
     def config(self, head_size: int, dtype: torch.dtype) -> TileConfig:
-        return tile_config(head_size, dtype)
+        cfg = tile_config(head_size, dtype)
+        return cfg if self.launch is None else TileConfig(cfg.block_d, *self.launch)
 
     def fallback(self, why: str):
         if not self._warned:
@@ -141,6 +145,10 @@ class TritonBlockKernel(Kernel):
     trains_on_cpu = False
     tile: int = TILE
     """Tile size of new plans (tests shrink it to exercise several tiles at N <= 128)."""
+    tile_n: int | None = None
+    """Key tile of new plans when it differs from ``tile`` (the query tile); benchmarks/triton_block_tiles.py."""
+    launch: tuple[int, int] | None = None
+    """(num_warps, num_stages) of new plans instead of :func:`tile_config`'s; benchmarks/triton_block_tiles.py."""
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None) -> TritonBlockPlan:
         reason = triton_available()
@@ -154,7 +162,8 @@ class TritonBlockKernel(Kernel):
         lay = layout_HMM.detach().cpu().bool()
         m = math.ceil(seq_len / block)
         lay = lay[:, :m, :m]
-        tables = build_tables(lay, block, seq_len, self.tile, self.tile)
+        tile_n = self.tile_n or self.tile
+        tables = build_tables(lay, block, seq_len, self.tile, tile_n)
         tables = TileTables(
             *(getattr(tables, f).to(device) for f in ("fwd_offsets_HT", "fwd_index", "fwd_partial")),
             *(getattr(tables, f).to(device) for f in ("bwd_offsets_HT", "bwd_index", "bwd_partial")),
@@ -169,8 +178,9 @@ class TritonBlockKernel(Kernel):
             head_stride=1 if lay.shape[0] > 1 else 0,
             seq_len=seq_len,
             tile_m=self.tile,
-            tile_n=self.tile,
+            tile_n=tile_n,
             no_seed=torch.zeros(1, dtype=torch.int64, device=device),
             fallback_args=fallback_args,
             fixed_mask=token_mask is not None,
+            launch=self.launch,
         )
