@@ -327,7 +327,13 @@ def _main(argv: list[str]) -> int:
     add_deprecated_alias(
         p, p.add_argument("--model-preset", choices=sorted(TOKENS_PER_STEP), default="bert-base"), "--preset"
     )
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=[v for v in VARIANTS if v not in WHOLE_PRESETS],
+        help="default: the bert-base-sized ones (whole presets only when named)",
+    )
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
     p.add_argument(
         "--cases",
