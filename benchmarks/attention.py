@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_check import commit_info
+from benchmarks.report import commit_info
 from model.attention import (
     BLOCK_LAYOUTS,
     BigBirdSparsityConfig,

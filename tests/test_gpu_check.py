@@ -375,7 +375,9 @@ def test_report_fields_and_the_commit_without_git(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_CHECK_COMMIT", "cafe123")  # wins over git: a copied tree's .git may be stale
     assert gc.commit_info() == ("cafe123", "GPU_CHECK_COMMIT")
     monkeypatch.delenv("GPU_CHECK_COMMIT")
-    monkeypatch.setattr(gc, "REPO", tmp_path)  # no .git here
+    import common.provenance as provenance
+
+    monkeypatch.setattr(provenance, "REPO", tmp_path)  # no .git here
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     monkeypatch.setenv("GPU_CHECK_COMMIT", "abc1234")
     assert gc.commit_info() == ("abc1234", "GPU_CHECK_COMMIT")
