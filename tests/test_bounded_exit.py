@@ -177,8 +177,8 @@ def _start(kind: str, args: list[str], log: Path, **env_extra: str) -> subproces
         pytest.param("torchrun", True, "SIGTERM", marks=pytest.mark.extended),
         ("mpirun", True, "SIGTERM"),
         ("script", True, "SIGTERM"),  # our run_scripts/: bash dies, its deepspeed runner is left to the ranks' watch
-        pytest.param("script", True, "SIGKILL", marks=pytest.mark.long),  # nothing can catch it: the ranks' watch
-        pytest.param("deepspeed", True, "ctrl-c", marks=pytest.mark.long),  # SIGINT to the whole foreground group
+        pytest.param("script", True, "SIGKILL", marks=pytest.mark.extended),  # nothing can catch it: the ranks' watch
+        pytest.param("deepspeed", True, "ctrl-c", marks=pytest.mark.extended),  # SIGINT to the whole foreground group
     ],
 )
 def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, kind, handler, how):

@@ -97,7 +97,7 @@ def test_deepspeed_pdsh_across_two_hosts_trains_saves_and_resumes_exactly(cluste
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # bitwise: same ranks, same batches
 
 
-@pytest.mark.long  # ~95 s (CI's budget): run_scripts/repeat_check.sh runs it
+@pytest.mark.extended  # ~95 s (CI's budget): run_scripts/repeat_check.sh runs it
 @pytest.mark.timeout(1200)
 def test_a_lost_node_costs_one_checkpoint_interval(cluster, tmp_path):
     """Every process of host 1 is killed mid-run: the surviving rank exits non-zero within the bounded-exit limit
@@ -189,7 +189,7 @@ def _rank_pid(cluster: NetnsCluster, host: int) -> int | None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     "fault",
-    ["link_down", pytest.param("sigstop", marks=pytest.mark.long)],  # CI's budget: sigstop in repeat_check.sh
+    ["link_down", pytest.param("sigstop", marks=pytest.mark.extended)],  # CI's budget: sigstop in repeat_check.sh
 )
 def test_a_peer_that_stops_answering_ends_the_survivor_in_bounded_time(cluster, tmp_path, fault):
     """Host 1 stops answering without any reset reaching host 0: its link goes down (`ip link set ... down` inside
@@ -257,7 +257,7 @@ README_TIMEOUT_MIN = 1
 """--distributed-timeout-minutes of the README command's lost-host test (the README run a user would start)."""
 
 
-@pytest.mark.long  # 136-141 s, 385 s on a busier run (CI's budget): run_scripts/repeat_check.sh runs it
+@pytest.mark.extended  # 136-141 s, 385 s on a busier run (CI's budget): run_scripts/repeat_check.sh runs it
 @pytest.mark.timeout(900)
 def test_the_readmes_multi_host_command_ends_when_a_host_is_lost(cluster, tmp_path):
     """The README's multi-host command, as written (its hostfile and ARGS filled in; the test hosts' ssh key in
@@ -464,7 +464,7 @@ def _wait_lines(path: Path, n: int, s, job: str, timeout: float) -> None:
     raise AssertionError(f"job {job}: fewer than {n} records in {path}: {s.job(job)}\n{s.daemon_logs()}")
 
 
-@pytest.mark.long  # ~75 s (CI's budget; test_slurm's time-limit requeue stays in CI): run_scripts/repeat_check.sh
+@pytest.mark.extended  # ~75 s (CI's budget; test_slurm's time-limit requeue stays in CI): run_scripts/repeat_check.sh
 @pytest.mark.timeout(900)
 def test_sbatch_two_nodes_srun_template_trains_and_a_requeue_resumes_exactly(slurm2, tmp_path):
     """`sbatch -N 2 pretrain_srun.sbatch`: one rank per node; the time-limit signal mid-run saves, the job requeues

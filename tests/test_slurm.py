@@ -162,7 +162,7 @@ def test_time_limit_signal_saves_requeues_and_resumes_exactly(cluster, data, str
 
 @pytest.mark.slow
 @pytest.mark.multirank
-@pytest.mark.long  # ~80 s (CI's budget): run_scripts/repeat_check.sh runs it
+@pytest.mark.extended  # ~80 s (CI's budget): run_scripts/repeat_check.sh runs it
 @pytest.mark.timeout(600)
 def test_a_peer_that_stops_answering_requeues_the_job_which_resumes(cluster, data, straight, tmp_path):
     """Rank 1's main thread hangs at iteration 4 (SPARSEBERT_FAULT_STALL, once): rank 0's collective times out
