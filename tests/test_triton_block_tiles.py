@@ -1,5 +1,6 @@
-"""benchmarks/triton_block_tiles.py: each swept configuration reaches the plans it times, a refused launch is a row
-with its error, bad specs are one line, and the kernel's settings are restored afterwards."""
+"""``benchmarks.attention --measure tiles`` (benchmarks/attention/triton_tiles.py): each swept configuration reaches
+the plans it times, a refused launch is a row with its error, bad specs are one line, and the kernel's settings are
+restored afterwards."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import model.attention.kernels.triton_block as tb
-from benchmarks.triton_block_tiles import Launch, best, sweep
+from benchmarks.attention.triton_tiles import Launch, best, sweep
 from model.attention.kernels import KERNELS
 
 
