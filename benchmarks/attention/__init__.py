@@ -12,3 +12,7 @@
 cli.py holds the flags of every measure; steps.py the measured step (q/k/v as views of one fused projection, as in
 training) and how it is timed and its memory counted; tools/bench_layouts.py the named layouts and head shape.
 """
+
+from benchmarks.attention.cli import main
+
+__all__ = ["main"]
