@@ -83,9 +83,12 @@ def _folded_sdpa(q, k, v):
     return F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
 
 
-def candidates(args: argparse.Namespace, n: int, device: torch.device) -> Iterator[tuple[str, str, object, Callable]]:
-    """(kernel, layout, attention module or None, ``(q, k, v) -> out``) of every row at ``n``, one at a time (one
-    module and its plans alive at once)."""
+Case = tuple[str, str, "BlockSparseAttention | None", Callable]
+"""(kernel, layout, attention module or None for the SDPA baselines, ``(q, k, v) -> out``)."""
+
+
+def candidates(args: argparse.Namespace, n: int, device: torch.device) -> Iterator[Case]:
+    """The :data:`Case` of every row at ``n``, one at a time (one module and its plans alive at once)."""
     if args.math_baseline and n <= args.math_max_n:
         yield "sdpa_math", "none", None, _math_sdpa
     if args.folded_baseline:
@@ -104,11 +107,14 @@ def candidates(args: argparse.Namespace, n: int, device: torch.device) -> Iterat
             yield kname, lname, mod, lambda a, b, c, mod=mod: mod(a, b, c)
 
 
-def measure_row(args, kname: str, lname: str, mod, fn: Callable, qkv, dense: Callable, m_dense: float, n: int) -> dict:
+def measure_row(
+    args: argparse.Namespace, case: Case, qkv_BN3HD: torch.Tensor, dense: Callable[[], None], m_dense: float
+) -> dict:
     """One row: paired times against the dense step, peak memory, ratios and targets."""
-    device = qkv.device
+    kname, lname, mod, fn = case
+    device, n = qkv_BN3HD.device, qkv_BN3HD.shape[1]
     density = 1.0 if mod is None else layout_density(mod.layout_for(n))
-    step = make_step(fn, qkv)
+    step = make_step(fn, qkv_BN3HD)
     times = paired_times(step, dense, device, args.repeats)
     m = peak_memory_mib(step, device)
     row = dict(kernel=kname, layout=lname, n=n, density=density, **times, mem_mib=m, dense_mem_mib=m_dense)
@@ -140,12 +146,12 @@ def run(args: argparse.Namespace, on_row: Callable[[list[dict], list[str]], None
         qkv = fused_qkv(args.batch, HEADS, n, HEAD_DIM, device, DTYPES[args.dtype])
         dense = make_step(F.scaled_dot_product_attention, qkv)
         m_dense = peak_memory_mib(dense, device)
-        for kname, lname, mod, fn in candidates(args, n, device):
+        for case in candidates(args, n, device):
             try:
-                rows.append(measure_row(args, kname, lname, mod, fn, qkv, dense, m_dense, n))
+                rows.append(measure_row(args, case, qkv, dense, m_dense))
             except RuntimeError as e:  # out of memory etc.: record, keep going
-                print(f"N={n:5d} {kname:12s} {lname:16s} failed: {e}", flush=True)
-                failed.append(f"{kname}:{lname}@{n}: {str(e).splitlines()[0][:200]}")
+                print(f"N={n:5d} {case[0]:12s} {case[1]:16s} failed: {e}", flush=True)
+                failed.append(f"{case[0]}:{case[1]}@{n}: {str(e).splitlines()[0][:200]}")
             if on_row:
                 on_row(rows, failed)
         del qkv

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.attention.steps import fused_qkv, make_step, paired_times
+from benchmarks.attention.steps import fused_qkv, machine, make_step, paired_times
 from benchmarks.report import write_json
 from model.attention import BlockSparseAttention
 from model.attention import sparsebert as S
@@ -109,7 +109,7 @@ def command(args: argparse.Namespace) -> int:
         check_file_writable(args.out, "--out")  # before the timings
     rows = run(args)
     result = {
-        "machine": "2-core CPU dev box, shared, no GPU" if not torch.cuda.is_available() else "cuda",
+        "machine": machine("cpu"),
         "platform": platform.platform(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

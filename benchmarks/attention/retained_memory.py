@@ -167,7 +167,15 @@ def measure(name: str, spec: dict[str, Any], kernel: str, n: int, dtype: torch.d
     return row
 
 
-MODEL = dict(preset="tiny", heads=HEADS, head_size=32, batch=2, seq_len=768, intermediate=128, vocab=128)
+MODEL = dict(
+    preset="tiny",
+    heads=HEADS,
+    head_size=32,
+    batch=2,
+    seq_len=768,
+    intermediate=PRESETS["tiny"]["intermediate_size"],
+    vocab=128,
+)
 """The one-layer model of the model-level rows (``--model-level``) and of tests/test_saved_activations.py: the tiny
 preset at one layer, head size 32 and a length every layout-only family divides (48 for BlockBERT n=3, 64 for the
 block-64 families)."""
