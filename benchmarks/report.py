@@ -38,7 +38,9 @@ def markdown_table(
     """Lines of a Markdown table: ``columns`` are (key, header) or (key, header, format), a format being a
     ``format()`` spec for numbers or a function of the value; a missing value is ``-``. Numeric columns align right."""
     cols = [(c[0], c[1], c[2] if len(c) > 2 else None) for c in columns]
-    numeric = [any(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows) for k, _, _ in cols]
+    numeric = [
+        any(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows) for k, _, _ in cols
+    ]
     out = ["| " + " | ".join(h for _, h, _ in cols) + " |"]
     out.append("|" + "|".join("---:" if n else "---" for n in numeric) + "|")
     for r in rows:
