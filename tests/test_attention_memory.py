@@ -1,12 +1,12 @@
 """The sparse paths keep sparse memory: what one attention call keeps for its backward stays within 1.5x its layout's
-scores (benchmarks/attention_memory.py measures the same at N=4096/8192 for docs/model.md)."""
+scores (``benchmarks.attention --measure memory`` measures the same at N=4096/8192 for docs/model.md)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks import attention_memory as am
+from benchmarks.attention import retained_memory as am
 
 N = 1024
 KERNELS = ["block_gather", am.GATHER_ONLY]

@@ -3,16 +3,18 @@ registries know, followed under a mocked compute capability on CUDA, with the ru
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from benchmarks import auto_table
-from benchmarks.attention import layouts
 from model import attention as A
 from model.attention.kernels import KERNELS
 from model.attention.kernels.auto import TABLE_KERNELS, TABLE_PATH, load_table, table_choice
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from tools import auto_table
+from tools.bench_layouts import layouts
 
 CUDA = torch.device("cuda")
 TABLE = load_table()
@@ -127,3 +129,18 @@ def test_start_up_lines_name_each_distinct_choice_once():
     lines = model.build_attention_plans(256, "cpu", torch.float32)
     assert len(lines) == 1 and lines[0].startswith("attention kernel auto -> block_gather for fixed_b16 at N=256")
     assert "rule (cpu, density" in lines[0]
+
+
+def test_entries_say_under_which_dropout_and_qkv_layout_they_were_measured(tmp_path):
+    """A report of ``benchmarks.attention`` says its attention dropout and q/k/v layout (meta ``dropout``, ``qkv``);
+    the entry keeps both, and a report older than those keys counts as dropout 0 with contiguous q/k/v."""
+    rows = [
+        dict(kernel=k, layout="fixed_b64", n=4096, density=0.3, time_best_s=t, dense_time_best_s=1.0)
+        for k, t in (("flex", 0.9), ("block_gather", 0.8))
+    ]
+    meta = dict(machine="NVIDIA H200 (x86_64)", device="cuda", dtype="bf16", commit="abc1234")
+    for name, extra in (("new", dict(dropout=0.1, qkv="fused_views")), ("old", {})):
+        (tmp_path / f"{name}.json").write_text(json.dumps(dict(meta=meta | extra, rows=rows, complete=True)))
+    new, old = (auto_table.build([(f"{n}.json", "")], root=tmp_path)["entries"][0] for n in ("new", "old"))
+    assert (new["dropout"], new["qkv"], new["kernel"]) == (True, "fused_views", "block_gather")
+    assert (old["dropout"], old["qkv"]) == (False, "contiguous")

@@ -57,10 +57,9 @@ def test_a_name_of_one_kind_resolves_bare_and_the_wrong_key_names_the_right_one(
 def test_a_new_layout_and_a_new_token_mask_reach_every_list(capsys):
     """The walk-through: registering is all it takes for the config, the benchmarks' choices, the docs table and the
     tests' parameters (which then ask for the one example entry)."""
-    from benchmarks import attention as bench
-    from benchmarks import attention_memory, sparsebert_diet
+    from benchmarks.attention import cli, retained_memory
     from tests.registry_cases import missing_layout_examples
-    from tools import config_docs
+    from tools import bench_layouts, config_docs
 
     @register_layout
     class _DiagonalBlocks(SparsityConfig):
@@ -87,12 +86,16 @@ def test_a_new_layout_and_a_new_token_mask_reach_every_list(capsys):
         assert isinstance(cfg.for_layer(0, 4)[1], _DiagonalBlocks)
         AttentionConfig(token_mask={"pattern": "test_first_token"})
         # the benchmarks' choices
-        assert "test_diagonal_blocks" in bench.layouts()
-        assert bench.layouts()["test_diagonal_blocks"]().num_heads == bench.HEADS  # built at its defaults
-        assert attention_memory.families()["test_diagonal_blocks"] == {"mode": "test_diagonal_blocks"}
-        for main, name in ((bench._main, "test_diagonal_blocks"), (sparsebert_diet._main, "test_first_token")):
+        assert "test_diagonal_blocks" in bench_layouts.layouts()
+        assert bench_layouts.layouts()["test_diagonal_blocks"]().num_heads == bench_layouts.HEADS  # at its defaults
+        assert retained_memory.families()["test_diagonal_blocks"] == {"mode": "test_diagonal_blocks"}
+        for measure, name in (
+            ("time", "test_diagonal_blocks"),
+            ("memory", "test_diagonal_blocks"),
+            ("masks", "test_first_token"),
+        ):
             with pytest.raises(SystemExit):
-                main(["--help"])
+                cli._main(["--measure", measure, "--help"])
             assert name in capsys.readouterr().out
         # the docs table
         table = config_docs.pattern_table()

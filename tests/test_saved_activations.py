@@ -12,11 +12,12 @@ import functools
 import pytest
 import torch
 
-from benchmarks import attention_memory as am
+from benchmarks.attention import retained_memory as am
 from tests import cuda_contracts as C
 
 MODEL_FAMILIES = am.model_families()
-"""The families of benchmarks/attention_memory.py that are a layout only (no per-call bias, documents or token mask)."""
+"""The families of ``benchmarks.attention --measure memory`` that are a layout only (no per-call bias, documents or
+token mask)."""
 RNG_STASH = torch.get_rng_state().numel()
 """Bytes of the CPU RNG state that torch.utils.checkpoint stashes per checkpointed call (5,056; on CUDA plus the
 GPU's few bytes): a plan that recomputes under a checkpoint keeps it so recomputed dropout would match."""

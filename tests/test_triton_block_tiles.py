@@ -1,5 +1,6 @@
-"""benchmarks/triton_block_tiles.py: each swept configuration reaches the plans it times, a refused launch is a row
-with its error, bad specs are one line, and the kernel's settings are restored afterwards."""
+"""``benchmarks.attention --measure tiles`` (benchmarks/attention/triton_tiles.py): each swept configuration reaches
+the plans it times, a refused launch is a row with its error, bad specs are one line, and the kernel's settings are
+restored afterwards."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import model.attention.kernels.triton_block as tb
-from benchmarks.triton_block_tiles import Launch, best, sweep
+from benchmarks.attention.triton_tiles import Launch, best, sweep
 from model.attention.kernels import KERNELS
 
 
@@ -22,7 +23,14 @@ def test_specs_parse_and_bad_ones_say_how_to_write_them():
 
 
 @pytest.mark.timeout(300)
-def test_each_configuration_reaches_the_plans_it_times(monkeypatch):
+@pytest.mark.parametrize(
+    "configs",
+    [
+        pytest.param(["32x16:2:1"], id="one"),  # the default tier's canary (Triton's interpreter: ~20 s)
+        pytest.param(["32x32:4:1", "32x16:2:1"], id="two", marks=pytest.mark.extended),
+    ],
+)
+def test_each_configuration_reaches_the_plans_it_times(monkeypatch, configs):
     if not torch.cuda.is_available() and not tb.interpreting():
         pytest.skip("Triton was imported without TRITON_INTERPRET=1 in this process (tests/conftest.py sets it)")
     seen = []
@@ -42,12 +50,13 @@ def test_each_configuration_reaches_the_plans_it_times(monkeypatch):
     before = (kernel.tile, kernel.tile_n, kernel.launch)
     args = argparse.Namespace(
         device="cuda" if torch.cuda.is_available() else "cpu", dtype="fp32", batch=1, seq_lens=[64],
-        layouts=["fixed_b16"], configs=["32x32:4:1", "32x16:2:1"], repeats=1, json=None,
+        layouts=["fixed_b16"], configs=configs, repeats=1, json=None,
     )  # fmt: skip
     rows = sweep(args)
-    assert [r["config"] for r in rows] == ["32x32:4:1", "32x16:2:1"]
+    assert [r["config"] for r in rows] == configs
     assert all("ratio" in r and r["ratio"] > 0 for r in rows), rows
-    assert seen == [(32, 32), (32, 16)]
-    assert set(launches) == {(4, 1), (2, 1)}
+    wanted = [Launch.parse(c) for c in configs]
+    assert seen == [(w.tile_m, w.tile_n) for w in wanted]
+    assert set(launches) == {(w.num_warps, w.num_stages) for w in wanted}
     assert (kernel.tile, kernel.tile_n, kernel.launch) == before
     assert list(best(rows)) == ["fixed_b16@64"]

@@ -17,7 +17,7 @@ difference of 1.9e-3 although the masters were equal after the loads; with the d
 ``--repair`` applies pretrain/resize.py's repair (what the trainer does after every universal load) and shows it
 makes the two loads agree bitwise.
 
-    python -m benchmarks.zero3_universal_step_repro [--repair]     # ~1.5 min on the loaded 2-core CPU box
+    .venv/bin/python docs/upstream/zero3_universal_step_repro.py [--repair]   # ~1.5 min on the loaded 2-core CPU box
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         uni = engine(1, universal=True)
         uni.load_checkpoint(tmp, tag="t_universal")
         if args.repair:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's root
             from pretrain.resize import repair_universal_load
 
             for note in repair_universal_load(uni.optimizer, tmp, "t_universal"):

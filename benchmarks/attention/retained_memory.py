@@ -1,7 +1,5 @@
-"""The attention's extra activation memory per kernel and layout family, against the layout's analytic bound.
-
-    .venv/bin/python -m benchmarks.attention_memory --out-dir out/bench_attention_memory            # CPU, fp32
-    .venv/bin/python -m benchmarks.attention_memory --seq-lens 4096 --families fixed diet_rel_padded --write-doc
+"""``--measure memory``: the attention's extra activation memory per kernel and layout family, against the layout's
+analytic bound (the tables of docs/model.md, "Memory").
 
 Why: a sparse layout is only worth its name if the memory it keeps for the backward scales with the scores it
 computes. For every kernel that trains on CPU (``KERNELS``) and every family (one per registered layout mode of
@@ -17,7 +15,8 @@ computes; for a token mask, the 16-token blocks it touches). The target is retai
 *Plan* is the persistent memory of the module: its layout, its fixed token mask and the cached kernel plan.
 
 Small B and H keep it fast on CPU: every quantity scales linearly in B and H (the bound too), so the ratios hold at
-any B and H.
+any B and H. ``--model-level``: the one-layer model's training forward instead, dense and every layout-only family,
+``--emulate-cuda`` on CUDA's branches with CUDA's SDPA contracts (tools/cuda_emulation.py).
 """
 
 from __future__ import annotations
@@ -25,24 +24,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
-import platform
 import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from benchmarks.attention import DTYPES, cpu_allocations
+from benchmarks.attention.steps import DTYPES, cpu_allocations
+from benchmarks.report import markdown_table, write_json
 from model.attention import BLOCK_LAYOUTS, BlockSparseAttention, SparsityConfig
-from model.attention.kernels import KERNELS
 from model.attention.kernels.block_gather.split import SWITCH
 from model.attention.token_patterns import TokenMaskConfig, build_layer_mask
 from model.positions import DietAbsBias, DietRelBias
-from model.presets import blockbert, modernbert
+from model.presets import PRESETS, blockbert, modernbert
+from tools.bench_layouts import HEAD_DIM
 
-HEADS, HEAD_DIM, BATCH = 4, 64, 1
+HEADS, BATCH = PRESETS["tiny"]["num_attention_heads"], 1
+"""The tiny preset's 4 heads of the kernel table's head size (bert-base's 64), one sequence."""
 TARGET = 1.5
 """retained / bound must stay at or under this for every family."""
 
@@ -138,17 +137,13 @@ def tensor_bytes(obj: Any, seen: set | None = None) -> int:
     return 0
 
 
-def forward_memory(fn: Callable[[], torch.Tensor]) -> tuple[int, int, torch.Tensor]:
-    """(retained bytes, peak bytes, output) of one forward."""
-    return cpu_allocations(fn)
-
-
 def measure(name: str, spec: dict[str, Any], kernel: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
+    """One family's row: retained and peak bytes of one forward against the layout's bound, and the plan's bytes."""
     mod, fn = build(spec, n, kernel)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=g).to(dtype).requires_grad_() for _ in range(3))
     fn(q, k, v).sum().backward()  # plans and first-call caches exist before the measured call
-    retained, peak, out = forward_memory(lambda: fn(q, k, v))
+    retained, peak, out = cpu_allocations(lambda: fn(q, k, v))
     retained -= out.untyped_storage().nbytes()
     out.sum().backward()  # the graph is used, so nothing it holds was optimised away
     item = torch.empty((), dtype=dtype).element_size()
@@ -172,9 +167,18 @@ def measure(name: str, spec: dict[str, Any], kernel: str, n: int, dtype: torch.d
     return row
 
 
-MODEL = dict(heads=4, head_size=32, batch=2, seq_len=768, intermediate=128, vocab=128)
-"""The one-layer model of the model-level rows (``--model-level``) and of tests/test_saved_activations.py: a length
-every layout-only family divides (48 for BlockBERT n=3, 64 for the block-64 families)."""
+MODEL = dict(
+    preset="tiny",
+    heads=HEADS,
+    head_size=32,
+    batch=2,
+    seq_len=768,
+    intermediate=PRESETS["tiny"]["intermediate_size"],
+    vocab=128,
+)
+"""The one-layer model of the model-level rows (``--model-level``) and of tests/test_saved_activations.py: the tiny
+preset at one layer, head size 32 and a length every layout-only family divides (48 for BlockBERT n=3, 64 for the
+block-64 families)."""
 
 
 def model_families() -> dict[str, dict[str, Any]]:
@@ -182,40 +186,40 @@ def model_families() -> dict[str, dict[str, Any]]:
     return {n: s for n, s in families().items() if "mode" in s and not any(k.startswith("_") for k in s)}
 
 
-def model_retained(spec: dict | None, kernel: str, emulate_cuda: bool = True) -> tuple[int, dict]:
-    """Bytes one training forward of the :data:`MODEL` encoder (embeddings, one layer, MLM head) leaves allocated
-    (what the backward keeps; the loss excluded), and the SDPA backends it ran. ``emulate_cuda``: on CUDA's branches
-    with CUDA's SDPA contracts (tests/cuda_contracts.py: the fused backends keep q, k, v, mask, output and logsumexp,
-    no scores), so the bytes are the GPU's. No attention mask: the trainer drops an all-ones mask on the host."""
-    import contextlib
-
+def _model(spec: dict | None, kernel: str):
     from model.bert import BertForPreTraining
     from model.config import ModelConfig
 
     m = MODEL
-    att = {"kernel": kernel} | ({} if spec is None else {"sparsity": dict(spec)})
     torch.manual_seed(0)
-    model = BertForPreTraining(
-        ModelConfig.from_dict(
-            dict(
-                vocab_size=m["vocab"],
-                hidden_size=m["heads"] * m["head_size"],
-                num_attention_heads=m["heads"],
-                num_layers=1,
-                intermediate_size=m["intermediate"],
-                max_position_embeddings=m["seq_len"],
-                attention=att,
-            )
-        )
+    cfg = ModelConfig.preset(
+        m["preset"],
+        vocab_size=m["vocab"],
+        hidden_size=m["heads"] * m["head_size"],
+        num_attention_heads=m["heads"],
+        num_layers=1,
+        intermediate_size=m["intermediate"],
+        max_position_embeddings=m["seq_len"],
+        attention={"kernel": kernel} | ({} if spec is None else {"sparsity": dict(spec)}),
     )
+    return BertForPreTraining(cfg)
+
+
+def model_retained(spec: dict | None, kernel: str, emulate_cuda: bool = True) -> tuple[int, dict]:
+    """Bytes one training forward of the :data:`MODEL` encoder (embeddings, one layer, MLM head) leaves allocated
+    (what the backward keeps; the loss excluded), and the SDPA backends it ran. ``emulate_cuda``: on CUDA's branches
+    with CUDA's SDPA contracts (tools/cuda_emulation.py: the fused backends keep q, k, v, mask, output and logsumexp,
+    no scores), so the bytes are the GPU's. No attention mask: the trainer drops an all-ones mask on the host."""
+    import contextlib
+
+    from tools.cuda_emulation import H100
+    from tools.cuda_emulation import emulate_cuda as emulation
+
+    model = _model(spec, kernel)
+    m = MODEL
     ids = torch.randint(5, m["vocab"], (m["batch"], m["seq_len"]), generator=torch.Generator().manual_seed(1))
-    if emulate_cuda:  # the tests' emulation (not shipped code: the benchmark runs from a checkout)
-        from tests.cuda_contracts import H100
-        from tests.cuda_contracts import emulate_cuda as emulation
-    else:
-        emulation = None
     backends: dict = {}
-    with emulation(H100) if emulation else contextlib.nullcontext() as em:
+    with emulation(H100) if emulate_cuda else contextlib.nullcontext() as em:
         model(input_ids=ids, labels=ids).loss.backward()  # plans and first-call caches
         model.zero_grad(set_to_none=True)
         if em is not None:
@@ -240,45 +244,52 @@ def model_rows(kernels: list[str], emulate: bool) -> list[dict]:
     return rows
 
 
+def _backends(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-"
+
+
 def model_table(rows: list[dict], machine: str, emulate: bool) -> str:
     m = MODEL
-    lines = [
+    head = (
         f"Measured {machine}{', CUDA emulated (H100 rules)' if emulate else ''}. One-layer encoder, B={m['batch']}, "
         f"N={m['seq_len']}, {m['heads']} heads x {m['head_size']}, fp32, training forward: MiB left allocated for the "
-        "backward (model level), ratio to dense.",
-        "",
-        "| family | kernel | retained MiB | ratio to dense | SDPA backends |",
-        "|---|---|---:|---:|---|",
+        "backward (model level), ratio to dense."
+    )
+    columns = [
+        ("family", "family"),
+        ("kernel", "kernel"),
+        ("retained_mib", "retained MiB", ".3f"),
+        ("ratio", "ratio to dense", lambda v: f"**{v:.3f}**"),
+        ("backends", "SDPA backends", _backends),
     ]
-    for r in rows:
-        b = ", ".join(f"{k} {v}" for k, v in sorted(r["backends"].items())) or "-"
-        lines.append(f"| {r['family']} | {r['kernel']} | {r['retained_mib']:.3f} | **{r['ratio']:.3f}** | {b} |")
-    return "\n".join(lines)
+    return "\n".join([head, "", *markdown_table(rows, columns)])
 
 
 def table(rows: list[dict], machine: str) -> str:
-    lines = [
+    head = (
         f"Measured {machine}. B={BATCH}, {HEADS} heads x {HEAD_DIM}, fp32; MiB; ratio = retained / bound "
-        f"(target <= {TARGET}).",
-        "",
-        "| family | kernel | N | density | bound | retained | ratio | forward peak | peak ratio | plan |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"(target <= {TARGET})."
+    )
+    columns = [
+        ("family", "family"),
+        ("kernel", "kernel"),
+        ("n", "N"),
+        ("density", "density", ".3f"),
+        ("bound_mib", "bound", ".1f"),
+        ("retained_mib", "retained", ".1f"),
+        ("ratio", "ratio", lambda v: f"**{v:.2f}**"),
+        ("peak_mib", "forward peak", ".1f"),
+        ("peak_ratio", "peak ratio", ".2f"),
+        ("plan_mib", "plan", ".1f"),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['family']} | {r['kernel']} | {r['n']} | {r['density']:.3f} | {r['bound_mib']:.1f} | "
-            f"{r['retained_mib']:.1f} | **{r['ratio']:.2f}** | {r['peak_mib']:.1f} | {r['peak_ratio']:.2f} | "
-            f"{r['plan_mib']:.1f} |"
-        )
-    return "\n".join(lines)
+    return "\n".join([head, "", *markdown_table(rows, columns)])
 
 
 DOC_BEGIN = "<!-- attention_memory table begin -->"
 DOC_END = "<!-- attention_memory table end -->"
-
-
 MODEL_DOC_BEGIN = "<!-- attention_memory model table begin -->"
 MODEL_DOC_END = "<!-- attention_memory model table end -->"
+DOC_WHAT = "the Markdown page that holds the table (docs/model.md)"
 
 
 def write_doc(path: Path, text: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> None:
@@ -286,65 +297,16 @@ def write_doc(path: Path, text: str, begin: str = DOC_BEGIN, end: str = DOC_END)
     from common.errors import UserError
     from common.inputs import read_text
 
-    doc = read_text(path, "--write-doc", "the Markdown page that holds the table (docs/model.md)")
+    doc = read_text(path, "--write-doc", DOC_WHAT)
     if begin not in doc or end not in doc:
         raise UserError(f"--write-doc {path}: markers {begin!r} / {end!r} not found; add them where the table goes")
     new = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{text}\n{end}", doc, flags=re.S)
     path.write_text(new)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
-
-    return run_entry("benchmarks.attention_memory", _main, argv)
-
-
-def _main(argv: list[str]) -> int:
-    from common.errors import write_errors
-    from common.inputs import read_text
-    from common.outputs import check_dir_writable, check_file_writable
-
+def family_rows(args: argparse.Namespace) -> list[dict]:
+    """The per-call rows: every N x family x kernel."""
     fams = families()
-    p = argparse.ArgumentParser(
-        prog="benchmarks.attention_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
-    p.add_argument("--families", nargs="+", default=list(fams), choices=list(fams))
-    cpu_kernels = sorted(k for k in KERNELS if KERNELS[k].runs_on_cpu and KERNELS[k].trains_on_cpu and k != "auto")
-    if "block_gather" in cpu_kernels:
-        cpu_kernels.append(GATHER_ONLY)
-    p.add_argument("--kernels", nargs="+", default=[k for k in cpu_kernels if k != "dense"], choices=cpu_kernels)
-    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
-    p.add_argument("--out-dir", type=Path, default=Path("out/bench_attention_memory"))
-    p.add_argument("--write-doc", type=Path, nargs="?", const=Path("docs/model.md"), default=None)
-    p.add_argument(
-        "--model-level",
-        action="store_true",
-        help="measure the one-layer model's training forward (MODEL) for every layout-only family instead",
-    )
-    p.add_argument(
-        "--emulate-cuda",
-        action="store_true",
-        help="run on CUDA's branches with CUDA's SDPA contracts (tests/cuda_contracts.py): the bytes a GPU keeps",
-    )
-    p.add_argument("--machine", default=f"{platform.node()} ({platform.processor() or platform.machine()}), CPU")
-    args = p.parse_args(argv)
-    check_dir_writable(args.out_dir, "--out-dir")  # before the measurements
-    if args.write_doc:
-        read_text(args.write_doc, "--write-doc", "the Markdown page that holds the table (docs/model.md)")
-        check_file_writable(args.write_doc, "--write-doc")
-    torch.manual_seed(0)
-    if args.model_level:
-        mrows = model_rows(args.kernels, args.emulate_cuda)
-        text = model_table(mrows, f"{args.machine}, {datetime.date.today().isoformat()}", args.emulate_cuda)
-        with write_errors(f"--out-dir {args.out_dir}", args.out_dir):
-            (args.out_dir / "attention_memory_model.json").write_text(json.dumps(mrows, indent=1))
-        print(text)
-        if args.write_doc:
-            with write_errors(f"--write-doc {args.write_doc}", args.write_doc):
-                write_doc(args.write_doc, text, MODEL_DOC_BEGIN, MODEL_DOC_END)
-        return 0
     rows = []
     for n in args.seq_lens:
         for name in args.families:
@@ -357,18 +319,35 @@ def _main(argv: list[str]) -> int:
                     f"({row['peak_ratio']:.2f}x) plan {row['plan_mib']:7.1f} MiB{'' if row['meets'] else '  OVER'}",
                     flush=True,
                 )
-    with write_errors(f"--out-dir {args.out_dir}", args.out_dir):
-        (args.out_dir / "attention_memory.json").write_text(json.dumps(rows, indent=1))
-    text = table(rows, f"{args.machine}, {datetime.date.today().isoformat()}")
+    return rows
+
+
+def command(args: argparse.Namespace) -> int:
+    """``--measure memory``: the family rows (or ``--model-level`` rows), their JSON and table, ``--write-doc``."""
+    from common.errors import write_errors
+    from common.inputs import read_text
+    from common.outputs import check_dir_writable, check_file_writable
+
+    check_dir_writable(args.out_dir, "--out-dir")  # before the measurements
+    if args.write_doc:
+        read_text(args.write_doc, "--write-doc", DOC_WHAT)
+        check_file_writable(args.write_doc, "--write-doc")
+    torch.manual_seed(0)
+    machine = f"{args.machine}, {datetime.date.today().isoformat()}"
+    meta = dict(machine=args.machine, date=datetime.date.today().isoformat(), dtype=args.dtype)
+    if args.model_level:
+        rows = model_rows(args.kernels, args.emulate_cuda)
+        write_json(args.out_dir / "attention_memory_model.json", dict(meta=meta, model=MODEL, rows=rows), "--out-dir")
+        text, markers = model_table(rows, machine, args.emulate_cuda), (MODEL_DOC_BEGIN, MODEL_DOC_END)
+    else:
+        rows = family_rows(args)
+        write_json(args.out_dir / "attention_memory.json", dict(meta=meta, rows=rows), "--out-dir")
+        text, markers = table(rows, machine), (DOC_BEGIN, DOC_END)
     print(text)
     if args.write_doc:
         with write_errors(f"--write-doc {args.write_doc}", args.write_doc):
-            write_doc(args.write_doc, text)
-    over = [f"{r['family']}/{r['kernel']}/N={r['n']}" for r in rows if not r["meets"]]
+            write_doc(args.write_doc, text, *markers)
+    over = [f"{r['family']}/{r['kernel']}/N={r['n']}" for r in rows if not r.get("meets", True)]
     if over:
         print(f"over the target ({TARGET} x bound): {', '.join(over)}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,12 +1,13 @@
-"""FlexAttention's tiles per layout, before and after issue 41 (exact counts from the BlockMask, any machine):
+"""``--measure flex-tiles``: FlexAttention's tiles per layout, before and after issue 41 (exact counts from the
+BlockMask, any machine):
 
-    .venv/bin/python -m benchmarks.flex_tiles --seq-lens 4096 8192
+    .venv/bin/python -m benchmarks.attention --measure flex-tiles --seq-lens 4096 8192
 
 "before": the BlockMask main built (128 x 128 tiles over the layout's padded length, which need not be a multiple
 of 128); "after": the flex plan's (the length padded to the 128-token tile, 64-token key tiles where they fill
 partial tiles, the mask_mod in closed form where the layout has one). Partial tiles run the mask_mod element by
 element; full tiles skip it. Counts are summed over the 12 heads of the kernel table's layouts
-(:data:`benchmarks.attention.TUNED_LAYOUTS`), one batch row without padding. No timing: CPU flex times say nothing
+(:data:`tools.bench_layouts.TUNED_LAYOUTS`), one batch row without padding. No timing: CPU flex times say nothing
 about a GPU.
 """
 
@@ -16,10 +17,11 @@ import argparse
 
 import torch
 
-from benchmarks.attention import TUNED_LAYOUTS
+from benchmarks.report import markdown_table
 from model.attention import BlockSparseAttention
 from model.attention.kernels.flex import FlexKernel, mask_mod_for
 from model.attention.kernels.flex_mask import layout_block_mask, partial_tiles
+from tools.bench_layouts import TUNED_LAYOUTS
 
 
 def tile_rows(n: int) -> list[dict]:
@@ -45,26 +47,42 @@ def tile_rows(n: int) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks.flex_tiles", description=__doc__.splitlines()[0])
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
-    args = p.parse_args(argv)
-    print(
-        "| layout | N | length before -> after | tile before -> after | mask_mod | partial / full tiles before | "
-        "after | partial share of visited area before -> after | visited M tokens^2 before -> after |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n in args.seq_lens:
-        for r in tile_rows(n):
-            print(
-                f"| {r['layout']} | {n} | {r['before_len']} -> {r['after_len']} | "
-                f"{r['before_tile'][0]}x{r['before_tile'][1]} -> {r['after_tile'][0]}x{r['after_tile'][1]} | "
-                f"{r['form'] or 'table'} | {r['before_partial']} / {r['before_full']} | "
-                f"{r['after_partial']} / {r['after_full']} | {r['before_partial_area']:.2f} -> "
-                f"{r['after_partial_area']:.2f} | {r['before_visited_mtok2']:.1f} -> {r['after_visited_mtok2']:.1f} |"
-            )
+def _tile(t: tuple[int, int]) -> str:
+    return f"{t[0]}x{t[1]}"
+
+
+COLUMNS = [
+    ("layout", "layout"),
+    ("n", "N"),
+    ("length", "length before -> after"),
+    ("tile", "tile before -> after"),
+    ("form", "mask_mod"),
+    ("before_tiles", "partial / full tiles before"),
+    ("after_tiles", "after"),
+    ("area", "partial share of visited area before -> after"),
+    ("visited", "visited M tokens^2 before -> after"),
+]
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The rows as one Markdown table (before -> after in each cell)."""
+    shown = [
+        dict(
+            r,
+            form=r["form"] or "table",
+            length=f"{r['before_len']} -> {r['after_len']}",
+            tile=f"{_tile(r['before_tile'])} -> {_tile(r['after_tile'])}",
+            before_tiles=f"{r['before_partial']} / {r['before_full']}",
+            after_tiles=f"{r['after_partial']} / {r['after_full']}",
+            area=f"{r['before_partial_area']:.2f} -> {r['after_partial_area']:.2f}",
+            visited=f"{r['before_visited_mtok2']:.1f} -> {r['after_visited_mtok2']:.1f}",
+        )
+        for r in rows
+    ]
+    return markdown_table(shown, COLUMNS)
+
+
+def command(args: argparse.Namespace) -> int:
+    """``--measure flex-tiles``: the table for every ``--seq-lens`` N."""
+    print("\n".join(table([r for n in args.seq_lens for r in tile_rows(n)])))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,11 @@
-"""``triton_block``'s launch parameters swept on one GPU: for each (query tile, key tile, warps, pipeline stages) and
-layout, forward + backward time against dense SDPA (unmasked, torch's own backend choice) in the same run, so one
-short GPU window says which configuration to ship in ``tile_config`` (model/attention/kernels/triton_block/).
+"""``--measure tiles``: ``triton_block``'s launch parameters swept on one GPU: for each (query tile, key tile, warps,
+pipeline stages) and layout, forward + backward time against dense SDPA (unmasked, torch's own backend choice) in
+the same run and the same step (benchmarks/attention/steps.py), so one short GPU window says which configuration to
+ship in ``tile_config`` (model/attention/kernels/triton_block/).
 
-    python -m benchmarks.triton_block_tiles --seq-lens 4096 8192 --json out/tiles.json          # on a GPU
-    TRITON_INTERPRET=1 python -m benchmarks.triton_block_tiles --device cpu --dtype fp32 --batch 1 \\
-        --seq-lens 128 --configs 32x32:4:1 --layouts local_bi_b64 --repeats 1                  # CPU smoke test
+    python -m benchmarks.attention --measure tiles --seq-lens 4096 8192 --json out/tiles.json          # on a GPU
+    TRITON_INTERPRET=1 python -m benchmarks.attention --measure tiles --device cpu --dtype fp32 --batch 1 \\
+        --seq-lens 128 --configs 32x32:4:1 --layouts local_bi_b64 --repeats 1                         # CPU smoke
 
 A configuration the GPU cannot launch (shared memory, registers) is recorded with its error and the sweep goes on.
 """
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from benchmarks.attention import DTYPES, HEAD_DIM, HEADS, TUNED_LAYOUTS, make_step, paired_times
+from benchmarks.attention.steps import DTYPES, fused_qkv, make_step, paired_times
+from benchmarks.report import write_json
 from model.attention import BlockSparseAttention, layout_density
 from model.attention.kernels import KERNELS
+from tools.bench_layouts import HEAD_DIM, HEADS, TUNED_LAYOUTS
 
 DEFAULT_CONFIGS = ["64x64:4:2", "64x64:4:3", "128x64:4:2", "128x64:8:2", "128x64:8:3", "64x128:4:2", "128x128:8:2"]
 """QxK:warps:stages: the shipped 64x64:4:2 first, then the tiles FlashAttention-style Triton kernels use on
@@ -59,12 +62,8 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     try:
         for n in args.seq_lens:
-            g = torch.Generator().manual_seed(0)
-            q, k, v = (
-                torch.randn(args.batch, HEADS, n, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
-                for _ in range(3)
-            )
-            dense = make_step(F.scaled_dot_product_attention, q, k, v)
+            qkv = fused_qkv(args.batch, HEADS, n, HEAD_DIM, device, dtype)
+            dense = make_step(F.scaled_dot_product_attention, qkv)
             for lname in args.layouts:
                 for spec in args.configs:
                     launch = Launch.parse(spec)
@@ -72,7 +71,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
                     kernel.launch = (launch.num_warps, launch.num_stages)
                     mod = BlockSparseAttention(TUNED_LAYOUTS[lname](), kernel="triton_block", max_seq_length=n)
                     mod = mod.to(device)
-                    step = make_step(lambda a, b, c, mod=mod: mod(a, b, c), q, k, v)
+                    step = make_step(lambda a, b, c, mod=mod: mod(a, b, c), qkv)
                     row = dict(layout=lname, n=n, config=str(launch), density=layout_density(mod.layout_for(n)))
                     try:
                         t = paired_times(step, dense, device, args.repeats)
@@ -89,7 +88,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
                     rows.append(row)
                     if args.json:
                         _write(args.json, rows, False)
-            del q, k, v
+            del qkv
     finally:
         kernel.tile, kernel.tile_n, kernel.launch = saved
     return rows
@@ -107,51 +106,25 @@ def best(rows: list[dict]) -> dict[str, str]:
 
 
 def _write(path: str, rows: list[dict], complete: bool) -> None:
-    from benchmarks.train_step_ds import _write_json
-
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    _write_json(path, {"device": name, "rows": rows, "best": best(rows), "complete": complete})
+    write_json(path, {"device": name, "qkv": "fused_views", "rows": rows, "best": best(rows), "complete": complete})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
-
-    return run_entry("benchmarks.triton_block_tiles", _main, argv)
-
-
-def _main(argv: list[str]) -> int:
+def command(args: argparse.Namespace) -> int:
+    """``--measure tiles``: the sweep, its JSON (``--json``) and the best configuration per layout; exit 1 when a
+    configuration failed."""
+    from common.errors import UserError
     from common.outputs import check_file_writable
 
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.triton_block_tiles",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
-    p.add_argument("--layouts", nargs="+", choices=sorted(TUNED_LAYOUTS), default=["blockbert_n2", "local_bi_b64"])
-    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="QxK:WARPS:STAGES each")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--json", help="write the rows and the best configuration per layout here")
-    args = p.parse_args(argv)
     for spec in args.configs:
         try:
             Launch.parse(spec)
         except ValueError as e:
-            p.error(str(e))
+            raise UserError(str(e)) from None
     if args.json:
         check_file_writable(args.json, "--json")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
     rows = sweep(args)
     if args.json:
         _write(args.json, rows, True)
     print(json.dumps(best(rows), indent=1))
     return 0 if rows and all("error" not in r for r in rows) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

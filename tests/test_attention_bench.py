@@ -1,0 +1,142 @@
+"""``python -m benchmarks.attention``: one parser for five measures (each keeps its flags and defaults, a flag of
+another measure is one line naming it), both sides of every timed comparison get q/k/v as training makes them
+(views of one fused projection), and a fast canary of each measure writes what it promises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks.attention import cli, retained_memory, steps, triton_tiles
+from tools.bench_layouts import HEADS, TUNED_LAYOUTS
+
+
+def test_each_measure_keeps_its_flags_and_defaults(tmp_path):
+    """The defaults of the five tools the command replaced, and the command lines the GPU check and the GPU window
+    script give it."""
+    t = cli.parse([])
+    assert (t.measure, t.seq_lens, t.layouts, t.kernels) == (
+        "time",
+        [512, 1024, 2048, 4096],
+        list(TUNED_LAYOUTS),
+        ["block_gather", "flex"],
+    )
+    assert (t.dtype, t.batch, t.device, t.repeats, str(t.out_dir)) == ("fp32", 1, "cpu", 3, "out/bench_attention")
+    assert (t.target_factor, t.math_max_n, t.max_dense_masked_n, t.table, t.no_plot) == (1.15, 2048, 2048, None, False)
+    m = cli.parse(["--measure", "memory", "--write-doc"])
+    assert (m.seq_lens, m.families, str(m.write_doc)) == (
+        [4096, 8192],
+        list(retained_memory.families()),
+        "docs/model.md",
+    )
+    assert "dense" not in m.kernels and retained_memory.GATHER_ONLY in m.kernels and not m.model_level
+    tl = cli.parse(["--measure", "tiles"])
+    assert (tl.batch, tl.dtype, tl.layouts, tl.configs) == (
+        8,
+        "bf16",
+        ["blockbert_n2", "local_bi_b64"],
+        triton_tiles.DEFAULT_CONFIGS,
+    )
+    k = cli.parse(["--measure", "masks"])
+    assert (k.seq_length, k.batch, k.repeats, k.masks_only, k.out) == (512, 2, 3, False, None)
+    assert cli.parse(["--measure", "flex-tiles"]).seq_lens == [4096, 8192]
+    gpu_check = ["--device", "cpu", "--dtype", "fp32", "--layouts", "blockbert_n2", "blockbert_n3", "fixed_b64"]
+    gpu_check += ["local_bi_b64", "--kernels", "block_gather", "--seq-lens", "256", "512", "--repeats", "1"]
+    gpu_check += ["--target-factor", "1.3", "--out-dir", str(tmp_path), "--no-plot"]
+    assert cli.parse(gpu_check).target_factor == 1.3
+    assert cli.parse(["--measure", "tiles", "--device", "cpu", "--json", "x.json"]).json == "x.json"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--configs", "64x64:4:2"], "--configs is a flag of --measure tiles, not of --measure time"),
+        (
+            ["--measure", "masks", "--seq-lens", "64"],
+            "--seq-lens is a flag of --measure time / memory / tiles / flex-tiles",
+        ),
+        (
+            ["--measure", "tiles", "--device", "cpu", "--configs", "96x64:4:2"],
+            "--configs '96x64:4:2': tiles are powers of two",
+        ),
+    ],
+)
+def test_bad_flags_are_one_line(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_old_spelling_is_refused():
+    """``--seq-len`` (the masks tool's deprecated alias) is gone; argparse's abbreviations are off."""
+    with pytest.raises(SystemExit) as e:
+        cli.parse(["--measure", "masks", "--seq-len", "64"])
+    assert e.value.code == 2
+
+
+def test_the_step_feeds_views_of_one_fused_projection():
+    """Both sides of a comparison see q/k/v as model/bert.py makes them (strided views of one [B, N, 3, H, D]
+    tensor), read the output as [B, N, H * D], and the fused gradient equals separate contiguous inputs' gradients."""
+    qkv = steps.fused_qkv(2, 3, 32, 8, torch.device("cpu"), torch.float32)
+    seen = []
+
+    def sdpa(q, k, v):
+        seen.append((q, k, v))
+        return F.scaled_dot_product_attention(q, k, v)
+
+    steps.make_step(sdpa, qkv)()
+    q, k, v = seen[0]
+    assert q.shape == (2, 3, 32, 8) and not q.is_contiguous()
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+    assert qkv.grad is None  # dropped after each step
+    sep = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
+    go = torch.randn(2, 32, 24, generator=torch.Generator().manual_seed(1))
+    F.scaled_dot_product_attention(*sep).transpose(1, 2).reshape(2, 32, 24).backward(go)
+    qkv.grad = None
+    out = F.scaled_dot_product_attention(*steps.heads_of(qkv))
+    out.transpose(1, 2).reshape(2, 32, 24).backward(go)
+    torch.testing.assert_close(qkv.grad, torch.stack([t.grad.transpose(1, 2) for t in sep], 2))
+
+
+@pytest.mark.timeout(120)
+def test_kernel_table_canary(tmp_path, capsys):
+    """``--measure time`` at N=64: one row per kernel x layout, the report says both sides' conditions, and
+    ``--table`` renders the report as attention.md holds it."""
+    argv = ["--seq-lens", "64", "--layouts", "blockbert_n2", "--kernels", "block_gather", "dense", "--repeats", "1"]
+    assert cli.main([*argv, "--out-dir", str(tmp_path), "--no-plot", "--folded-baseline"]) == 0
+    report = json.loads((tmp_path / "attention.json").read_text())
+    assert report["complete"] and not report["failed"]
+    assert (report["meta"]["qkv"], report["meta"]["dropout"], report["meta"]["heads"]) == ("fused_views", 0.0, HEADS)
+    rows = report["rows"]
+    assert [(r["kernel"], r["layout"]) for r in rows] == [
+        ("sdpa_folded", "none"),
+        ("block_gather", "blockbert_n2"),
+        ("dense", "blockbert_n2"),
+    ]
+    assert all(r["time_ratio"] > 0 and r["mem_mib"] > 0 for r in rows)
+    assert rows[1]["density"] == pytest.approx(0.5)
+    capsys.readouterr()
+    assert cli.main(["--table", str(tmp_path / "attention.json")]) == 0
+    assert capsys.readouterr().out == (tmp_path / "attention.md").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_masks_memory_and_flex_tiles_canaries(tmp_path, capsys):
+    out = tmp_path / "masks.json"
+    argv = ["--measure", "masks", "--seq-length", "64", "--batch", "1", "--repeats", "1", "--patterns", "star"]
+    assert cli.main([*argv, "--masks-only", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["case"], r["kernel"]) for r in rows] == [("mask:star", "dense"), ("mask:star", "block_gather")]
+    assert all(r["ratio_vs_dense_sdpa"] > 0 and 0 < r["block_density"] <= 1 for r in rows)
+    argv = ["--measure", "memory", "--seq-lens", "256", "--families", "fixed", "--kernels", "block_gather"]
+    assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "attention_memory.json").read_text())["rows"]
+    assert (row["family"], row["n"]) == ("fixed", 256) and row["meets"]
+    capsys.readouterr()
+    assert cli.main(["--measure", "flex-tiles", "--seq-lens", "256"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| layout | N |") and len(lines) == 2 + len(TUNED_LAYOUTS)
+    assert "| fixed_b64 | 256 |" in "\n".join(lines)
