@@ -592,6 +592,21 @@ def test_the_smoke_step_reads_each_precisions_log(tmp_path):
     )
 
 
+@pytest.mark.slow
+def test_the_data_and_smoke_steps_run_for_real_on_cpu(tmp_path):
+    """The data step's commands (vocab, shards) and the smoke's training run, on CPU in bf16 as --rehearse-on-cpu
+    runs them: the argv lists are real command lines, and the check reads the log the trainer writes."""
+    ctx = _ctx(tmp_path, quick=True, device="cpu", gpus=0, bf16=True, fp16=False)
+    data = run_step(smoke.data_step(ctx, 300), ctx.logs, time.monotonic() + 900)
+    assert data.status == "passed", data.summary + data.output_tail
+    assert smoke.data_step(ctx, 300).commands == []  # built once per work directory
+    res = run_step(smoke.smoke_step(ctx, 2, "smoke", 600), ctx.logs, time.monotonic() + 900)
+    assert res.status == "passed", res.summary + res.output_tail
+    v = res.details["precisions"]["bf16"]
+    assert v["iterations"] == 6 and v["problems"] == [] and v["loss_first"] > 0
+    assert res.command.count("-m pretrain.train") == 1 and (ctx.logs / "smoke.log").read_text().startswith("$ ")
+
+
 # ------------------------------------------------------------------------------------------------- end to end
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU mode (this machine has a GPU)")
