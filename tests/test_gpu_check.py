@@ -180,6 +180,21 @@ def test_pytest_markers_are_registered():
         assert "pytest.mark.gpu" in (REPO / f).read_text(), f
 
 
+def test_xdist_workers_share_the_gpu_only_for_tests_without_ranks_of_their_own(tmp_path, monkeypatch):
+    """One worker per two CPUs (at most 8) on CUDA; the multi-rank tests start their own ranks: one session. With
+    pytest-timeout's --session-timeout a test step stops itself 15 s before its limit."""
+    from tools.gpu_check import pytest_steps
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(pytest_steps, "pytest_plugins_available", lambda: {"session_timeout": True, "xdist": True})
+    by = {s.name: s.commands[0] for s in plan.plan(_ctx(tmp_path, quick=True))}
+    k = by["kernel_tests"]
+    assert k[k.index("-n") + 1] == "8" and k[k.index("--session-timeout") + 1] == "110"
+    assert "-n" not in by["multirank_tests"] and "-n" in by["contract_tests"]
+    cpu = {s.name: s.commands[0] for s in plan.plan(_ctx(tmp_path, quick=True, device="cpu"))}
+    assert "-n" not in cpu["kernel_tests"]
+
+
 @pytest.mark.parametrize(
     "caps, precisions", [([(7, 0)], ["fp16"]), ([(8, 0)], ["fp16", "bf16"]), ([(9, 0), (7, 0)], ["fp16"])]
 )

@@ -45,19 +45,21 @@ class StepSpec:
     """Reads the ``data`` step's shards: ``data`` runs before it, also when --only leaves ``data`` out."""
 
 
-def _tests(name: str, ctx: Ctx, tests: list[str], cap_s: float, markers=None, select=None) -> Step:
-    return pytest_step(name, tests, ctx.work, ctx.python, ctx.device, cap_s, markers, select)
+def _tests(name: str, ctx: Ctx, tests: list[str], cap_s: float, markers: str | None = None, **kw) -> Step:
+    return pytest_step(name, tests, ctx.work, ctx.python, ctx.device, cap_s, markers, **kw)
 
 
 def _kernel_tests(ctx: Ctx) -> Step:
     select = QUICK_KERNEL_SELECTION if ctx.quick else None
-    return _tests("kernel_tests", ctx, KERNEL_TESTS, 125 if ctx.quick else 420, GPU_MARKER, select)
+    return _tests("kernel_tests", ctx, KERNEL_TESTS, 125 if ctx.quick else 420, GPU_MARKER, select=select)
 
 
 def _multirank_tests(ctx: Ctx) -> Step:
+    """The tests start their own ranks (DeepSpeed's launcher, one rank per GPU up to 2): one pytest session, no
+    xdist workers sharing the GPU and the launcher's ports."""
     if ctx.quick:
-        return _tests("multirank_tests", ctx, MULTIRANK_TESTS[:1], 90, select=QUICK_RESUME_SELECTION)
-    return _tests("multirank_tests", ctx, MULTIRANK_TESTS, 420)
+        return _tests("multirank_tests", ctx, MULTIRANK_TESTS[:1], 90, select=QUICK_RESUME_SELECTION, parallel=False)
+    return _tests("multirank_tests", ctx, MULTIRANK_TESTS, 420, parallel=False)
 
 
 STEPS: list[StepSpec] = [

@@ -80,8 +80,10 @@ def pytest_step(
     cap_s: float,
     markers: str | None = None,
     select: str | None = None,
+    parallel: bool = True,
 ) -> Step:
-    """A step running a pytest selection; passes when no test fails (a session stopped at its limit is ``cut``)."""
+    """A step running a pytest selection; passes when no test fails (a session stopped at its limit is ``cut``).
+    ``parallel``: pytest-xdist workers on CUDA (not for tests that start ranks of their own: one session, in order)."""
     junit = work / f"{name}.xml"
 
     def check(res: StepResult, proc) -> None:
@@ -100,5 +102,5 @@ def pytest_step(
         if c["failures"]:
             res.summary += "; failed: " + ", ".join(f.split("::")[-1] for f in c["failures"][:8])
 
-    cmd = pytest_command(python, tests, junit, cap_s, markers, select, gpu_workers(device))
+    cmd = pytest_command(python, tests, junit, cap_s, markers, select, gpu_workers(device) if parallel else 1)
     return Step(name, cap_s, [cmd], check, prepare=lambda: junit.unlink(missing_ok=True))

@@ -107,25 +107,24 @@ def run_in_group(cmd: list[str], log: Path, timeout: float, env: dict[str, str])
                 timed_out = False
             except subprocess.TimeoutExpired:
                 rc, timed_out = None, True
-                _terminate_leader(p)
-            kill_group(p.pid, grace_s=KILL_GRACE_S if timed_out else 1.0)
+            grace = _terminate_leader(p) if timed_out else 1.0
+            kill_group(p.pid, grace_s=grace)
             p.wait()
         finally:
             _ACTIVE["pgid"] = None
     return rc, timed_out
 
 
-def _terminate_leader(p: subprocess.Popen) -> None:
-    """SIGTERM to the group, then reap its leader as soon as it exits: an unreaped leader stays in the group as a
-    zombie, and kill_group would wait its whole grace for it."""
+def _terminate_leader(p: subprocess.Popen) -> float:
+    """SIGTERM to the group, then reap its leader as soon as it exits (an unreaped leader stays in the group as a
+    zombie, and kill_group would wait its whole grace for it); returns what is left of the grace for the rest."""
+    end = time.monotonic() + KILL_GRACE_S
     try:
         os.killpg(p.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
         p.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
+    except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
+    return max(0.0, end - time.monotonic())
 
 
 def _step_env(step: Step, deadline_epoch: float) -> dict[str, str]:
