@@ -607,14 +607,39 @@ def test_the_smoke_step_reads_each_precisions_log(tmp_path):
     )
 
 
-@pytest.mark.slow
-def test_the_data_and_smoke_steps_run_for_real_on_cpu(tmp_path):
-    """The data step's commands (vocab, shards) and the smoke's training run, on CPU in bf16 as --rehearse-on-cpu
-    runs them: the argv lists are real command lines, and the check reads the log the trainer writes."""
-    ctx = _ctx(tmp_path, quick=True, device="cpu", gpus=0, bf16=True, fp16=False)
-    data = run_step(smoke.data_step(ctx, 300), ctx.logs, time.monotonic() + 900)
+def test_the_data_step_builds_the_shards_for_real(tmp_path):
+    """The data step's commands (vocab, shards of the sample corpus) are real command lines; built once per work
+    directory."""
+    ctx = _ctx(tmp_path, quick=True, device="cpu", gpus=0)
+    data = run_step(smoke.data_step(ctx, 120), ctx.logs, time.monotonic() + 300)
     assert data.status == "passed", data.summary + data.output_tail
-    assert smoke.data_step(ctx, 300).commands == []  # built once per work directory
+    assert (ctx.data / "vocab.txt").is_file() and (ctx.data / "sample_text_sentence.bin").stat().st_size > 0
+    assert smoke.data_step(ctx, 120).commands == []
+
+
+def test_the_smoke_commands_are_trainer_command_lines():
+    """Each smoke run parses as the trainer's own command line (the flags, the ds_config, the model), at the CUDA
+    and the CPU sizes: a typo would only show on the GPU node."""
+    from pretrain.args import parse_args
+
+    for device, quick, iters in (("cuda", True, 40), ("cuda", False, 200), ("cpu", True, 6)):
+        ctx = Ctx(Path("out"), Path("work"), quick=quick, device=device)
+        for zero in (2, 3):
+            for precision in ("fp16", "bf16"):
+                cmd = smoke.smoke_command(ctx, zero, precision, Path("log.jsonl"))
+                assert cmd[1:3] == ["-m", "pretrain.train"]
+                cfg = parse_args(cmd[3:])
+                assert cfg.loop.train_iters == iters and cfg.system.deepspeed_config.endswith(
+                    f"zero{zero}_{precision}.json"
+                )
+
+
+@pytest.mark.extended
+def test_the_smoke_step_trains_for_real_on_cpu(tmp_path):
+    """The data step and the smoke's training run on CPU in bf16, as --rehearse-on-cpu runs them (~50 s under load):
+    the check reads the log the trainer writes."""
+    ctx = _ctx(tmp_path, quick=True, device="cpu", gpus=0, bf16=True, fp16=False)
+    assert run_step(smoke.data_step(ctx, 300), ctx.logs, time.monotonic() + 900).status == "passed"
     res = run_step(smoke.smoke_step(ctx, 2, "smoke", 600), ctx.logs, time.monotonic() + 900)
     assert res.status == "passed", res.summary + res.output_tail
     v = res.details["precisions"]["bf16"]
