@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Prove the GPU path: kernels vs dense, the CUDA contracts, a two-phase training smoke with exact resume, a kernel
-# table and training-step benchmarks. Writes OUT_DIR/report.md, report.json, steps.log and setup.log (default
-# out/gpu_check); see docs/gpu_check.md.
+# Prove the GPU path: the CUDA tests (pytest -m gpu, the CUDA contracts, exact resume), a training smoke, a kernel
+# table and training-step benchmarks. Writes OUT_DIR/report.md and report.json (default out/gpu_check), and the long
+# outputs (setup.log, each step's log, the profile's trace) under OUT_DIR/logs/; see docs/gpu_check.md.
 #
-#   bash run_scripts/gpu_check.sh [--quick] [--budget-s S] [OUT_DIR] [other benchmarks.gpu_check options]
+#   bash run_scripts/gpu_check.sh [--quick] [--budget-s S] [OUT_DIR] [other tools.gpu_check options]
 #
 # --quick: <= 8 minutes on one GPU from a bare node, the set-up included (the budget counts from this script's
 # start). The set-up is run_scripts/setup_env.sh with the caller's environment (TORCH=system, WHEELHOUSE=DIR).
@@ -31,18 +31,18 @@ while [ $# -gt 0 ]; do
 done
 
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
-mkdir -p "$out"
-echo "[gpu_check] set-up: run_scripts/setup_env.sh (TORCH=${TORCH:-} WHEELHOUSE=${WHEELHOUSE:-}), log in $out/setup.log"
+mkdir -p "$out/logs"
+echo "[gpu_check] set-up: run_scripts/setup_env.sh (TORCH=${TORCH:-} WHEELHOUSE=${WHEELHOUSE:-}), log in $out/logs/setup.log"
 set +e
-bash run_scripts/setup_env.sh 2>&1 | tee "$out/setup.log"
+bash run_scripts/setup_env.sh 2>&1 | tee "$out/logs/setup.log"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ]; then  # no python to run the check with: say so where the report would be
   { echo "# GPU check report"; echo; echo "The set-up (run_scripts/setup_env.sh) failed with exit code $rc after"
-    echo "$(( $(date +%s) - T0 )) s: no step ran. The end of its output (all of it in setup.log):"; echo
-    echo '```'; tail -n 40 "$out/setup.log"; echo '```'; } > "$out/report.md"
+    echo "$(( $(date +%s) - T0 )) s: no step ran. The end of its output (all of it in logs/setup.log):"; echo
+    echo '```'; tail -n 40 "$out/logs/setup.log"; echo '```'; } > "$out/report.md"
   echo "[gpu_check] FAILED: the set-up failed (exit $rc); see $out/report.md" >&2
   exit 1
 fi
 echo "[gpu_check] set-up done in $(( $(date +%s) - T0 )) s"
-exec .venv/bin/python -m benchmarks.gpu_check --out-dir "$out" --t0 "$T0" "${args[@]}"
+exec .venv/bin/python -m tools.gpu_check --out-dir "$out" --t0 "$T0" "${args[@]}"

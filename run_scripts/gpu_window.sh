@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The speed questions of one short GPU window (docs/gpu_check.md, "A speed window"): gpu_check.sh --quick's kernel
-# tests, training step and profile (the shipped configs side by side); triton_block's own tests on CUDA; the batch-8
-# kernel table (triton_block, block_gather, flex, dense with the layout as a mask) at N=4096/8192; training-step rows
-# with triton_block at N=1024/4096/8192 and ModernBERT-BlockBERT at 8192; the step's peak memory by category.
+# tests (pytest -m gpu, triton_block's CUDA tests included), training step and profile (the shipped configs side by
+# side); the batch-8 kernel table (triton_block, block_gather, flex, dense with the layout as a mask) at N=4096/8192;
+# triton_block's tiles; training-step rows with triton_block at N=1024/4096/8192 and ModernBERT-BlockBERT at 8192;
+# the step's peak memory by category.
 # Self-bounded to BUDGET seconds (default 580) from a bare node; everything lands in OUT/all.tgz (+ OUT/report.md).
 #
 #   bash run_scripts/gpu_window.sh [OUT]        (air-gapped: WHEELHOUSE=wheelhouse TORCH=system GPU_CHECK_COMMIT=<sha>)
@@ -28,15 +29,13 @@ PY=.venv/bin/python
 run_part() { local name=$1 cap=$2 reserve=$3; shift 3; local t=$(( $(left) - reserve )); [ $t -gt $cap ] && t=$cap
   if [ $t -gt 15 ]; then timeout -k 5 $t "$@"; echo "[win] $name exit $? at $(( $(date +%s) - T0 )) s"
   else echo "[win] $name left out: $t s left"; fi; }
-run_part "triton_block tests" 45 230 bash -c "$PY -m pytest -p no:cacheprovider -q tests/test_triton_block.py -m 'not slow' \
-  -x > '$W/triton_block_tests.log' 2>&1; rc=\$?; tail -1 '$W/triton_block_tests.log'; exit \$rc"
-run_part "kernel table" 110 120 bash -c "$PY -m benchmarks.attention --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
+run_part "kernel table" 110 120 bash -c "$PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
   8192 --layouts blockbert_n2 blockbert_n3 local_bi_b64 fixed_b64 --kernels triton_block block_gather flex dense \
   --max-dense-masked-n 8192 --repeats 3 --target-factor 1.15 --out-dir '$W/k8' --no-plot 2>&1 | tail -40"
-run_part "triton_block tiles" 60 110 bash -c "$PY -m benchmarks.triton_block_tiles --json '$W/tiles.json' 2>&1 | tail -40"
-run_part "train steps" 70 45 bash -c "$PY -m benchmarks.train_step_ds --model-preset bert-base --kernel ${TS_KERNEL:-triton_block} \
+run_part "triton_block tiles" 60 110 bash -c "$PY -m benchmarks.attention --measure tiles --json '$W/tiles.json' 2>&1 | tail -40"
+run_part "train steps" 70 45 bash -c "$PY -m benchmarks.step --measure time --model-preset bert-base --kernel ${TS_KERNEL:-triton_block} \
   --cases blockbert-n2@4096 dense@4096 blockbert-n3@4096 blockbert-n2@8192 dense@8192 blockbert-n3@8192 \
   blockbert-n2@1024 dense@1024 blockbert-n3@1024 modernbert-blockbert@8192 --warmup 3 --steps 6 --precisions bf16 \
   --json '$W/ts.json' 2>&1 | grep -v Warning | tail -20"
-run_part "step memory" 60 0 bash -c "$PY -m benchmarks.step_memory --model-preset bert-base --cases dense@4096 \
+run_part "step memory" 60 0 bash -c "$PY -m benchmarks.step --measure memory --model-preset bert-base --cases dense@4096 \
   blockbert-n2@4096 --kernel ${MEM_KERNEL:-block_gather} --json '$W/mem.json' 2>&1 | tail -32"

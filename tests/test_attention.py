@@ -165,6 +165,7 @@ def test_half_precision_loose(name, kernel, dtype):
         torch.testing.assert_close(a.float(), b.float(), **tol)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex training, fp16/bf16 kernels)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kernel", CUDA_KERNELS)

@@ -433,6 +433,7 @@ def test_preset_families_are_derived():
 # -- on a GPU only: the emulation's rules against torch's ------------------------------------------------------------
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not ON_CUDA, reason="compares the emulated rules with torch's on a real GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("mask", ["none", "bool", "learned"])
@@ -453,6 +454,7 @@ def test_backend_choice_matches_torch(dtype, mask, dropout):
     assert got == C.predicted_backend(q, q, q, m, dropout, C.gpu_of_this_machine())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not ON_CUDA, reason="real output strides need a GPU")
 @pytest.mark.parametrize("backend", list(SDP_BACKEND))
 def test_output_strides_match_emulation(backend):

@@ -19,7 +19,7 @@ def _fail_on_recompile_limit(fail_on_recompile_limit):
     """Every test of this module runs with ``fail_on_recompile_limit`` (tests/conftest.py)."""
 
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 H, D, B = 12, 64, 2
 LAYOUTS = {

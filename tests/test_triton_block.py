@@ -68,6 +68,7 @@ def _n(name: str) -> int:
     return 96 if name == "blockbert_n3" else 128  # n3 pads to a multiple of 48
 
 
+@pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(LAYOUT_EXAMPLES))
 def test_matches_dense_for_every_layout_family(name):
@@ -76,6 +77,7 @@ def test_matches_dense_for_every_layout_family(name):
     _assert_parity(cfg, q, k, v)
 
 
+@pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["local_uni", "fixed", "blockbert_n3"])
 def test_key_padding_and_fully_masked_rows(name):
@@ -91,6 +93,7 @@ def test_key_padding_and_fully_masked_rows(name):
     assert out[1].abs().max() == 0 and g[0][1].abs().max() == 0 and g[1][1].abs().max() == 0
 
 
+@pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["bigbird", "blockbert_n2"])
 def test_packed_documents(name):
@@ -114,6 +117,7 @@ def _dropout_run(seed: int, v=None, n: int = 32, heads: int = 2):
     return _run("triton_block", cfg, q, k, v, dropout_p=0.25), (cfg, q, k, v)
 
 
+@pytest.mark.gpu
 @pytest.mark.timeout(120)
 def test_dropout_reproducible_and_same_mask_forward_and_backward():
     """With v = identity (N = head size 32... here v is N x N) the output is the dropped, rescaled probabilities:
@@ -190,6 +194,7 @@ def test_tile_tables_match_the_expanded_layout(name, tile):
             assert t.bwd_partial[lo:hi].tolist() == (~full[h, :, kt][any_on[h, :, kt]]).int().tolist()
 
 
+@pytest.mark.gpu
 @pytest.mark.timeout(120)
 def test_token_masks_and_score_biases_fall_back_to_block_gather_with_a_warning():
     """Not in this kernel: said by a warning, run by block_gather's plan (never ignored): equal to dense."""
@@ -233,6 +238,7 @@ def test_programs_compile_for_hopper_without_a_gpu():
     assert r.stdout.count("bytes of shared memory") == 6, r.stdout
 
 
+@pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("tile_n", [16, 64])
 def test_key_tiles_of_another_size_than_the_query_tiles(tile_n):
