@@ -22,7 +22,7 @@ by more (6.9e-7 relative at the 2nd step after a 2 -> 1 resume, 9.2e-5 at the 5t
 to the checkpoint's (the value is right, only the object is shared), the first forward/backward after the resume is
 exact, and its update is not. ZeRO 1/2 load each group's step from its own file and are unaffected.
 :func:`unshare_step_counters` gives every state its own copy after every universal load. Both fixes live here and
-run through :func:`repair_universal_load`; the reproduction for upstream is benchmarks/zero3_universal_step_repro.py
+run through :func:`repair_universal_load`; the reproduction for upstream is docs/upstream/zero3_universal_step_repro.py
 (docs/training.md).
 """
 

@@ -242,7 +242,7 @@ def test_programs_compile_for_hopper_without_a_gpu():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("tile_n", [16, 64])
 def test_key_tiles_of_another_size_than_the_query_tiles(tile_n):
-    """benchmarks/triton_block_tiles.py sweeps (query tile, key tile, warps, stages): the plan's tables and both
+    """`benchmarks.attention --measure tiles` sweeps (query tile, key tile, warps, stages): the plan's tables and both
     backward passes follow a key tile that differs from the query tile."""
     kernel = KERNELS["triton_block"]
     kernel.tile_n, kernel.launch = tile_n, (4, 1)

@@ -94,7 +94,7 @@ class TritonBlockPlan:
         return -(-self.seq_len // self.tile_n)
 
     launch: tuple[int, int] | None = None
-    """(num_warps, num_stages) instead of :func:`tile_config`'s (benchmarks/triton_block_tiles.py sweeps them)."""
+    """(num_warps, num_stages) instead of :func:`tile_config`'s (`benchmarks.attention --measure tiles` sweeps them)."""
 
     def config(self, head_size: int, dtype: torch.dtype) -> TileConfig:
         cfg = tile_config(head_size, dtype)
@@ -146,9 +146,9 @@ class TritonBlockKernel(Kernel):
     tile: int = TILE
     """Tile size of new plans (tests shrink it to exercise several tiles at N <= 128)."""
     tile_n: int | None = None
-    """Key tile of new plans when it differs from ``tile`` (the query tile); benchmarks/triton_block_tiles.py."""
+    """Key tile of new plans when it differs from ``tile`` (the query tile); `benchmarks.attention --measure tiles`."""
     launch: tuple[int, int] | None = None
-    """(num_warps, num_stages) of new plans instead of :func:`tile_config`'s; benchmarks/triton_block_tiles.py."""
+    """(num_warps, num_stages) of new plans instead of :func:`tile_config`'s; `benchmarks.attention --measure tiles`."""
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None) -> TritonBlockPlan:
         reason = triton_available()
