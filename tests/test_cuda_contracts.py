@@ -342,7 +342,7 @@ def _family_key(preset: dict) -> str:
 
 def _preset_families() -> dict[str, str]:
     """family key -> its smallest preset (derived from model/config.py PRESETS)."""
-    from model.config import PRESETS
+    from model.presets import PRESETS
 
     out: dict[str, str] = {}
     size = {name: p.get("hidden_size", 768) * p.get("num_layers", 12) for name, p in PRESETS.items()}
@@ -355,7 +355,8 @@ PRESET_FAMILIES = sorted(_preset_families().values())
 
 
 def _tiny(preset: str):
-    from model.config import PRESETS, ModelConfig
+    from model.config import ModelConfig
+    from model.presets import PRESETS
 
     heads = PRESETS[preset].get("num_attention_heads", 12)  # BlockBERT's head assignment fixes the head count
     every = (PRESETS[preset].get("attention") or {}).get("global_every") or 1
@@ -408,7 +409,7 @@ def test_preset_family_trains_one_step(preset, kind, dtype):
     matches the one computed on CPU's own branches (fp32: closely; bf16: loosely), every gradient is finite and
     every parameter moves."""
     _skip_bf16(dtype)
-    from model.config import PRESETS
+    from model.presets import PRESETS
 
     if kind == "packed" and (PRESETS[preset].get("position") or {}).get("type", "").startswith("diet"):
         with pytest.raises(ValueError, match="packed sequences"):  # DIET's positions do not restart per document
