@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.strict import check_keys, field_names, from_dict
+from common.strict_config import check_keys, field_names, from_dict
 from model.attention.kernels import KERNELS
 from model.attention.layouts import SparsityConfig, check_ds_config, from_ds_config
 from model.attention.sparsebert import TokenMaskConfig

@@ -536,10 +536,10 @@ def test_explicit_flex_below_sm80_is_refused(monkeypatch):
     assert A.choose_kernel("cuda", torch.float16, 4096, 0.1, capability=(7, 0)) != "flex"
 
 
-def test_every_cpu_only_branch_asks_model_host():
-    """The emulation reaches a CPU-only branch only through ``model.host.takes_cpu_path``: no other model module
-    tests the device type itself (flex.py's CPU branches are FlexAttention's own limits: eager, no backward), and
-    under the emulation every module holding the function answers False."""
+def test_every_cpu_only_branch_asks_model_cpu_shortcuts():
+    """The emulation reaches a CPU-only branch only through ``model.cpu_shortcuts.takes_cpu_path``: no other model
+    module tests the device type itself (flex.py's CPU branches are FlexAttention's own limits: eager, no backward),
+    and under the emulation every module holding the function answers False."""
     import re
     import sys
     from pathlib import Path
@@ -551,13 +551,13 @@ def test_every_cpu_only_branch_asks_model_host():
     offenders = [
         f"{p.relative_to(root.parent)}:{i}"
         for p in sorted(root.rglob("*.py"))
-        if p.name not in ("host.py", "flex.py")
+        if p.name not in ("cpu_shortcuts.py", "flex.py")
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if pattern.search(line)
     ]
-    assert not offenders, f"ask model.host.takes_cpu_path instead: {offenders}"
+    assert not offenders, f"ask model.cpu_shortcuts.takes_cpu_path instead: {offenders}"
     with C.emulate_cuda():
         holders = [m for n, m in sys.modules.items() if n.startswith("model") and hasattr(m, "takes_cpu_path")]
-        assert {m.__name__ for m in holders} >= {"model.host", "model.attention.kernels.sdpa"}
+        assert {m.__name__ for m in holders} >= {"model.cpu_shortcuts", "model.attention.kernels.sdpa"}
         assert not any(m.takes_cpu_path(torch.zeros(1)) for m in holders)
     assert all(m.takes_cpu_path(torch.zeros(1)) for m in holders)
