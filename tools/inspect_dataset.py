@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from common.cli import HelpFormatter, add_flags, build
-from common.errors import run_entry
+from common.error_exit import run_entry
 from common.outputs import check_dir_writable
 from data_pipeline.collate import Collator
 from data_pipeline.data_config import DataConfig, DataConfigError
@@ -75,7 +75,7 @@ def describe(prefix: str, tokenizer=None, num_docs: int = 2, max_chars: int = 40
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.inspect_dataset", _main, argv)
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError, run_entry
+from common.error_exit import run_entry
+from common.errors import UserError
 from common.inputs import read_json_object
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
@@ -75,7 +76,7 @@ def table6(preset: str = "bert-base", nsp_head: bool = True) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.model_stats", _main, argv)
 
 

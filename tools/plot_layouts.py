@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError, run_entry, write_errors
+from common.error_exit import run_entry
+from common.errors import UserError, write_errors
 from common.inputs import read_json_object
 from common.outputs import atomic_file, check_file_writable
 from model.attention import sparsebert as S
@@ -144,7 +145,7 @@ def _resolve(args: argparse.Namespace) -> tuple[SparsityConfig, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.plot_layouts", _main, argv)
 
 

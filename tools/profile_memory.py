@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.errors import run_entry, write_errors
+from common.error_exit import run_entry
+from common.errors import write_errors
 from common.outputs import atomic_file, check_dir_writable
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
@@ -118,7 +119,7 @@ def fit_linear(ns: list[int], acts: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.profile_memory", _main, argv)
 
 
