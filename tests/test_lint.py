@@ -96,7 +96,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_among_our_modules():
     """Our modules import each other in one direction only, across packages and also through imports inside
-    functions (common.errors <-> common.launch was the last cycle; data_pipeline.samples <-> loader the one before)."""
+    functions (common.error_exit's rank question <-> common.launch was the last cycle; data_pipeline.samples <->
+    its loader the one before)."""
     cycle = find_cycle(import_graph(_our_modules()))
     assert cycle is None, "import cycle (move what both need to the lower module or a third one): " + " -> ".join(cycle)
 
