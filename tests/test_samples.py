@@ -264,7 +264,7 @@ def test_cli_stats_and_show(books, bert_uncased_vocab, capsys, tmp_path):
             "1,0,0",
             "--seq-length",
             "128",
-            "--mode",
+            "--sample-mode",
             "doc-sentences",
             "--seed",
             "3",
