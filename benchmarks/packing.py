@@ -107,8 +107,8 @@ def attention_times(prefix: str, N: int, B: int, H: int, D: int, repeats: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
+    from common.error_exit import run_entry
 
     return run_entry("benchmarks.packing", _main, argv)
 

@@ -121,8 +121,8 @@ def _select(files: list[Path], max_bytes: int) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
+    from common.error_exit import run_entry
 
     return run_entry("benchmarks.preprocess_throughput", _main, argv)
 

@@ -157,8 +157,8 @@ def projection(report: dict, reader: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
+    from common.error_exit import run_entry
 
     return run_entry("benchmarks.wiki_extract", _main, argv)
 

@@ -30,13 +30,11 @@ def cli(
     aliases: Sequence[str] = (),
     choices: Callable[[], Iterable[str]] | None = None,
     skip: bool = False,
-    deprecated: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``metadata`` for a dataclass field: ``field(default=..., metadata=cli(flag="--kv-channels"))``.
 
-    ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names).
-    ``deprecated``: old spellings still accepted for one release (:func:`add_deprecated_alias`)."""
-    return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip, "deprecated": deprecated}}
+    ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names)."""
+    return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip}}
 
 
 _warned: set[str] = set()
@@ -62,9 +60,9 @@ class _DeprecatedAlias(argparse.Action):
 
 
 def add_deprecated_alias(group: argparse._ActionsContainer, action: argparse.Action, *old: str) -> None:
-    """Accept the old spellings ``old`` of ``action``'s flag for one release: each parses to the same value as the
-    new flag and prints one deprecation line (once per process) naming the new flag; ``--help`` lists only the new
-    flag. The one way flags are renamed (flag names follow Megatron-LM's where one exists)."""
+    """Accept the old spellings ``old`` of ``action``'s flag: each parses to the same value as the new flag and
+    prints one deprecation line (once per process) naming the new flag. Goes with its last callers (two benchmarks
+    being rewritten in issue #46): no release was made, so a renamed flag keeps no old spelling."""
     same = {k: getattr(action, k) for k in ("dest", "nargs", "type", "choices", "metavar")}  # parses as the new flag
     for name in old:
         group.add_argument(
@@ -157,7 +155,7 @@ def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str 
             kw.pop("default", None)
         if meta.get("choices") is not None:
             kw["choices"] = list(meta["choices"]())
-        add_deprecated_alias(group, group.add_argument(*names, **kw), *meta.get("deprecated", ()))
+        group.add_argument(*names, **kw)
 
 
 def override_fields(cls: type) -> list[dataclasses.Field]:

@@ -1,11 +1,14 @@
-"""The one user-error mechanism of our entry points: a problem the user can fix (a bad flag, a missing, corrupt or
+"""The one user-error rule of our entry points: a problem the user can fix (a bad flag, a missing, corrupt or
 mismatched file, a full disk, a read-only destination) is one line on stderr, ``PROG: error: WHAT (WHICH FILE OR
 SETTING); WHAT TO DO``, exit code 2, printed by rank 0 only. The full traceback is printed with ``--debug`` on the
 command line or ``SPARSE_BERT_DEBUG=1`` in the environment. Anything else is a bug and keeps its traceback.
 
-Each package's error classes (ArgsError, CheckpointError, IndexedDatasetError, ...) derive from :class:`UserError`,
-so an entry point catches one type; :func:`os_error_message` turns the operating system's errors (ENOSPC, EROFS,
-EACCES, ENOENT, ...) into the same kind of line."""
+This module is the rule's vocabulary, standard library only: :class:`UserError` (each package's error classes,
+ArgsError, CheckpointError, IndexedDatasetError, ..., derive from it, so an entry point catches one type), the line,
+the exit code, the debug switch, and :func:`os_error_message` / :func:`write_errors`, which turn the operating
+system's errors (ENOSPC, EROFS, EACCES, ENOENT, ...) into the same kind of line. :mod:`common.error_exit` applies it
+at the top of an entry point (``run_entry``); it asks :mod:`common.launch` which rank prints, and common/launch.py
+raises user errors itself, so the two halves are two modules."""
 
 from __future__ import annotations
 
@@ -14,30 +17,36 @@ import errno
 import os
 import shutil
 import sys
-import traceback
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
-from common import launch
-
-# the rule's parts that need nothing of ours: below this module and common/launch.py (re-exported here)
-from common.user_error import (  # noqa: F401
-    DEBUG_ENV,
-    DEBUG_FLAG,
-    USER_ERROR_EXIT,
-    UserError,
-    debug_enabled,
-    error_line,
-    take_debug_flag,
-)
+USER_ERROR_EXIT = 2
+"""Exit code of every user error (argparse uses 2 for bad flags too)."""
+DEBUG_ENV = "SPARSE_BERT_DEBUG"
+DEBUG_FLAG = "--debug"
 
 
-def is_rank0() -> bool:
-    """Rank 0 of a launched job (as :func:`common.launch.detect` sees it), or a single process; True where the
-    environment cannot tell (one more error line rather than none)."""
-    try:
-        return launch.detect(master=False).rank == 0
-    except Exception:  # a malformed launcher environment must not hide the error being reported
-        return True
+class UserError(Exception):
+    """A problem the user can fix; the message says what is wrong, which file or setting, and what to do."""
+
+
+def error_line(prog: str, message: str) -> str:
+    """The one line a user error prints: ``PROG: error: MESSAGE``."""
+    return f"{prog}: error: {message}"
+
+
+def debug_enabled() -> bool:
+    """Whether full tracebacks were asked for (``--debug`` was seen by :func:`take_debug_flag`, or the env var)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def take_debug_flag(argv: Sequence[str] | None) -> list[str]:
+    """``argv`` (default ``sys.argv[1:]``) without ``--debug``; seeing it sets ``SPARSE_BERT_DEBUG=1`` (inherited
+    by the ranks and workers this process starts)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if DEBUG_FLAG in args:
+        args = [a for a in args if a != DEBUG_FLAG]
+        os.environ[DEBUG_ENV] = "1"
+    return args
 
 
 _OS_HINTS = {
@@ -96,27 +105,3 @@ def write_errors(what: str, path: str | os.PathLike | None = None) -> Iterator[N
             f"{what}: writing failed ({first[:200]}): the disk is full{_free_space(path)}; free space there or "
             "choose another destination"
         ) from e
-
-
-def report(prog: str, message: str) -> int:
-    """Print ``PROG: error: MESSAGE`` (rank 0 only; with the traceback under debug) and return the exit code 2."""
-    if debug_enabled() and sys.exc_info()[0] is not None:
-        traceback.print_exc()
-    if is_rank0():
-        print(error_line(prog, message), file=sys.stderr, flush=True)
-    return USER_ERROR_EXIT
-
-
-def run_entry(prog: str, main: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
-    """Run ``main(argv)`` with the one error rule: :class:`UserError` and OSError become one line and exit 2
-    (:func:`report`); ``--debug`` is taken off ``argv`` first (:func:`take_debug_flag`)."""
-    args = take_debug_flag(argv)
-    try:
-        return main(args)
-    except UserError as e:
-        return report(prog, str(e))
-    except BrokenPipeError:  # the reader of our output went away (`| head`): nothing to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except OSError as e:
-        return report(prog, os_error_message(e))

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from common.cli import HelpFormatter, add_flags, build, cli
+from common.errors import USER_ERROR_EXIT, UserError, error_line, take_debug_flag
 from common.keepalive import OMPI_VAR, PDSH_VAR, keepalive_env, keepalive_mpi_args
-from common.user_error import USER_ERROR_EXIT, UserError, error_line, take_debug_flag
 
 REPO = Path(__file__).resolve().parents[1]
 """The repository root: the ranks' PYTHONPATH under launchers that start ``python`` itself (mpirun, srun)."""
@@ -576,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Flags, then ``--``, then the program as python would take it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     own, program = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    try:  # common/errors.py's rule (one line, exit 2), from its parts: errors asks this module for the rank
+    try:  # common/errors.py's rule (one line, exit 2) by hand: common/error_exit.py imports this module
         return _main(take_debug_flag(own), program)
     except UserError as e:
         print(error_line("common.launch", str(e)), file=sys.stderr, flush=True)

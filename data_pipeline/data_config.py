@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from common.errors import UserError
-from common.strict import from_dict
+from common.strict_config import from_dict
 from data_pipeline.masking import MaskingConfig, derived_max_predictions
 from data_pipeline.samples import SampleIndexConfig
 

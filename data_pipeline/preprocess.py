@@ -28,7 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 
 from common.cli import HelpFormatter, add_flags, cli
-from common.errors import UserError, run_entry
+from common.error_exit import run_entry
+from common.errors import UserError
 from common.outputs import check_fresh, check_not_input
 from common.process import exit_process
 from data_pipeline import coordination, multistream
@@ -639,7 +640,7 @@ class PreprocessArgsError(UserError, ValueError):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("data_pipeline.preprocess", _main, argv)
 
 

@@ -21,7 +21,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
-from common.errors import UserError, run_entry
+from common.error_exit import run_entry
+from common.errors import UserError
 from common.outputs import check_dir_writable, check_fresh, check_not_input
 from data_pipeline.readers import FORMATS, KIND_WIKITEXT, BadInputLog, expand_inputs, read_documents
 from data_pipeline.text import split_lines
@@ -286,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("data_pipeline.train_tokenizer", _main, argv)
 
 

@@ -12,7 +12,7 @@ from model.attention.band import BandMask
 from model.attention.module import BlockSparseAttention
 from model.attention.sparsebert import DAMConfig, DAMMask, build_layer_mask, gated_attention, sparsity
 from model.config import ModelConfig
-from model.host import cpu_all
+from model.cpu_shortcuts import cpu_all
 from model.positions import AbsolutePositionEmbedding, PositionalAttention
 from model.rotary import apply_rotary
 

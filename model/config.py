@@ -7,12 +7,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.strict import check_keys, field_names, from_dict
+from common.strict_config import check_keys, field_names, from_dict
 from model.attention.kernels import KERNELS
 from model.attention.layouts import SparsityConfig, check_ds_config, from_ds_config
 from model.attention.sparsebert import TokenMaskConfig
 from model.positions import SEGMENT_TYPES, PositionConfig
-from model.presets import PRESETS  # the recipes' home; re-exported here for the old import path
+from model.presets import PRESETS
 
 _LAYER_KEYS = ["kernel", "sparsity", "token_mask"]
 FFN_TYPES = ("standard", "glu")

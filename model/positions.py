@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common.strict import from_dict
+from common.strict_config import from_dict
 from model.attention.bias import ScoreBias, combine_biases
 
 POSITION_TYPES = ("absolute", "diet_abs", "diet_rel", "rotary")

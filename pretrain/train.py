@@ -19,7 +19,8 @@ if __name__ == "__main__":  # a rank: its output may outlive its reader (pdsh); 
 
     outlive_lost_output()
 
-from common.errors import UserError, os_error_message, report, take_debug_flag  # noqa: E402
+from common.error_exit import report  # noqa: E402
+from common.errors import UserError, os_error_message, take_debug_flag  # noqa: E402
 from common.process import exit_process  # noqa: E402
 from pretrain.args import parse_args  # noqa: E402
 from pretrain.distributed import destroy_distributed  # noqa: E402

@@ -665,7 +665,7 @@ def test_deterministic_mode_picks_deterministic_kernels(monkeypatch):
     monkeypatch.undo()
     with monkeypatch.context() as m:
         m.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
-        assert sdpa._deterministic_cuda(torch.empty(0, device="meta"))  # any non-CPU tensor (model.host)
+        assert sdpa._deterministic_cuda(torch.empty(0, device="meta"))  # any non-CPU tensor (model.cpu_shortcuts)
         assert not sdpa._deterministic_cuda(torch.empty(0))
     used = []
     real = sdpa.F.scaled_dot_product_attention

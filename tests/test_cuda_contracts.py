@@ -342,7 +342,7 @@ def _family_key(preset: dict) -> str:
 
 def _preset_families() -> dict[str, str]:
     """family key -> its smallest preset (derived from model/config.py PRESETS)."""
-    from model.config import PRESETS
+    from model.presets import PRESETS
 
     out: dict[str, str] = {}
     size = {name: p.get("hidden_size", 768) * p.get("num_layers", 12) for name, p in PRESETS.items()}
@@ -355,7 +355,8 @@ PRESET_FAMILIES = sorted(_preset_families().values())
 
 
 def _tiny(preset: str):
-    from model.config import PRESETS, ModelConfig
+    from model.config import ModelConfig
+    from model.presets import PRESETS
 
     heads = PRESETS[preset].get("num_attention_heads", 12)  # BlockBERT's head assignment fixes the head count
     every = (PRESETS[preset].get("attention") or {}).get("global_every") or 1
@@ -408,7 +409,7 @@ def test_preset_family_trains_one_step(preset, kind, dtype):
     matches the one computed on CPU's own branches (fp32: closely; bf16: loosely), every gradient is finite and
     every parameter moves."""
     _skip_bf16(dtype)
-    from model.config import PRESETS
+    from model.presets import PRESETS
 
     if kind == "packed" and (PRESETS[preset].get("position") or {}).get("type", "").startswith("diet"):
         with pytest.raises(ValueError, match="packed sequences"):  # DIET's positions do not restart per document
@@ -537,10 +538,10 @@ def test_explicit_flex_below_sm80_is_refused(monkeypatch):
     assert A.choose_kernel("cuda", torch.float16, 4096, 0.1, capability=(7, 0)) != "flex"
 
 
-def test_every_cpu_only_branch_asks_model_host():
-    """The emulation reaches a CPU-only branch only through ``model.host.takes_cpu_path``: no other model module
-    tests the device type itself (flex.py's CPU branches are FlexAttention's own limits: eager, no backward), and
-    under the emulation every module holding the function answers False."""
+def test_every_cpu_only_branch_asks_model_cpu_shortcuts():
+    """The emulation reaches a CPU-only branch only through ``model.cpu_shortcuts.takes_cpu_path``: no other model
+    module tests the device type itself (flex.py's CPU branches are FlexAttention's own limits: eager, no backward),
+    and under the emulation every module holding the function answers False."""
     import re
     import sys
     from pathlib import Path
@@ -552,13 +553,13 @@ def test_every_cpu_only_branch_asks_model_host():
     offenders = [
         f"{p.relative_to(root.parent)}:{i}"
         for p in sorted(root.rglob("*.py"))
-        if p.name not in ("host.py", "flex.py")
+        if p.name not in ("cpu_shortcuts.py", "flex.py")
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if pattern.search(line)
     ]
-    assert not offenders, f"ask model.host.takes_cpu_path instead: {offenders}"
+    assert not offenders, f"ask model.cpu_shortcuts.takes_cpu_path instead: {offenders}"
     with C.emulate_cuda():
         holders = [m for n, m in sys.modules.items() if n.startswith("model") and hasattr(m, "takes_cpu_path")]
-        assert {m.__name__ for m in holders} >= {"model.host", "model.attention.kernels.sdpa"}
+        assert {m.__name__ for m in holders} >= {"model.cpu_shortcuts", "model.attention.kernels.sdpa"}
         assert not any(m.takes_cpu_path(torch.zeros(1)) for m in holders)
     assert all(m.takes_cpu_path(torch.zeros(1)) for m in holders)

@@ -48,30 +48,6 @@ def test_every_public_name_and_module_path_imports():
             assert getattr(m, n) is getattr(A, n)
 
 
-def test_the_old_paths_still_import_for_one_release_with_a_deprecation_warning():
-    """model.attention.<name> and model.attention.<DeepSpeed module> served the API before it got its package."""
-    import model.attention as old
-
-    for name in ("SparseSelfAttention", "BertSparseSelfAttention", "SparseAttentionUtils", "MatMul", "Softmax"):
-        with pytest.warns(DeprecationWarning, match=rf"model\.attention\.{name} moved to model\.attention\.deepspeed"):
-            assert getattr(old, name) is getattr(A, name)
-    for mod in (
-        "sparsity_config",
-        "sparse_self_attention",
-        "bert_sparse_self_attention",
-        "sparse_attention_utils",
-        "matmul",
-        "softmax",
-    ):
-        sys.modules.pop(f"model.attention.{mod}", None)
-        with pytest.warns(DeprecationWarning, match=f"model.attention.deepspeed.{mod}"):
-            m = importlib.import_module(f"model.attention.{mod}")
-        public = [n for n in vars(m) if n[0].isupper()]
-        assert public and all(getattr(m, n) is getattr(A, n) for n in public), mod
-    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
-        old.Nothing
-
-
 class _GlobalFirstRowAndColumn(A.FixedSparsityConfig):
     """A user pattern defined the way DeepSpeed documented: override one step."""
 
@@ -281,8 +257,8 @@ def test_the_deepspeed_path_never_asks_the_device_for_a_python_bool(monkeypatch)
     def counting(real):
         def wrapper(self):
             caller = sys._getframe(1).f_code
-            # model/host.py's CPU-only shortcuts read only CPU tensors (no device to wait for)
-            if not (caller.co_filename.endswith("model/host.py") and self.device.type == "cpu"):
+            # model/cpu_shortcuts.py's CPU-only shortcuts read only CPU tensors (no device to wait for)
+            if not (caller.co_filename.endswith("model/cpu_shortcuts.py") and self.device.type == "cpu"):
                 syncs.append(f"{caller.co_filename}:{caller.co_name}")
             return real(self)
 

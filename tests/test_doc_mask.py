@@ -212,7 +212,8 @@ def test_doc_mask_with_module_padding(kernel):
 
 def _model(preset: str, kernel: str):
     from model.bert import BertForPreTraining
-    from model.config import PRESETS, ModelConfig
+    from model.config import ModelConfig
+    from model.presets import PRESETS
 
     attention = {**PRESETS[preset].get("attention", {}), "kernel": kernel}
     torch.manual_seed(0)

@@ -174,32 +174,9 @@ def test_docs_speak_of_the_product_not_of_how_it_was_made() -> None:
     assert not found, "say what was measured, on what machine and when (a date), not 'session':\n" + "\n".join(found)
 
 
-def _deprecated_spellings() -> set[str]:
-    """Every old flag spelling (add_deprecated_alias calls, cli(deprecated=...) fields) and every moved module or name
-    with a deprecation shim (warn_moved) in the code."""
-    arg = r"(?:[\w.]+(?:\[[^\]]*\]|\((?:[^()]|\([^()]*\))*\))?)"  # p, by_dest["x"], p.add_argument(...)
-    alias = re.compile(rf"add_deprecated_alias\(\s*{arg}\s*,\s*{arg}\s*,\s*((?:\"--[\w-]+\"\s*,?\s*)+)\)")
-    found: set[str] = set()
-    for src in REPO.glob("*/**/*.py"):
-        if src.parts[len(REPO.parts)] in ("tests", ".venv") or src.name == "cli.py":
-            continue
-        text = src.read_text(encoding="utf-8")
-        for olds in alias.findall(text) + re.findall(r"\bdeprecated=[\[(]([^\])]*)", text):
-            found |= set(re.findall(r"--[\w-]+", olds))
-        if re.search(r"^warn_moved\(", text, re.M):  # a module kept at its old path
-            found.add(src.stem)
-    from model import attention
-
-    return found | set(attention._MOVED_NAMES)
-
-
-def test_changelog_names_every_deprecated_spelling_and_when_it_goes() -> None:
-    """Each shim the code keeps for one release is listed under a *Deprecated* heading that says when it goes."""
+def test_changelog_starts_with_the_unreleased_section() -> None:
+    """Keep a Changelog's form: what reached main since the last dated section is under *Unreleased*, first."""
     text = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
-    assert text.startswith("# Changelog") and "\n## [Unreleased]\n" in text
-    deprecated = "".join(re.findall(r"\n### Deprecated\n(.*?)(?=\n##)", text, re.S))
-    assert "removed in the next release after 20" in deprecated
-    spellings = _deprecated_spellings()
-    assert {"--seq-len", "--mlm-probability", "SparseSelfAttention", "sparse_self_attention"} <= spellings
-    missing = sorted(s for s in spellings if f"`{s}`" not in deprecated and f"`.{s}`" not in deprecated)
-    assert not missing, f"CHANGELOG.md: deprecated but not under a '### Deprecated' heading: {missing}"
+    assert text.startswith("# Changelog")
+    first = re.search(r"^## .*$", text, re.M)
+    assert first and first.group(0) == "## [Unreleased]", "CHANGELOG.md: the first section is '## [Unreleased]'"

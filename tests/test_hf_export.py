@@ -157,7 +157,7 @@ ISSUE5 = [k for k in CUSTOM if k.startswith(("diet", "segment", "mask", "dam"))]
 
 def _preset(name: str) -> ModelConfig:
     """A preset shrunk to test size, keeping its head count (head assignments depend on it) and its attention."""
-    from model.config import PRESETS
+    from model.presets import PRESETS
 
     heads = PRESETS[name].get("num_attention_heads", 12)
     return ModelConfig.preset(
@@ -174,7 +174,7 @@ def _preset(name: str) -> ModelConfig:
 
 
 def _all_presets() -> list[str]:
-    from model.config import PRESETS
+    from model.presets import PRESETS
 
     return sorted(PRESETS)
 

@@ -1,8 +1,8 @@
 """No host sync in the training step: the real Trainer's steps on CPU, with every operation that would make the host
 wait for the device on a GPU counted (tools/host_syncs.py: what CUDA's sync debug mode flags) and attributed to the
 function that made it (tests/host_sync_entry.py). Allowed: the per-step decision that the loss is finite (bf16/fp32:
-all ranks together, before the update), and model/host.py's CPU-only shortcuts, which never read a tensor of another
-device (tested here on the meta device, which cannot be read).
+all ranks together, before the update), and model/cpu_shortcuts.py's CPU-only shortcuts, which never read a tensor of
+another device (tested here on the meta device, which cannot be read).
 
 DeepSpeed's own syncs are counted too (its accelerator's ``synchronize()``, its reads and blocking copies). With the
 shipped bf16 ZeRO-1/2 configs (throughput timers and ``bf16.check_grad_overflow`` off) and DeepSpeed's ZeRO-1/2
@@ -21,7 +21,7 @@ import pytest
 from tests import train_utils as tu
 
 ALLOWED = "pretrain/distributed.py:all_ranks_true (_local_scalar_dense)"
-CPU_ONLY = "model/host.py:cpu_all (_local_scalar_dense)"
+CPU_ONLY = "model/cpu_shortcuts.py:cpu_all (_local_scalar_dense)"
 CPU_ADAMW = "(torch.optim) optimizer.py:_get_value (_local_scalar_dense)"
 BLOCKBERT = {
     "kernel": "auto",
@@ -89,7 +89,7 @@ def test_the_counter_sees_the_dynamic_mlm_gather(tmp_path):
 def test_cpu_only_shortcuts_never_read_another_device():
     import torch
 
-    from model.host import cpu_all
+    from model.cpu_shortcuts import cpu_all
 
     assert cpu_all(torch.ones(3, dtype=torch.bool)) and not cpu_all(torch.tensor([True, False]))
     meta = torch.ones(3, dtype=torch.bool, device="meta")

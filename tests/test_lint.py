@@ -96,7 +96,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_among_our_modules():
     """Our modules import each other in one direction only, across packages and also through imports inside
-    functions (common.errors <-> common.launch was the last cycle; data_pipeline.samples <-> loader the one before)."""
+    functions (common.error_exit's rank question <-> common.launch was the last cycle; data_pipeline.samples <->
+    its loader the one before)."""
     cycle = find_cycle(import_graph(_our_modules()))
     assert cycle is None, "import cycle (move what both need to the lower module or a third one): " + " -> ".join(cycle)
 
@@ -111,6 +112,47 @@ def test_the_cycle_check_sees_lazy_relative_and_from_package_imports(tmp_path):
     assert find_cycle(import_graph(mods)) == ["p.a", "p.b", "p.c", "p.a"]
     mods["p.c"].write_text("import os\n")
     assert find_cycle(import_graph(mods)) is None
+
+
+#: Files that still hold a deprecated flag spelling while the benchmarks are rewritten (issue #46): empty once they
+#: are merged, and common/cli.py's add_deprecated_alias goes with its last caller.
+SHIMS_LEFT = {"common/cli.py", "benchmarks/train_step_ds.py", "benchmarks/sparsebert_diet.py"}
+SHIM = re.compile(r"warn\((?:[^()]|\([^()]*\))*DeprecationWarning|deprecated_alias|is deprecated")
+
+
+def release_shims(path: Path) -> list[str]:
+    """What in ``path`` keeps an old name alive: a DeprecationWarning, a deprecated flag spelling, a module-level
+    ``__getattr__`` (the redirect of a moved name)."""
+    text = path.read_text(encoding="utf-8")
+    found = sorted({m.group(0)[:40] for m in SHIM.finditer(text)})
+    tree = ast.parse(text, str(path))
+    return found + [
+        f"line {n.lineno}: module __getattr__" for n in tree.body if getattr(n, "name", "") == "__getattr__"
+    ]
+
+
+def test_no_release_shims():
+    """No release was ever made, so nothing keeps an old module path, name or flag alive: a rename changes every
+    caller and the CHANGELOG names the new spelling (the shims were removed in issue #46)."""
+    found = {str(p.relative_to(REPO)): s for p in _our_modules().values() if (s := release_shims(p))}
+    extra = {k: v for k, v in found.items() if k not in SHIMS_LEFT}
+    assert not extra, f"release shims (remove them, update the callers): {extra}"
+    gone = SHIMS_LEFT - set(found)
+    assert not gone, (
+        f"no shim left in {sorted(gone)}: take them off SHIMS_LEFT (and add_deprecated_alias off common/cli.py)"
+    )
+
+
+def test_the_shim_check_sees_warnings_aliases_and_module_getattr(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import warnings\nwarnings.warn(f'{old} moved', DeprecationWarning, stacklevel=2)\n")
+    assert release_shims(src) == ["warn(f'{old} moved', DeprecationWarning"]
+    src.write_text("add_deprecated_alias(p, p.add_argument('--a'), '--b')\ndef __getattr__(name):\n    pass\n")
+    assert release_shims(src) == ["deprecated_alias", "line 2: module __getattr__"]
+    src.write_text(
+        "class A:\n    def __getattr__(self, n):\n        pass\nwarnings.simplefilter('ignore', DeprecationWarning)\n"
+    )
+    assert release_shims(src) == []
 
 
 SHIPPED_DATA = ("run_scripts/sample_data/",)

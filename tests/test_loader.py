@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from data_pipeline.batching import build_dataloader
+from data_pipeline.data_config import DataConfig, DataConfigError, split_document_ranges
+from data_pipeline.datasets import build_datasets
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder
-from data_pipeline.loader import DataConfig, DataConfigError, build_dataloader, build_datasets, split_document_ranges
 from data_pipeline.samples import MODES, PACKED
 from tests.samples_helpers import FIRST_ID, synthetic_shard
 
@@ -168,7 +170,7 @@ def test_epochs_reshuffle_and_remask(shards):
     np.testing.assert_array_equal(np.sort(e1), np.arange(S))
     assert (e0 != e1).any(), "epoch 2 was not reshuffled"
     # the same sample in two epochs gets two different masks
-    from data_pipeline.loader import Collator
+    from data_pipeline.collate import Collator
 
     col = Collator(TOK, cfg)
     s = int(e0[0])
@@ -305,7 +307,8 @@ def test_cyclic_loader_runs_past_the_nominal_length(shards):
 def test_stats_read_exactly_the_dataset_not_the_next_epoch(shards):
     """--stats masks the first min(max_masked_samples, len) samples: with a batch larger than the dataset, the last
     batch stops at the dataset's end (it used to run into the next epoch's samples)."""
-    from data_pipeline.loader import Collator, dataset_stats
+    from data_pipeline.collate import Collator
+    from data_pipeline.stats import dataset_stats
 
     cfg = DataConfig(data_path=[shards[0]], split="1,0,0", seq_length=40, sample_mode="nsp")
     ds = build_datasets(cfg, TOK, num_samples=(37, 0, 0))[0]

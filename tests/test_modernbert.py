@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from model.bert import BertForPreTraining
-from model.config import PRESETS, ModelConfig
+from model.config import ModelConfig
+from model.presets import PRESETS
 from tests.registry_cases import OTHER_KERNELS, REFERENCE
 
 

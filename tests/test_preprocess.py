@@ -425,7 +425,8 @@ def test_output_directory_merges_with_megatrons_merge_datasets(bert_uncased_voca
     """Two preprocess runs into one directory, then a training-style sample index built with the default cache:
     the directory still passes Megatron's merge_datasets.py scan (reports and caches live in sub-directories) and
     the merge equals our tools.merge_shards output byte for byte."""
-    from data_pipeline.loader import DataConfig, build_datasets
+    from data_pipeline.data_config import DataConfig
+    from data_pipeline.datasets import build_datasets
     from data_pipeline.tokenization import build_tokenizer
 
     out = tmp_path / "shards"

@@ -85,7 +85,7 @@ def test_packing_covers_every_token_once_within_budget(shard, mode, cut):
 
 
 def test_samples_decode_to_the_right_tokens(shard):
-    from data_pipeline.loader import ShardSplit
+    from data_pipeline.datasets import ShardSplit
 
     cfg = SampleIndexConfig(seq_length=32, sample_mode="full-sentences", seed=1)
     idx = build_sample_index(shard, (0, shard.num_documents), cfg)
@@ -264,7 +264,7 @@ def test_cli_stats_and_show(books, bert_uncased_vocab, capsys, tmp_path):
             "1,0,0",
             "--seq-length",
             "128",
-            "--mode",
+            "--sample-mode",
             "doc-sentences",
             "--seed",
             "3",
@@ -437,7 +437,9 @@ def test_packed_docs_samples_decode_and_resume(tmp_path):
     consumed-sample count sees exactly the uninterrupted batches (ids, masks, labels and document ids)."""
     import torch
 
-    from data_pipeline.loader import DataConfig, build_dataloader, build_datasets
+    from data_pipeline.batching import build_dataloader
+    from data_pipeline.data_config import DataConfig
+    from data_pipeline.datasets import build_datasets
     from tests.test_loader import TOK, assert_batches_equal, collect, docs
 
     prefix = str(synthetic_shard(tmp_path / "p", docs(7, 80)))

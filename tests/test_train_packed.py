@@ -16,7 +16,7 @@ K = 3
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from model.config import PRESETS
+    from model.presets import PRESETS
 
     tmp = tu.prepare(
         tmp_path_factory.mktemp("packed"),

@@ -44,7 +44,9 @@ def test_binding_cap_holds_in_every_batch_and_leaves_other_samples_alone(tmp_pat
     loader's, and the static gather's loss equals the dynamic path's on those batches."""
     import torch
 
-    from data_pipeline.loader import DataConfig, build_dataloader, build_datasets
+    from data_pipeline.batching import build_dataloader
+    from data_pipeline.data_config import DataConfig
+    from data_pipeline.datasets import build_datasets
     from data_pipeline.tokenization import build_tokenizer
     from model.bert import BertForPreTraining
     from model.config import ModelConfig

@@ -20,7 +20,8 @@ import re
 import sys
 from pathlib import Path
 
-from common.errors import UserError, run_entry
+from common.error_exit import run_entry
+from common.errors import UserError
 from common.inputs import read_json_object
 from model.attention.kernels.auto import TABLE_KERNELS, TABLE_PATH
 from tools.bench_layouts import layouts
@@ -129,7 +130,7 @@ def render(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.auto_table", _main, argv)
 
 

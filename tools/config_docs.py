@@ -79,9 +79,7 @@ def trainer_table() -> str:
 
     out = []
     for group in build_parser()._action_groups:  # argparse keeps no public accessor for groups
-        actions = [  # deprecated spellings (help suppressed) stay out of the table
-            a for a in group._group_actions if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS
-        ]
+        actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
         if not actions:
             continue
         out += [f"#### {group.title}", "", "| flag | default | meaning |", "|---|---|---|"]

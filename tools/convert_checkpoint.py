@@ -22,7 +22,7 @@ import json
 import sys
 from typing import Any
 
-from common.errors import run_entry
+from common.error_exit import run_entry
 from tools.hf_export.export import ConversionError, ds_to_hf
 from tools.hf_export.warm_start import hf_to_ds
 
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.convert_checkpoint", _main, argv)
 
 

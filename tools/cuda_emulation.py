@@ -3,7 +3,7 @@
 No GPU runs our CI, and CPU SDPA hides what CUDA does differently: it returns contiguous outputs, accepts any dtype,
 and our kernels take CPU-only branches on CPU tensors (the tile fold in ``sdpa_tiles``, the split plan, host reads
 of masks). :func:`emulate_cuda` sends CPU tensors down the branches a CUDA device takes (it replaces
-``model.host.takes_cpu_path``, the one question those branches ask) and replaces
+``model.cpu_shortcuts.takes_cpu_path``, the one question those branches ask) and replaces
 ``torch.nn.functional.scaled_dot_product_attention`` with a dispatcher that picks a backend by torch's CUDA rules
 and returns what that backend returns on CUDA: its output strides, its refusals, its mask preprocessing.
 
@@ -210,11 +210,11 @@ def backend_layout(out: torch.Tensor, query: torch.Tensor, backend: str) -> torc
 @contextlib.contextmanager
 def emulate_cuda(gpu: EmulatedGPU = H100):
     """Within the block, CPU tensors take CUDA's branches and SDPA keeps ``gpu``'s contracts (module docstring)."""
-    import model.host
+    import model.cpu_shortcuts
 
-    real = model.host.takes_cpu_path
-    # every module that imported it by name (the HF export needs `from model.host import ...`), and model.host
-    # itself, whose cpu_all reads it from there
+    real = model.cpu_shortcuts.takes_cpu_path
+    # every module that imported it by name (the HF export needs `from model.cpu_shortcuts import ...`), and
+    # model.cpu_shortcuts itself, whose cpu_all reads it from there
     holders = [
         m for name, m in list(sys.modules.items()) if name.startswith("model") and vars(m).get("takes_cpu_path") is real
     ]

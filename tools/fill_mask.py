@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Sequence
 
-from common.errors import run_entry
+from common.error_exit import run_entry
 
 
 def fill_mask(
@@ -48,7 +48,7 @@ def fill_mask(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.fill_mask", _main, argv)
 
 

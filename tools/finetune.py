@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from common.cli import HelpFormatter, add_flags, cli
-from common.errors import UserError, report, run_entry
+from common.error_exit import report, run_entry
+from common.errors import UserError
 from common.inputs import parse_json_object
 from tools.device import PRECISIONS
 
@@ -600,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.finetune", _main, argv)
 
 

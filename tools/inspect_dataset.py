@@ -17,8 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from common.cli import HelpFormatter, add_deprecated_alias, add_flags, build
-from common.errors import run_entry
+from common.cli import HelpFormatter, add_flags, build
+from common.error_exit import run_entry
 from common.outputs import check_dir_writable
 from data_pipeline.collate import Collator
 from data_pipeline.data_config import DataConfig, DataConfigError
@@ -75,7 +75,7 @@ def describe(prefix: str, tokenizer=None, num_docs: int = 2, max_chars: int = 40
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.inspect_dataset", _main, argv)
 
 
@@ -122,9 +122,6 @@ def samples_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     add_flags(p, DataConfig)
-    by_dest = {a.dest: a for a in p._actions}
-    add_deprecated_alias(p, by_dest["sample_mode"], "--mode")
-    add_deprecated_alias(p, by_dest["mask_prob"], "--mlm-probability")
     p.add_argument("--split-name", default="train", choices=("train", "valid", "test"), help="which split to describe")
     p.add_argument("--tokenizer-type", required=True, help="data_pipeline.tokenization type")
     p.add_argument("--vocab-file", default=None, help="WordPiece vocab file")

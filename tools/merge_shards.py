@@ -12,13 +12,13 @@ import glob
 import sys
 from typing import Sequence
 
-from common.errors import run_entry
+from common.error_exit import run_entry
 from common.outputs import check_fresh, check_not_input
 from data_pipeline.indexed import IndexedDataset, data_file_path, index_file_path, merge_shards
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.merge_shards", _main, argv)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from common.cli import add_deprecated_alias
-from common.errors import UserError, run_entry
+from common.error_exit import run_entry
+from common.errors import UserError
 from common.inputs import read_json_object
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
@@ -76,15 +76,14 @@ def table6(preset: str = "bert-base", nsp_head: bool = True) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.model_stats", _main, argv)
 
 
 def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tools.model_stats", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
-    preset = src.add_argument("--model-preset", dest="preset", default="bert-base", help="a model/presets.py recipe")
-    add_deprecated_alias(src, preset, "--preset")
+    src.add_argument("--model-preset", dest="preset", default="bert-base", help="a model/presets.py recipe")
     src.add_argument("--model-config", type=Path, help="a ModelConfig JSON file")
     p.add_argument("--position", help='position block as JSON, e.g. \'{"type": "diet_abs", "rank": 128}\'')
     p.add_argument("--segment", choices=list(SEGMENT_TYPES))

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from common.cli import add_deprecated_alias
-from common.errors import UserError, run_entry, write_errors
+from common.error_exit import run_entry
+from common.errors import UserError, write_errors
 from common.inputs import read_json_object
 from common.outputs import atomic_file, check_file_writable
 from model.attention import sparsebert as S
@@ -145,7 +145,7 @@ def _resolve(args: argparse.Namespace) -> tuple[SparsityConfig, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.plot_layouts", _main, argv)
 
 
@@ -153,18 +153,13 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tools.plot_layouts", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--sparsity", help="ds_config-style sparse_attention block as JSON")
-    preset = src.add_argument(
-        "--model-preset",
-        dest="preset",
-        help="a model/presets.py recipe, e.g. blockbert-base-n2",
-    )
-    add_deprecated_alias(src, preset, "--preset")
+    src.add_argument("--model-preset", dest="preset", help="a model/presets.py recipe, e.g. blockbert-base-n2")
     src.add_argument("--model-config", help="a ModelConfig JSON file")
     src.add_argument("--token-mask", help="a SparseBERT attention.token_mask block as JSON")
     src.add_argument("--table3", action="store_true", help="print every pattern's sparsity vs SparseBERT Table 3")
     p.add_argument("--num-heads", type=int, help="heads (with --sparsity / --token-mask)")
     p.add_argument("--layer", type=int, default=0)
-    add_deprecated_alias(p, p.add_argument("--seq-length", dest="seq_len", type=int, default=512), "--seq-len")
+    p.add_argument("--seq-length", dest="seq_len", type=int, default=512)
     p.add_argument("--heads", type=int, nargs="+", help="only these heads")
     p.add_argument("--out", type=Path, help="PNG to write (optional with --stats)")
     p.add_argument("--stats", action="store_true", help="print sparsity per head (and pattern) as JSON")

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.cli import add_deprecated_alias
-from common.errors import run_entry, write_errors
+from common.error_exit import run_entry
+from common.errors import write_errors
 from common.outputs import atomic_file, check_dir_writable
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
@@ -119,7 +119,7 @@ def fit_linear(ns: list[int], acts: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.profile_memory", _main, argv)
 
 
@@ -127,12 +127,11 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tools.profile_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_deprecated_alias(p, p.add_argument("--hidden-size", dest="hidden", type=int, default=192), "--hidden")
-    add_deprecated_alias(p, p.add_argument("--num-layers", dest="layers", type=int, default=2), "--layers")
-    heads = p.add_argument(
+    p.add_argument("--hidden-size", dest="hidden", type=int, default=192)
+    p.add_argument("--num-layers", dest="layers", type=int, default=2)
+    p.add_argument(
         "--num-attention-heads", dest="heads", type=int, default=12, help="12: the paper's 10:2 and 8:2:2 splits"
     )
-    add_deprecated_alias(p, heads, "--heads")
     p.add_argument("--tokens", type=int, default=4096, help="b x N kept fixed (the paper: 4096 per GPU)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))

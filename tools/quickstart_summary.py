@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from common.errors import UserError, run_entry
+from common.error_exit import run_entry
+from common.errors import UserError
 from data_pipeline.data_config import split_document_ranges
 from data_pipeline.indexed import IndexedDataset
 from tools.mlm_scores import model_scores, unigram_distribution, unigram_scores
@@ -164,7 +165,7 @@ def report(result: dict[str, Any], examples: int = 2, context: int = 8) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
     return run_entry("tools.quickstart_summary", _main, argv)
 
 

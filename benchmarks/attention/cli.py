@@ -173,8 +173,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
+    """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
+    from common.error_exit import run_entry
 
     return run_entry(PROG, _main, argv)
 

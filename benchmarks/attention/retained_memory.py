@@ -34,7 +34,7 @@ import torch
 from benchmarks.attention.steps import DTYPES, cpu_allocations
 from benchmarks.report import markdown_table, write_json
 from model.attention import BLOCK_LAYOUTS, BlockSparseAttention, SparsityConfig
-from model.attention.kernels.block_gather.split import SWITCH
+from model.attention.kernels.block_gather.cpu_split import SWITCH
 from model.attention.token_patterns import TokenMaskConfig, build_layer_mask
 from model.positions import DietAbsBias, DietRelBias
 from model.presets import PRESETS, blockbert, modernbert

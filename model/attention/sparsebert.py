@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common.strict import from_dict
+from common.strict_config import from_dict
 from model.attention.token_patterns import (  # noqa: F401  (re-exported: the SparseBERT API in one place)
     MASK_FILE_FORMAT,
     TABLE3,

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from common.strict import check_keys, field_names
+from common.strict_config import check_keys, field_names
 from model.attention.band import BandMask
 from model.attention.patterns import REGISTRIES, TOKEN_MASK, lookup
 

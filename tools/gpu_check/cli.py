@@ -23,8 +23,8 @@ EXIT_INCOMPLETE = 3
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad arguments are one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
+    """The command line; bad arguments are one line and exit 2 (common.error_exit.run_entry)."""
+    from common.error_exit import run_entry
 
     return run_entry("tools.gpu_check", _main, argv)
 

@@ -65,7 +65,8 @@ EXPORTED_PACKAGES = ("model", "common")
 
 
 def flat_name(module: str) -> str:
-    """``model.attention.kernels`` -> ``ours_attention_kernels``; ``common.strict`` -> ``ours_common_strict``."""
+    """``model.attention.kernels`` -> ``ours_attention_kernels``; ``common.strict_config`` ->
+    ``ours_common_strict_config``."""
     parts = module.split(".")
     if parts[0] not in EXPORTED_PACKAGES or len(parts) < 2:
         raise ExportError(f"not a module of our model or common package: {module!r}")

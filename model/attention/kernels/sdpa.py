@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from model.host import cpu_all, takes_cpu_path
+from model.cpu_shortcuts import cpu_all, takes_cpu_path
 
 
 def _deterministic_cuda(q: torch.Tensor) -> bool:

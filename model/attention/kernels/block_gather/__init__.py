@@ -4,7 +4,7 @@ Compute and score memory scale with the layout's density; autograd works on ever
 is index_add). The kernel only picks a plan, and each plan runs itself. Plans, most specific first:
 
 - :mod:`.permutation`: every query tile attends exactly one aligned key tile (BlockBERT): views, no gathers;
-- :mod:`.split` (a CPU optimisation, ``SPARSEBERT_CPU_SPLIT=0`` turns it off): key blocks shared by all rows and a
+- :mod:`.cpu_split` (a CPU optimisation, ``SPARSEBERT_CPU_SPLIT=0`` turns it off): key blocks shared by all rows and a
   diagonal window computed once each with torch's CPU flash kernel, merged by logsumexp, when its estimated cost is
   lower;
 - :mod:`.gather`: any layout, gathered key tiles grouped by key count.
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from model.attention.kernels.block_gather.cpu_split import SplitPlan, cpu_split_enabled, make_split_plan
 from model.attention.kernels.block_gather.gather import GatherGroup, GatherPlan, make_gather_plan
 from model.attention.kernels.block_gather.permutation import PermutationPlan, make_permutation_plan
-from model.attention.kernels.block_gather.split import SplitPlan, cpu_split_enabled, make_split_plan
 from model.attention.kernels.block_gather.tiles import query_tile_factor
 from model.attention.kernels.dense import DensePlan
 from model.attention.kernels.registry import Kernel, register_kernel
-from model.host import takes_cpu_path
+from model.cpu_shortcuts import takes_cpu_path
 
 __all__ = [
     "BlockGatherKernel",

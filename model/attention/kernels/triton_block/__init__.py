@@ -20,7 +20,7 @@ import torch
 
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 from model.attention.kernels.triton_block.tables import TileTables, build_tables
-from model.host import takes_cpu_path
+from model.cpu_shortcuts import takes_cpu_path
 
 __all__ = ["TritonBlockKernel", "TritonBlockPlan", "TileConfig", "tile_config"]
 

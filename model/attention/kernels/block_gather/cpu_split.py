@@ -41,7 +41,7 @@ from model.attention.band import BandMask, tile_mask
 from model.attention.kernels.block_gather.gather import make_gather_plan
 from model.attention.kernels.block_gather.tiles import host_mask, query_tile_factor, tile_allow
 from model.attention.kernels.registry import Call
-from model.host import takes_cpu_path
+from model.cpu_shortcuts import takes_cpu_path
 
 SWITCH = "SPARSEBERT_CPU_SPLIT"
 """Environment variable: ``0`` turns the split plan off (block_gather then uses the general gather plan)."""
