@@ -116,7 +116,7 @@ def test_the_cycle_check_sees_lazy_relative_and_from_package_imports(tmp_path):
 
 #: Files that still hold a deprecated flag spelling while the benchmarks are rewritten (issue #46): empty once they
 #: are merged, and common/cli.py's add_deprecated_alias goes with its last caller.
-SHIMS_LEFT = {"common/cli.py", "benchmarks/train_step_ds.py", "benchmarks/sparsebert_diet.py"}
+SHIMS_LEFT = {"common/cli.py", "benchmarks/train_step_ds.py"}
 SHIM = re.compile(r"warn\((?:[^()]|\([^()]*\))*DeprecationWarning|deprecated_alias|is deprecated")
 
 
