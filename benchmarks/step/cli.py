@@ -5,9 +5,9 @@ output checks) and one JSON envelope (benchmarks/report.py).
     python -m benchmarks.step --measure time --model-preset bert-base --json out/step_time.json            # on a GPU
     python -m benchmarks.step --measure time --model-preset tiny --device cpu --precisions bf16 --steps 1   # smoke
     python -m benchmarks.step --measure time --data-path data/wiki_text_sentence --vocab-file vocab.txt    # real rows
-    python -m benchmarks.step --measure profile --data-path D/sample_text_sentence --vocab-file D/vocab.txt --json p.json
+    python -m benchmarks.step --measure profile --data-path D/sample_text_sentence --vocab-file D/vocab.txt
     python -m benchmarks.step --measure profile --model-preset tiny --device cpu --seq-len 64 --batch 2 --variants eager
-    python -m benchmarks.step --measure memory --model-preset bert-base --cases dense@4096 blockbert-n2@4096 --json m.json
+    python -m benchmarks.step --measure memory --model-preset bert-base --cases dense@4096 blockbert-n2@4096
     python -m benchmarks.step --measure memory --model-preset tiny --device cpu --cases dense@128 blockbert-n2@128
     python -m benchmarks.step --measure host --json host.json
     python -m benchmarks.step --measure host --configs zero1_bf16.json zero1_bf16_overlap.json --hidden 768
