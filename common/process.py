@@ -12,7 +12,7 @@ from typing import NoReturn
 
 STEP_DEADLINE_ENV = "GPU_CHECK_STEP_DEADLINE"
 """Set by a supervisor (benchmarks/gpu_check.py) for each process group it starts: the epoch second at which the
-group is stopped, so a step that can end cleanly (benchmarks/profile_step.py) stops before."""
+group is stopped, so a step that can end cleanly (``benchmarks.step --measure profile``) stops before."""
 
 
 def exit_process(code: int) -> NoReturn:
