@@ -66,6 +66,27 @@ def test_bad_input_is_one_line_naming_the_flag_before_any_set_up(argv, says, cap
     assert says in err and "Traceback" not in err
 
 
+def test_unusable_files_are_one_line_and_exit_2_before_any_set_up(tmp_path, capsys):
+    """(Were tests/test_bad_input.py's train_step_ds cases.) A --json that cannot be written, a missing shard or
+    vocabulary: one line naming it, before minutes of set-up."""
+    tu.write_vocab(tmp_path / "vocab.txt")
+    tu.write_shard(tmp_path / "shard", num_docs=4)
+    (tmp_path / "file").write_text("")
+    d = str(tmp_path)
+    cases = [
+        (["--measure", "time", "--json", f"{d}/file/x.json"], f"--json {d}/file/x.json: {d}/file is a file"),
+        (["--measure", "memory", "--json", d], f"--json {d} is a directory"),
+        (["--measure", "host", "--json", f"{d}/file/x.json"], f"--json {d}/file/x.json: {d}/file is a file"),
+        (["--measure", "profile", "--trace", f"{d}/file/t.json"], f"--trace {d}/file/t.json: {d}/file is a file"),
+        (["--measure", "time", "--data-path", f"{d}/gone", "--vocab-file", f"{d}/vocab.txt"], "gone.idx: file not"),
+        (["--measure", "profile", "--data-path", f"{d}/shard", "--vocab-file", f"{d}/gone"], "which does not exist"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("benchmarks.step: error: ") and says in err and "\n" not in err, err
+
+
 # ------------------------------------------------------------------------------------- the model of a case (#48)
 def _shape(kernel: str) -> Namespace:
     return Namespace(hidden=64, layers=2, heads=4, vocab_size=30522, kernel=kernel)
