@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    first = argparse.ArgumentParser(add_help=False)
+    first = argparse.ArgumentParser(prog="python -m benchmarks.step", add_help=False)
     first.add_argument("--measure", choices=list(MEASURES))
     measure = first.parse_known_args(argv)[0].measure
     p = build_parser(measure)

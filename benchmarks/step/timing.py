@@ -64,7 +64,7 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
         "tflops": fpt * tokens / step_s / 1e12,
         "mfu": (fpt * tokens / step_s / 1e12) / peak if peak else None,
         "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-        "kernel_requested": args.kernel,
+        "kernel_requested": ts.config.attention.kernel,  # --kernel for the sparse variants, auto for dense
         "kernel_used": ts.kernels_used() or args.kernel,
         "attention_mask_passed": any("attention_mask" in d for d in ts.feed),
         "batches": "data pipeline" if args.data_path else "synthetic",
