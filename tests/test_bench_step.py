@@ -66,6 +66,15 @@ def test_bad_input_is_one_line_naming_the_flag_before_any_set_up(argv, says, cap
     assert says in err and "Traceback" not in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+@pytest.mark.parametrize("measure", ["time", "profile", "memory"])
+def test_device_cuda_is_refused_cleanly_without_a_gpu(measure, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--measure", measure, "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--device cuda: no CUDA GPU here" in err and "Traceback" not in err
+
+
 def test_unusable_files_are_one_line_and_exit_2_before_any_set_up(tmp_path, capsys):
     """(Were tests/test_bad_input.py's train_step_ds cases.) A --json that cannot be written, a missing shard or
     vocabulary: one line naming it, before minutes of set-up."""
