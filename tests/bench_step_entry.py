@@ -1,5 +1,7 @@
-"""Run by tests/test_bench_step.py: several ``python -m benchmarks.step`` command lines in one process (one import of
-torch and DeepSpeed for all of them; each run makes and destroys its own process group, as the command does).
+"""Run by tests/test_bench_step.py: several ``python -m benchmarks.step`` command lines in one process: one import of
+torch and DeepSpeed and one process group for all of them (DeepSpeed keeps its groups registered: a second process
+group in the same process is refused, so the command's own set-up is handed the first one and its teardown waits for
+the last command).
 
     python tests/bench_step_entry.py OUT.json '[["--measure", "time", ...], ["--measure", "host", ...]]'
 
@@ -10,16 +12,23 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import pretrain.distributed as distributed  # noqa: E402
+from benchmarks.step import engine  # noqa: E402
 from benchmarks.step.cli import main  # noqa: E402
 
 
 def run_all(out: str, commands: list[list[str]]) -> None:
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # every command here runs on the CPU (--device cpu)
+    device = engine.init_single_rank()
+    engine.init_single_rank = lambda: device  # benchmarks.step.cli imports both when it runs
+    destroy, distributed.destroy_distributed = distributed.destroy_distributed, lambda: None
     results = []
     for argv in commands:
         printed = io.StringIO()
@@ -30,6 +39,7 @@ def run_all(out: str, commands: list[list[str]]) -> None:
                 rc, printed = 99, io.StringIO(printed.getvalue() + f"\n{type(e).__name__}: {e}")
         results.append({"argv": argv, "rc": rc, "output": printed.getvalue()[-6000:]})
         Path(out).write_text(json.dumps(results))
+    destroy()
 
 
 if __name__ == "__main__":
