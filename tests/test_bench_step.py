@@ -339,10 +339,10 @@ def test_memory_reports_a_training_step_by_category(runs):
     result, output = _ok(runs, "memory")
     (row,) = result["rows"]
     assert row["variant"] == "dense" and row["seq_len"] == 64
-    assert row["kernel_used"] == "dense"  # --kernel block_gather is the sparse variants' (issue #48)
-    assert {"parameter", "optimizer_state"} <= set(row["by_category_mib"])  # what else is live depends on the config
+    assert row["kernel_used"] == "dense", output[-3000:]  # --kernel block_gather is the sparse variants' (issue #48)
+    assert {"parameter", "optimizer_state"} <= set(row["by_category_mib"]), row  # what else is live: the config's
     assert sum(row["by_category_mib"].values()) == pytest.approx(row["peak_mib"], rel=1e-6)
-    assert "| case | peak MiB |" in output
+    assert "| case | peak MiB |" in output, output[-3000:]
 
 
 @pytest.mark.slow
