@@ -15,7 +15,6 @@ import ast
 import dataclasses
 import importlib
 import inspect
-import sys
 import types
 import typing
 from functools import lru_cache
@@ -35,39 +34,6 @@ def cli(
 
     ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names)."""
     return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip}}
-
-
-_warned: set[str] = set()
-
-
-class _DeprecatedAlias(argparse.Action):
-    """An old flag spelling: warns once per process, naming the new flag, then acts as the new flag's action."""
-
-    def __init__(self, option_strings: list[str], dest: str, target: argparse.Action, **kw: Any) -> None:
-        super().__init__(option_strings, dest, **kw)
-        self.target = target
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # noqa: ANN001 (argparse's API)
-        new = self.target.option_strings[0]
-        if option_string not in _warned:
-            _warned.add(option_string)
-            print(
-                f"warning: {option_string} is deprecated and will be removed in the next release; use {new}",
-                file=sys.stderr,
-                flush=True,
-            )
-        self.target(parser, namespace, values, new)
-
-
-def add_deprecated_alias(group: argparse._ActionsContainer, action: argparse.Action, *old: str) -> None:
-    """Accept the old spellings ``old`` of ``action``'s flag: each parses to the same value as the new flag and
-    prints one deprecation line (once per process) naming the new flag. Goes with its last callers (two benchmarks
-    being rewritten in issue #46): no release was made, so a renamed flag keeps no old spelling."""
-    same = {k: getattr(action, k) for k in ("dest", "nargs", "type", "choices", "metavar")}  # parses as the new flag
-    for name in old:
-        group.add_argument(
-            name, action=_DeprecatedAlias, target=action, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **same
-        )
 
 
 @lru_cache(maxsize=None)

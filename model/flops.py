@@ -1,5 +1,5 @@
 """Model FLOPs per trained token: the one formula the trainer's log (TFLOP/s, MFU) and the benchmarks
-(benchmarks/train_step_ds.py, benchmarks/profile_step.py) count with.
+(``python -m benchmarks.step``: benchmarks/step/) count with.
 
 "Model FLOPs" (no recomputation; forward + backward = 3 x forward; a multiply-add is 2 FLOPs), per token:
 - the encoder's matmuls: 6 x L x (Q, K, V and output projections 4 h a + the feed-forward 2 h f, 3 h f for GLU),

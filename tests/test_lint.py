@@ -114,9 +114,6 @@ def test_the_cycle_check_sees_lazy_relative_and_from_package_imports(tmp_path):
     assert find_cycle(import_graph(mods)) is None
 
 
-#: Files that still hold a deprecated flag spelling while the benchmarks are rewritten (issue #46): empty once they
-#: are merged, and common/cli.py's add_deprecated_alias goes with its last caller.
-SHIMS_LEFT = {"common/cli.py", "benchmarks/train_step_ds.py"}
 SHIM = re.compile(r"warn\((?:[^()]|\([^()]*\))*DeprecationWarning|deprecated_alias|is deprecated")
 
 
@@ -135,12 +132,7 @@ def test_no_release_shims():
     """No release was ever made, so nothing keeps an old module path, name or flag alive: a rename changes every
     caller and the CHANGELOG names the new spelling (the shims were removed in issue #46)."""
     found = {str(p.relative_to(REPO)): s for p in _our_modules().values() if (s := release_shims(p))}
-    extra = {k: v for k, v in found.items() if k not in SHIMS_LEFT}
-    assert not extra, f"release shims (remove them, update the callers): {extra}"
-    gone = SHIMS_LEFT - set(found)
-    assert not gone, (
-        f"no shim left in {sorted(gone)}: take them off SHIMS_LEFT (and add_deprecated_alias off common/cli.py)"
-    )
+    assert not found, f"release shims (remove them, update the callers): {found}"
 
 
 def test_the_shim_check_sees_warnings_aliases_and_module_getattr(tmp_path):

@@ -1,5 +1,5 @@
-"""Measurement helpers shared by tools/profile_memory.py and benchmarks/: synthetic batches, tensor bytes, the
-bytes autograd saves for backward, and best-of-n step timing (wall and process CPU time)."""
+"""Measurement helpers of tools/profile_memory.py and the benchmarks: synthetic batches, tensor bytes, the bytes
+autograd saves for backward, and best-of-n step timing (wall and process CPU time)."""
 
 from __future__ import annotations
 

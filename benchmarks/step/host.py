@@ -1,4 +1,4 @@
-"""The host's cost of a training step, per phase, for each bf16 DeepSpeed config: measured on CPU.
+"""``--measure host``: the host's cost of a training step, per phase, for each bf16 DeepSpeed config: measured on CPU.
 
 The H200 profile (docs/performance.md) found the bert-base step host-bound: at batch 32 the GPU idles half the step
 while the host runs DeepSpeed ZeRO's per-parameter gradient hooks, per-parameter norms and dtype casts. Those are
@@ -19,28 +19,24 @@ one flat tensor per group: a few operators either way.)
 
 The model is bert-base's layout (12 layers, the same parameter tensors) at a tiny width (``--hidden 64``), batch 1,
 N=16 by default: the kernels are then negligible and the wall time per step is the host's per-operator work (the
-optimizer's memory traffic of a full-width bert-base would hide it on CPU). The step is the one
-benchmarks/train_step_ds.py times and benchmarks/profile_step.py profiles (DeepSpeed's engine, the trainer's inputs
-and its --clip-grad default). Host ms are medians of ``--steps`` timed steps, without the counter.
-
-    python -m benchmarks.host_overhead --json host_overhead.json
-    python -m benchmarks.host_overhead --configs zero1_bf16.json zero1_bf16_nohooks.json --hidden 768
+optimizer's memory traffic of a full-width bert-base would hide it on CPU). The step is the one ``--measure time``
+times and ``--measure profile`` profiles (DeepSpeed's engine, the trainer's inputs and its --clip-grad default). Host
+ms are the best of ``--steps`` timed steps, without the counter.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.train_step_ds import Case, TrainStep
+from benchmarks.report import markdown_table
+from benchmarks.step.case import Case
+from benchmarks.step.engine import TrainStep
 
 PHASES = ("forward", "autograd", "engine_backward", "step", "other")
 """The phases of a step an operator is counted in (module docstring)."""
@@ -178,74 +174,39 @@ def measure(config: str, args, device: torch.device) -> dict:
         ts.close()
 
 
-def markdown(rows: list[dict], machine: str) -> list[str]:
+def markdown(result: dict) -> list[str]:
     """The table: aten operators per step by phase and host ms, each with its ratio to the first row."""
+    rows = result["rows"]
     base = rows[0]
-    out = [
-        f"Host cost of one training step ({machine}; bert-base layout, {base['param_tensors']} parameter tensors; "
-        "aten operators dispatched per step, by phase; ratios to the first row)",
-        "",
-        "| config | " + " | ".join(PHASES) + " | total | of which torch's optimizer | host ms/step |",
-        "|---|" + "---:|" * (len(PHASES) + 3),
+    shown = [
+        r["ops"]
+        | {
+            "config": r["config"],
+            "total": f"{r['ops_total']} ({r['ops_total'] / base['ops_total']:.2f}x)",
+            "optimizer": r["ops_in_torch_optimizer"],
+            "ms": f"{r['host_ms']:.1f} ({r['host_ms'] / base['host_ms']:.2f}x)",
+        }
+        for r in rows
     ]
-    for r in rows:
-        cells = [f"{r['ops'][p]}" for p in PHASES]
-        ratio = r["ops_total"] / base["ops_total"]
-        ms = f"{r['host_ms']:.1f} ({r['host_ms'] / base['host_ms']:.2f}x)"
-        total = f"{r['ops_total']} ({ratio:.2f}x)"
-        out.append(f"| {r['config']} | " + " | ".join(cells) + f" | {total} | {r['ops_in_torch_optimizer']} | {ms} |")
-    return out
+    columns = [("config", "config"), *((p, p) for p in PHASES), ("total", "total")]
+    columns += [("optimizer", "of which torch's optimizer"), ("ms", "host ms/step")]
+    return [
+        f"Host cost of one training step ({result['machine']}; bert-base layout, {base['param_tensors']} parameter "
+        "tensors; aten operators dispatched per step, by phase; ratios to the first row)",
+        "",
+        *markdown_table(shown, columns),
+    ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
+def run(args, device: torch.device, write) -> dict:
+    """Every config's row, ``write(result)`` at the end."""
+    import platform
 
-    return run_entry("benchmarks.host_overhead", _main, argv)
-
-
-def _main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.host_overhead",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), help="ds_configs/ files (bf16) to compare")
-    p.add_argument("--hidden", type=int, default=64, help="width of the bert-base layout (768: bert-base itself)")
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--vocab-size", type=int, default=1024)
-    p.add_argument("--seq-len", type=int, default=16)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--top", type=int, default=8, help="the most frequent operators listed per phase in the JSON")
-    p.add_argument("--json", help="write the rows here")
-    args = p.parse_args(argv)
-    repo = Path(__file__).resolve().parents[1]
-    for c in args.configs:
-        if not (repo / "ds_configs" / c).is_file():
-            p.error(f"--configs {c}: no such file in {repo / 'ds_configs'}")
-    args.heads = max(1, args.hidden // 64)
-    args.kernel, args.data_path = "auto", None
-    args.tokens = args.batch * args.seq_len
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    from benchmarks.train_step_ds import _init_single_rank, _write_json
-
-    device = _init_single_rank()
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
-    rows = []
+    result = {"machine": machine, "rows": []}
     for c in args.configs:
-        rows.append(measure(c, args, device))
-        r = rows[-1]
-        print(f"[host_overhead] {c}: {r['ops_total']} ops ({r['ops']}), {r['host_ms']:.1f} ms", flush=True)
-    print("\n".join(markdown(rows, machine)), flush=True)
-    if args.json:
-        _write_json(args.json, {"machine": machine, "args": vars(args), "rows": rows})
-    from pretrain.distributed import destroy_distributed
-
-    destroy_distributed()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        r = measure(c, args, device)
+        result["rows"].append(r)
+        print(f"[step host] {c}: {r['ops_total']} ops ({r['ops']}), {r['host_ms']:.1f} ms", flush=True)
+    write(result)
+    return result

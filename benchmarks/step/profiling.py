@@ -1,5 +1,5 @@
-"""Where the training step's time goes: the step of benchmarks/train_step_ds.py (DeepSpeed's engine, the trainer's
-own batches and inputs) under torch.profiler, in variants side by side.
+"""``--measure profile``: where the training step's time goes: the step of ``--measure time`` (DeepSpeed's engine,
+the trainer's own batches and inputs) under torch.profiler, in step variants side by side.
 
 Per variant: the top kernels (CUDA kernels on a GPU, aten operators on CPU) with their share of the step's wall
 time, the device's busy fraction (kernel time / wall time), host syncs per step and where they are made, peak
@@ -7,31 +7,25 @@ memory, tokens/s, TFLOP/s and MFU (model/flops.py, pretrain/throughput.py), and 
 variant's profiled steps are written as a chrome trace (``--trace``, gzipped when the name ends in .gz) to study
 afterwards (chrome://tracing, https://ui.perfetto.dev).
 
-Variants (:data:`VARIANTS`, in priority order: the most informative first) differ from the base (N=512, batch 32,
-ZeRO-1, attention dropout 0.1, --sample-mode rows with an attention mask where padded, eager) in one setting each:
-compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0 (which
-lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document masks),
-ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
+Variants (:data:`STEP_VARIANTS`, in priority order: the most informative first) differ from the base (N=512, batch
+32, ZeRO-1, attention dropout 0.1, --sample-mode rows with an attention mask where padded, eager) in one setting
+each: compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0
+(which lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document
+masks), ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
 per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json).
 ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
-bounds the run: a variant is started only when the time left exceeds the longest variant so
-far (compiled: twice that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly
-with what it has.
+bounds the run: a variant is started only when the time left exceeds the longest variant so far (compiled: twice
+that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly with what it has.
 
 Host syncs: on CUDA ``torch.cuda.set_sync_debug_mode("warn")`` is on during the counted step and every warning is
 counted at the Python line that made it; on CPU (no such mode) tools/host_syncs.py counts what that mode would flag
 (value reads and blocking copies of tensors that would live on the device, data-dependent shapes, DeepSpeed's
 accelerator ``synchronize``), by function.
-
-    python -m benchmarks.profile_step --data-path D/sample_text_sentence --vocab-file D/vocab.txt --json p.json  # GPU
-    python -m benchmarks.profile_step --model-preset tiny --device cpu --seq-len 64 --batch 2 --variants eager packed
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -41,13 +35,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.train_step_ds import TOKENS_PER_STEP, Case, TrainStep, sync
+from benchmarks.report import markdown_table
+from benchmarks.step.case import Case
+from benchmarks.step.engine import TrainStep, sync
 from common.process import STEP_DEADLINE_ENV
-from model.presets import PRESETS
 from pretrain.throughput import peak_tflops
 
 TOP_KERNELS = 15
-VARIANTS: dict[str, dict] = {
+STEP_VARIANTS: dict[str, dict] = {
     "eager": {},
     "zero1_overlap": {"ds_config": "zero1_bf16_overlap.json"},
     "zero0_autocast": {"ds_config": "zero0_bf16_autocast.json", "zero": 0},
@@ -59,15 +54,16 @@ VARIANTS: dict[str, dict] = {
     "zero0": {"zero": 0},
     "zero2": {"zero": 2},
 }
-"""Variant name -> what it changes from the base case; the order is the priority order. A variant with a
-``ds_config`` names a bf16 file (benchmarks/host_overhead.py counts their host work on CPU): run with bf16 only."""
+"""Variant name (``--variants`` of ``--measure profile``) -> what it changes from the base case; the order is the
+priority order. A variant with a ``ds_config`` names a bf16 file (``--measure host`` counts their host work on CPU):
+run with bf16 only."""
 MARGIN_S = 5.0
 """Kept back before the deadline to write the JSON and leave."""
 
 
 def variant_case(name: str, base: Case) -> Case:
     """The :class:`Case` of variant ``name``: the base with its one change."""
-    change = dict(VARIANTS[name])
+    change = dict(STEP_VARIANTS[name])
     factor = change.pop("batch_factor", 1)
     return replace(base, batch=base.batch * factor, **change)
 
@@ -139,6 +135,8 @@ def profile_variant(name: str, case: Case, args, device: torch.device, trace: st
     syncs of one more step; the row of the report."""
     from torch.profiler import ProfilerActivity, profile
 
+    from pretrain.trainer import peak_memory_mb
+
     t0 = time.perf_counter()
     ts = TrainStep(case, args, device)
     try:
@@ -163,8 +161,6 @@ def profile_variant(name: str, case: Case, args, device: torch.device, trace: st
         with counter:
             ts.step()
         sync(device)
-        from pretrain.trainer import peak_memory_mb
-
         step_s = statistics.median(times)
         tokens = statistics.mean(ts.real_tokens)
         tflops = ts.flops_per_token * tokens / step_s / 1e12
@@ -202,15 +198,8 @@ def _deadline(args) -> float | None:
     return min(ends) - MARGIN_S if ends else None
 
 
-def _write(path: str | None, result: dict) -> None:
-    if path:
-        from benchmarks.train_step_ds import _write_json
-
-        _write_json(path, result)
-
-
-def run(args, device: torch.device, name: str) -> dict:
-    """Every variant in priority order while the time allows; the JSON rewritten after each."""
+def run(args, device: torch.device, name: str, write) -> dict:
+    """Every variant in priority order while the time allows; ``write(result)`` after each."""
     deadline = _deadline(args)
     base = Case(precision=args.precision, seq_len=args.seq_len, batch=args.batch)
     result = {"device": name, "preset": args.model_preset, "rows": [], "left_out": [], "complete": False}
@@ -219,12 +208,12 @@ def run(args, device: torch.device, name: str) -> dict:
         case = variant_case(v, base)
         if case.ds_config and case.precision != "bf16":
             result.setdefault("not_run", {})[v] = f"{case.ds_config} is a bf16 config; this run is {case.precision}"
-            print(f"[profile_step] not run {v}: {result['not_run'][v]}", flush=True)
+            print(f"[step profile] not run {v}: {result['not_run'][v]}", flush=True)
             continue
         need = max(2 * longest, args.compile_estimate_s) if case.compile else longest
         if deadline is not None and time.time() + need > deadline:  # a later, cheaper variant may still fit
             result["left_out"].append(v)
-            print(f"[profile_step] left out {v}: {need:.0f} s needed, {deadline - time.time():.0f} s left", flush=True)
+            print(f"[step profile] left out {v}: {need:.0f} s needed, {deadline - time.time():.0f} s left", flush=True)
             continue
         t0 = time.time()
         try:
@@ -233,10 +222,9 @@ def run(args, device: torch.device, name: str) -> dict:
             row = {"variant": v, "case": asdict(case), "error": f"{type(e).__name__}: {e}"}
         longest = max(longest, time.time() - t0)
         result["rows"].append(row)
-        print("[profile_step] " + row_line(row), flush=True)
-        _write(args.json, result)
+        print("[step profile] " + row_line(row), flush=True)
+        write(result)
     result["complete"] = not result["left_out"]
-    _write(args.json, result)
     return result
 
 
@@ -251,119 +239,63 @@ def row_line(r: dict) -> str:
     )
 
 
+def _shown(r: dict) -> dict:
+    """A row's cells for the variants table."""
+    c = r["case"]
+    return r | {
+        "seq_len": c["seq_len"],
+        "batch": c["batch"],
+        "zero": f"{c['zero']} (`{c['ds_config']}`)" if c.get("ds_config") else c["zero"],
+        "attention_dropout": c["attention_dropout"],
+        "rows": "packed" if c.get("sample_mode") == "packed-docs" else f"padded ({100 * r['padding_share']:.0f}% pad)",
+        "compiled": "yes" if c["compile"] else "no",
+        "mfu": "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%",
+    }
+
+
+VARIANT_COLUMNS = [
+    ("variant", "variant"),
+    ("seq_len", "N"),
+    ("batch", "batch"),
+    ("zero", "ZeRO"),
+    ("attention_dropout", "attn dropout"),
+    ("rows", "rows"),
+    ("compiled", "compiled"),
+    ("kernel_used", "kernel"),
+    ("step_s", "ms", lambda s: f"{1e3 * s:.1f}"),
+    ("tokens_per_s", "tokens/s", ".0f"),
+    ("tflops", "TFLOP/s", ".3g"),
+    ("mfu", "MFU"),
+    ("busy_fraction", "busy", lambda f: f"{100 * f:.0f}%"),
+    ("host_syncs_per_step", "host syncs/step"),
+    ("peak_memory_mib", "peak MiB", ".0f"),
+]
+KERNEL_COLUMNS = [
+    ("name", "kernel", lambda n: f"`{n.replace('|', '/')[:100]}`"),
+    ("ms_per_step", "ms/step", ".2f"),
+    ("share", "share", lambda s: f"{100 * s:.1f}%"),
+    ("calls_per_step", "calls/step", "g"),
+]
+
+
 def markdown(result: dict) -> list[str]:
     """The report's profile section: the variants side by side, then the first variant's top kernels."""
     rows = [r for r in result.get("rows", []) if "error" not in r]
     if not rows:
         return []
+    first = rows[0]
     out = [
         "",
         f"### Step profile ({result.get('device')}, {result.get('preset')}; wall time per step, kernel time / wall)",
-        "",
-        "| variant | N | batch | ZeRO | attn dropout | rows | compiled | kernel | ms | tokens/s | TFLOP/s | MFU | busy "
-        "| host syncs/step | peak MiB |",
-        "|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        c = r["case"]
-        mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-        packed = "packed" if c.get("sample_mode") == "packed-docs" else f"padded ({100 * r['padding_share']:.0f}% pad)"
-        zero = f"{c['zero']} (`{c['ds_config']}`)" if c.get("ds_config") else c["zero"]
-        out.append(
-            f"| {r['variant']} | {c['seq_len']} | {c['batch']} | {zero} | {c['attention_dropout']} | {packed} | "
-            f"{'yes' if c['compile'] else 'no'} | {r['kernel_used']} | {r['step_s'] * 1e3:.1f} | "
-            f"{r['tokens_per_s']:.0f} | {r['tflops']:.3g} | {mfu} | {100 * r['busy_fraction']:.0f}% | "
-            f"{r['host_syncs_per_step']} | {r['peak_memory_mib']:.0f} |"
-        )
-    first = rows[0]
+    out += ["", *markdown_table([_shown(r) for r in rows], VARIANT_COLUMNS)]
     out += [
         "",
         f"Top kernels of `{first['variant']}` ({first['kernels_total']} distinct; share of the step's wall time):",
-        "",
-        "| kernel | ms/step | share | calls/step |",
-        "|---|---:|---:|---:|",
     ]
-    for k in first["top_kernels"]:
-        name = k["name"].replace("|", "/")
-        out.append(f"| `{name[:100]}` | {k['ms_per_step']:.2f} | {100 * k['share']:.1f}% | {k['calls_per_step']:g} |")
+    out += ["", *markdown_table(first["top_kernels"], KERNEL_COLUMNS)]
     sites = ", ".join(f"{s} x{n}" for s, n in first["host_sync_sites"].items()) or "none"
     out += ["", f"Host syncs of `{first['variant']}` per step, by site: {sites}."]
     if result.get("left_out"):
         out += ["", f"Left out at the time limit: {', '.join(result['left_out'])}."]
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one line and exit 2 (common.errors.run_entry)."""
-    from common.errors import run_entry
-
-    return run_entry("benchmarks.profile_step", _main, argv)
-
-
-def _main(argv: list[str]) -> int:
-    from common.outputs import check_file_writable
-
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.profile_step",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model-preset", choices=sorted(TOKENS_PER_STEP), default="bert-base")
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch", type=int, default=32, help="micro-batch of the base case (batch_x2/x4 multiply it)")
-    p.add_argument("--precision", choices=["fp16", "bf16"], default="bf16")
-    p.add_argument("--kernel", default="auto")
-    p.add_argument("--vocab-size", type=int, default=30522)
-    p.add_argument("--data-path", help="the trainer's batches of this shard prefix (else synthetic ids)")
-    p.add_argument("--vocab-file", help="with --data-path: the shard's WordPiece vocab")
-    p.add_argument("--tokenizer-type", default="BertWordPieceLowerCase")
-    p.add_argument(
-        "--sample-mode",
-        default="full-sentences",
-        help="rows of the base case: full-sentences (gpu_check's train_step: rows filled, few padded) or doc-sentences "
-        "(the paper set-ups'; on the sample corpus 70%% padding at N=512)",
-    )
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=2, help="profiled steps per variant")
-    p.add_argument(
-        "--compile-estimate-s",
-        type=float,
-        default=60.0,
-        help="the least time the compiled variant is started with (compiling bert-base takes about a minute)",
-    )
-    p.add_argument("--budget-s", type=float, help="stop starting variants when this is spent (see the docstring)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--json", help="write the rows here (after every variant)")
-    p.add_argument("--trace", help="the first variant's chrome trace (.json, or .json.gz)")
-    args = p.parse_args(argv)
-    if args.data_path and not args.vocab_file:
-        p.error("--data-path needs --vocab-file (the shard's vocabulary)")
-    if "packed" in args.variants and not args.data_path:
-        p.error("--variants packed needs --data-path (packed rows come from the data pipeline)")
-    for f, flag in ((args.json, "--json"), (args.trace, "--trace")):
-        if f:
-            check_file_writable(f, flag)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
-    preset = PRESETS[args.model_preset]
-    args.hidden, args.layers, args.heads = preset["hidden_size"], preset["num_layers"], preset["num_attention_heads"]
-    args.tokens = args.batch * args.seq_len
-    args.compile = False
-    if args.device == "cpu":
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    from benchmarks.train_step_ds import _init_single_rank
-
-    device = _init_single_rank()
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"[profile_step] device {name}; {args.model_preset}; variants {' '.join(args.variants)}", flush=True)
-    result = run(args, device, name)
-    print("\n".join(markdown(result)), flush=True)
-    from pretrain.distributed import destroy_distributed
-
-    destroy_distributed()
-    return 1 if any("error" in r for r in result["rows"]) else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
