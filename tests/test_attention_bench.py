@@ -140,3 +140,14 @@ def test_masks_memory_and_flex_tiles_canaries(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| layout | N |") and len(lines) == 2 + len(TUNED_LAYOUTS)
     assert "| fixed_b64 | 256 |" in "\n".join(lines)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+@pytest.mark.parametrize("measure", ["time", "tiles"])
+def test_device_cuda_is_refused_cleanly_without_a_gpu(measure, tmp_path, capsys):
+    """(Was tests/test_gpu_check.py's benchmark case.) One line and exit 2, not a CUDA traceback."""
+    out = ["--out-dir", str(tmp_path / "x")] if measure == "time" else ["--json", str(tmp_path / "x.json")]
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--measure", measure, "--device", "cuda", *out])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--device cuda: no CUDA GPU here" in err and "Traceback" not in err

@@ -369,3 +369,20 @@ def test_host_the_shipped_bf16_steps_do_no_per_parameter_work_in_deepspeed(runs)
     assert autocast["ops"]["engine_backward"] <= 1, autocast["top_ops"]
     assert autocast["ops"]["step"] - autocast["ops_in_torch_optimizer"] + autocast["ops"]["other"] <= AUTOCAST_STEP
     assert f"| zero1_bf16.json | {shipped['ops']['forward']} |" in output
+
+
+def test_cases_parse_and_compare():
+    """(Was tests/test_gpu_check.py's train_step case.) VARIANT@N, a one-line error for anything else, and the n=2 /
+    dense ratios only where both were measured."""
+    from benchmarks.step.case import parse_cases
+    from benchmarks.step.timing import comparisons
+
+    assert parse_cases(["dense@512", "blockbert-n2@4096"]) == [("dense", 512), ("blockbert-n2", 4096)]
+    with pytest.raises(ValueError, match="VARIANT@N"):
+        parse_cases(["dense4096"])
+    rows = [
+        {"variant": "dense", "precision": "bf16", "seq_len": 4096, "step_s": 0.4, "peak_memory_mib": 1000.0},
+        {"variant": "blockbert-n2", "precision": "bf16", "seq_len": 4096, "step_s": 0.2, "peak_memory_mib": 600.0},
+        {"variant": "dense", "precision": "bf16", "seq_len": 512, "step_s": 0.1, "peak_memory_mib": 100.0},
+    ]
+    assert comparisons(rows) == [{"precision": "bf16", "seq_len": 4096, "step_ratio": 0.5, "memory_ratio": 0.6}]
