@@ -58,6 +58,7 @@ def _run(tmp_path, name: str, *extra: str, samples: int = 64, global_batch: int 
     return tu.train_records(tmp_path / f"{name}.jsonl"), p.stdout
 
 
+@pytest.mark.extended  # ~45 s of 2-rank launches; the ramp itself is unit-tested here
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)

@@ -34,6 +34,7 @@ exit_process(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.extended  # ~17 s of launches; bounded-exit canary: the lost-peer cases
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 def test_every_process_group_has_the_run_timeout(tmp_path):
@@ -53,6 +54,7 @@ def test_every_process_group_has_the_run_timeout(tmp_path):
         assert int(groups) >= 2, found  # the world and at least one DeepSpeed group
 
 
+@pytest.mark.extended  # ~30 s: waits out the watchdog
 @pytest.mark.timeout(600)
 def test_the_watchdog_ends_a_rank_that_stalls_outside_any_collective(tmp_path):
     """A main thread that hangs (SPARSEBERT_FAULT_STALL): the watchdog ends the rank after the timeout + grace,
@@ -171,12 +173,14 @@ def _start(kind: str, args: list[str], log: Path, **env_extra: str) -> subproces
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(
     "kind, handler, how",
-    [  # deepspeed and torchrun: extended check (CI time); passed 3 runs in a row while a CI run loaded the box
+    [  # all in the extended tier (~20 s each); the default tier's signal canary is tests/test_exit_signal.py
         pytest.param("deepspeed", True, "SIGTERM", marks=pytest.mark.extended),
         pytest.param("deepspeed", False, "SIGTERM", marks=pytest.mark.extended),
         pytest.param("torchrun", True, "SIGTERM", marks=pytest.mark.extended),
-        ("mpirun", True, "SIGTERM"),
-        ("script", True, "SIGTERM"),  # our run_scripts/: bash dies, its deepspeed runner is left to the ranks' watch
+        pytest.param("mpirun", True, "SIGTERM", marks=pytest.mark.extended),
+        pytest.param(
+            "script", True, "SIGTERM", marks=pytest.mark.extended
+        ),  # our run_scripts/: bash dies, its deepspeed runner is left to the ranks' watch
         pytest.param("script", True, "SIGKILL", marks=pytest.mark.extended),  # nothing can catch it: the ranks' watch
         pytest.param("deepspeed", True, "ctrl-c", marks=pytest.mark.extended),  # SIGINT to the whole foreground group
     ],

@@ -53,6 +53,7 @@ def _copy(run: Path, dst: Path, tags=(2, 4)) -> Path:
     return dst
 
 
+@pytest.mark.extended  # the module's 2-rank ZeRO-3 run (~35 s) serves only this tier
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
@@ -73,6 +74,7 @@ def _kinds(run: Path) -> list[str]:
     return ck.tag_files(run / "ckpt" / ck.tag_for(4)) + [ck.COMMIT_MARKER]
 
 
+@pytest.mark.extended  # needs the module's 2-rank run
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
@@ -96,6 +98,7 @@ def test_each_damaged_file_is_named_and_resume_falls_back(run, tmp_path, how):
         assert str(bad) in str(e.value)
 
 
+@pytest.mark.extended  # needs the module's 2-rank run
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
@@ -110,6 +113,7 @@ def test_none_verifies_is_an_error_listing_each(run, tmp_path):
     )
 
 
+@pytest.mark.extended  # needs the module's 2-rank run
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
@@ -126,6 +130,7 @@ def test_old_marker_without_checksums_loads_unverified(run, tmp_path):
     assert (out / "config.json").is_file()
 
 
+@pytest.mark.extended  # needs the module's 2-rank run
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(900)

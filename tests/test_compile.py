@@ -110,7 +110,9 @@ def test_the_boolean_mask_head_breaks_the_graph():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(  # the default tier's compile canary is dense; the families ~10-15 s each
+    "case", [pytest.param(c, marks=() if c == "dense" else pytest.mark.extended) for c in CASES]
+)
 def test_compiled_step_equals_eager(case):
     """Two AdamW steps, dropout 0.1, inductor on CPU: losses, every gradient and every updated weight equal eager's
     within float tolerance, in one graph."""
@@ -134,6 +136,7 @@ def test_compiled_step_equals_eager(case):
             torch.testing.assert_close(g["weights"][name], w["weights"][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.extended  # ~25 s; the compile canary: test_compiled_step_equals_eager[dense] and the trainer's graph count
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_trainer_with_compile_logs_the_eager_losses(tmp_path):

@@ -46,6 +46,7 @@ def test_mpirun(data):
     check(tu.launch("mpirun", tu.train_args(data, "zero3_fp32.json", 2)))
 
 
+@pytest.mark.extended  # ~25 s; deepspeed launches in every multi-rank test, openmpi in tests/test_multinode.py
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed (run_scripts/setup_env.sh)")
 def test_deepspeed_hostfile_openmpi(data, tmp_path):
     hostfile = tmp_path / "hostfile"

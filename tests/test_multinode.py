@@ -78,6 +78,7 @@ def _pdsh(c: NetnsCluster, hostfile: Path) -> tuple[list[str], dict[str, str]]:
     return tu.deepspeed_pdsh(hostfile, c.addresses[0], " ".join(c.ssh_options))
 
 
+@pytest.mark.extended  # ~60 s; the default tier's multi-host canary: test_deepspeed_openmpi_launcher_across_two_hosts
 @pytest.mark.timeout(900)
 def test_deepspeed_pdsh_across_two_hosts_trains_saves_and_resumes_exactly(cluster, tmp_path):
     data = tu.prepare(tmp_path)
@@ -189,7 +190,7 @@ def _rank_pid(cluster: NetnsCluster, host: int) -> int | None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     "fault",
-    ["link_down", pytest.param("sigstop", marks=pytest.mark.extended)],  # CI's budget: sigstop in repeat_check.sh
+    [pytest.param(f, marks=pytest.mark.extended) for f in ("link_down", "sigstop")],  # ~25 s each after the cluster
 )
 def test_a_peer_that_stops_answering_ends_the_survivor_in_bounded_time(cluster, tmp_path, fault):
     """Host 1 stops answering without any reset reaching host 0: its link goes down (`ip link set ... down` inside
@@ -310,6 +311,7 @@ def test_the_readmes_multi_host_command_ends_when_a_host_is_lost(cluster, tmp_pa
     assert "2 rank(s), backend gloo" in out, out[-4000:]
 
 
+@pytest.mark.extended  # ~10 s; multi-host canary stays
 @pytest.mark.timeout(600)
 def test_a_wrong_network_interface_fails_in_bounded_time_naming_it(cluster, tmp_path):
     import time
@@ -384,6 +386,7 @@ def test_preprocessing_under_mpirun_across_two_hosts_writes_the_bytes_of_one_pro
         ).read_bytes()
 
 
+@pytest.mark.extended  # multi-host refusal; multi-host canary stays
 @pytest.mark.timeout(600)
 def test_a_node_local_save_directory_stops_the_run_at_start_naming_the_host(tmp_path):
     """Host 1 sees an empty directory of its own at the --save path (a node-local disk, in a mount namespace of its
@@ -497,6 +500,7 @@ def test_sbatch_two_nodes_srun_template_trains_and_a_requeue_resumes_exactly(slu
     assert [r["loss"] for r in recs] == straight  # exact, across the requeue
 
 
+@pytest.mark.extended  # ~10-15 s per launcher after the cluster; Slurm canary: tests/test_slurm.py
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("launcher", ["openmpi", "pdsh"])
 def test_sbatch_two_nodes_deepspeed_template(slurm2, launcher, tmp_path):
@@ -544,6 +548,7 @@ def test_preprocessing_under_srun_across_two_nodes_writes_the_bytes_of_one_proce
         ).read_bytes()
 
 
+@pytest.mark.extended  # multi-host signal; the signal canary is tests/test_exit_signal.py
 @pytest.mark.timeout(900)
 def test_sigterm_to_deepspeed_across_two_hosts_saves_on_every_rank_and_stops(cluster, tmp_path):
     """SIGTERM to `deepspeed --hostfile --launcher pdsh` mid-run with --exit-signal-handler: the runner passes it on

@@ -155,6 +155,7 @@ def test_bad_invocations_are_refused(tmp_path: Path, vocab: Path) -> None:
     assert main(["--out", str(tmp_path), "--train-inputs", "a", "--vocab-file", str(vocab)]) == 2  # no held-out
 
 
+@pytest.mark.extended  # ~40 s of launches
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(300)

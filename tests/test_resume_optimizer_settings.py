@@ -115,6 +115,7 @@ def _losses(path):
     return [r["loss"] for r in tu.train_records(path)]
 
 
+@pytest.mark.extended  # ~30-60 s of 2-rank launches; the settings logic is unit-tested here
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)

@@ -123,6 +123,7 @@ def test_srun_two_tasks_train_in_one_world(cluster, data, tmp_path):
     assert [r["iteration"] for r in recs] == [1, 2] and all(r["loss"] > 0 for r in recs)
 
 
+@pytest.mark.extended  # Slurm canary stays
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
@@ -134,6 +135,7 @@ def test_sbatch_srun_template_trains(straight):
     assert len(straight["losses"]) == ITERS
 
 
+@pytest.mark.extended  # ~30 s; the Slurm canary: test_srun_two_tasks_train_in_one_world
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
@@ -190,6 +192,7 @@ def test_a_peer_that_stops_answering_requeues_the_job_which_resumes(cluster, dat
     assert [last[i] for i in range(1, ITERS + 1)] == straight["losses"]
 
 
+@pytest.mark.extended  # Slurm canary stays
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(400)

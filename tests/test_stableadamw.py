@@ -48,6 +48,7 @@ def test_optimi_stableadamw_follows_the_papers_rule():
     assert clipped >= len(shapes)  # the spike's step was clipped for every tensor
 
 
+@pytest.mark.extended  # ~25 s of launches
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_trains_and_resumes_exactly_and_is_refused_with_zero(tmp_path):

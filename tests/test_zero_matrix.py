@@ -17,7 +17,11 @@ from model.config import ModelConfig
 from model.positions import POSITION_TYPES, SEGMENT_TYPES
 from tests import train_utils as tu
 
-pytestmark = [pytest.mark.slow, pytest.mark.multirank]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.multirank,
+    pytest.mark.extended,
+]  # ~2-3 min in all; canaries: tests/test_train_resume.py, test_convert_checkpoint.py
 N = 32
 ITERS, STOP = 4, 2
 STAGES = (0, 1, 2, 3)
