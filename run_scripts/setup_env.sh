@@ -177,9 +177,12 @@ fi
 # first `deepspeed` launch of a test or of the quickstart does not spend its time limit compiling in silence.
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
 op_stamp="$TORCH_EXTENSIONS_DIR/.shm_op_built"
-if [ ! -f "$op_stamp" ] && .venv/bin/python -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
+# Through the venv's real path: torch keys the build on DeepSpeed's absolute include paths, so a python reached through
+# a link (.venv -> the shared venv) would rebuild it for every checkout; test.sh and the other scripts run it the same way.
+venv_py="$(cd .venv && pwd -P)/bin/python"
+if [ ! -f "$op_stamp" ] && "$venv_py" -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
   echo "[setup] building DeepSpeed's CPU communication op once (1-3 minutes the first time, cached after)"
-  .venv/bin/python -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 \
+  "$venv_py" -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 \
     | { grep -v "real_accelerator" || true; }
   mkdir -p "$TORCH_EXTENSIONS_DIR" && touch "$op_stamp"
 fi
