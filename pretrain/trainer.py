@@ -669,8 +669,8 @@ class Trainer:
             paused = time.perf_counter()
             if loop.eval_interval and self.iteration % loop.eval_interval == 0:
                 self._log_eval(self.evaluate())
-            asked = signal_check_due(self.iteration, rules)
-            decision = decide(self.iteration, rules, asked and self._signal.received_anywhere(self.dist.device))
+            signalled = signal_check_due(self.iteration, rules) and self._signal.received_anywhere(self.dist.device)
+            decision = decide(self.iteration, rules, signalled)
             if decision.saves:
                 self.save()
                 self.watchdog.progress()
