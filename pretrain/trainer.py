@@ -1,4 +1,5 @@
-"""The pretraining loop: train_step, evaluation, logging, checkpoints; close() always runs.
+"""The pretraining loop: train_step (its micro_batches, one micro_step each), evaluation, logging, checkpoints, and
+train(), which after each step does what pretrain/decision.py decides; close() always runs.
 
 Order of set-up (fixed, so a resumed run replays a straight run bit for bit):
 seed -> model (identical on every rank) -> per-rank seed -> engine -> --load -> data iterator -> restore RNG.
