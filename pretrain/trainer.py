@@ -1,4 +1,5 @@
-"""The pretraining loop: train_step, evaluation, logging, checkpoints; close() always runs.
+"""The pretraining loop: train_step (its micro_batches, one micro_step each), evaluation, logging, checkpoints, and
+train(), which after each step does what pretrain/decision.py decides; close() always runs.
 
 Order of set-up (fixed, so a resumed run replays a straight run bit for bit):
 seed -> model (identical on every rank) -> per-rank seed -> engine -> --load -> data iterator -> restore RNG.
@@ -31,6 +32,7 @@ from common.outputs import check_dir_writable, check_not_input
 from model.flops import model_flops_per_token
 from pretrain import builders, checkpoint, deepspeed_patch, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, lr_schedule, train_iterations
+from pretrain.decision import Decision, Reason, StopRules, decide, runs_a_step, signal_check_due
 from pretrain.distributed import (
     DistInfo,
     ExitSignal,
@@ -161,6 +163,22 @@ class ResumePoint:
     """pretrain.resume's plan: schedule and optimizer settings to install, notes to print."""
 
 
+@dataclasses.dataclass
+class LogWindow:
+    """The steps since the last log: what tokens/s and samples/s are counted over."""
+
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    """perf_counter at the window's start, moved later by the time evaluation and saves took."""
+    tokens: int = 0
+    samples: int = 0
+    iters: int = 0
+
+    def add(self, step: dict[str, Any]) -> None:
+        self.tokens += step["tokens"]
+        self.samples += step["samples"]
+        self.iters += 1
+
+
 class Trainer:
     def __init__(self, run: RunConfig) -> None:
         """Set-up in the documented order (module docstring); each step is a method below, named for what it does."""
@@ -172,6 +190,7 @@ class Trainer:
         self.writer = None
         self.log_file = None
         self.train_iter: Iterator[dict[str, torch.Tensor]] | None = None
+        self.faults = faults.from_environment()  # the test-only fault hook: does nothing in a real run
         numerics_notes = self._read_settings()
         self._setup_distributed()
         self._resolve_batch_sizes(numerics_notes)
@@ -469,6 +488,36 @@ class Trainer:
         self._print(f"--finetune: loaded weights of {load_dir}/{tag}; iteration, optimizer and LR warmup restart")
 
     # ------------------------------------------------------------------ steps
+    def micro_batches(self, gas: int) -> Iterator[tuple[dict[str, Any], int]]:
+        """The data one step consumes: ``gas`` micro-batches of this rank (the accumulation), each on the device with
+        its real (unpadded) token count, read from ``train_iter`` inside the data time the straggler check measures."""
+        for _ in range(gas):
+            try:
+                with self.timer.data():
+                    self.faults.before_micro_batch(self.dist.rank)
+                    host = next(self.train_iter)
+            except StopIteration:
+                raise RuntimeError(
+                    f"the training data ran out at iteration {self.iteration + 1}; the sample index "
+                    "was built for fewer samples than --train-iters x --global-batch-size"
+                ) from None
+            tokens = self._tokens(host)
+            yield self._to_device(host), tokens
+
+    def micro_step(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward and backward of one micro-batch. Returns its loss (auxiliary loss included) and auxiliary loss,
+        detached and still on the device."""
+        engine = self.engine
+        with self.timer.forward():
+            out = engine(**batch)
+        loss = out.loss
+        aux = engine.module.auxiliary_loss()
+        if aux is not None:
+            loss = loss + aux
+        loss = self.faults.on_loss(loss, self.iteration + 1, self.dist.rank)
+        engine.backward(loss)
+        return loss.detach(), None if aux is None else aux.detach()
+
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over `gas` micro-batches. Raises NonFiniteLossError on every rank together.
 
@@ -477,7 +526,7 @@ class Trainer:
         Loss and auxiliary-loss sums stay on the device until a log interval reads them; tokens are counted on the
         host batch.
         """
-        engine, module, device = self.engine, self.engine.module, self.dist.device
+        engine, device = self.engine, self.dist.device
         skipped_before = engine.skipped_steps
         batch_size, gas = self._step_batch()
         # the LR this step uses: counting samples, the schedule counts this step's batch (a ramp changes it)
@@ -487,32 +536,16 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         tokens = 0
         aux_sum = None
-        for micro in range(gas):
+        for micro, (batch, batch_tokens) in enumerate(self.micro_batches(gas)):
+            last = micro == gas - 1
             if self.ramp is not None:  # DeepSpeed's own count of micro-steps assumes a fixed accumulation
-                engine.set_gradient_accumulation_boundary(micro == gas - 1)
-            try:
-                with self.timer.data():
-                    faults.maybe_slow_data(self.dist.rank)
-                    host = next(self.train_iter)
-                tokens += self._tokens(host)
-                batch = self._to_device(host)
-            except StopIteration:
-                raise RuntimeError(
-                    f"the training data ran out at iteration {self.iteration + 1}; the sample index "
-                    "was built for fewer samples than --train-iters x --global-batch-size"
-                ) from None
-            with self.timer.forward():
-                out = engine(**batch)
-            loss = out.loss
-            aux = module.auxiliary_loss()
+                engine.set_gradient_accumulation_boundary(last)
+            tokens += batch_tokens
+            loss, aux = self.micro_step(batch)
             if aux is not None:
-                loss = loss + aux
-                aux_sum = aux.detach().double() + (0.0 if aux_sum is None else aux_sum)
-            if faults.nonfinite_loss_at(self.iteration + 1, self.dist.rank):
-                loss = loss * float("inf")
-            engine.backward(loss)
-            loss_sum += loss.detach().double()
-            if micro == gas - 1:
+                aux_sum = aux.double() + (0.0 if aux_sum is None else aux_sum)
+            loss_sum += loss.double()
+            if last:
                 self._before_update(loss_sum)
             engine.step(lr_kwargs={"increment": increment})
         self.iteration += 1
@@ -616,62 +649,55 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self) -> bool:
         """Run to --train-iters (or --exit-interval). Returns False when --exit-signal-handler stopped the run early
-        (after saving), True otherwise."""
-        run = self.run
-        loop, ckpt = run.loop, run.checkpoint
+        (after saving), True otherwise.
+
+        Each step: the fault hook, train_step, the log and evaluation where due, then pretrain/decision.py's
+        decision (the signal asked only where it is due: a collective), a save, an exit."""
+        loop = self.run.loop
+        rules = StopRules.of(loop, self.run.checkpoint, self.train_iters)
         self.engine.train()
-        window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
-        window_samples = 0
-        signal_every = loop.exit_signal_interval or loop.log_interval  # the check is a host sync: not every step
+        window = LogWindow()
         self.watchdog.arm()
-        while self.iteration < self.train_iters:
-            faults.maybe_kill_rank(self.iteration + 1, self.dist.rank)
-            faults.maybe_signal_self(self.iteration + 1, self.dist.rank)
-            faults.maybe_stall(self.iteration + 1, self.dist.rank)
+        decision = None
+        while runs_a_step(self.iteration, rules):
+            self.faults.before_step(self.iteration + 1, self.dist.rank)
             step = self.train_step()
             self.watchdog.progress(self.iteration)
-            window_tokens += step["tokens"]
-            window_samples += step["samples"]
-            window_iters += 1
+            window.add(step)
             if self.iteration % loop.log_interval == 0 or self.iteration == self.train_iters:
-                self._log(step, window_start, window_tokens, window_samples, window_iters)
-                window_start, window_tokens, window_iters = time.perf_counter(), 0, 0
-                window_samples = 0
+                self._log(step, window)
+                window = LogWindow()
             paused = time.perf_counter()
             if loop.eval_interval and self.iteration % loop.eval_interval == 0:
                 self._log_eval(self.evaluate())
-            done = self.iteration == self.train_iters
-            stop = bool(loop.exit_interval and self.iteration % loop.exit_interval == 0)
-            save_now = bool(ckpt.save_interval and self.iteration % ckpt.save_interval == 0)
-            signalled = (
-                self._signal is not None
-                and not done
-                and (self.iteration % signal_every == 0 or stop or save_now)
-                and self._signal.received_anywhere(self.dist.device)
-            )
-            if ckpt.save and (done or stop or signalled or save_now):
+            signalled = signal_check_due(self.iteration, rules) and self._signal.received_anywhere(self.dist.device)
+            decision = decide(self.iteration, rules, signalled)
+            if decision.saves:
                 self.save()
                 self.watchdog.progress()
             # evaluation and checkpointing are not training: keep them out of the window's tokens/s (as
             # Megatron-LM stops its interval timer around evaluation)
-            window_start += time.perf_counter() - paused
-            if signalled:
-                saved = (
-                    f"saved {ckpt.save}; run the same command with --load {ckpt.save}"
-                    if ckpt.save
-                    else "nothing saved (no --save)"
-                )
-                name = self._signal.received_name or loop.exit_signal
-                self._print(f"{name} received: stopping at iteration {self.iteration}; {saved}")
-                self._export_dam_masks()
-                self._drain()
-                return False
-            if stop and not done:
-                self._print(f"--exit-interval {loop.exit_interval}: stopping at iteration {self.iteration}")
+            window.start += time.perf_counter() - paused
+            if decision.exits:
+                self._say_why(decision)
                 break
         self._export_dam_masks()
         self._drain()
-        return True
+        return decision is None or decision.reason is not Reason.SIGNAL
+
+    def _say_why(self, decision: Decision) -> None:
+        """The line of a run that stops before --train-iters (nothing for a finished run)."""
+        ckpt, loop = self.run.checkpoint, self.run.loop
+        if decision.reason is Reason.SIGNAL:
+            saved = (
+                f"saved {ckpt.save}; run the same command with --load {ckpt.save}"
+                if decision.saves
+                else "nothing saved (no --save)"
+            )
+            name = self._signal.received_name or loop.exit_signal
+            self._print(f"{name} received: stopping at iteration {self.iteration}; {saved}")
+        elif decision.reason is Reason.EXIT_INTERVAL:
+            self._print(f"--exit-interval {loop.exit_interval}: stopping at iteration {self.iteration}")
 
     def _drain(self) -> None:
         """Every rank's collectives finish before any rank leaves, so no rank tears down its sockets while a peer is
@@ -708,12 +734,10 @@ class Trainer:
         self._print(f"model FLOPs per real token {fpt:.4g} (padding excluded); TFLOP/s per GPU logged; {mfu}")
         return Throughput(fpt, self.dist.world_size, peak)
 
-    def _log(
-        self, step: dict[str, Any], window_start: float, window_tokens: int, window_samples: int, window_iters: int
-    ) -> None:
+    def _log(self, step: dict[str, Any], window: LogWindow) -> None:
         engine = self.engine
-        loss, tokens, skipped_max, skipped_min = self._dp_mean_and_counts(step, window_tokens)
-        elapsed = time.perf_counter() - window_start  # after the read: the device finished the window's work
+        loss, tokens, skipped_max, skipped_min = self._dp_mean_and_counts(step, window.tokens)
+        elapsed = time.perf_counter() - window.start  # after the read: the device finished the window's work
         if skipped_max != skipped_min:
             raise RuntimeError(
                 f"ranks disagree on skipped fp16 steps at iteration {self.iteration} ({skipped_min} vs {skipped_max})"
@@ -731,7 +755,7 @@ class Trainer:
             "skipped_steps": int(skipped_max),
             "consumed_samples": self.consumed_samples,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
-            "samples_per_s": window_samples / elapsed if elapsed > 0 else None,
+            "samples_per_s": window.samples / elapsed if elapsed > 0 else None,
             "tflops_per_gpu": self.throughput.tflops_per_gpu(tokens / elapsed) if elapsed > 0 else None,
             "mfu": self.throughput.mfu(tokens / elapsed) if elapsed > 0 else None,
             "memory": peak_memory_mb(self.dist.device),
@@ -751,7 +775,7 @@ class Trainer:
             return
         print("[pretrain] " + log_line(rec, self.train_iters), flush=True)
         if straggler is not None:
-            print("[pretrain] " + straggler.line(self.iteration, window_iters), flush=True)
+            print("[pretrain] " + straggler.line(self.iteration, window.iters), flush=True)
         if self.log_file:
             self.log_file.write(json.dumps(rec) + "\n")
             self.log_file.flush()

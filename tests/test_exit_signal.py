@@ -1,6 +1,8 @@
 """--exit-signal-handler (what a Slurm job's time-limit warning triggers): one rank receives the signal, every rank
 stops after the same iteration with a committed checkpoint and exit code 4, and the same command with --load
-resumes exactly where a straight run would be. (Slurm's rank discovery: tests/test_launch_module.py.)"""
+resumes exactly where a straight run would be. Which steps ask about the signal and where the run stops are
+pretrain/decision.py's pure decision, proven without ranks in tests/test_loop.py; these are the real canaries (two
+ranks; one rank counting the questions). (Slurm's rank discovery: tests/test_launch_module.py.)"""
 
 from __future__ import annotations
 
@@ -44,27 +46,6 @@ def test_signal_on_one_rank_saves_stops_all_and_resumes_exactly(tmp_path):
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # exact
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_exit_code_4_and_no_traceback_on_one_rank(tmp_path):
-    """SIGTERM (Slurm's time limit, preemption, scancel) saves too when the configured warning signal is SIGUSR1."""
-    tu.prepare(tmp_path)
-    args = tu.train_args(
-        tmp_path,
-        "zero1_fp32.json",
-        5,
-        "--save",
-        str(tmp_path / "ck"),
-        "--exit-signal-handler",
-        "--exit-signal",
-        "SIGUSR1",
-    )
-    p = tu.launch("python", args, SPARSEBERT_FAULT_SIGNAL="0:2:SIGTERM")
-    assert p.returncode == 4, p.stdout[-3000:]
-    assert "SIGTERM received: stopping at iteration 2" in p.stdout and "Traceback" not in p.stdout
-    assert (tmp_path / "ck" / "latest").read_text() == "iter_0000002"
-
-
 COUNTING_ENTRY = """import sys
 sys.path.insert(0, {repo!r})
 from pretrain import distributed
@@ -83,33 +64,27 @@ sys.exit(code)
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "extra, checks",
-    [([], 1), (["--exit-signal-interval", "2"], 3), (["--save-interval", "3"], 3)],
-    ids=["log_interval", "every_2", "saves"],
-)
-def test_the_signal_check_is_not_a_sync_per_step(tmp_path, extra, checks):
-    """8 iterations, log interval 4: the all-reduce that asks about the signal runs at iteration 4 only (the last
-    iteration ends the run anyway), every 2 with --exit-signal-interval 2, and at every save (3 and 6, plus 4)."""
+def test_one_rank_asks_at_logs_and_saves_only_and_a_sigterm_stops_it_at_the_next_ask(tmp_path):
+    """The one-rank canary of what tests/test_loop.py proves of the decision, and of the loop with stand-ins: 8 steps,
+    --log-interval 4, --save-interval 3, the handler configured for SIGUSR1. SIGTERM (Slurm's time limit, preemption,
+    scancel) arrives at the start of step 5. The all-reduce that asks about the signal runs at 3 (a save) and 4 (a
+    log) only, not every step, then at 6, a save: the run saves there and exits 4, without a traceback."""
     tu.prepare(tmp_path)
     entry = tmp_path / "count_checks.py"
     entry.write_text(COUNTING_ENTRY.format(repo=str(tu.REPO)))
-    args = tu.train_args(tmp_path, "zero1_fp32.json", 8, "--exit-signal-handler", "--log-interval", "4", *extra)
-    if "--save-interval" in extra:
-        args += ["--save", str(tmp_path / "ck")]
+    ck = tmp_path / "ck"
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 8, "--log-interval", "4", "--save", str(ck), "--save-interval")
+    args += ["3", "--exit-signal-handler", "--exit-signal", "SIGUSR1"]
     p = subprocess.run(
-        [sys.executable, str(entry)] + args, cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=240
+        [sys.executable, str(entry)] + args,
+        cwd=tu.REPO,
+        env=tu.env(SPARSEBERT_FAULT_SIGNAL="0:5:SIGTERM"),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    assert f"[count] signal checks: {checks}" in p.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_signal_stops_the_run_at_the_next_check(tmp_path):
-    tu.prepare(tmp_path)
-    args = tu.train_args(tmp_path, "zero1_fp32.json", 12, "--save", str(tmp_path / "ck"), "--exit-signal-handler")
-    args += ["--log-interval", "4"]
-    p = tu.launch("python", args, SPARSEBERT_FAULT_SIGNAL="0:5:SIGTERM")
-    assert p.returncode == 4, p.stdout[-3000:]
-    assert "SIGTERM received: stopping at iteration 8" in p.stdout
+    out = p.stdout + p.stderr
+    assert p.returncode == 4, out[-3000:]
+    assert "[count] signal checks: 3" in out, out[-3000:]
+    assert "SIGTERM received: stopping at iteration 6; saved" in out and "Traceback" not in out
+    assert (ck / "latest").read_text() == "iter_0000006" and (ck / "iter_0000003" / "commit.json").is_file()

@@ -1,25 +1,102 @@
 """Faults on two CPU ranks: fp16 overflow skipped together without advancing the LR, a non-finite bf16 loss
 stopping every rank with the step named, a kill during a save resuming from the previous complete checkpoint,
-and a dead rank ending the job non-zero within a bounded time. Faults are injected through the test-only
-SPARSEBERT_FAULT_* variables (pretrain/faults.py)."""
+and a dead rank ending the job non-zero within a bounded time. Faults are injected through the trainer's fault hook
+(pretrain/faults.py), which the test-only SPARSEBERT_FAULT_* variables set; the hook itself is tested first, in
+this process."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
 import torch
 
+from pretrain import faults
 from pretrain.schedule import lr_at
 from tests import train_utils as tu
 
-pytestmark = [pytest.mark.slow, pytest.mark.multirank, pytest.mark.timeout(400)]
+
+def launched(test):
+    """A test that launches ranks: slow, multirank, 400 s."""
+    for mark in (pytest.mark.slow, pytest.mark.multirank, pytest.mark.timeout(400)):
+        test = mark(test)
+    return test
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return tu.prepare(tmp_path_factory.mktemp("faults"))
+
+
+# ------------------------------------------------------------------ the hook, in this process
+class Recorded(Exception):
+    """Raised by the stand-in for time.sleep: a stall or a slow read would otherwise sleep."""
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """What the hook would do to this process: the signals it would send (os.kill) and the sleeps it would take."""
+    done = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: done.append(("kill", pid, signal.Signals(sig).name)))
+
+    def sleep(seconds):
+        done.append(("sleep", seconds))
+        if seconds >= 3600:
+            raise Recorded
+
+    monkeypatch.setattr(faults.time, "sleep", sleep)
+    return done
+
+
+def test_the_default_hook_does_nothing(calls):
+    hook = faults.from_environment({"PATH": "/bin"})
+    assert type(hook) is faults.Faults
+    loss = torch.tensor(2.0)
+    assert hook.on_loss(loss, 1, 0) is loss
+    hook.before_step(1, 0)
+    hook.before_micro_batch(0)
+    assert calls == []
+
+
+def test_each_variable_injects_its_fault_at_its_rank_and_iteration_only(calls, capsys):
+    me = os.getpid()
+    env = {
+        "SPARSEBERT_FAULT_NONFINITE_LOSS": "2,4",
+        "SPARSEBERT_FAULT_KILL_RANK": "1:3",
+        "SPARSEBERT_FAULT_SIGNAL": "0:5:SIGUSR1",
+        "SPARSEBERT_FAULT_STALL": "1:6",
+        "SPARSEBERT_FAULT_SLOW_DATA": "1:0.4",
+    }
+    hook = faults.from_environment(env)
+    loss = torch.tensor(2.0)
+    assert [float(hook.on_loss(loss, it, 0)) for it in (1, 2, 3, 4)] == [2.0, float("inf"), 2.0, float("inf")]
+    assert float(hook.on_loss(loss, 2, 1)) == 2.0  # rank 0's loss only
+    for it in range(1, 6):
+        for rank in (0, 1):
+            hook.before_step(it, rank)
+    assert calls == [("kill", me, "SIGKILL"), ("kill", me, "SIGUSR1")]
+    with pytest.raises(Recorded):
+        hook.before_step(6, 1)
+    hook.before_micro_batch(0)
+    hook.before_micro_batch(1)
+    assert calls[2:] == [("sleep", 3600), ("sleep", 0.4)]
+    out = capsys.readouterr().out
+    assert "[fault] rank 1: dying at iteration 3" in out
+    assert "[fault] rank 0: sending itself SIGUSR1 at iteration 5" in out
+    assert "[fault] rank 1: stalling at iteration 6" in out
+
+
+def test_with_a_once_dir_a_fault_fires_once_across_restarts(calls, tmp_path):
+    """A requeued job reruns the same command with the same environment: the marker keeps it from dying again."""
+    env = {"SPARSEBERT_FAULT_KILL_RANK": "0:2", "SPARSEBERT_FAULT_ONCE_DIR": str(tmp_path / "once")}
+    faults.from_environment(env).before_step(2, 0)
+    assert calls == [("kill", os.getpid(), "SIGKILL")]
+    assert (tmp_path / "once" / "SPARSEBERT_FAULT_KILL_RANK.0.2").is_file()
+    faults.from_environment(env).before_step(2, 0)  # the restarted job
+    assert len(calls) == 1
 
 
 def _overflow_run(data, tmp_path, entry=None):
@@ -42,12 +119,14 @@ def _overflow_run(data, tmp_path, entry=None):
     return p
 
 
+@launched
 @pytest.mark.skipif(tu.cpu_fp16_missing() is not None, reason=str(tu.cpu_fp16_missing()))
 def test_fp16_overflow_skipped_on_all_ranks_and_lr_not_advanced(data, tmp_path):
     _overflow_run(data, tmp_path)
     _check_overflow_log(tmp_path)
 
 
+@launched
 def test_fp16_overflow_logic_on_any_cpu(data, tmp_path):
     """The same fp16 overflow run on every CPU: DeepSpeed's fp16 policy is lifted in the launched script (torch's
     fp16 CPU kernels are exact, only slow, without AVX512-FP16/AMX), so DeepSpeed's real loss scaler skips the
@@ -57,6 +136,7 @@ def test_fp16_overflow_logic_on_any_cpu(data, tmp_path):
     _check_overflow_log(tmp_path)
 
 
+@launched
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks CPU ranks (a CUDA machine runs fp16 on the GPU)")
 def test_fp16_on_a_cpu_without_it_fails_before_any_work_with_one_line(data, tmp_path):
     """The ranks exit 2 with the same one line naming the file, the missing CPU feature and the configs to use,
@@ -85,6 +165,7 @@ def _check_overflow_log(tmp_path):
         assert (r["loss"] == float("inf")) == (r["iteration"] in (2, 4))
 
 
+@launched
 @pytest.mark.skipif(tu.bf16_gpu_skip_reason() is not None, reason=str(tu.bf16_gpu_skip_reason()))
 def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path):
     args = tu.train_args(
@@ -100,6 +181,7 @@ def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path)
     assert time.monotonic() - start < 180
 
 
+@launched
 @pytest.mark.skipif(tu.bf16_gpu_skip_reason() is not None, reason=str(tu.bf16_gpu_skip_reason()))
 def test_kill_during_save_resumes_from_previous_complete_checkpoint(data, tmp_path):
     ck = tmp_path / "ck"  # ZeRO-3 bf16: the other tests cover ZeRO-2 checkpoints
@@ -128,6 +210,7 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(data, tmp_pa
     assert (ck / "iter_0000004" / "commit.json").exists()  # the re-run completed the interrupted tag
 
 
+@launched
 @pytest.mark.skipif(tu.NPROCS < 2, reason="needs 2 ranks (one CUDA GPU here: NCCL needs a GPU per rank)")
 def test_dead_rank_ends_the_job_nonzero_in_bounded_time(data, tmp_path):
     args = tu.train_args(data, "zero2_fp32.json", 50, "--distributed-timeout-minutes", "0.5", global_batch=4)
@@ -145,6 +228,7 @@ def test_dead_rank_ends_the_job_nonzero_in_bounded_time(data, tmp_path):
     assert time.monotonic() - start < 240
 
 
+@launched
 @pytest.mark.skipif(tu.NPROCS < 2, reason="needs 2 ranks (one CUDA GPU here: NCCL needs a GPU per rank)")
 def test_a_slow_rank_is_named_with_its_host_at_the_log_interval_and_the_run_goes_on(data, tmp_path):
     """Rank 1 reads each micro-batch 0.4 s late (a slow data path): at each log the straggler line names rank 1 and
