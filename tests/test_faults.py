@@ -165,6 +165,7 @@ def _check_overflow_log(tmp_path):
         assert (r["loss"] == float("inf")) == (r["iteration"] in (2, 4))
 
 
+@pytest.mark.extended  # ~7 s of 2-rank launches; the fault canary: test_dead_rank_ends_the_job_nonzero_in_bounded_time
 @launched
 @pytest.mark.skipif(tu.bf16_gpu_skip_reason() is not None, reason=str(tu.bf16_gpu_skip_reason()))
 def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path):
@@ -181,6 +182,7 @@ def test_nonfinite_loss_in_bf16_stops_every_rank_naming_the_step(data, tmp_path)
     assert time.monotonic() - start < 180
 
 
+@pytest.mark.extended  # ~15 s of launches; the fault canary stays
 @launched
 @pytest.mark.skipif(tu.bf16_gpu_skip_reason() is not None, reason=str(tu.bf16_gpu_skip_reason()))
 def test_kill_during_save_resumes_from_previous_complete_checkpoint(data, tmp_path):
@@ -228,6 +230,7 @@ def test_dead_rank_ends_the_job_nonzero_in_bounded_time(data, tmp_path):
     assert time.monotonic() - start < 240
 
 
+@pytest.mark.extended  # ~7 s; the fault canary stays
 @launched
 @pytest.mark.skipif(tu.NPROCS < 2, reason="needs 2 ranks (one CUDA GPU here: NCCL needs a GPU per rank)")
 def test_a_slow_rank_is_named_with_its_host_at_the_log_interval_and_the_run_goes_on(data, tmp_path):
