@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command: set up (idempotent), then run the whole pytest suite. Without arguments (CI: .ci/run)
-# it then runs the floor pass: the model, kernel, one-rank trainer, conversion/export and CUDA-contract tests again
-# in .venv-floor (every requirement at its floor: torch 2.11.0, transformers 5.17.0; run_scripts/setup_floor_env.sh,
-# cached). FLOOR=0 skips it, FLOOR=only runs just it (pytest arguments, e.g. -x, then go to that pass). With pytest
+# The README's test command: set up (idempotent), then run the default tier of the suite (tests marked `extended` are
+# run_scripts/extended_check.sh's). Without arguments (CI: .ci/run) it then runs the floor pass, a canary of the
+# model, kernels, one-rank trainer and export again in .venv-floor (every requirement at its floor: torch 2.11.0,
+# transformers 5.17.0; run_scripts/setup_floor_env.sh, cached). FLOOR=0 skips it, FLOOR=only runs just it (pytest arguments, e.g. -x, then go to that pass). With pytest
 # arguments and no FLOOR, only those run, in .venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,12 +19,14 @@ if [ "$FLOOR" != only ]; then
   "$(cd .venv && pwd -P)/bin/python" -m pytest "$@"
 fi
 [ "$FLOOR" != 0 ] || exit 0
-# the floor pass: the model, kernels (CUDA contracts included), one-rank trainer and conversion/export tests, the
-# quick ones (not slow, not multi-rank): the rest of the suite does not depend on the torch/transformers version
-FLOOR_TESTS=(tests/test_model.py tests/test_attention.py tests/test_cuda_contracts.py tests/test_flex_mask.py
-  tests/test_diet.py tests/test_modernbert.py tests/test_train_unit.py tests/test_convert_checkpoint.py
-  tests/test_hf_export.py)
-present=(); for t in "${FLOOR_TESTS[@]}"; do [ ! -f "$t" ] || present+=("$t"); done
+# the floor pass, a canary of what the GPU image's torch 2.11 and the oldest transformers must run: every kernel trains
+# (test_model), flex's block masks, DIET, ModernBERT, the one-rank trainer's units, the HF export's remote code and one
+# conversion both ways, the quick ones (not slow, not multi-rank, not extended). The kernel and CUDA-contract suites
+# run at the GPU image's torch in tools.gpu_check (kernel_tests, contract_tests); the rest of the suite does not
+# depend on the torch/transformers version.
+FLOOR_TESTS=(tests/test_model.py tests/test_flex_mask.py tests/test_diet.py tests/test_modernbert.py
+  tests/test_train_unit.py tests/test_hf_export.py "tests/test_convert_checkpoint.py::test_issue5_models_from_the_trainer_convert_both_ways")
+present=(); for t in "${FLOOR_TESTS[@]}"; do [ ! -f "${t%%::*}" ] || present+=("$t"); done
 bash run_scripts/setup_floor_env.sh
 echo "[test] floor pass in .venv-floor: $(.venv-floor/bin/python -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')"
 floor_args=(); [ "$FLOOR" != only ] || floor_args=("$@")
