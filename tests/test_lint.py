@@ -199,6 +199,23 @@ def test_packages_import_only_the_layers_below():
     assert not wrong, "imports against the layering (docs/architecture.md, Module boundaries):\n" + "\n".join(wrong)
 
 
+def test_no_module_of_ours_imports_the_tests_or_the_gpu_check():
+    """tests/ sits above everything (a benchmark that imported tests/cuda_contracts.py made the test suite a
+    dependency of the product), and the GPU check is a runner: nothing imports it but itself."""
+    wrong = []
+    for package in OURS:
+        for path in sorted((REPO / package).rglob("*.py")):
+            inside = path.relative_to(REPO).as_posix().startswith("tools/gpu_check/")
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                for name in names:
+                    if name.split(".")[0] == "tests" or (name.startswith("tools.gpu_check") and not inside):
+                        wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
 _MODULE_RUN = re.compile(r"-m\s+((?:%s)\b[\w.]*)" % "|".join(OURS))
 
 
