@@ -26,3 +26,7 @@ profile's chrome trace; never committed); scratch goes to --work-dir. Exit statu
 failed, 3 nothing failed but steps were left out past the budget; 128 + the signal when stopped. Without any GPU it
 writes a report naming every step as skipped and exits 0.
 """
+
+from tools.gpu_check.cli import main
+
+__all__ = ["main"]

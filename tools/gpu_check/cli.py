@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.gpu_check import __doc__ as PACKAGE_DOC
 from tools.gpu_check.context import Ctx
 from tools.gpu_check.plan import STEPS, plan, selected
 from tools.gpu_check.report import write_report
@@ -53,7 +53,9 @@ class _Run:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m tools.gpu_check", description=PACKAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m tools.gpu_check",
+        description=sys.modules[__package__].__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out-dir", default=os.environ.get("GPU_CHECK_OUT", "out/gpu_check"))
     p.add_argument("--work-dir", help="scratch (shards, checkpoints, JUnit files); default: a new directory in $TMPDIR")
