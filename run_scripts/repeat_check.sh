@@ -28,7 +28,7 @@ trap 'kill "${burners[@]}" 2>/dev/null || true' EXIT
 log_dir="$(mktemp -d -t repeat_check.XXXXXX)"
 for i in $(seq "$N"); do
   start=$(date +%s)
-  if "$(cd .venv && pwd -P)/bin/python" -m pytest -p no:cacheprovider "$@" > "$log_dir/run_$i.log" 2>&1; then
+  if .venv/bin/python -m pytest -p no:cacheprovider "$@" > "$log_dir/run_$i.log" 2>&1; then
     echo "[repeat_check] run $i/$N passed in $(( $(date +%s) - start )) s: $(grep -E '[0-9]+ passed' "$log_dir/run_$i.log" | tail -1)"
   else
     echo "[repeat_check] run $i/$N FAILED after $(( $(date +%s) - start )) s; log: $log_dir/run_$i.log"

@@ -125,24 +125,6 @@ if [ "$mode" = system ]; then
     echo "$want" > "$stamp"
   fi
 else
-  # A new checkout (CI's fresh clone, a second worktree) reuses the venv of an earlier one with the same requirements,
-  # Python and torch build: .venv links to it in the cache (SPARSE_BERT_CACHE, like .venv-floor), so its installs and
-  # DeepSpeed's CPU op (built into .venv/torch_extensions) are made once per machine. A .venv directory that exists
-  # is kept as it is; SPARSE_BERT_VENV_CACHE=0 makes a venv of the checkout's own; offline set-ups (WHEELHOUSE) never
-  # share one.
-  if [ ! -e .venv ] && [ ! -L .venv ] && [ -z "$WHEELHOUSE" ] && [ "${SPARSE_BERT_VENV_CACHE:-1}" != 0 ]; then
-    cache="${SPARSE_BERT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sparse-bert}"
-    key="$( { cat requirements.txt; "$PY" run_scripts/torch_variant.py; } | sha256sum | cut -c1-12)"
-    shared="$cache/venv-py$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')-$key"
-    mkdir -p "$cache"
-    if [ ! -x "$shared/bin/python" ]; then
-      echo "[setup] creating the shared venv $shared (.venv links to it)"
-      "$PY" -m venv "$shared"
-    else
-      echo "[setup] .venv links to the shared venv $shared (same requirements and torch build)"
-    fi
-    ln -sfn "$shared" .venv
-  fi
   if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv"
     "$PY" -m venv .venv
@@ -177,9 +159,9 @@ fi
 # first `deepspeed` launch of a test or of the quickstart does not spend its time limit compiling in silence.
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
 op_stamp="$TORCH_EXTENSIONS_DIR/.shm_op_built"
-# Through the venv's real path: torch keys the build on DeepSpeed's absolute include paths, so a python reached through
-# a link (.venv -> the shared venv) would rebuild it for every checkout; test.sh and the other scripts run it the same way.
-venv_py="$(cd .venv && pwd -P)/bin/python"
+# torch keys this build on DeepSpeed's absolute include paths (under the venv's path as python was started), so every
+# script and test starts python as .venv/bin/python: one path, one build.
+venv_py=.venv/bin/python
 if [ ! -f "$op_stamp" ] && "$venv_py" -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
   echo "[setup] building DeepSpeed's CPU communication op once (1-3 minutes the first time, cached after)"
   "$venv_py" -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 \
