@@ -97,6 +97,7 @@ def _deepspeeds(syncs: list[dict]) -> list[dict]:
     return [{s: n for s, n in step.items() if s.startswith("(deepspeed)")} for step in syncs]
 
 
+@pytest.mark.extended  # ~30 s; the runtime patch's bitwise results are tested above
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_upstream_patch_and_the_runtime_patch_train_alike_without_syncs(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from tests import train_utils as tu
 
 
+@pytest.mark.extended  # ~55 s of 2-rank launches; the default tier's signal canary is the one-rank test below
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)

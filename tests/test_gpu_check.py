@@ -551,18 +551,20 @@ def test_junit_counts_from_a_real_pytest_run(tmp_path):
 
 
 def test_a_pytest_step_counts_its_tests_and_fails_on_a_failure(tmp_path):
-    """The step's own command on a tiny test file: the JUnit counts make its summary; -m selects by marker."""
+    """The step's own command on a tiny test file: the JUnit counts make its summary; -m selects by marker. (Names
+    that no directory of the run contains: ``-k`` matches the names of the parent directories too, and this test's
+    tmp_path is named after it.)"""
     t = tmp_path / "test_y.py"
     t.write_text(
-        "import pytest\n@pytest.mark.gpu\ndef test_a(): pass\n@pytest.mark.gpu\ndef test_b(): assert 0\n"
-        "def test_c(): pass\n"
+        "import pytest\n@pytest.mark.gpu\ndef test_alpha(): pass\n@pytest.mark.gpu\ndef test_beta(): assert 0\n"
+        "def test_gamma(): pass\n"
     )
     from tools.gpu_check.pytest_steps import pytest_step
 
     step = pytest_step("t", [str(t)], tmp_path, sys.executable, "cpu", 60, markers="gpu")
     res = run_step(step, tmp_path, time.monotonic() + 120)
-    assert res.status == "failed" and res.summary.startswith("1 passed, 1 failed, 0 skipped; failed: test_b")
-    ok = pytest_step("t2", [str(t)], tmp_path, sys.executable, "cpu", 60, markers="gpu", select="test_a")
+    assert res.status == "failed" and res.summary.startswith("1 passed, 1 failed, 0 skipped; failed: test_beta")
+    ok = pytest_step("t2", [str(t)], tmp_path, sys.executable, "cpu", 60, markers="gpu", select="test_alpha")
     res = run_step(ok, tmp_path, time.monotonic() + 120)
     assert res.status == "passed" and res.summary == "1 passed, 0 failed, 0 skipped"
 

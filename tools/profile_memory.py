@@ -194,11 +194,13 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tools.profile_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--hidden-size", dest="hidden", type=int, default=192)
-    p.add_argument("--num-layers", dest="layers", type=int, default=2)
+    p.add_argument("--model-preset", choices=sorted(PRESETS), help="its sizes (default: hidden 192 x 2 layers x 12)")
+    p.add_argument("--hidden-size", dest="hidden", type=int, help="overrides the preset's")
+    p.add_argument("--num-layers", dest="layers", type=int, help="overrides the preset's")
     p.add_argument(
-        "--num-attention-heads", dest="heads", type=int, default=12, help="12: the paper's 10:2 and 8:2:2 splits"
+        "--num-attention-heads", dest="heads", type=int, help="overrides the preset's (12: the paper's 10:2 and 8:2:2)"
     )
+    p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--tokens", type=int, default=4096, help="b x N kept fixed (the paper: 4096 per GPU)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
