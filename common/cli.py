@@ -29,11 +29,13 @@ def cli(
     aliases: Sequence[str] = (),
     choices: Callable[[], Iterable[str]] | None = None,
     skip: bool = False,
+    parse: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """``metadata`` for a dataclass field: ``field(default=..., metadata=cli(flag="--kv-channels"))``.
 
-    ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names)."""
-    return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip}}
+    ``choices`` is a function (evaluated when the parser is built, e.g. the registered kernel names); ``parse`` reads
+    the flag's text where the annotation is no single type (``int | str``: a number or ``auto``)."""
+    return {CLI: {"flag": flag, "aliases": tuple(aliases), "choices": choices, "skip": skip, "parse": parse}}
 
 
 @lru_cache(maxsize=None)
@@ -115,7 +117,7 @@ def add_flags(group: argparse._ActionsContainer, cls: type, *, help_prefix: str 
         elif typing.get_origin(tp) is list:
             kw.update(nargs="+", default=default, type=typing.get_args(tp)[0] if typing.get_args(tp) else str)
         else:
-            kw.update(type=tp, default=default)
+            kw.update(type=meta.get("parse") or tp, default=default)
         if required:
             kw.update(required=True)
             kw.pop("default", None)

@@ -161,12 +161,25 @@ class OptimConfig:
             raise ArgsError("--clip-grad must be >= 0 (0 disables clipping)")
 
 
+def _parse_micro_batch(text: str) -> int | str:
+    """--micro-batch-size's text: a number, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor 'auto'") from None
+
+
 @dataclass
 class LoopConfig:
     """Training length, batches, evaluation and logging cadence."""
 
-    micro_batch_size: int | None = None
-    """Samples per rank per forward pass (DeepSpeed's train_micro_batch_size_per_gpu)."""
+    micro_batch_size: int | str | None = field(default=None, metadata=cli(parse=_parse_micro_batch))
+    """Samples per rank per forward pass (DeepSpeed's train_micro_batch_size_per_gpu), or 'auto': the largest of
+    1, 2, 4, ..., 128 that divides the per-rank batch and fits the GPU's free memory by a formula of the model
+    (pretrain/micro_batch.py; on a CPU the default 8), said at start-up. The global batch stays (needs
+    --global-batch-size or train_batch_size); the accumulation steps are derived. A resume may change it."""
     global_batch_size: int | None = None
     """Samples per optimizer step over all ranks; accumulation steps are derived."""
     train_iters: int | None = None
@@ -219,10 +232,13 @@ class LoopConfig:
                     "--rampup-batch-size needs --train-samples instead of --train-iters (as Megatron-LM: with a "
                     "growing batch the run's length is a number of samples)"
                 )
+        if isinstance(self.micro_batch_size, str) and self.micro_batch_size != "auto":
+            raise ArgsError(f"--micro-batch-size {self.micro_batch_size!r}: give a positive integer or 'auto'")
+        if isinstance(self.micro_batch_size, int) and self.micro_batch_size <= 0:
+            raise ArgsError(f"--micro-batch-size must be positive (or 'auto'), got {self.micro_batch_size}")
         for name in (
             "train_iters",
             "train_samples",
-            "micro_batch_size",
             "global_batch_size",
             "exit_interval",
             "exit_signal_interval",

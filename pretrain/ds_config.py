@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from common.errors import UserError
 from common.inputs import read_json_object
+
+if TYPE_CHECKING:
+    from pretrain.micro_batch import MicroBatchChoice
 
 
 class DSConfigError(UserError, ValueError):
@@ -231,12 +234,19 @@ def read_ds_config(path: str | Path) -> ResolvedDSConfig:
 
 
 def resolve_batch_sizes(
-    ds: ResolvedDSConfig, micro_batch_size: int | None, global_batch_size: int | None, dp_world_size: int
+    ds: ResolvedDSConfig,
+    micro_batch_size: int | str | None,
+    global_batch_size: int | None,
+    dp_world_size: int,
+    choose: Callable[[list[int]], MicroBatchChoice] | None = None,
+    ramp: list[int] | None = None,
 ) -> tuple[int, int, int]:
     """Fill train_micro_batch_size_per_gpu / gradient_accumulation_steps / train_batch_size consistently.
 
     Command-line values win over the file only when the file leaves them out; a conflict is an error naming both.
-    Returns (micro, accumulation steps, global).
+    ``micro_batch_size`` 'auto' keeps the global batch (the flag's or train_batch_size) and asks ``choose`` (given
+    the per-rank batches, :func:`pretrain.micro_batch.per_rank_batches`) for the micro batch; its reason joins
+    ``ds.notes``. Returns (micro, accumulation steps, global).
     """
     cfg, path = ds.config, ds.path
 
@@ -248,9 +258,12 @@ def resolve_batch_sizes(
             )
         return flag_value if flag_value is not None else (int(file_value) if file_value is not None else None)
 
-    micro = pick(micro_batch_size, "train_micro_batch_size_per_gpu", "--micro-batch-size")
     glob = pick(global_batch_size, "train_batch_size", "--global-batch-size")
     gas = cfg.get("gradient_accumulation_steps")
+    if micro_batch_size == "auto":
+        micro = _auto_micro(ds, glob, gas, dp_world_size, choose, ramp)
+    else:
+        micro = pick(micro_batch_size, "train_micro_batch_size_per_gpu", "--micro-batch-size")
     if micro is None:
         raise DSConfigError(
             f"{path}: no micro batch size; pass --micro-batch-size or set train_micro_batch_size_per_gpu"
@@ -272,6 +285,41 @@ def resolve_batch_sizes(
     cfg["gradient_accumulation_steps"] = want_gas
     cfg["train_batch_size"] = glob
     return micro, want_gas, glob
+
+
+def _auto_micro(
+    ds: ResolvedDSConfig,
+    glob: int | None,
+    gas: Any,
+    dp_world_size: int,
+    choose: Callable[[list[int]], MicroBatchChoice] | None,
+    ramp: list[int] | None,
+) -> int:
+    """--micro-batch-size auto: the chooser's micro batch for the kept global batch (its reason noted)."""
+    from pretrain.micro_batch import MicroBatchError, choose_micro_batch, per_rank_batches
+
+    path = ds.path
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if ds.config.get(key) is not None:
+            raise DSConfigError(
+                f"{path}: {key}={ds.config[key]} fixes the micro batch, but --micro-batch-size auto chooses it; "
+                "remove it from the file or give --micro-batch-size N"
+            )
+    if glob is None:
+        raise DSConfigError(
+            f"--micro-batch-size auto needs a global batch to keep: pass --global-batch-size or set train_batch_size "
+            f"in {path}"
+        )
+    try:
+        per_rank = per_rank_batches(glob, dp_world_size, ramp)
+        choice = choose(per_rank) if choose is not None else choose_micro_batch(per_rank, "cpu")
+    except MicroBatchError as e:
+        raise DSConfigError(str(e)) from e
+    ds.notes.append(
+        f"{choice.reason}; global batch {glob} kept: {glob // (choice.micro * dp_world_size)} accumulation step(s) "
+        f"x {choice.micro} x {dp_world_size} rank(s)"
+    )
+    return choice.micro
 
 
 def apply_clip_grad(ds: ResolvedDSConfig, clip_grad: float | None) -> None:

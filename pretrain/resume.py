@@ -236,8 +236,8 @@ def _batch_notes(client: dict[str, Any], saved_args: dict[str, Any], global_batc
         )
     saved_micro = (saved_args.get("loop") or {}).get("micro_batch_size")
     if (
-        saved_micro is not None
-        and int(saved_micro) != micro_batch
+        isinstance(saved_micro, int)  # the chosen number ('auto' is recorded as what it chose)
+        and saved_micro != micro_batch
         and (saved_global is None or int(saved_global) == global_batch)
     ):
         notes.append(

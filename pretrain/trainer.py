@@ -50,6 +50,7 @@ from pretrain.ds_config import (
     read_ds_config,
     resolve_batch_sizes,
 )
+from pretrain.micro_batch import MicroBatchChoice, choose_micro_batch, memory_model
 from pretrain.numerics import configure_numerics
 from pretrain.parallelize import (
     apply_activation_checkpointing,
@@ -193,11 +194,11 @@ class Trainer:
         self.faults = faults.from_environment()  # the test-only fault hook: does nothing in a real run
         numerics_notes = self._read_settings()
         self._setup_distributed()
-        self._resolve_batch_sizes(numerics_notes)
         self.tokenizer = builders.build_tokenizer(self.run.data)
         self.model_config = builders.build_model_config(
             self.run.model, self.run.data, self.tokenizer.vocab_size, self.ds.sparse_attention, self.ds.path
         )
+        self._resolve_batch_sizes(numerics_notes)  # after the model config: --micro-batch-size auto estimates it
         point = self._resolve_resume()
         self._build_model_and_engine(point)
         rng = self._load_checkpoint(point)
@@ -237,8 +238,15 @@ class Trainer:
         into the ds_config, the batch ramp; then the ds_config's and the numerics' notes."""
         run = self.run
         self.micro, self.gas, self.global_batch = resolve_batch_sizes(
-            self.ds, run.loop.micro_batch_size, run.loop.global_batch_size, self.dist.world_size
+            self.ds,
+            run.loop.micro_batch_size,
+            run.loop.global_batch_size,
+            self.dist.world_size,
+            choose=self._choose_micro_batch,
+            ramp=run.loop.rampup_batch_size,
         )
+        if run.loop.micro_batch_size == "auto":  # checkpoints record (and a resume compares) the chosen number
+            self.run = run = dataclasses.replace(run, loop=dataclasses.replace(run.loop, micro_batch_size=self.micro))
         apply_clip_grad(self.ds, run.optim.clip_grad)
         self.ramp = None
         if run.loop.rampup_batch_size is not None:
@@ -247,6 +255,18 @@ class Trainer:
             self.ramp = BatchRamp(run.loop.rampup_batch_size, self.global_batch, self.micro, self.dist.world_size)
         for note in self.ds.notes + numerics_notes:
             self._print(note)
+
+    def _choose_micro_batch(self, per_rank: list[int]) -> MicroBatchChoice:
+        """--micro-batch-size auto: the smallest free device memory over the ranks (every rank chooses the same)
+        against the model's memory formula; a CPU takes the default (pretrain/micro_batch.py)."""
+        device = self.dist.device
+        if device.type != "cuda":
+            return choose_micro_batch(per_rank, device.type)
+        free = torch.cuda.mem_get_info(device)[0]
+        if self.dist.world_size > 1:
+            free = min(all_gather_objects(free))
+        model = memory_model(self.model_config, self.run.data, self.ds.precision)
+        return choose_micro_batch(per_rank, device.type, free, model)
 
     def _resolve_resume(self) -> ResumePoint:
         """Which checkpoint --load means (all ranks agree), the iteration and samples it continues from, the run's

@@ -25,7 +25,15 @@
 #              and exits with code 4; the Slurm templates send it before the time limit and requeue)
 #   SCALE      multiplies the paper's step counts (warmup and total); e.g. SCALE=0.001 for a smoke run
 #   BATCH_SCALE multiplies the paper's global batch (tokens per batch B*N = 131,072 at BATCH_SCALE=1)
-#   MICRO_BATCH per-rank micro batch (default 8: the paper's 32 V100s at N=512); accumulation is derived
+#   MICRO_BATCH per-rank micro batch; accumulation is derived, the global batch stays. Default: `auto` where GPUs are
+#              found (the largest of 1, 2, 4, ..., 128 that divides the per-rank batch and fits the GPU's free memory
+#              by a formula of the model; the trainer says what it chose and why: pretrain/micro_batch.py), else 8
+#              (the paper's 32 V100s at N=512, and what `auto` takes on a CPU)
+#   RECIPE     paper (default: Table 7, attention dropout 0.1) | fast (attention dropout 0, as ModernBERT and
+#              MosaicBERT train; hidden dropout stays 0.1). At N=4096 b=16 on one H200 (bert-base bf16, eager, the
+#              bf3efde run) attention dropout 0.1 cost 244.3 ms/step against 196.3 without (cuDNN attention forward
+#              + backward 53.0 + 72.8 ms vs 21.5 + 54.2); at N=512 b=128 141.3 vs 137.0 ms. fast trains another
+#              model than the papers' (docs/training.md, "Paper set-ups")
 #   DATA_PATH  Megatron-style prefixes (default data/bert_books_wiki_text_sentence)
 #   VOCAB      WordPiece vocab (default data/bert-base-uncased-vocab.txt)
 #   OUT        output root (default runs/$RUN_NAME); checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb
@@ -38,13 +46,24 @@ PY="${PY:-$ROOT/.venv/bin/python}"
 BIN="$(dirname "$PY")"
 
 LAUNCHER="${LAUNCHER:-deepspeed}"
+if { [ -z "${NPROC:-}" ] && [ "$LAUNCHER" != srun ]; } || [ -z "${MICRO_BATCH:-}" ]; then
+  GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
+fi
 if [ -z "${NPROC:-}" ] && [ "$LAUNCHER" != srun ]; then
-  NPROC="$("$PY" -c 'import torch; print(torch.cuda.device_count() or 2)')"
+  NPROC="$((GPUS > 0 ? GPUS : 2))"
 fi
 HOSTFILE="${HOSTFILE:-$ROOT/run_scripts/hostfile}"
 SCALE="${SCALE:-1}"
 BATCH_SCALE="${BATCH_SCALE:-1}"
-MICRO_BATCH="${MICRO_BATCH:-8}"
+if [ -z "${MICRO_BATCH:-}" ]; then
+  if [ "$GPUS" -gt 0 ]; then MICRO_BATCH=auto; else MICRO_BATCH=8; fi
+fi
+RECIPE="${RECIPE:-paper}"
+case "$RECIPE" in
+  paper) ATTENTION_DROPOUT=0.1 ;;  # Table 7 (BERT's and BlockBERT's 0.1)
+  fast) ATTENTION_DROPOUT=0.0 ;;   # ModernBERT's and MosaicBERT's 0: cuDNN's attention without dropout
+  *) echo "RECIPE must be paper or fast, got '$RECIPE'" >&2; exit 2 ;;
+esac
 DATA_PATH="${DATA_PATH:-data/bert_books_wiki_text_sentence}"
 VOCAB="${VOCAB:-data/bert-base-uncased-vocab.txt}"
 
@@ -61,7 +80,7 @@ paper_hparams() {  # $1 = sequence length N
   PAPER_ARGS=(--seq-length "$n" --max-position-embeddings "$n" --global-batch-size "$GLOBAL_BATCH"
     --micro-batch-size "$MICRO_BATCH" --train-iters "$TRAIN_ITERS" --lr 2.5e-4 --min-lr 0
     --lr-warmup-iters "$WARMUP_ITERS" --lr-decay-style linear --weight-decay 0.01 --adam-beta1 0.9
-    --adam-beta2 0.999 --adam-eps 1e-8 --clip-grad 1.0 --hidden-dropout 0.1 --attention-dropout 0.1
+    --adam-beta2 0.999 --adam-eps 1e-8 --clip-grad 1.0 --hidden-dropout 0.1 --attention-dropout "$ATTENTION_DROPOUT"
     --sample-mode doc-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file "$VOCAB"
     --data-path $DATA_PATH --split 949,50,1 --log-interval 100 --eval-interval 10000 --eval-iters 50
     --save-interval 10000 --keep-last 3)

@@ -18,7 +18,9 @@
 #   RAMP_FRACTION  batch-size warm-up (--rampup-batch-size, Megatron's semantics) over this fraction of the training
 #                  samples (default 0.029: ModernBERT's 50B of 1.719T tokens); 0 turns it off. It starts at
 #                  1/6 of the global batch (ModernBERT: 768 of 4608), rounded down to RAMP_UNIT, and grows by
-#                  RAMP_UNIT = micro batch x all ranks (default MICRO_BATCH x NPROC, one node: set it for several).
+#                  RAMP_UNIT = micro batch x all ranks (default MICRO_BATCH x NPROC, one node: set it for several;
+#                  with MICRO_BATCH=auto, the GPU default, 32 x NPROC: auto then chooses a micro batch dividing the
+#                  ramp's start and increment, at most 32 per rank).
 #                  With the ramp the run's length is --train-samples (Table 7's steps x the full batch), so it takes
 #                  more, smaller steps at the start, and the LR schedule counts samples as ModernBERT (tokens) and
 #                  Megatron do: --lr-warmup-samples (Table 7's warmup steps x the full batch) and
@@ -49,10 +51,12 @@ case "$OPTIMIZER" in
   adamw) DEFAULT_DS_CONFIG=ds_configs/zero1_bf16.json ;;
   *) echo "OPTIMIZER must be stableadamw or adamw" >&2; exit 2 ;;
 esac
+RAMP_MICRO="$MICRO_BATCH"
+if [ "$MICRO_BATCH" = auto ]; then RAMP_MICRO=32; fi
 # the run's length and the ramp: Table 7's steps at the full batch, or as many samples with a growing batch (the
 # LR schedule then counts samples: warmup and anneal given in samples, as Megatron requires with a ramp)
 read -r -a LENGTH < <("$PY" - "$TRAIN_ITERS" "$GLOBAL_BATCH" "${RAMP_FRACTION:-0.029}" \
-  "${RAMP_UNIT:-$((MICRO_BATCH * ${NPROC:-1}))}" "${WSD_DECAY_FRACTION:-0.1}" "$WARMUP_ITERS" <<'PYEOF'
+  "${RAMP_UNIT:-$(( ${RAMP_MICRO} * ${NPROC:-1} ))}" "${WSD_DECAY_FRACTION:-0.1}" "$WARMUP_ITERS" <<'PYEOF'
 import sys
 iters, batch, fraction, unit = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 wsd, warmup = float(sys.argv[5]), int(sys.argv[6])
