@@ -13,6 +13,7 @@ from model.attention.module import BlockSparseAttention
 from model.attention.sparsebert import DAMConfig, DAMMask, build_layer_mask, gated_attention, sparsity
 from model.config import ModelConfig
 from model.cpu_shortcuts import cpu_all
+from model.fused_norm import dropout_add_norm
 from model.positions import AbsolutePositionEmbedding, PositionalAttention
 from model.rotary import apply_rotary
 
@@ -179,6 +180,7 @@ class BertLayer(nn.Module):
         self.ffn_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias)
         self.dropout = nn.Dropout(c.hidden_dropout)
         self.act = _ACT[c.hidden_act]
+        self.fused_norm = c.residual_norm == "triton"  # post-LN only (ModelConfig checks)
 
     def ffn(self, x_BND: torch.Tensor) -> torch.Tensor:
         """The feed-forward sublayer: ffn_out(act(ffn_in(x))), or with GLU ffn_out(act(input) * gate)."""
@@ -201,10 +203,14 @@ class BertLayer(nn.Module):
                 self.attention(self.attn_layer_norm(x_BND), key_padding_mask_BN, score_bias, gate_HNN, docs)
             )
             return x_BND + self.dropout(self.ffn(self.ffn_layer_norm(x_BND)))
-        x_BND = self.attn_layer_norm(
-            x_BND + self.dropout(self.attention(x_BND, key_padding_mask_BN, score_bias, gate_HNN, docs))
+        x_BND = self._dropout_add_norm(
+            self.attention(x_BND, key_padding_mask_BN, score_bias, gate_HNN, docs), x_BND, self.attn_layer_norm
         )
-        return self.ffn_layer_norm(x_BND + self.dropout(self.ffn(x_BND)))
+        return self._dropout_add_norm(self.ffn(x_BND), x_BND, self.ffn_layer_norm)
+
+    def _dropout_add_norm(self, out_BND: torch.Tensor, residual_BND: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """``norm(dropout(out) + residual)``: eager, or one Triton kernel (ModelConfig.residual_norm)."""
+        return dropout_add_norm(out_BND, residual_BND, norm, self.dropout.p, self.training, self.fused_norm)
 
 
 class BertEncoder(nn.Module):

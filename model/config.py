@@ -16,6 +16,7 @@ from model.presets import PRESETS
 
 _LAYER_KEYS = ["kernel", "sparsity", "token_mask"]
 FFN_TYPES = ("standard", "glu")
+RESIDUAL_NORMS = ("eager", "triton")
 
 
 def _flag(flag: str, negative: str | None = None) -> dict[str, Any]:
@@ -232,6 +233,12 @@ class ModelConfig:
     first_attn_norm: bool = True
     """Pre-LN only: False gives layer 0 no attention LayerNorm, as ModernBERT (the embedding LayerNorm has just
     normalised its input)."""
+    residual_norm: str = field(default="eager", metadata=_flag("--residual-norm"))
+    """How a post-LN layer computes LayerNorm(dropout(sublayer) + residual), twice per layer: eager (torch's dropout,
+    add and LayerNorm: what torch.compile fuses by itself) | triton (one Triton kernel each way, the dropout mask
+    regenerated from a Philox seed instead of stored; model/fused_norm.py): on CUDA tensors and only where the model
+    is not being compiled (a compiled model runs the eager ops, which Inductor fuses). Not part of the architecture:
+    a checkpoint loads under either, exports drop it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
@@ -266,6 +273,16 @@ class ModelConfig:
             raise ValueError(f"head_size must be a positive integer or null, got {self.head_size}")
         if self.hidden_act not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"hidden_act must be gelu | gelu_tanh | relu, got {self.hidden_act!r}")
+        if self.residual_norm not in RESIDUAL_NORMS:
+            raise ValueError(
+                f"residual_norm (--residual-norm) must be one of {list(RESIDUAL_NORMS)}, got {self.residual_norm!r}"
+            )
+        if self.residual_norm == "triton" and self.pre_layer_norm:
+            raise ValueError(
+                "residual_norm (--residual-norm) 'triton' fuses post-LN layers' LayerNorm(dropout(x) + residual); a "
+                "pre-LN model (--pre-layer-norm, ModernBERT) normalises before each sublayer: use 'eager' (or "
+                "--compile)"
+            )
         if self.ffn_type not in FFN_TYPES:
             raise ValueError(f"ffn_type (--ffn-type) must be one of {list(FFN_TYPES)}, got {self.ffn_type!r}")
         if not self.first_attn_norm and not self.pre_layer_norm:

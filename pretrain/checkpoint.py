@@ -150,7 +150,7 @@ def prune(save_dir: str | os.PathLike, keep_last: int) -> list[str]:
 
 
 # Settings that may differ between a checkpoint and the run loading it (they change no weight shape or function).
-_FREE_MODEL_KEYS = {"hidden_dropout", "attention_dropout"}
+_FREE_MODEL_KEYS = {"hidden_dropout", "attention_dropout", "residual_norm"}  # residual_norm: a kernel choice
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

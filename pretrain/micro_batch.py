@@ -146,23 +146,14 @@ def choose_micro_batch(
         else f"{2 * micro if 2 * micro in fits else 'the next candidate'} would need about "
         f"{(2 * micro * per_sample + model.static_bytes()) / MIB:.0f} MiB"
     )
+    total = (micro * per_sample + model.static_bytes()) / MIB
     return MicroBatchChoice(
         micro,
-        f"micro batch {micro} (--micro-batch-size auto: estimated {(micro * per_sample + model.static_bytes()) / MIB:.0f}"
-        f" MiB = {model.static_bytes() / MIB:.0f} MiB static + {micro} x {per_sample / MIB:.1f} MiB per sample "
+        f"micro batch {micro} (--micro-batch-size auto: estimated {total:.0f} MiB = "
+        f"{model.static_bytes() / MIB:.0f} MiB static + {micro} x {per_sample / MIB:.1f} MiB per sample "
         f"(activations x {ACTIVATION_MARGIN}) of {MEMORY_FRACTION:.0%} of {free_bytes / MIB:.0f} MiB free; {why}; "
         f"candidates {list(fits)})",
     )
-
-
-def derived_accumulation(global_batch: int, micro: int, dp_world_size: int) -> int:
-    """Gradient accumulation steps that keep ``global_batch``: global / (micro x ranks), which must be whole."""
-    if global_batch % (micro * dp_world_size):
-        raise MicroBatchError(
-            f"global batch {global_batch} is not a multiple of micro batch {micro} x {dp_world_size} data-parallel "
-            "ranks; change --global-batch-size or --micro-batch-size"
-        )
-    return global_batch // (micro * dp_world_size)
 
 
 def memory_model(model_config, data_config, precision: str) -> MemoryModel:

@@ -21,9 +21,7 @@ MIB = 2**20
 
 
 def _bert_base(seq: int, slots: int | None = None, precision: str = "bf16") -> mb.MemoryModel:
-    data = SimpleNamespace(
-        seq_length=seq, max_predictions=slots or derived_max_predictions(seq, 0.15), mask_prob=0.15
-    )
+    data = SimpleNamespace(seq_length=seq, max_predictions=slots or derived_max_predictions(seq, 0.15), mask_prob=0.15)
     return mb.memory_model(ModelConfig.preset("bert-base"), data, precision)
 
 

@@ -10,7 +10,8 @@ afterwards (chrome://tracing, https://ui.perfetto.dev).
 Variants (:data:`STEP_VARIANTS`, in priority order: the most informative first) differ from the base (N=512, batch
 32, ZeRO-1, attention dropout 0.1, --sample-mode rows with an attention mask where padded, eager) in one setting
 each: compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0
-(which lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document
+(``dropout0``: the hidden dropout stays 0.1, as run_scripts/common.sh's RECIPE=fast; cuDNN's attention then draws no
+Philox mask, torch 2.11 runs cuDNN with dropout too), packed rows (--sample-mode packed-docs: no padding, document
 masks), ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
 per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json).
 ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
