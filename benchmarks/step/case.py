@@ -38,6 +38,9 @@ class Case:
     """torch.compile through the engine, as the trainer's --compile (pretrain.parallelize.apply_compile)."""
     sample_mode: str | None = None
     """With --data-path: the trainer's --sample-mode (None: --sample-mode of the command line)."""
+    residual_norm: str = "eager"
+    """ModelConfig.residual_norm of the post-LN (bert-base) variants: 'triton' fuses dropout + residual + LayerNorm
+    (model/fused_norm.py); the whole presets (pre-LN) keep their own."""
 
 
 def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
@@ -83,4 +86,5 @@ def case_model_config(case: Case, args) -> ModelConfig:
         hidden_dropout=0.1,
         attention_dropout=case.attention_dropout,
         attention={"kernel": kernel, "sparsity": sparsity},
+        residual_norm=case.residual_norm,
     )

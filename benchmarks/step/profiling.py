@@ -13,7 +13,8 @@ each: compiled (torch.compile through the engine, as the trainer's --compile), b
 (``dropout0``: the hidden dropout stays 0.1, as run_scripts/common.sh's RECIPE=fast; cuDNN's attention then draws no
 Philox mask, torch 2.11 runs cuDNN with dropout too), packed rows (--sample-mode packed-docs: no padding, document
 masks), ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
-per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json).
+per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json); last,
+fused_norm (--residual-norm triton: dropout + residual + LayerNorm in one Triton kernel each way, eager only).
 ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
 bounds the run: a variant is started only when the time left exceeds the longest variant so far (compiled: twice
 that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly with what it has.
@@ -54,6 +55,7 @@ STEP_VARIANTS: dict[str, dict] = {
     "packed": {"sample_mode": "packed-docs"},
     "zero0": {"zero": 0},
     "zero2": {"zero": 2},
+    "fused_norm": {"residual_norm": "triton"},
 }
 """Variant name (``--variants`` of ``--measure profile``) -> what it changes from the base case; the order is the
 priority order. A variant with a ``ds_config`` names a bf16 file (``--measure host`` counts their host work on CPU):
