@@ -169,16 +169,21 @@ def test_trainer_chooses_on_cpu_and_resumes_with_another_micro(tmp_path):
 
     tu.prepare(tmp_path)
     ckpt = str(tmp_path / "ckpt")
-    args = tu.train_args(tmp_path, "zero1_fp32.json", 2, "--save", ckpt, "--load", ckpt, global_batch=8)
+    args = tu.train_args(
+        tmp_path, "zero1_fp32.json", 4, "--save", ckpt, "--load", ckpt, "--exit-interval", "2", global_batch=8
+    )
     i = args.index("--micro-batch-size")
     args[i + 1] = "auto"
     p = tu.launch("python", args, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:]
     assert re.search(r"micro batch 8 \(--micro-batch-size auto on cpu: the CPU default 8", p.stdout), p.stdout[-3000:]
     assert "global batch 8 kept: 1 accumulation step(s) x 8 x 1 rank(s)" in p.stdout
-    # the checkpoint records the number it chose; a resume at micro 4 keeps the global batch (2 accumulation steps)
+    # the checkpoint records the number it chose (8, not 'auto'): a resume at micro 4 keeps the global batch (2
+    # accumulation steps) and says so
     args[i + 1] = "4"
-    args[args.index("--train-iters") + 1] = "3"
+    j = args.index("--exit-interval")
+    del args[j : j + 2]
     p = tu.launch("python", args, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:]
     assert "micro batch size 4 differs from the checkpoint's 8: same samples per step" in p.stdout, p.stdout[-3000:]
+    assert re.search(r"iteration 4/4 \|", p.stdout), p.stdout[-3000:]
