@@ -185,3 +185,23 @@ def test_setting_is_checked_and_not_architecture():
     legacy = dict(a)
     del legacy["residual_norm"]  # written before the setting existed
     assert architecture_differences(legacy, b) == []
+
+
+def test_activation_checkpointing_recomputes_the_same_mask():
+    """--checkpoint-activations recomputes a layer in the backward: the seed comes from torch's generator, whose state
+    torch.utils.checkpoint restores, so the recomputed forward draws the same mask and the gradients are the same."""
+    from torch.utils.checkpoint import checkpoint
+
+    _, fused = _layer_pair(hidden_dropout=0.3, attention_dropout=0.0)
+    fused.train()
+    x = torch.randn(2, 16, fused.ffn_layer_norm.normalized_shape[0], device=DEVICE)
+    grads = []
+    for recompute in (False, True):
+        torch.manual_seed(11)
+        xi = x.clone().requires_grad_()
+        y = checkpoint(fused, xi, use_reentrant=False) if recompute else fused(xi)
+        y.square().sum().backward()
+        grads.append((y.detach(), xi.grad.clone()))
+        fused.zero_grad()
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-6, atol=1e-6)
