@@ -1,10 +1,17 @@
 """block_gather's permutation plan (fast path) for layouts where every query tile attends exactly one aligned key tile.
 
 BlockBERT is the case that matters: with n chunks per head, query chunk i attends key chunk (i + k) mod n. Then no
-token gather is needed: q is a *view* ``[B, H*n, N/n, D]`` (tile g = head h, chunk i), and so are k/v when every
-head's map is the identity; otherwise k/v take their tiles with one ``index_select`` of whole tiles. One fused SDPA
-call for all heads, whose output already is ``[B, H, N, D]``. Compared to the general gather path this saves the
-per-token gather and its index_add backward when the map is the identity, and the query/output permutations.
+token gather is needed, and one fused SDPA call covers every head:
+
+- the encoder's q/k/v (slices of one ``[B, N, 3, H, D]`` projection) or one sequence: the chunks fold into SDPA's
+  batch axis, ``[B*n, H, N/n, D]``, as views; the output is already the ``[B, N, H, D]`` memory the output projection
+  reads. Shifted heads' K/V chunks move in one copy (:class:`_ChunkShift`), q with them when that frees the fused
+  projection, so the training forward keeps dense's bytes (tests/test_saved_activations.py);
+- other inputs (contiguous ``[B, H, N, D]``), and calls with token masks, score biases or a fixed token mask: tiles
+  ``[B, H*n, N/n, D]`` (g = head h, chunk i, a view), shifted heads' key tiles by one whole-tile permutation;
+- a sequence shorter than the plan's grid (n x block does not divide N): the same chunks, the last ones cut to their
+  real length, one SDPA call per (run of heads, query chunk) on views: no padded copy, no key mask
+  (:meth:`PermutationPlan._run_ragged`).
 
 Key padding, per-call token masks, the plan's fixed token mask, score biases and dropout go through the same
 ``sdpa_with_allow`` as the general path (masks and biases are gathered for the tiles), so results match ``dense``
@@ -204,7 +211,8 @@ def _chunk_spans(m: tuple) -> list[tuple[int, int, int]]:
 
 
 def _copy_chunks(dst_BnTHD: torch.Tensor, src_BnTHD: torch.Tensor, runs: tuple, inverse: bool) -> None:
-    """``dst[:, i, :, h] = src[:, m_h(i), :, h]`` for every run of heads (``inverse``: ``dst[:, m_h(i)] = src[:, i]``)."""
+    """``dst[:, i, :, h] = src[:, m_h(i), :, h]`` for every run of heads (``inverse``: ``dst[:, m_h(i)] =
+    src[:, i]``)."""
     for h0, h1, m in runs:
         for i, j, c in _chunk_spans(m):
             a, b = (j, i) if inverse else (i, j)
@@ -254,13 +262,13 @@ class _ChunkShift(torch.autograd.Function):
 
 
 class _Pieces(torch.autograd.Function):
-    """Views ``x[:, h0:h1, s:s+l]`` for ``specs`` ((h0, h1, s, l), ...); the backward writes all their gradients into
+    """Views ``x[:, h0:h1, s:s+ln]`` for ``specs`` ((h0, h1, s, ln), ...); the backward writes all their gradients into
     one buffer (autograd's own slice backward makes one zero-filled full-size gradient per slice)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, specs: tuple):
         ctx.specs, ctx.shape = specs, x.shape
-        return tuple(x[:, h0:h1, s : s + l] for h0, h1, s, l in specs)
+        return tuple(x[:, h0:h1, s : s + ln] for h0, h1, s, ln in specs)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -268,17 +276,17 @@ class _Pieces(torch.autograd.Function):
         specs = ctx.specs
         # runs partition the heads and a run's pieces start at distinct chunks: distinct (h0, s) do not overlap
         exact = len({(h0, s) for h0, _, s, _ in specs}) == len(specs)
-        exact = exact and sum((h1 - h0) * l for h0, h1, _, l in specs) == H * N and all(g is not None for g in grads)
+        exact = exact and sum((h1 - h0) * ln for h0, h1, _, ln in specs) == H * N and all(g is not None for g in grads)
         dx = None
-        for g, (h0, h1, s, l) in zip(grads, specs):
+        for g, (h0, h1, s, ln) in zip(grads, specs):
             if g is None:
                 continue
             if dx is None:  # every row written exactly once: no zero fill, no addition
                 dx = g.new_empty(ctx.shape) if exact else g.new_zeros(ctx.shape)
             if exact:
-                dx[:, h0:h1, s : s + l].copy_(g)
+                dx[:, h0:h1, s : s + ln].copy_(g)
             else:
-                dx[:, h0:h1, s : s + l] += g
+                dx[:, h0:h1, s : s + ln] += g
         return dx, None
 
 
@@ -290,17 +298,16 @@ class _Assemble(torch.autograd.Function):
     def forward(ctx, shape: tuple, specs: tuple, *outs: torch.Tensor):
         B, H, N, Dv = shape
         ctx.specs = specs
-        covered = sum((h1 - h0) * l for h0, h1, _, l in specs) == H * N
+        covered = sum((h1 - h0) * ln for h0, h1, _, ln in specs) == H * N
         buf = (outs[0].new_empty if covered else outs[0].new_zeros)(B, N, H, Dv)
         out = buf.transpose(1, 2)
-        for o, (h0, h1, s, l) in zip(outs, specs):
-            out[:, h0:h1, s : s + l].copy_(o)
+        for o, (h0, h1, s, ln) in zip(outs, specs):
+            out[:, h0:h1, s : s + ln].copy_(o)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return (None, None, *(grad[:, h0:h1, s : s + l] for h0, h1, s, l in ctx.specs))
-
+        return (None, None, *(grad[:, h0:h1, s : s + ln] for h0, h1, s, ln in ctx.specs))
 
 
 class _PermuteTiles(torch.autograd.Function):

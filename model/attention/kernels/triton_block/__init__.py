@@ -6,8 +6,8 @@ It takes key padding, packed documents (``doc_ids_BN``), attention dropout (Phil
 ``torch.manual_seed``) and the score scale inside the kernel. A layer's fixed token mask (ModernBERT's sliding
 window, a SparseBERT pattern) is not in this kernel: such a layer is routed once, when its plan is made, to the
 kernel ``auto``'s rule picks for it (:class:`RoutedPlan`; its start-up line says which). Per-call token masks and
-DIET score biases run ``block_gather``'s plan instead, said once by a warning (never ignored silently). Sparsity is data: per head and query tile the key tiles to
-visit (CSR, :mod:`.tables`), built once per plan."""
+DIET score biases run ``block_gather``'s plan instead, said once by a warning (never ignored silently). Sparsity
+is data: per head and query tile the key tiles to visit (CSR, :mod:`.tables`), built once per plan."""
 
 from __future__ import annotations
 
