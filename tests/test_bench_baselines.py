@@ -54,19 +54,25 @@ def test_dense_is_never_routed_through_a_sparse_kernel_by_a_benchmark_flag(measu
             assert layout_density(cfg, n) == 1.0  # dense layers: auto runs its dense path on them
     # the profile measure's base case is dense whatever --kernel says
     variants = [v for v in profiling.STEP_VARIANTS if v != "packed"]  # packed needs --data-path; its case is dense too
-    prof = _args("profile", ["--model-preset", "bert-base", "--kernel", kernel, "--device", "cpu", "--variants", *variants])
+    prof = _args(
+        "profile", ["--model-preset", "bert-base", "--kernel", kernel, "--device", "cpu", "--variants", *variants]
+    )
     for v in prof.variants:
-        assert case_model_config(profiling.variant_case(v, Case(seq_len=512, batch=32)), prof).attention.kernel == "auto"
+        assert (
+            case_model_config(profiling.variant_case(v, Case(seq_len=512, batch=32)), prof).attention.kernel == "auto"
+        )
 
 
 def test_the_long_rows_and_the_window_variant():
-    """Issue #48's rows where attention dominates: dense, n=2, n=3 and the 64-token window at N=16384 and 32768, bert-base
-    (model/presets.py), micro-batch 2 and 1 with --tokens 32768; the window is the kernel table's local_bi_b64."""
+    """Issue #48's rows where attention dominates: dense, n=2, n=3 and the 64-token window at N=16384 and 32768,
+    bert-base (model/presets.py), micro-batch 2 and 1 with --tokens 32768; the window is the kernel table's
+    local_bi_b64."""
     from tools.bench_layouts import TUNED_LAYOUTS
 
     long = parse_cases(["long"])
-    assert sorted(long) == sorted((v, n) for n in (16384, 32768) for v in ("dense", "blockbert-n2", "blockbert-n3",
-                                                                            "window-b64"))
+    assert sorted(long) == sorted(
+        (v, n) for n in (16384, 32768) for v in ("dense", "blockbert-n2", "blockbert-n3", "window-b64")
+    )
     assert parse_cases(["dense@512", "long"])[0] == ("dense", 512) and len(CASE_SETS["long"]) == 8
     args = _args("time", ["--model-preset", "bert-base", "--tokens", "32768", "--cases", "long", "--device", "cpu"])
     assert (args.hidden, args.layers, args.heads) == (768, 12, 12)
@@ -111,8 +117,17 @@ def test_the_split_counts_each_attention_op_once_and_finds_the_math_backward():
     bwd_bmm.add(Ev("aten::bmm", 29, 290))
     other_bwd = Ev(profiling.BACKWARD_NODE + "AddmmBackward0", 60, 600, sequence_nr=1, fwd_thread=1)
     other_thread = Ev(profiling.BACKWARD_NODE + "BmmBackward0", 9, 90, sequence_nr=8, fwd_thread=2)
-    events = [layer, sdpa, inner, *inner.cpu_children, compiled_bwd, bwd_bmm, *bwd_bmm.cpu_children, other_bwd,
-              other_thread]
+    events = [
+        layer,
+        sdpa,
+        inner,
+        *inner.cpu_children,
+        compiled_bwd,
+        bwd_bmm,
+        *bwd_bmm.cpu_children,
+        other_bwd,
+        other_thread,
+    ]
     got = profiling.attention_events(events)
     assert {e.name for e in got} == {sdpa.name, compiled_bwd.name, bwd_bmm.name} and len(got) == 3
 
@@ -157,8 +172,17 @@ def test_the_split_of_a_real_cpu_training_step(dropout):
 
 # ----------------------------------------------------------------------------------------------- the ideal column
 def _row(variant, step_ms, density, **kw):
-    row = dict(variant=variant, precision="bf16", seq_len=4096, batch=4, attention_dropout=0.1,
-               batches="synthetic", compiled=False, step_s=step_ms / 1e3, density=density)
+    row = dict(
+        variant=variant,
+        precision="bf16",
+        seq_len=4096,
+        batch=4,
+        attention_dropout=0.1,
+        batches="synthetic",
+        compiled=False,
+        step_s=step_ms / 1e3,
+        density=density,
+    )
     return row | kw
 
 

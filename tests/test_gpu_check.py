@@ -203,14 +203,21 @@ def test_gpu_window_skips_a_part_past_its_budget_and_says_so(tmp_path):
     assert "GPU_CHECK_STEP_DEADLINE=" in script  # the profile's variants stop at the part's end
     env = dict(os.environ, BUDGET="30", PATH=f"{tmp_path}:{os.environ['PATH']}")
     for tool in ("nvidia-smi", "timeout"):  # no GPU here: stubs that say what they were asked
-        (tmp_path / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\"\n")
+        (tmp_path / tool).write_text(f'#!/bin/sh\necho {tool} "$@"\n')
         (tmp_path / tool).chmod(0o755)
     p = subprocess.run(
         ["bash", "run_scripts/gpu_window.sh", str(tmp_path / "win")], cwd=REPO, env=env, capture_output=True, text=True
     )
     skipped = re.findall(r"\[win\] (\w+) skipped: (-?\d+) s left of the budget, it needs (\d+)", p.stdout)
     assert [name for name, _, _ in skipped] == [
-        "gc", "dense_padded", "dense_unpadded", "kernels_p01", "steps_4096", "steps_long", "kernels_long", "memory",
+        "gc",
+        "dense_padded",
+        "dense_unpadded",
+        "kernels_p01",
+        "steps_4096",
+        "steps_long",
+        "kernels_long",
+        "memory",
         "kernels_p0",
     ], p.stdout + p.stderr
     assert all(int(left) < int(need) for _, left, need in skipped)

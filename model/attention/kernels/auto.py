@@ -93,8 +93,7 @@ def table_choice(
         warning = (
             f"WARNING: the table was measured at attention dropout {nearest:g}, this run trains with {dropout_p:g}: "
             f"falling back to the dropout-{nearest:g} ranking of the paths that have dropout {dropout_p:g}"
-            + f"; measure it: python -m benchmarks.attention --measure time --dropout {dropout_p:g}, then "
-            "python -m tools.auto_table"
+            + f"; measure it with the kernel table's --dropout {dropout_p:g} (docs/model.md, 'Measured table')"
         )
     return TableHit(kernel, entry, warning)
 
