@@ -190,8 +190,8 @@ def test_the_ideal_is_o_plus_a_times_density_of_the_same_set_up():
     """Dense 100 ms of which attention 40 ms: n=2 (density 0.5) ideally 80 ms, the window (0.05) 62 ms; rows of
     another batch, dropout or a whole preset get no ideal; dense itself is 1.00x."""
     rows = [
-        _row("dense", 100, 1.0, attention_s=0.040, attention_share=0.4),
-        _row("blockbert-n2", 88, 0.5),
+        _row("dense", 100, 1.0, attention_s=0.040, attention_share=0.4, peak_memory_mib=1000.0),
+        _row("blockbert-n2", 88, 0.5, peak_memory_mib=900.0),
         _row("window-b64", 62, 0.05),
         _row("blockbert-n2", 50, 0.5, batch=8),
         _row("blockbert-n3", 70, 0.33, attention_dropout=0.0),
@@ -201,9 +201,12 @@ def test_the_ideal_is_o_plus_a_times_density_of_the_same_set_up():
     timing.add_ideal(rows)
     assert rows[0]["ideal_s"] == pytest.approx(0.100) and rows[0]["vs_ideal"] == pytest.approx(1.0)
     assert rows[1]["ideal_s"] == pytest.approx(0.080) and rows[1]["vs_ideal"] == pytest.approx(1.1)
+    assert rows[1]["vs_dense"] == pytest.approx(0.88) and rows[1]["memory_vs_dense"] == pytest.approx(0.9)
+    assert "memory_vs_dense" not in rows[2]  # no peak on CPU: no ratio
     assert rows[2]["ideal_s"] == pytest.approx(0.062) and rows[2]["vs_ideal"] == pytest.approx(1.0)
     assert not any("ideal_s" in r for r in rows[3:])
     assert "modernbert-blockbert" in WHOLE_PRESETS
     lines = timing.markdown({"rows": rows[:3]})
-    assert lines[0].endswith("| ideal ms | vs ideal |") and "| 80.0 | 1.10x |" in lines[3]
+    assert lines[0].endswith("| vs dense | mem vs dense | ideal ms | vs ideal |")
+    assert lines[3].endswith("| 0.88x | 0.90x | 80.0 | 1.10x |")
     assert any("A (attention) 40.0 ms = 40% of the step, O 60.0 ms" in line for line in lines)

@@ -40,17 +40,19 @@ from benchmarks.step.case import WHOLE_PRESETS, Case
 from benchmarks.step.engine import TrainStep, sync
 from pretrain.throughput import peak_tflops
 
-PROFILED_STEPS = 2
-"""Steps the dense row runs under torch.profiler, after its timed ones, for the ideal column's split."""
+PROFILED_STEPS = {"cuda": 2, "cpu": 1}
+"""Steps the dense row runs under torch.profiler, after its timed ones, for the ideal column's split, per device type
+(one on CPU: the CPU runs are smoke tests of the harness)."""
 
 
-def attention_split(ts: TrainStep, steps: int = PROFILED_STEPS) -> float:
+def attention_split(ts: TrainStep, steps: int | None = None) -> float:
     """Seconds per step the attention core of ``ts``'s step takes (torch.profiler over ``steps`` more steps)."""
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.step.profiling import attention_seconds
 
     device = ts.device
+    steps = steps or PROFILED_STEPS.get(device.type, 1)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
     with profile(activities=activities) as prof:
@@ -66,8 +68,9 @@ def ideal_key(row: dict) -> tuple:
 
 
 def add_ideal(rows: list[dict]) -> None:
-    """Each row of a group with a profiled dense row gets ``ideal_s`` = O + A x density (O = dense step - A) and
-    ``vs_ideal`` = step / ideal (module docstring)."""
+    """Each row of a group with a profiled dense row gets ``ideal_s`` = O + A x density (O = dense step - A),
+    ``vs_ideal`` = step / ideal (module docstring), and its step and peak memory over dense's (``vs_dense``,
+    ``memory_vs_dense``)."""
     dense = {ideal_key(r): r for r in rows if r.get("variant") == "dense" and r.get("attention_s") is not None}
     for r in rows:
         d = dense.get(ideal_key(r))
@@ -76,6 +79,9 @@ def add_ideal(rows: list[dict]) -> None:
         a = min(d["attention_s"], d["step_s"])
         r["ideal_s"] = (d["step_s"] - a) + a * r["density"]
         r["vs_ideal"] = r["step_s"] / r["ideal_s"]
+        r["vs_dense"] = r["step_s"] / d["step_s"]
+        if r.get("peak_memory_mib") and d.get("peak_memory_mib"):
+            r["memory_vs_dense"] = r["peak_memory_mib"] / d["peak_memory_mib"]
 
 
 def measure(variant: str, precision: str, seq_len: int, args, device: torch.device) -> dict:
@@ -187,6 +193,8 @@ COLUMNS = [
     ("tflops", "TFLOP/s", ".1f"),
     ("mfu", "MFU", _pct),
     ("peak_memory_mib", "peak MiB", ".0f"),
+    ("vs_dense", "vs dense", lambda x: f"{x:.2f}x"),
+    ("memory_vs_dense", "mem vs dense", lambda x: f"{x:.2f}x"),
     ("ideal_s", "ideal ms", lambda s: f"{1e3 * s:.1f}"),
     ("vs_ideal", "vs ideal", lambda x: f"{x:.2f}x"),
     ("error", "error"),
