@@ -142,7 +142,8 @@ class AutoPlan:
             ratios = ", ".join(f"{k} {r:.2f}x" for k, r in sorted(e["ratios"].items(), key=lambda kv: kv[1]))
             why = (
                 f"measured table ({e['gpu']} sm {e['capability'][0]}.{e['capability'][1]}, N={e['n']}, attention "
-                f"dropout {entry_dropout(e):g}, report {e['report']} at {e['commit']}: {ratios} of unmasked dense SDPA"
+                f"dropout {entry_dropout(e):g}, {'contiguous q/k/v' if e.get('qkv') == 'contiguous' else 'q/k/v views'}"
+                f", report {e['report']} at {e['commit']}: {ratios} of unmasked dense SDPA"
                 + ("; flex left out: it has no attention dropout" if dropout_p > 0 and hit.kernel != "flex" else "")
                 + ")"
                 + (f"; {hit.warning}" if hit.warning else "")
