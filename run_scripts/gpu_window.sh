@@ -47,12 +47,12 @@ DATA=(--data-path "$WORK/data/sample_text_sentence" --vocab-file "$WORK/data/voc
 [ -f "$WORK/data/vocab.txt" ] || [ -n "${DRY_RUN:-}" ] || { DATA=(); PACKED=; }  # no shards: synthetic rows, no packed
 STEP="$PY -m benchmarks.step"
 
-# 1. #47: the dense step, profiled (MFU, busy, top kernels): N=512 b=32/64/128 on the trainer's padded rows, attention
-#    dropout 0 vs 0.1, packed rows vs padded, eager vs compiled; then unpadded (synthetic) rows at b=128 eager/compiled
+# 1. #47: the dense step, profiled (MFU, busy, top kernels): N=512 b=32/128/64 on the trainer's padded rows, attention
+#    dropout 0 vs 0.1, eager vs compiled, packed rows vs padded (variants in that priority: the profile leaves out, and
+#    names, those past the part's end); then unpadded (synthetic) rows at b=128 eager/compiled/dropout 0
 part dense_padded 80 40 $STEP --measure profile --model-preset bert-base --seq-len 512 --batch 32 --precision bf16 \
-  --variants eager batch_x2 batch_x4 dropout0 $PACKED compiled --sample-mode full-sentences ${DATA[@]+"${DATA[@]}"} \
-  --warmup 3 \
-  --steps 2 --compile-estimate-s 40 --json "$W/dense_padded.json"
+  --variants eager batch_x4 dropout0 compiled $PACKED batch_x2 --sample-mode full-sentences ${DATA[@]+"${DATA[@]}"} \
+  --warmup 3 --steps 2 --compile-estimate-s 40 --json "$W/dense_padded.json"
 part dense_unpadded 50 30 $STEP --measure profile --model-preset bert-base --seq-len 512 --batch 128 --precision bf16 \
   --variants eager compiled dropout0 --warmup 2 --steps 2 --compile-estimate-s 35 --json "$W/dense_unpadded.json"
 # TO CONFIRM AFTER MERGE (helper C, compile without the all-ones mask: two graphs, padded and unpadded):
