@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.report import commit_info, write_json
 from benchmarks.step import host, memory, profiling, timing
-from benchmarks.step.case import TOKENS_PER_STEP, VARIANTS, WHOLE_PRESETS, parse_cases, preset_shape
+from benchmarks.step.case import DEFAULT_VARIANTS, TOKENS_PER_STEP, VARIANTS, parse_cases, preset_shape
 
 MEASURES = {"time": timing, "profile": profiling, "memory": memory, "host": host}
 """--measure -> the module that measures it (its docstring is its --help)."""
@@ -66,15 +66,16 @@ def _time_flags(p: argparse.ArgumentParser) -> None:
         "--variants",
         nargs="+",
         choices=list(VARIANTS),
-        default=[v for v in VARIANTS if v not in WHOLE_PRESETS],
-        help="default: the bert-base-sized ones (whole presets only when named)",
+        default=DEFAULT_VARIANTS,
+        help="default: dense and BlockBERT n=2, n=3 (the window and whole presets only when named)",
     )
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
     p.add_argument(
         "--cases",
         nargs="+",
         metavar="VARIANT@N",
-        help="measure exactly these (e.g. dense@512 dense@4096 blockbert-n2@4096) instead of --variants x --seq-lens",
+        help="measure exactly these (e.g. dense@512 dense@4096 blockbert-n2@4096) instead of --variants x --seq-lens; "
+        "a set's name (long: dense, n=2, n=3 and window-b64 at N=16384 and 32768) stands for its cases",
     )
     p.add_argument(
         "--precisions",

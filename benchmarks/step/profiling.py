@@ -26,6 +26,7 @@ accelerator ``synchronize``), by function.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 import warnings
@@ -128,6 +129,64 @@ def profile_summary(prof, device: torch.device, wall_s: float, steps: int) -> di
         for k, us, n in rows[:TOP_KERNELS]
     ]
     return {"top_kernels": top, "busy_fraction": busy_us / 1e6 / wall_s, "kernels_total": len(rows)}
+
+
+ATTENTION_OPS = re.compile(
+    r"scaled_?dot_?product|flash_?attention|efficient_?attention|cudnn_?attention|flex_?attention", re.IGNORECASE
+)
+"""The attention core's operators and autograd nodes by name (SDPA and its fused backends, forward and backward,
+eager or from a compiled graph; FlexAttention)."""
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+"""torch.profiler's name prefix of an autograd node run in the backward."""
+
+
+def _time_us(e, device: torch.device) -> float:
+    """An event's inclusive time: its kernels' device time on a GPU, its CPU time (children included) on CPU."""
+    return (e.device_time_total if device.type == "cuda" else e.cpu_time_total) or 0.0
+
+
+def attention_events(events) -> list:
+    """The profile's events that are the attention core, each counted once (none inside another): every outermost
+    operator named as :data:`ATTENTION_OPS` says, and every backward autograd node whose forward ran inside one
+    (matched by autograd's sequence number and forward thread: SDPA's math backend, CPU's path under dropout,
+    records its backward as BmmBackward0, SafeSoftmaxBackward0, ... which no name gives away)."""
+    events = list(events)
+    forward_seq: set[tuple[int, int | None]] = set()
+
+    def collect(e) -> None:
+        if e.sequence_nr is not None and e.sequence_nr >= 0:
+            forward_seq.add((e.sequence_nr, e.thread))
+        for c in e.cpu_children:
+            collect(c)
+
+    named = [e for e in events if ATTENTION_OPS.search(e.name)]
+    for e in named:
+        if not e.name.startswith(BACKWARD_NODE):
+            collect(e)
+    by_seq = [
+        e
+        for e in events
+        if e.name.startswith(BACKWARD_NODE)
+        and e.sequence_nr is not None
+        and (e.sequence_nr, e.fwd_thread if e.fwd_thread is not None else e.thread) in forward_seq
+    ]
+    chosen = {id(e): e for e in named + by_seq}
+
+    def outermost(e) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if id(p) in chosen:
+                return False
+            p = p.cpu_parent
+        return True
+
+    return [e for e in chosen.values() if outermost(e)]
+
+
+def attention_seconds(prof, device: torch.device, steps: int) -> float:
+    """Seconds per step the attention core took in a finished profile of ``steps`` steps (:func:`attention_events`):
+    kernel time on a GPU, operator time on CPU."""
+    return sum(_time_us(e, device) for e in attention_events(prof.events())) / 1e6 / steps
 
 
 def profile_variant(name: str, case: Case, args, device: torch.device, trace: str | None) -> dict:
