@@ -148,7 +148,10 @@ class RoutedPlan:
     auto: AutoPlan
 
     def prepare(self, device: torch.device, dtype: torch.dtype, configured_dropout_p: float):
-        return self.auto.prepare(device, dtype, configured_dropout_p)
+        plan = self.auto.prepare(device, dtype, configured_dropout_p)
+        if self.auto.chosen[dtype] == "triton_block":  # family None: no table entry; the rule never picks it
+            raise RuntimeError("triton_block's fixed-token-mask route chose triton_block itself (auto's rule changed?)")
+        return plan
 
     @property
     def chosen(self) -> dict:
