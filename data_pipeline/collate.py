@@ -10,6 +10,18 @@ from data_pipeline.masking import MLMMasker, sample_keys
 from data_pipeline.samples import PACKED
 
 
+def segment_offsets(doc_ids_BL: torch.Tensor) -> torch.Tensor:
+    """``cu_seqlens`` of a packed batch (int32 ``[S + 1]``): where each run of equal document ids starts in the
+    flattened ``B * L`` tokens, every row start included (the row's tail of padding, id -1, is one more run), then
+    ``B * L``. Made once per batch here, on the host, so the model's varlen attention
+    (model/attention/kernels/varlen.py) never waits for the device to find the documents."""
+    B, L = doc_ids_BL.shape
+    starts_BL = torch.ones(B, L, dtype=torch.bool)
+    starts_BL[:, 1:] = doc_ids_BL[:, 1:] != doc_ids_BL[:, :-1]
+    begin = torch.nonzero(starts_BL.flatten()).flatten()
+    return torch.cat([begin, torch.tensor([B * L])]).to(torch.int32)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # collation + masking
 # ---------------------------------------------------------------------------------------------------------
@@ -81,6 +93,7 @@ class Collator:
         out["labels"] = labels
         if self.packed:
             out["doc_ids"] = flat[2 * B * L + 3 * B : 3 * B * L + 3 * B].view(B, L).long()
+            out["cu_seqlens"] = segment_offsets(out["doc_ids"])
         return out
 
     def __call__(self, items: list[tuple]) -> dict[str, torch.Tensor]:
