@@ -11,15 +11,16 @@ from data_pipeline.samples import PACKED
 
 
 def segment_offsets(doc_ids_BL: torch.Tensor) -> torch.Tensor:
-    """``cu_seqlens`` of a packed batch (int32 ``[S + 1]``): where each run of equal document ids starts in the
-    flattened ``B * L`` tokens, every row start included (the row's tail of padding, id -1, is one more run), then
-    ``B * L``. Made once per batch here, on the host, so the model's varlen attention
-    (model/attention/kernels/varlen.py) never waits for the device to find the documents."""
+    """``cu_seqlens`` of a packed batch (int64 ``[S + 1]``, as every batch tensor; the model hands FlashAttention
+    int32): where each run of equal document ids starts in the flattened ``B * L`` tokens, every row start included
+    (the row's tail of padding, id -1, is one more run), then ``B * L``. Made once per batch here, on the host, so
+    the model's varlen attention (model/attention/kernels/varlen.py) never waits for the device to find the
+    documents."""
     B, L = doc_ids_BL.shape
     starts_BL = torch.ones(B, L, dtype=torch.bool)
     starts_BL[:, 1:] = doc_ids_BL[:, 1:] != doc_ids_BL[:, :-1]
     begin = torch.nonzero(starts_BL.flatten()).flatten()
-    return torch.cat([begin, torch.tensor([B * L])]).to(torch.int32)
+    return torch.cat([begin, torch.tensor([B * L])])
 
 
 # ---------------------------------------------------------------------------------------------------------

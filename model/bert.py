@@ -276,7 +276,8 @@ class BertModel(nn.Module):
                     "packed sequences (doc_ids) need absolute or rotary positions: DIET's positional attention and "
                     "per-head segments do not restart per document; use a non-packed sample mode"
                 )
-            docs = Documents.from_ids(doc_ids.to(input_ids.device), cu_seqlens)
+            cu = None if cu_seqlens is None else cu_seqlens.to(input_ids.device, torch.int32)  # FlashAttention's
+            docs = Documents.from_ids(doc_ids.to(input_ids.device), cu)
         biases = None
         if self.positional_attention is not None:
             biases = self.positional_attention.biases(self.positional_attention(N, token_type_ids, B))

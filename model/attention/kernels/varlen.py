@@ -1,7 +1,7 @@
 """The varlen route of full (dense) attention over packed rows: FlashAttention's variable-length kernel through
 torch, one launch over every document of the batch, no ``[B, 1, N, N]`` same-document mask and no key mask.
 
-A packed batch carries ``cu_seqlens`` (int32 ``[S + 1]``, made once per batch on the host by the collator,
+A packed batch carries ``cu_seqlens`` (``[S + 1]``, int32 in the model, made once per batch on the host by the collator,
 data_pipeline/collate.py ``segment_offsets``): the token offsets, in the batch's flattened ``B * N`` tokens, where
 each run of equal document ids starts, the tail of padding of a row (id -1) being one more run, and ``B * N`` last.
 Attention within each run is exactly the same-document mask's attention (the padding run attends to itself only;
