@@ -172,7 +172,8 @@ def test_compiled_step_equals_eager(case):
 @pytest.mark.timeout(1200)
 def test_trainer_with_compile_logs_the_eager_losses(tmp_path):
     """A real Trainer run with --compile (DeepSpeed's engine.compile(), inductor on CPU, ZeRO-1 fp32, BlockBERT n=2
-    through auto -> block_gather) logs the eager run's losses, with no graph break and no recompile in its log.
+    through auto -> block_gather) logs the eager run's losses, with no graph break and at most one recompile in its
+    log (the second of the two batch kinds, padded and unpadded).
     Dropout 0: inductor draws its own random numbers (fallback_random is not a flag of the trainer)."""
     tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
     losses = {}
@@ -192,7 +193,9 @@ def test_trainer_with_compile_logs_the_eager_losses(tmp_path):
         )
         p = tu.launch("python", args, timeout=1100, TORCH_LOGS="graph_breaks,recompiles,graph_code")
         assert p.returncode == 0, p.stdout[-4000:]
-        assert "Graph break" not in p.stdout and "Recompiling" not in p.stdout, p.stdout[-4000:]
+        assert "Graph break" not in p.stdout, p.stdout[-4000:]
+        # at most the second batch kind (padded / unpadded: two graphs) recompiles, once
+        assert p.stdout.count("Recompiling function") <= 1, p.stdout[-4000:]
         assert ("TRACED GRAPH" in p.stdout) == bool(extra)  # the logs are on: Dynamo traced the compiled run
         losses[name] = [r["loss"] for r in tu.train_records(log)]
     assert len(losses["eager"]) == 3
