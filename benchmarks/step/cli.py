@@ -171,8 +171,9 @@ def _check(measure: str, args, p: argparse.ArgumentParser) -> list[tuple[str, in
 
         build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file)
         IndexedDataset(args.data_path)
-    if measure == "profile" and "packed" in args.variants and not args.data_path:
-        p.error("--variants packed needs --data-path (packed rows come from the data pipeline)")
+    packed = [v for v in getattr(args, "variants", []) if profiling.STEP_VARIANTS.get(v, {}).get("sample_mode")]
+    if measure == "profile" and packed and not args.data_path:
+        p.error(f"--variants {' '.join(packed)} needs --data-path (packed rows come from the data pipeline)")
     if measure == "host":
         for c in args.configs:
             if not (REPO / "ds_configs" / c).is_file():

@@ -12,7 +12,9 @@ Variants (:data:`STEP_VARIANTS`, in priority order: the most informative first) 
 each: compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0
 (which lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document
 masks), ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
-per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json).
+per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json); last, the
+combinations issue #47 asks about: compiled_dropout0, packed_dropout0 (packed rows run the varlen kernel without
+dropout: varlen_attn), packed_compiled, packed_compiled_dropout0.
 ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
 bounds the run: a variant is started only when the time left exceeds the longest variant so far (compiled: twice
 that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly with what it has.
@@ -54,6 +56,10 @@ STEP_VARIANTS: dict[str, dict] = {
     "packed": {"sample_mode": "packed-docs"},
     "zero0": {"zero": 0},
     "zero2": {"zero": 2},
+    "compiled_dropout0": {"compile": True, "attention_dropout": 0.0},
+    "packed_dropout0": {"sample_mode": "packed-docs", "attention_dropout": 0.0},
+    "packed_compiled": {"sample_mode": "packed-docs", "compile": True},
+    "packed_compiled_dropout0": {"sample_mode": "packed-docs", "compile": True, "attention_dropout": 0.0},
 }
 """Variant name (``--variants`` of ``--measure profile``) -> what it changes from the base case; the order is the
 priority order. A variant with a ``ds_config`` names a bf16 file (``--measure host`` counts their host work on CPU):

@@ -6,7 +6,7 @@ N=1024).
 What is timed is what the trainer runs: dropout 0.1 on hidden states and attention (the paper set-ups of
 run_scripts/common.sh; with attention dropout ``auto`` picks block_gather, not flex, for the sparse variants), and
 the engine's inputs made by pretrain.trainer.device_batch, as Trainer._to_device makes them (the all-ones attention
-mask is dropped on the host, so dense runs unmasked SDPA, except when compiled: one input signature; the MLM head
+mask is dropped on the host, so dense runs unmasked SDPA, compiled or not; packed rows drop it too; the MLM head
 gathers the derived max_predictions_per_seq). --kernel applies to the sparse variants only: dense always runs
 ``auto``'s dense path. Each row records the kernel auto picked. With --data-path PREFIX --vocab-file V the steps run
 on the data pipeline's own batches (the sample mode, padding and masking the trainer reads: --sample-mode, default

@@ -184,9 +184,11 @@ class BlockSparseAttention(nn.Module):
         score_bias: ScoreBias | None = None,
         scale: float | None = None,
         doc_ids_BN: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``doc_ids_BN`` (int ``[B, N]``, packed sequences): attention stays inside each document, in every
-        kernel (see :mod:`model.attention.kernels.registry`)."""
+        kernel (see :mod:`model.attention.kernels.registry`); ``cu_seqlens`` (its runs, from the collator) lets
+        ``dense`` run the varlen kernel; dropped where the layout pads the sequence."""
         B, H, N, _ = q_BHND.shape
         if self.sparsity_config is not None and H != self.sparsity_config.num_heads:
             raise ValueError(f"q has {H} heads but the sparsity config was built for {self.sparsity_config.num_heads}")
@@ -208,6 +210,7 @@ class BlockSparseAttention(nn.Module):
                 token_mask = F.pad(token_mask, (0, p, 0, p), value=False)
             if doc_ids_BN is not None:  # the padded keys are masked anyway; -1 is no document
                 doc_ids_BN = _PADDED.get(doc_ids_BN, p, -1)
+            cu_seqlens = None
             if score_bias is not None:
                 score_bias = score_bias.padded(n_pad)
         out = self.kernel(
@@ -222,6 +225,7 @@ class BlockSparseAttention(nn.Module):
             scale=scale,
             training=self.training,
             doc_ids_BN=doc_ids_BN,
+            cu_seqlens=cu_seqlens,
         )
         return out[:, :, :N] if pad else out
 
