@@ -53,7 +53,8 @@ def test_dense_is_never_routed_through_a_sparse_kernel_by_a_benchmark_flag(measu
         if not sparse:
             assert layout_density(cfg, n) == 1.0  # dense layers: auto runs its dense path on them
     # the profile measure's base case is dense whatever --kernel says
-    variants = [v for v in profiling.STEP_VARIANTS if v != "packed"]  # packed needs --data-path; its case is dense too
+    # the packed variants need --data-path; their cases are dense too
+    variants = [v for v, spec in profiling.STEP_VARIANTS.items() if not spec.get("sample_mode")]
     prof = _args(
         "profile", ["--model-preset", "bert-base", "--kernel", kernel, "--device", "cpu", "--variants", *variants]
     )
