@@ -26,11 +26,12 @@ PROGRAMS = {
     "fwd_kernel": ({}, ("q_ptr", "k_ptr", "v_ptr", "o_ptr")),
     "bwd_kernel dK/dV": ({"DQ_PASS": False}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
     "bwd_kernel dQ": ({"DQ_PASS": True}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
+    "bwd_preprocess": ({}, ("o_ptr", "do_ptr")),
 }
 
 
 def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: float = 0.1) -> list[str]:
-    """Compile the three programs with every mask on; one line per program (its shared memory)."""
+    """Compile the four programs with every mask on; one line per program (its shared memory)."""
     import torch
 
     from model.attention.kernels.triton_block.function import dot_precision
@@ -45,7 +46,7 @@ def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: flo
     base = consts
     for name, (extra, tensors) in PROGRAMS.items():
         fn = getattr(K, name.split()[0])
-        consts = dict(base, **extra)
+        consts = {k: v for k, v in dict(base, **extra).items() if k in fn.arg_names}
         kinds = dict(POINTERS, **SCALARS, **{t: f"*{DTYPES[dtype]}" for t in tensors})
         sig = {a: "constexpr" if a in consts else kinds.get(a, "i32") for a in fn.arg_names}
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})

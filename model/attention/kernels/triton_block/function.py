@@ -1,5 +1,5 @@
 """The autograd function around the Triton launches: forward (O and the log-sum-exp), backward (delta = rowsum(dO *
-O), then the dK/dV and dQ programs). No host sync: the dropout seed stays on the device, every shape comes from the
+O) by a Triton program, then the dK/dV and dQ programs). No host sync: the dropout seed stays on the device, every shape comes from the
 inputs and the plan."""
 
 from __future__ import annotations
@@ -78,7 +78,11 @@ class TritonBlockAttention(torch.autograd.Function):
         B, H, N, D = q.shape
         cfg = plan.config(D, q.dtype)
         t: TileTables = plan.tables
-        delta = (do.float() * o.float()).sum(-1)  # [B, H, N]
+        delta = torch.empty(B, H, N, device=q.device, dtype=torch.float32)  # the only fp32 temporary
+        tl_k.bwd_preprocess[(plan.tq, B * H)](
+            o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), H, N,
+            D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, num_warps=cfg.num_warps,
+        )  # fmt: skip
         dq, dk, dv = (torch.empty(B, H, N, D, device=q.device, dtype=q.dtype) for _ in range(3))
         kpm, doc = _mask_args(kpm_BN, doc_BN, q)
         common = dict(
