@@ -2,10 +2,11 @@
 the layout names; :mod:`.tl_kernels`), for CUDA GPUs, and on CPU only under Triton's interpreter
 (``TRITON_INTERPRET=1``, set before Triton is imported; tests/test_triton_block.py).
 
-It takes key padding, packed documents (``doc_ids_BN``), attention dropout (Philox, reproducible under
-``torch.manual_seed``) and the score scale inside the kernel. SparseBERT token masks (a plan's fixed mask or a
-per-call ``token_mask``) and DIET score biases are not in this kernel: such calls run ``block_gather``'s plan
-instead, said once by a warning (never ignored silently). Sparsity is data: per head and query tile the key tiles to
+It takes key padding, packed documents (``doc_ids_BN``), a sliding window (a fixed :class:`BandMask`: ModernBERT's
+local layers), attention dropout (Philox, reproducible under ``torch.manual_seed``) and the score scale inside the
+kernel. Other SparseBERT token masks (a plan's fixed ``[H, n, n]`` mask or a per-call ``token_mask``) and DIET
+score biases are not in this kernel: such calls run ``block_gather``'s plan instead, said once by a warning (never
+ignored silently). Sparsity is data: per head and query tile the key tiles to
 visit (CSR, :mod:`.tables`), built once per plan."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from model.attention.band import BandMask
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 from model.attention.kernels.triton_block.tables import TileTables, build_tables
 from model.cpu_shortcuts import takes_cpu_path
@@ -81,7 +83,12 @@ class TritonBlockPlan:
     fallback_args: tuple
     """``make_plan`` arguments for ``block_gather`` (token masks, score biases)."""
     fixed_mask: bool = False
-    """A fixed token mask was given: every call runs the fallback."""
+    """A fixed token mask other than a window was given: every call runs the fallback."""
+    band_radius: int = -1
+    """A fixed sliding window ``|i - j| <= band_radius`` (ModernBERT's local layers), checked in partial tiles; -1:
+    none."""
+    band_len: int = 0
+    """The window's length: tokens from here on attend nothing (the plan's N may be padded past it)."""
     _fallback: Any = field(default=None, repr=False)
     _warned: bool = field(default=False, repr=False)
 
@@ -163,7 +170,11 @@ class TritonBlockKernel(Kernel):
         m = math.ceil(seq_len / block)
         lay = lay[:, :m, :m]
         tile_n = self.tile_n or self.tile
-        tables = build_tables(lay, block, seq_len, self.tile, tile_n)
+        band = None
+        if isinstance(token_mask, BandMask):
+            band_mask = token_mask.resized(seq_len)
+            band = (band_mask.radius, band_mask.length)
+        tables = build_tables(lay, block, seq_len, self.tile, tile_n, band=band)
         tables = TileTables(
             *(getattr(tables, f).to(device) for f in ("fwd_offsets_HT", "fwd_index", "fwd_partial")),
             *(getattr(tables, f).to(device) for f in ("bwd_offsets_HT", "bwd_index", "bwd_partial")),
@@ -181,6 +192,8 @@ class TritonBlockKernel(Kernel):
             tile_n=tile_n,
             no_seed=torch.zeros(1, dtype=torch.int64, device=device),
             fallback_args=fallback_args,
-            fixed_mask=token_mask is not None,
+            fixed_mask=token_mask is not None and band is None,
+            band_radius=-1 if band is None else band[0],
+            band_len=0 if band is None else band[1],
             launch=self.launch,
         )

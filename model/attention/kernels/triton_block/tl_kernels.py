@@ -38,10 +38,14 @@ def _allowed(
     lay_ptr,
     M_BLOCKS,
     LAY_BLOCK,
+    BAND_R,
+    BAND_LEN,
     HAS_KPM: tl.constexpr,
     HAS_DOC: tl.constexpr,
+    HAS_BAND: tl.constexpr,
 ):
-    """bool [BM, BN]: which (query, key) pairs of this tile attend (inside N, key padding, same document, layout)."""
+    """bool [BM, BN]: which (query, key) pairs of this tile attend (inside N, key padding, same document, layout, and
+    on partial tiles a sliding window ``|i - j| <= BAND_R`` over the first ``BAND_LEN`` tokens)."""
     in_n = offs_n < N
     ok = (offs_m[:, None] >= 0) & in_n[None, :]
     if HAS_KPM:
@@ -56,6 +60,10 @@ def _allowed(
         bn = tl.minimum(offs_n // LAY_BLOCK, M_BLOCKS - 1)
         bits = tl.load(lay_ptr + hl * M_BLOCKS * M_BLOCKS + bm[:, None] * M_BLOCKS + bn[None, :])
         ok = ok & (bits != 0)
+        if HAS_BAND:
+            dist = offs_m[:, None] - offs_n[None, :]
+            inside = (offs_m < BAND_LEN)[:, None] & (offs_n < BAND_LEN)[None, :]
+            ok = ok & inside & (dist <= BAND_R) & (dist >= -BAND_R)
     return ok
 
 
@@ -72,31 +80,33 @@ def _keep(seed_ptr, bh, offs_m, n0, N, DROPOUT_P: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _masked(s, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK,
-            HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def _masked(s, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
+            BAND_LEN, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr,
+            BLOCK_N: tl.constexpr):  # fmt: skip
     """``s`` with -inf where a pair does not attend; a full tile (no key padding or documents, inside N, every pair
-    allowed by the layout: ``partial == 0``) is returned as it is, without evaluating the mask."""
+    allowed by the layout and the window: ``partial == 0``) is returned as it is, without evaluating the mask."""
     if HAS_KPM or HAS_DOC:
-        ok = _allowed(offs_m, offs_n, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, HAS_KPM,
-                      HAS_DOC)  # fmt: skip
+        ok = _allowed(offs_m, offs_n, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
+                      BAND_LEN, HAS_KPM, HAS_DOC, HAS_BAND)  # fmt: skip
         s = tl.where(ok, s, float("-inf"))
     elif (partial != 0) | (n0 + BLOCK_N > N):
-        ok = _allowed(offs_m, offs_n, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, HAS_KPM,
-                      HAS_DOC)  # fmt: skip
+        ok = _allowed(offs_m, offs_n, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
+                      BAND_LEN, HAS_KPM, HAS_DOC, HAS_BAND)  # fmt: skip
         s = tl.where(ok, s, float("-inf"))
     return s
 
 
 @triton.jit
 def _key_scores(
-    i, q, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    i, q, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr, DROPOUT_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The i-th key tile a query tile visits: K, V, the unscaled scores (-inf where not allowed; ``s * qk_scale`` is
     base 2), the dropout keep mask (None without dropout) and ``qk_scale``."""
     (
         k_ptr, v_ptr, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr, seed_ptr,
-        b, h, hl, bh, offs_m, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, qk_scale
+        b, h, hl, bh, offs_m, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, BAND_R, BAND_LEN, qk_scale
     ) = ctx  # fmt: skip
     kt = tl.load(index_ptr + i)
     partial = tl.load(partial_ptr + i)
@@ -106,8 +116,8 @@ def _key_scores(
     k = tl.load(k_ptr + b * s_kb + h * s_kh + offs_n[:, None] * s_kn + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_n[:, None] * s_vn + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    s = _masked(s, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, HAS_KPM,
-                HAS_DOC, BLOCK_N)  # fmt: skip
+    s = _masked(s, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
+                BAND_LEN, HAS_KPM, HAS_DOC, HAS_BAND, BLOCK_N)  # fmt: skip
     if DROPOUT_P > 0.0:
         keep = _keep(seed_ptr, bh, offs_m, n0, N, DROPOUT_P, BLOCK_N)
     else:
@@ -117,11 +127,12 @@ def _key_scores(
 
 @triton.jit
 def _fwd_step(
-    i, q, acc, m_i, l_i, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr,
+    i, q, acc, m_i, l_i, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr,
+    DROPOUT_P: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One visited key tile of the forward: the online-softmax update of (acc, m_i, l_i)."""
-    k, v, s, keep, qk_scale = _key_scores(i, q, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_N, PRECISION)
+    k, v, s, keep, qk_scale = _key_scores(i, q, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_N, PRECISION)
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s * qk_scale - m_safe[:, None])
@@ -138,8 +149,9 @@ def fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_on,
     offsets_ptr, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr, seed_ptr,
-    H, N, M_BLOCKS, LAY_BLOCK, TQ, qk_scale,
-    HEAD_STRIDE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr,
+    H, N, M_BLOCKS, LAY_BLOCK, BAND_R, BAND_LEN, TQ, qk_scale,
+    HEAD_STRIDE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr,
+    DROPOUT_P: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     LOOP_WHILE: tl.constexpr,
 ):  # fmt: skip
@@ -163,16 +175,20 @@ def fwd_kernel(
     end = tl.load(offsets_ptr + hl * (TQ + 1) + qt + 1)
     ctx = (  # what every visited tile reads
         k_ptr, v_ptr, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr, seed_ptr,
-        b, h, hl, bh, offs_m, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, qk_scale
+        b, h, hl, bh, offs_m, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, BAND_R, BAND_LEN, qk_scale
     )  # fmt: skip
     if LOOP_WHILE:  # the interpreter cannot take loaded loop bounds in range(); a GPU pipelines the for loop
         i = start
         while i < end:
-            acc, m_i, l_i = _fwd_step(i, q, acc, m_i, l_i, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_N, PRECISION)
+            acc, m_i, l_i = _fwd_step(
+                i, q, acc, m_i, l_i, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_N, PRECISION
+            )
             i += 1
     else:
         for i in range(start, end):
-            acc, m_i, l_i = _fwd_step(i, q, acc, m_i, l_i, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_N, PRECISION)
+            acc, m_i, l_i = _fwd_step(
+                i, q, acc, m_i, l_i, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_N, PRECISION
+            )
     has = l_i > 0.0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     row_ok = offs_m < N
@@ -186,14 +202,15 @@ def fwd_kernel(
 
 
 @triton.jit
-def _probs(q, k, lse, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK,
-           qk_scale, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, BLOCK_N: tl.constexpr,
+def _probs(q, k, lse, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
+           BAND_LEN,
+           qk_scale, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr, BLOCK_N: tl.constexpr,
            PRECISION: tl.constexpr):  # fmt: skip
     """fp32 [BM, BN]: the forward's softmax probabilities of this tile, recomputed from the saved log-sum-exp (0
     where not allowed, and in rows past N or with no key: their log-sum-exp is +inf)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    s = _masked(s, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, HAS_KPM,
-                HAS_DOC, BLOCK_N)  # fmt: skip
+    s = _masked(s, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
+                BAND_LEN, HAS_KPM, HAS_DOC, HAS_BAND, BLOCK_N)  # fmt: skip
     return tl.exp2(s * qk_scale - lse[:, None])
 
 
@@ -215,13 +232,15 @@ def _query_rows(
 
 @triton.jit
 def _dkdv_step(
-    i, k, v, dk, dv, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr, BLOCK_M: tl.constexpr,
+    i, k, v, dk, dv, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr,
+    DROPOUT_P: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One query tile visiting this key tile: its share of dK and dV."""
     (
         q_ptr, do_ptr, lse_ptr, delta_ptr, s_qb, s_qh, s_qn, s_db, s_dh, s_dn, index_ptr, partial_ptr, lay_ptr,
-        kpm_ptr, doc_ptr, seed_ptr, b, h, hl, bh, offs_n, n0, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, qk_scale
+        kpm_ptr, doc_ptr, seed_ptr, b, h, hl, bh, offs_n, n0, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, BAND_R, BAND_LEN,
+        qk_scale
     ) = ctx  # fmt: skip
     qt = tl.load(index_ptr + i)
     partial = tl.load(partial_ptr + i)
@@ -229,7 +248,8 @@ def _dkdv_step(
         qt, q_ptr, do_ptr, lse_ptr, delta_ptr, s_qb, s_qh, s_qn, s_db, s_dh, s_dn, b, h, bh, offs_d, d_ok, N, BLOCK_M
     )  # fmt: skip
     p = _probs(q, k, lse, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK,
-               qk_scale, HAS_KPM, HAS_DOC, BLOCK_N, PRECISION)  # fmt: skip
+               BAND_R, BAND_LEN,
+               qk_scale, HAS_KPM, HAS_DOC, HAS_BAND, BLOCK_N, PRECISION)  # fmt: skip
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT_P > 0.0:
         keep = _keep(seed_ptr, bh, offs_m, n0, N, DROPOUT_P, BLOCK_N)
@@ -245,11 +265,12 @@ def _dkdv_step(
 
 @triton.jit
 def _dq_step(
-    i, q, do, lse, delta, dq, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr,
+    i, q, do, lse, delta, dq, ctx, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr,
+    DROPOUT_P: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One visited key tile: its share of dQ."""
-    k, v, s, keep, qk_scale = _key_scores(i, q, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_N, PRECISION)
+    k, v, s, keep, qk_scale = _key_scores(i, q, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_N, PRECISION)
     p = tl.exp2(s * qk_scale - lse[:, None])  # the forward's probabilities (0 where not allowed or the row is empty)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT_P > 0.0:
@@ -263,8 +284,9 @@ def bwd_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     offsets_ptr, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr, seed_ptr,
-    H, N, M_BLOCKS, LAY_BLOCK, T, qk_scale, sm_scale,
-    HEAD_STRIDE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, DROPOUT_P: tl.constexpr,
+    H, N, M_BLOCKS, LAY_BLOCK, BAND_R, BAND_LEN, T, qk_scale, sm_scale,
+    HEAD_STRIDE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr,
+    DROPOUT_P: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     LOOP_WHILE: tl.constexpr, DQ_PASS: tl.constexpr,
 ):  # fmt: skip
@@ -287,16 +309,16 @@ def bwd_kernel(
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         ctx = (  # what every visited key tile reads
             k_ptr, v_ptr, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, index_ptr, partial_ptr, lay_ptr, kpm_ptr, doc_ptr,
-            seed_ptr, b, h, hl, bh, offs_m, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, qk_scale
+            seed_ptr, b, h, hl, bh, offs_m, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, BAND_R, BAND_LEN, qk_scale
         )  # fmt: skip
         if LOOP_WHILE:  # the interpreter cannot take loaded loop bounds in range(); a GPU pipelines the for loop
             i = start
             while i < end:
-                dq = _dq_step(i, q, do, lse, delta, dq, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_N, PRECISION)
+                dq = _dq_step(i, q, do, lse, delta, dq, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_N, PRECISION)
                 i += 1
         else:
             for i in range(start, end):
-                dq = _dq_step(i, q, do, lse, delta, dq, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_N, PRECISION)
+                dq = _dq_step(i, q, do, lse, delta, dq, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_N, PRECISION)
         dq_ptrs = dq_ptr + bh * N * D + offs_m[:, None] * D + offs_d[None, :]
         tl.store(dq_ptrs, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
     else:
@@ -309,16 +331,21 @@ def bwd_kernel(
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         ctx = (  # what every visiting query tile reads
             q_ptr, do_ptr, lse_ptr, delta_ptr, s_qb, s_qh, s_qn, s_db, s_dh, s_dn, index_ptr, partial_ptr, lay_ptr,
-            kpm_ptr, doc_ptr, seed_ptr, b, h, hl, bh, offs_n, n0, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, qk_scale
+            kpm_ptr, doc_ptr, seed_ptr, b, h, hl, bh, offs_n, n0, offs_d, d_ok, N, M_BLOCKS, LAY_BLOCK, BAND_R,
+            BAND_LEN, qk_scale
         )  # fmt: skip
         if LOOP_WHILE:
             i = start
             while i < end:
-                dk, dv = _dkdv_step(i, k, v, dk, dv, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_M, BLOCK_N, PRECISION)
+                dk, dv = _dkdv_step(
+                    i, k, v, dk, dv, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_M, BLOCK_N, PRECISION
+                )
                 i += 1
         else:
             for i in range(start, end):
-                dk, dv = _dkdv_step(i, k, v, dk, dv, ctx, HAS_KPM, HAS_DOC, DROPOUT_P, BLOCK_M, BLOCK_N, PRECISION)
+                dk, dv = _dkdv_step(
+                    i, k, v, dk, dv, ctx, HAS_KPM, HAS_DOC, HAS_BAND, DROPOUT_P, BLOCK_M, BLOCK_N, PRECISION
+                )
         kv_ptrs = bh * N * D + offs_n[:, None] * D + offs_d[None, :]
         tl.store(dk_ptr + kv_ptrs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(dv_ptr + kv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
