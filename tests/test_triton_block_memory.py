@@ -4,8 +4,9 @@ the row sums ``delta = rowsum(dO * O)`` come from a Triton program (``bwd_prepro
 memory on the H200 run of bf3efde.
 
 Every tensor the backward's torch ops create is recorded by a dispatch mode (Triton launches are not torch ops, and
-the interpreter runs on the arguments' own storage): bf16 inputs, so any fp32 tensor is a temporary of ours. The same
-check runs compiled on a CUDA machine."""
+the interpreter runs on the arguments' own storage): fp16 inputs, so any fp32 tensor is a temporary of ours (fp16, not
+bf16: Triton 3.6's interpreter gets bf16 dots wrong, ~1e9 off on main too, while fp16 matches dense). The same check
+runs compiled on a CUDA machine."""
 
 from __future__ import annotations
 
@@ -57,22 +58,22 @@ def test_backward_has_no_fp32_temporary_of_size_BHND(dropout_p):
     B, H, N, D = 2, 4, 64, 16
     cfg = LAYOUT_EXAMPLES["blockbert_n2"](H)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, N, D, generator=g).to(DEVICE, torch.bfloat16).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(B, H, N, D, generator=g).to(DEVICE, torch.float16).requires_grad_() for _ in range(3))
     mod = A.BlockSparseAttention(cfg, kernel="triton_block", max_seq_length=N, dropout_p=dropout_p).to(DEVICE)
     mod.train(dropout_p > 0)
     out = mod(q, k, v)
     up = upstream_grad(out.float()).to(out.dtype)
     with _Allocations() as seen:
         grads = torch.autograd.grad(out, (q, k, v), up)
-    assert all(gr.dtype == torch.bfloat16 for gr in grads)
-    if dropout_p == 0:  # and the gradients are right: against dense in fp32 (bf16's tolerance)
+    assert all(gr.dtype == torch.float16 for gr in grads)
+    if dropout_p == 0:  # and the gradients are right: against dense in fp32 (fp16's tolerance)
         q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
         dense = A.BlockSparseAttention(cfg, kernel="dense", max_seq_length=N).to(DEVICE)
         ref = dense(q32, k32, v32)
         ref_g = torch.autograd.grad(ref, (q32, k32, v32), up.float())
-        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(out.float(), ref, atol=5e-3, rtol=5e-3)
         for i, (a, b) in enumerate(zip(grads, ref_g)):
-            torch.testing.assert_close(a.float(), b, atol=3e-2, rtol=3e-2, msg=lambda m, i=i: f"grad {'qkv'[i]}: {m}")
+            torch.testing.assert_close(a.float(), b, atol=1e-2, rtol=1e-2, msg=lambda m, i=i: f"grad {'qkv'[i]}: {m}")
     fp32 = seen.largest.get(torch.float32, 0)
     assert fp32 <= B * H * N, (
         f"triton_block's backward made an fp32 tensor of {fp32} elements (> B*H*N = {B * H * N}): {seen.largest}"
