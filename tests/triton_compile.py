@@ -32,8 +32,8 @@ PROGRAMS = {
 
 
 def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: float = 0.1) -> list[str]:
-    """Compile the four programs with every mask on, and the forward without key padding or documents (its full
-    tiles skip the mask at run time); one line per program (its shared memory)."""
+    """Compile the four programs with every mask on, and the forward without key padding or documents (no per-tile
+    padding/document check before its mask-free branch); one line per program (its shared memory)."""
     import torch
 
     from model.attention.kernels.triton_block.function import dot_precision

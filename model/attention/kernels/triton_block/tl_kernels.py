@@ -8,7 +8,7 @@ key tile accumulates dK and dV over the query tiles that visit it, another per q
 
 Scores stay unscaled: ``scale * log2(e)`` multiplies them inside the exp2's argument (``s * qk_scale - m``, one FMA),
 not as a separate pass over the tile, and q is not prescaled (a bf16 q times the scale would round once more).
-Full tiles (every pair of the tile allowed by the layout, inside N, no key padding or documents) skip the mask; the
+Full tiles (every pair of the tile allowed by the layout, inside N, no padded key, one document) skip the mask; the
 others evaluate it (:func:`_allowed`).
 
 Attention dropout is Philox keyed by a seed drawn from torch's generator plus the (batch, head): one Philox call
@@ -83,13 +83,20 @@ def _keep(seed_ptr, bh, offs_m, n0, N, DROPOUT_P: tl.constexpr, BLOCK_N: tl.cons
 def _masked(s, offs_m, offs_n, n0, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
             BAND_LEN, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BAND: tl.constexpr,
             BLOCK_N: tl.constexpr):  # fmt: skip
-    """``s`` with -inf where a pair does not attend; a full tile (no key padding or documents, inside N, every pair
-    allowed by the layout and the window: ``partial == 0``) is returned as it is, without evaluating the mask."""
-    if HAS_KPM or HAS_DOC:
-        ok = _allowed(offs_m, offs_n, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
-                      BAND_LEN, HAS_KPM, HAS_DOC, HAS_BAND)  # fmt: skip
-        s = tl.where(ok, s, float("-inf"))
-    elif (partial != 0) | (n0 + BLOCK_N > N):
+    """``s`` with -inf where a pair does not attend. A full tile is returned as it is, without evaluating the mask:
+    every pair allowed by the layout and the window (``partial == 0``), the key tile inside N, none of its keys
+    padding, and its queries and keys all of one document (a row of the key padding mask and of the document ids is
+    checked per tile: a few loads and a reduction instead of the ``[BM, BN]`` mask)."""
+    needs = (partial != 0) | (n0 + BLOCK_N > N)
+    if HAS_KPM:
+        kp = tl.load(kpm_ptr + b * N + offs_n, mask=offs_n < N, other=0)
+        needs = needs | (tl.min(kp, 0) == 0)
+    if HAS_DOC:
+        dq = tl.load(doc_ptr + b * N + offs_m, mask=offs_m < N, other=-2)
+        dk = tl.load(doc_ptr + b * N + offs_n, mask=offs_n < N, other=-3)
+        d0 = tl.min(dq, 0)
+        needs = needs | (tl.max(dq, 0) != d0) | (tl.min(dk, 0) != d0) | (tl.max(dk, 0) != d0)
+    if needs:
         ok = _allowed(offs_m, offs_n, b, hl, partial, N, kpm_ptr, doc_ptr, lay_ptr, M_BLOCKS, LAY_BLOCK, BAND_R,
                       BAND_LEN, HAS_KPM, HAS_DOC, HAS_BAND)  # fmt: skip
         s = tl.where(ok, s, float("-inf"))
