@@ -10,6 +10,19 @@ from data_pipeline.masking import MLMMasker, sample_keys
 from data_pipeline.samples import PACKED
 
 
+def segment_offsets(doc_ids_BL: torch.Tensor) -> torch.Tensor:
+    """``cu_seqlens`` of a packed batch (int64 ``[S + 1]``, as every batch tensor; the model hands FlashAttention
+    int32): where each run of equal document ids starts in the flattened ``B * L`` tokens, every row start included
+    (the row's tail of padding, id -1, is one more run), then ``B * L``. Made once per batch here, on the host, so
+    the model's varlen attention (model/attention/kernels/varlen.py) never waits for the device to find the
+    documents."""
+    ids_BL = doc_ids_BL.numpy()
+    B, L = ids_BL.shape
+    starts_BL = np.ones((B, L), dtype=bool)
+    np.not_equal(ids_BL[:, 1:], ids_BL[:, :-1], out=starts_BL[:, 1:])
+    return torch.from_numpy(np.append(np.flatnonzero(starts_BL), B * L))  # numpy: 1.7 ms at B=128, N=512 (torch: 141)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # collation + masking
 # ---------------------------------------------------------------------------------------------------------
@@ -81,6 +94,7 @@ class Collator:
         out["labels"] = labels
         if self.packed:
             out["doc_ids"] = flat[2 * B * L + 3 * B : 3 * B * L + 3 * B].view(B, L).long()
+            out["cu_seqlens"] = segment_offsets(out["doc_ids"])
         return out
 
     def __call__(self, items: list[tuple]) -> dict[str, torch.Tensor]:

@@ -41,16 +41,18 @@ class Documents:
 
     doc_ids_BN: torch.Tensor
     positions_BN: torch.Tensor
+    cu_seqlens: torch.Tensor | None = None
+    """The batch's runs of equal ids (the collator's; model/attention/kernels/varlen.py), or None."""
 
     @staticmethod
-    def from_ids(doc_ids_BN: torch.Tensor) -> "Documents":
+    def from_ids(doc_ids_BN: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> "Documents":
         """Positions count from 0 at every change of id along a row (a document is a run of equal ids)."""
         B, N = doc_ids_BN.shape
         ar = torch.arange(N, device=doc_ids_BN.device)
         starts = torch.ones_like(doc_ids_BN, dtype=torch.bool)
         starts[:, 1:] = doc_ids_BN[:, 1:] != doc_ids_BN[:, :-1]
         first = torch.where(starts, ar, torch.zeros_like(ar)).cummax(1).values
-        return Documents(doc_ids_BN, ar - first)
+        return Documents(doc_ids_BN, ar - first, cu_seqlens)
 
 
 class BertEmbeddings(nn.Module):
@@ -150,6 +152,7 @@ class BertSelfAttention(nn.Module):
                 key_padding_mask_BN=key_padding_mask_BN,
                 score_bias=score_bias,
                 doc_ids_BN=docs.doc_ids_BN,
+                cu_seqlens=docs.cu_seqlens,
             )
         elif gate_HNN is not None:  # DAM search: probabilities gated by the soft mask (dense by nature)
             drop = self.core.dropout_p if self.training else 0.0
@@ -252,10 +255,13 @@ class BertModel(nn.Module):
             dcfg = DAMConfig.from_dict(dam.params.dam)
             self.dam = DAMMask(dcfg, 1 if dcfg.share_layers else c.num_layers, c.num_attention_heads, n)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, doc_ids=None) -> torch.Tensor:
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, doc_ids=None, cu_seqlens=None
+    ) -> torch.Tensor:
         """``doc_ids`` (int ``[B, N]``): packed sequences, several documents per row; attention stays inside each
         document and positions (absolute embeddings, rotary) restart at every document, so a packed row computes
-        what each of its documents would compute alone."""
+        what each of its documents would compute alone. ``cu_seqlens``: the same documents as runs of the flattened
+        batch (the collator's), for dense attention's varlen route."""
         kpm = None
         if attention_mask is not None:
             kpm = attention_mask.to(torch.bool)
@@ -270,7 +276,8 @@ class BertModel(nn.Module):
                     "packed sequences (doc_ids) need absolute or rotary positions: DIET's positional attention and "
                     "per-head segments do not restart per document; use a non-packed sample mode"
                 )
-            docs = Documents.from_ids(doc_ids.to(input_ids.device))
+            cu = None if cu_seqlens is None else cu_seqlens.to(input_ids.device, torch.int32)  # FlashAttention's
+            docs = Documents.from_ids(doc_ids.to(input_ids.device), cu)
         biases = None
         if self.positional_attention is not None:
             biases = self.positional_attention.biases(self.positional_attention(N, token_type_ids, B))
@@ -364,12 +371,13 @@ class BertForPreTraining(nn.Module):
         next_sentence_label=None,
         max_predictions: int | None = None,
         doc_ids=None,
+        cu_seqlens=None,
     ) -> PreTrainingOutput:
         """``max_predictions``: at most this many labelled positions per row (the data pipeline's
         max_predictions_per_seq). Given, the MLM head gathers exactly B x max_predictions positions (static
         shapes, no host sync: torch.compile keeps it in one graph); without it, the labelled positions are
         selected by a boolean mask (dynamic shape, one device-to-host sync)."""
-        hidden_BND = self.bert(input_ids, attention_mask, token_type_ids, doc_ids)
+        hidden_BND = self.bert(input_ids, attention_mask, token_type_ids, doc_ids, cu_seqlens)
         mlm_loss = mlm_correct = mlm_count = None
         if labels is not None and max_predictions is not None:
             mlm_loss, mlm_correct, mlm_count, logits = self._mlm_static(hidden_BND, labels, max_predictions)

@@ -276,12 +276,34 @@ def clip_gradients(module: torch.nn.Module, max_norm: float) -> torch.Tensor | N
     return torch.nn.utils.get_total_norm([p.grad for p in params])
 
 
-def apply_compile(engine, seq_len: int, device: torch.device) -> None:
+def apply_compile(engine, seq_len: int, device: torch.device) -> str:
     """torch.compile through DeepSpeed (keeps the engine's hooks and checkpoint names), after building every
     attention layer's kernel plan for ``seq_len`` (plan building is host work on the layout: traced, it would
-    break the graph at every layer)."""
+    break the graph at every layer). Returns the start-up line :func:`compile_note` gives."""
     build_attention_plans(engine.module, seq_len, device)
     engine.compile()
+    return compile_note(True)
+
+
+def compile_note(enabled: bool) -> str:
+    """The trainer's start-up line on compile: whether it is on and what it compiles.
+
+    What is compiled: the model's forward (and through AOTAutograd its backward): one graph per input signature,
+    at most two for training (a padded batch, with its key mask; an unpadded one, without: the mask is dropped on the
+    host, pretrain.trainer.device_batch), packed rows a third kind only when they occur (doc ids and ``cu_seqlens``,
+    whose length is marked dynamic); evaluation (module.eval(), no_grad) compiles its own. What is not: DeepSpeed's
+    optimizer step, ZeRO's gradient reduction and partitioning, clipping and the loss scaler run eager on the host
+    (per-tensor work that is ZeRO's: docs/performance.md)."""
+    if not enabled:
+        return "compile: off (the model runs eager; --compile compiles its forward and backward with torch.compile)"
+    from deepspeed.accelerator import get_accelerator
+
+    backend = get_accelerator().get_compile_backend()
+    return (
+        f"compile: on (torch.compile of the model's forward and backward through DeepSpeed's engine.compile(), "
+        f"backend {backend}; one graph per batch kind: unpadded (no mask), padded (key mask), packed (doc ids + "
+        "cu_seqlens, dynamic segment count); DeepSpeed's optimizer step and ZeRO's gradient work run eager)"
+    )
 
 
 def build_attention_plans(module: torch.nn.Module, seq_len: int, device: torch.device) -> list[str]:

@@ -29,6 +29,7 @@ from deepspeed.checkpoint.constants import (
 
 from common.errors import write_errors
 from common.outputs import check_dir_writable, check_not_input
+from data_pipeline.samples import PACKED
 from model.flops import model_flops_per_token
 from pretrain import builders, checkpoint, deepspeed_patch, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, lr_schedule, train_iterations
@@ -56,6 +57,7 @@ from pretrain.parallelize import (
     apply_compile,
     build_attention_plans,
     clip_gradients,
+    compile_note,
     gathered,
     initialize_engine,
     optimizer_from_block,
@@ -64,7 +66,15 @@ from pretrain.stragglers import RankTimer, Straggler, find_straggler
 from pretrain.throughput import Throughput, device_peak_tflops
 from pretrain.watchdog import Watchdog
 
-_BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label", "doc_ids")
+_BATCH_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "labels",
+    "next_sentence_label",
+    "doc_ids",
+    "cu_seqlens",
+)
 
 
 def log_line(rec: dict[str, Any], train_iters: int) -> str:
@@ -87,21 +97,26 @@ def log_line(rec: dict[str, Any], train_iters: int) -> str:
     return " | ".join(parts)
 
 
-def device_batch(
-    batch: dict[str, torch.Tensor], device: torch.device, max_predictions: int | None, keep_mask: bool = False
-) -> dict[str, Any]:
-    """What Trainer._to_device makes of a host batch (benchmarks time the same inputs): an all-ones attention mask
-    dropped on the host, the rest copied (pinned and asynchronous on CUDA), and ``max_predictions`` for the static MLM
-    gather (None: the boolean-mask head). ``keep_mask`` (the compiled step) keeps the all-ones mask: the model's
-    inputs then have one signature whether a batch is padded or not, so Dynamo compiles the step once instead of
-    again at the first unpadded batch; an all-ones mask gives the unmasked results (tests/test_compile.py)."""
+def device_batch(batch: dict[str, torch.Tensor], device: torch.device, max_predictions: int | None) -> dict[str, Any]:
+    """What Trainer._to_device makes of a host batch (benchmarks time the same inputs): the attention mask dropped on
+    the host where it masks nothing, the rest copied (pinned and asynchronous on CUDA), and ``max_predictions`` for
+    the static MLM gather (None: the boolean-mask head).
+
+    The mask is dropped when it is all ones, and always for packed rows (``doc_ids``: padding carries id -1, a
+    document of its own, so no real token attends to it without a key mask; the padding tokens attend to each other
+    and carry no label). Attention then runs without a mask (SDPA's unmasked kernels; packed rows: the varlen route
+    with ``cu_seqlens``, model/attention/kernels/varlen.py). Under ``--compile`` a padded and an unpadded batch are
+    two input signatures, so Dynamo keeps two graphs (tests/test_compile.py holds that count);
+    ``cu_seqlens``, whose length is the batch's segment count, is marked dynamic so packed batches share one graph."""
     keys = [k for k in _BATCH_KEYS if k in batch]
-    if not keep_mask and "attention_mask" in batch and bool(batch["attention_mask"].all()):
+    if "attention_mask" in batch and ("doc_ids" in batch or bool(batch["attention_mask"].all())):
         keys.remove("attention_mask")
     if device.type == "cuda":
         out: dict[str, Any] = {k: batch[k].pin_memory().to(device, non_blocking=True) for k in keys}
     else:
         out = {k: batch[k] for k in keys}
+    if "cu_seqlens" in out:
+        torch._dynamo.maybe_mark_dynamic(out["cu_seqlens"], 0)
     if max_predictions is not None and "labels" in out:
         out["max_predictions"] = max_predictions
     return out
@@ -306,7 +321,9 @@ class Trainer:
         for note in build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device):
             self._print(note)  # which kernel `auto` runs and why (measured table or rule)
         if run.system.compile:
-            apply_compile(self.engine, run.data.seq_length, self.dist.device)
+            self._print(apply_compile(self.engine, run.data.seq_length, self.dist.device))
+        else:
+            self._print(compile_note(False))
         # ZeRO-0 in fp32 or torch_autocast: the trainer clips (DeepSpeed's clipping there loops over the tensors on
         # the host and reports no norm) and keeps the norm (on the device)
         self._own_grad_norm = self.ds.trainer_clips
@@ -316,17 +333,23 @@ class Trainer:
         """On a GPU, the SDPA backend dense attention takes in training (torch's own choice) and why the faster ones
         refused (e.g. flash takes no mask): model/attention/sdpa_backend.py, torch's rules."""
         cfg = self.model_config
-        if self.dist.device.type != "cuda" or cfg.position.type not in ("absolute", "rotary"):
+        if cfg.position.type not in ("absolute", "rotary"):
             return
         layers = [cfg.attention.layer(i) for i in range(cfg.num_layers)]
         if any(a.sparsity is not None or a.token_mask is not None or a.kernel not in ("auto", "dense") for a in layers):
+            return
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ds.precision, torch.float32)
+        if self.run.data.sample_mode == PACKED:  # the varlen route or the same-document mask, and why
+            from model.attention.kernels.varlen import route_line
+
+            self._print(route_line(self.dist.device.type, dtype, cfg.attention_head_size, cfg.attention_dropout))
+        if self.dist.device.type != "cuda":
             return
         if self.run.system.deterministic:  # model/attention/kernels/sdpa.py forces the math backend then
             self._print("attention: SDPA math backend (--deterministic on CUDA)")
             return
         from model.attention.sdpa_backend import dense_training_backends, gpu_of_this_machine
 
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ds.precision, torch.float32)
         heads, seq = cfg.num_attention_heads, self.run.data.seq_length
         gpu = gpu_of_this_machine()
         line = dense_training_backends(
@@ -445,12 +468,12 @@ class Trainer:
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The model's inputs on this rank's device. Decisions that need the values are made here, on the host
-        batch, so the step never waits for the device: an attention mask without padding is dropped (the model
-        then runs unmasked attention; kept under --compile, one input signature for one compiled graph), and the
-        MLM head gathers a fixed number of positions per sample (the masker's cap, DataConfig.max_predictions;
-        --dynamic-mlm-gather selects with a boolean mask instead). On CUDA the tensors are staged through pinned
-        memory, so the copy is asynchronous."""
-        return device_batch(batch, self.dist.device, self.run.data.max_predictions, keep_mask=self.run.system.compile)
+        batch, so the step never waits for the device: an attention mask that masks nothing is dropped (the model
+        then runs unmasked attention, compiled or not: see :func:`device_batch`), and the MLM head gathers a fixed
+        number of positions per sample (the masker's cap, DataConfig.max_predictions; --dynamic-mlm-gather selects
+        with a boolean mask instead). On CUDA the tensors are staged through pinned memory, so the copy is
+        asynchronous."""
+        return device_batch(batch, self.dist.device, self.run.data.max_predictions)
 
     @staticmethod
     def _tokens(batch: dict[str, torch.Tensor]) -> int:

@@ -1,41 +1,89 @@
 #!/usr/bin/env bash
-# The speed questions of one short GPU window (docs/gpu_check.md, "A speed window"): gpu_check.sh --quick's kernel
-# tests (pytest -m gpu, triton_block's CUDA tests included), training step and profile (the shipped configs side by
-# side); the batch-8 kernel table (triton_block, block_gather, flex, dense with the layout as a mask) at N=4096/8192;
-# triton_block's tiles; training-step rows with triton_block at N=1024/4096/8192 and ModernBERT-BlockBERT at 8192;
-# the step's peak memory by category.
-# Self-bounded to BUDGET seconds (default 580) from a bare node; everything lands in OUT/all.tgz (+ OUT/report.md).
+# The one prepared script of a GPU window (docs/gpu_check.md, "A speed window"): the questions of issues #47 (dense
+# training: micro-batch, compile, attention dropout, padded vs packed rows, kernel shares) and #48 (sparse attention:
+# the kernel table under training's dropout for auto's table, the step table with its ideal column, N=16384/32768,
+# memory vs dense), after gpu_check.sh --quick's set-up and CUDA kernel tests. Parts run in priority order; each has
+# a cap and a least useful time, and is skipped with a note when the budget has less left (the window: 15 min of
+# device time, one command <= 600 s; BUDGET default 480 s from a bare node). Everything lands in OUT/all.tgz (+
+# OUT/report.md, the quick check's report).
 #
 #   bash run_scripts/gpu_window.sh [OUT]        (air-gapped: WHEELHOUSE=wheelhouse TORCH=system GPU_CHECK_COMMIT=<sha>)
+#
+# Lines marked "TO CONFIRM AFTER MERGE" use flags other branches add (named there); the lead enables them once merged.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-${1:-out/gpu_window}}"; mkdir -p "$OUT"
 T0=$(date +%s)
-B=${BUDGET:-580}
+B=${BUDGET:-480}
 left() { echo $(( B - ($(date +%s) - T0) )); }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1  # WHEELHOUSE and TORCH: as the caller set them (run_scripts/setup_env.sh)
 export GPU_CHECK_COMMIT="${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-/tmp/gpu_window_ext}"
 W="$OUT/w"; mkdir -p "$W"
-finish() { cp "$W/gc/report.md" "$OUT/report.md" 2>/dev/null; rm -f "$W/k8/attention.png"; tar czf "$OUT/all.tgz" -C "$OUT" w && rm -rf "$W"; ls -la "$OUT"; }
+WORK="${WORK_DIR:-/tmp/gpu_window_work}"
+finish() { cp "$W/gc/report.md" "$OUT/report.md" 2>/dev/null; rm -f "$W"/*/attention.png; tar czf "$OUT/all.tgz" -C "$OUT" w && rm -rf "$W"; ls -la "$OUT"; }
+
+# part NAME CAP MIN CMD...: run CMD for at most CAP s (never past the budget, less a 10 s margin to pack up), only when
+# at least MIN s are left; its console goes to $W/NAME.log (the end of it to this console). The profile measure stops
+# starting variants at the part's end by itself ($GPU_CHECK_STEP_DEADLINE, as under gpu_check)
+part() { local name=$1 cap=$2 min=$3; shift 3; local t=$(( $(left) - 10 )); [ $t -gt $cap ] && t=$cap
+  if [ $t -lt $min ]; then echo "[win] $name skipped: $t s left of the budget, it needs $min"; return; fi
+  echo "[win] $name (cap $t s) at $(( $(date +%s) - T0 )) s"
+  GPU_CHECK_STEP_DEADLINE=$(( $(date +%s) + t )) timeout -k 5 $t "$@" > "$W/$name.log" 2>&1; local rc=$?
+  grep -v -e Warning -e '^\[rank' "$W/$name.log" | tail -${TAIL:-25}; echo "[win] $name exit $rc at $(( $(date +%s) - T0 )) s"; }
+if [ -n "${DRY_RUN:-}" ]; then  # DRY_RUN=1: print each part's command line, run nothing (tests/test_gpu_check.py)
+  part() { shift 3; printf '%q ' "$@"; echo; }; finish() { rm -rf "$W"; }
+else
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+fi
 trap finish EXIT
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-GC=${GC_S:-250}
-timeout -k 15 $GC bash run_scripts/gpu_check.sh --quick --budget-s $(( GC - 15 )) "$W/gc" \
-  --work-dir "${WORK_DIR:-/tmp/gpu_window_work}" --only ${GC_STEPS:-kernel_tests train_step profile} > "$W/gc.console.log" 2>&1
-echo "[win] gpu_check exit $? at $(( $(date +%s) - T0 )) s"; tail -25 "$W/gc.console.log"
+
+# 0. set-up (run_scripts/setup_env.sh), the CUDA kernel tests (pytest -m gpu) and the sample shards for the data rows
+GC=${GC_S:-150}
+part gc $GC 60 bash run_scripts/gpu_check.sh --quick --budget-s $(( GC - 10 )) "$W/gc" --work-dir "$WORK" \
+  --only ${GC_STEPS:-kernel_tests data}
 PY=.venv/bin/python
-# each part: at most its own cap, and never into the reserve of the parts after it
-run_part() { local name=$1 cap=$2 reserve=$3; shift 3; local t=$(( $(left) - reserve )); [ $t -gt $cap ] && t=$cap
-  if [ $t -gt 15 ]; then timeout -k 5 $t "$@"; echo "[win] $name exit $? at $(( $(date +%s) - T0 )) s"
-  else echo "[win] $name left out: $t s left"; fi; }
-run_part "kernel table" 110 120 bash -c "$PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
-  8192 --layouts blockbert_n2 blockbert_n3 local_bi_b64 fixed_b64 --kernels triton_block block_gather flex dense \
-  --max-dense-masked-n 8192 --repeats 3 --target-factor 1.15 --out-dir '$W/k8' --no-plot 2>&1 | tail -40"
-run_part "triton_block tiles" 60 110 bash -c "$PY -m benchmarks.attention --measure tiles --json '$W/tiles.json' 2>&1 | tail -40"
-run_part "train steps" 70 45 bash -c "$PY -m benchmarks.step --measure time --model-preset bert-base --kernel ${TS_KERNEL:-triton_block} \
-  --cases blockbert-n2@4096 dense@4096 blockbert-n3@4096 blockbert-n2@8192 dense@8192 blockbert-n3@8192 \
-  blockbert-n2@1024 dense@1024 blockbert-n3@1024 modernbert-blockbert@8192 --warmup 3 --steps 6 --precisions bf16 \
-  --json '$W/ts.json' 2>&1 | grep -v Warning | tail -20"
-run_part "step memory" 60 0 bash -c "$PY -m benchmarks.step --measure memory --model-preset bert-base --cases dense@4096 \
-  blockbert-n2@4096 --kernel ${MEM_KERNEL:-block_gather} --json '$W/mem.json' 2>&1 | tail -32"
+DATA=(--data-path "$WORK/data/sample_text_sentence" --vocab-file "$WORK/data/vocab.txt") PACKED=packed
+[ -f "$WORK/data/vocab.txt" ] || [ -n "${DRY_RUN:-}" ] || { DATA=(); PACKED=; }  # no shards: synthetic rows, no packed
+STEP="$PY -m benchmarks.step"
+
+# 1. #47: the dense step, profiled (MFU, busy, top kernels): N=512 b=32/128/64 on the trainer's padded rows, attention
+#    dropout 0 vs 0.1, eager vs compiled, packed rows vs padded (variants in that priority: the profile leaves out, and
+#    names, those past the part's end); then unpadded (synthetic) rows at b=128 eager/compiled/dropout 0
+part dense_padded 80 40 $STEP --measure profile --model-preset bert-base --seq-len 512 --batch 32 --precision bf16 \
+  --variants eager batch_x4 dropout0 compiled $PACKED batch_x2 --sample-mode full-sentences ${DATA[@]+"${DATA[@]}"} \
+  --warmup 3 --steps 2 --compile-estimate-s 40 --json "$W/dense_padded.json"
+part dense_unpadded 50 30 $STEP --measure profile --model-preset bert-base --seq-len 512 --batch 128 --precision bf16 \
+  --variants eager compiled dropout0 --warmup 2 --steps 2 --compile-estimate-s 35 --json "$W/dense_unpadded.json"
+# TO CONFIRM AFTER MERGE (helper C, compile without the all-ones mask: two graphs, padded and unpadded):
+#   the compiled rows above then run unmasked SDPA on unpadded rows; compare with gpu_runs bf3efde's 117.2 ms at b=128
+# TO CONFIRM AFTER MERGE (helper D, --micro-batch-size auto and the fused residual+dropout+LayerNorm):
+#   part recipe 60 30 $STEP --measure time --model-preset bert-base --cases dense@512 --micro-batch-size auto ...
+# TO CONFIRM AFTER MERGE (helper B, the MLM head's vocabulary padded to a multiple of 64 and its fp32-free loss):
+#   no flag: the dense rows above measure it once merged (the align2 GEMM leaves the top kernels)
+
+# 2. #48: the batch-8 kernel table at N=4096/8192 under training's attention dropout 0.1 (both sides; flex, which has
+#    none, left out): auto's table (python -m tools.auto_table on the committed attention.json) and the kernel goals
+part kernels_p01 90 40 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
+  8192 --layouts blockbert_n2 blockbert_n3 local_bi_b64 fixed_b64 --kernels triton_block block_gather dense \
+  --max-dense-masked-n 8192 --dropout 0.1 --repeats 3 --out-dir "$W/kernels_p01" --no-plot
+
+# 3. #48: the training step with its ideal O + A x density (the dense row's own profile) and peak memory vs dense, at
+#    N=4096 (b=4) with auto's choices; then the long rows N=16384 (b=2) and 32768 (b=1), where attention dominates
+part steps_4096 60 30 $STEP --measure time --model-preset bert-base --kernel auto --cases dense@4096 blockbert-n2@4096 \
+  blockbert-n3@4096 window-b64@4096 --warmup 3 --steps 6 --precisions bf16 --json "$W/steps_4096.json"
+part steps_long 100 40 $STEP --measure time --model-preset bert-base --kernel auto --tokens 32768 --cases long \
+  --warmup 2 --steps 3 --precisions bf16 --json "$W/steps_long.json"
+part kernels_long 50 25 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 2 --seq-lens 16384 \
+  32768 --layouts blockbert_n2 blockbert_n3 local_bi_b64 --kernels triton_block block_gather --dropout 0.1 --repeats 2 \
+  --out-dir "$W/kernels_long" --no-plot
+
+# 4. what the step's peak holds, dense against the sparse variants (by category and op)
+part memory 45 25 $STEP --measure memory --model-preset bert-base --kernel auto --cases dense@4096 blockbert-n2@4096 \
+  blockbert-n3@4096 --json "$W/memory.json"
+
+# 5. when time is left: the kernel table without dropout (flex in), auto's dropout-0 entries after the kernel changes
+part kernels_p0 80 40 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
+  8192 --layouts blockbert_n2 blockbert_n3 local_bi_b64 fixed_b64 --kernels triton_block block_gather flex \
+  --repeats 3 --out-dir "$W/kernels_p0" --no-plot
+echo "[win] done at $(( $(date +%s) - T0 )) s of $B"

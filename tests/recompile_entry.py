@@ -1,9 +1,11 @@
 """Run by tests/test_compile.py as one rank (`python tests/recompile_entry.py OUT.json TRAINER_FLAGS...`): the real
-Trainer with --compile takes training steps over padded and unpadded batches in turn, then evaluates; writes how many
-graphs Dynamo compiled for training and in all, and its graph breaks.
+Trainer with --compile takes training steps over padded and unpadded batches in turn (two rounds), then evaluates;
+writes how many graphs Dynamo compiled after each round and in all, its graph breaks and recompiles, and for each
+training graph whether its attention calls (SDPA) received a mask.
 
-DeepSpeed's ``engine.compile()`` gets the ``eager`` backend here: the graphs, guards and recompiles are Dynamo's,
-decided before any backend sees a graph, and ``eager`` spares inductor's C++ code generation on CPU.
+DeepSpeed's ``engine.compile()`` gets a recording backend that runs the traced graph as it is (the ``eager``
+backend's work): the graphs, guards and recompiles are Dynamo's, decided before any backend sees a graph, and
+running the graph uncompiled spares inductor's C++ code generation on CPU.
 """
 
 from __future__ import annotations
@@ -36,23 +38,42 @@ def padded_and_unpadded(batches):
         yield unpadded
 
 
+def sdpa_masks(gm: torch.fx.GraphModule) -> list[bool]:
+    """For each SDPA call of a traced graph: whether it was given an ``attn_mask``."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "scaled_dot_product_attention" in str(node.target):
+            mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+            out.append(mask is not None)
+    return out
+
+
 def main(out: str, argv: list[str]) -> int:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
+    graphs: list[list[bool]] = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(sdpa_masks(gm))
+        return gm.forward
+
     real_compile = DeepSpeedEngine.compile
 
-    def compile_eager(self, *a, **k):
+    def compile_recorded(self, *a, **k):
         k.pop("backend", None)
-        return real_compile(self, *a, backend="eager", **k)
+        return real_compile(self, *a, backend=recording_backend, **k)
 
-    DeepSpeedEngine.compile = compile_eager
+    DeepSpeedEngine.compile = compile_recorded
     trainer = trainer_module.Trainer(parse_args([*argv, "--compile"]))
     try:
         trainer.train_iter = padded_and_unpadded(trainer.train_iter)
         torch._dynamo.utils.counters.clear()
-        for _ in range(STEPS):
-            trainer.train_step()
-        train_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        train_graphs = []
+        for _ in range(2):  # the second round sees both kinds again: no graph may be added
+            for _ in range(STEPS):
+                trainer.train_step()
+            train_graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        training = list(graphs)
         evaluation = trainer.evaluate()
         counters = torch._dynamo.utils.counters
         Path(out).write_text(
@@ -61,7 +82,9 @@ def main(out: str, argv: list[str]) -> int:
                     "train_graphs": train_graphs,
                     "graphs": counters["stats"]["unique_graphs"],
                     "graph_breaks": dict(counters["graph_break"]),
-                    "micro_batches": STEPS * trainer.gas,
+                    "recompiles": dict(counters["recompiles"]),
+                    "training_sdpa_masked": training,
+                    "micro_batches": 2 * STEPS * trainer.gas,
                     "evaluation": evaluation,
                 }
             )

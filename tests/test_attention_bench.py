@@ -151,3 +151,26 @@ def test_device_cuda_is_refused_cleanly_without_a_gpu(measure, tmp_path, capsys)
         cli.main(["--measure", measure, "--device", "cuda", *out])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "--device cuda: no CUDA GPU here" in err and "Traceback" not in err
+
+
+def test_dropout_reaches_both_sides_of_the_comparison(tmp_path):
+    """``--dropout P`` (auto's table must be measured with training's dropout, issue #48): the dense baseline and every
+    kernel module run dropout P in training mode, the report's meta records P, flex (no dropout) is left out."""
+    from benchmarks.attention import kernel_table
+
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 64, 16)
+    dense = kernel_table.dense_sdpa(0.5)
+    assert not torch.equal(dense(q, q, q), dense(q, q, q))  # dropout drawn per call
+    assert torch.equal(kernel_table.dense_sdpa(0.0)(q, q, q), F.scaled_dot_product_attention(q, q, q))
+    args = cli.parse(["--seq-lens", "64", "--layouts", "blockbert_n2", "--kernels", "block_gather", "flex", "dense"])
+    args.dropout = 0.1
+    mods = [c[2] for c in kernel_table.candidates(args, 64, torch.device("cpu"))]
+    assert [m.kernel_name for m in mods] == ["block_gather", "dense"]
+    assert all(m.dropout_p == 0.1 and m.training for m in mods)
+    argv = ["--seq-lens", "64", "--layouts", "blockbert_n2", "--kernels", "block_gather", "--repeats", "1"]
+    assert cli.main([*argv, "--dropout", "0.1", "--out-dir", str(tmp_path), "--no-plot"]) == 0
+    report = json.loads((tmp_path / "attention.json").read_text())
+    assert report["meta"]["dropout"] == 0.1 and [r["kernel"] for r in report["rows"]] == ["block_gather"]
+    assert "attention dropout 0.1" in (tmp_path / "attention.md").read_text()
+    assert cli.main([*argv, "--dropout", "1.5", "--out-dir", str(tmp_path)]) == 2

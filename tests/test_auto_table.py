@@ -49,31 +49,40 @@ def test_every_entry_names_registered_kernels_and_a_known_layout_family():
         cfg = bench[e["bench_layout"]]()
         assert cfg.mode in A.BLOCK_LAYOUTS and cfg.family() == e["family"]
         assert e["kernel"] == min(e["ratios"], key=lambda k: (e["ratios"][k], k != "dense"))
-        assert e["dropout"] is False and e["dtype"] in ("fp32", "fp16", "bf16")
+        assert isinstance(e["dropout"], float) and e["dtype"] in ("fp32", "fp16", "bf16")
         assert e["padded_n"] == cfg.padded_length(e["n"])
 
 
 @pytest.mark.parametrize("entry", TABLE["entries"], ids=lambda e: f"{e['family']}@{e['n']}")
 def test_auto_follows_the_table_on_a_matching_gpu(h200, entry):
-    """Every entry: ``auto`` on a sm 9.0 GPU runs the entry's fastest path (e.g. Fixed -> dense where both sparse
-    paths lost), says so in its start-up line, and with attention dropout never runs flex."""
+    """Every entry: ``auto`` on a sm 9.0 GPU runs the entry's fastest path, says so in its start-up line (with the
+    dropout it was measured at), and with attention dropout never runs flex; a run whose dropout the entry was not
+    measured with is warned, naming the fallback."""
     plan = _auto_plan(entry["bench_layout"], entry["n"])
     assert plan.family == entry["family"]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[entry["dtype"]]
-    assert plan.prepare(CUDA, dtype, 0.0) == entry["kernel"]
+    p = entry["dropout"]
+    assert plan.prepare(CUDA, dtype, p) == entry["kernel"]
     line = plan.describe(dtype)
     assert f"auto -> {entry['kernel']} for {entry['family']} at N={plan.seq_len}, {entry['dtype']}" in line
     assert f"measured table ({entry['gpu']} sm 9.0" in line and entry["report"] in line
-    with_dropout = _auto_plan(entry["bench_layout"], entry["n"])
-    no_flex = {k: r for k, r in entry["ratios"].items() if k != "flex"}
-    assert with_dropout.prepare(CUDA, dtype, 0.1) == min(no_flex, key=lambda k: (no_flex[k], k != "dense"))
+    assert f"attention dropout {p:g}, contiguous q/k/v" in line and "WARNING" not in line  # bf3efde: no views yet
+    other = 0.1 if p == 0.0 else 0.0
+    with_other = _auto_plan(entry["bench_layout"], entry["n"])
+    allowed = {k: r for k, r in entry["ratios"].items() if not (other > 0 and k == "flex")}
+    assert with_other.prepare(CUDA, dtype, other) == min(allowed, key=lambda k: (allowed[k], k != "dense"))
+    warned = with_other.describe(dtype)
+    assert f"WARNING: the table was measured at attention dropout {p:g}, this run trains with {other:g}" in warned
+    assert "falling back to the dropout-" in warned and f"--dropout {other:g}" in warned
 
 
-def test_fixed_gets_dense_with_mask_and_blockbert_block_gather_on_h200(h200):
-    """The measured cases the issue names (before the table: flex for both, the rule's choice on sm 8.0+)."""
-    assert _auto_plan("fixed_b64", 4096).prepare(CUDA, torch.bfloat16, 0.0) == "dense"
+def test_each_family_gets_its_fastest_measured_path_on_h200(h200):
+    """The bf3efde H200 table (issue #48): BlockBERT -> block_gather, Fixed and the window -> triton_block (dense
+    given the layout runs SDPA with its mask, ~5x dense: never the pick); the rule alone gives flex on sm 8.0+."""
+    assert _auto_plan("fixed_b64", 4096).prepare(CUDA, torch.bfloat16, 0.0) == "triton_block"
     assert _auto_plan("blockbert_n2", 8192).prepare(CUDA, torch.bfloat16, 0.0) == "block_gather"
-    assert _auto_plan("local_bi_b64", 8192).prepare(CUDA, torch.bfloat16, 0.0) == "flex"
+    assert _auto_plan("blockbert_n3", 4096).prepare(CUDA, torch.bfloat16, 0.1) == "block_gather"
+    assert _auto_plan("local_bi_b64", 8192).prepare(CUDA, torch.bfloat16, 0.1) == "triton_block"
 
 
 @pytest.mark.parametrize(
@@ -102,12 +111,34 @@ def test_nearest_measured_n_within_the_range():
     }
 
     def pick(n):
-        hit = table_choice((9, 0), "f", n, torch.bfloat16, False, table)
-        return hit and hit[0]
+        hit = table_choice((9, 0), "f", n, torch.bfloat16, 0.0, table)
+        return hit and hit.kernel
 
     assert [pick(n) for n in (4096, 5000, 6000, 8192)] == ["dense", "dense", "block_gather", "block_gather"]
     assert pick(2048) is None and pick(8193) is None
-    assert table_choice((9, 0), "g", 4096, torch.bfloat16, False, table) is None
+    assert table_choice((9, 0), "g", 4096, torch.bfloat16, 0.0, table) is None
+
+
+def test_entries_of_the_runs_dropout_win_over_others():
+    """With entries at dropout 0 and 0.1 for one key, a run at 0.1 follows the 0.1 ones without a warning; a run at
+    0.08 follows the nearest (0.1) and is warned; flex is never picked under dropout."""
+    table = {
+        "entries": [
+            dict(capability=[9, 0], family="f", dtype="bf16", padded_n=4096, dropout=p, ratios=ratios)
+            for p, ratios in (
+                (0.0, {"dense": 1.0, "flex": 0.2, "block_gather": 0.5, "triton_block": 0.6}),
+                (0.1, {"dense": 1.0, "flex": 0.2, "block_gather": 0.7, "triton_block": 0.4}),
+            )
+        ]
+    }
+    assert table_choice((9, 0), "f", 4096, torch.bfloat16, 0.0, table).kernel == "flex"
+    at_01 = table_choice((9, 0), "f", 4096, torch.bfloat16, 0.1, table)
+    assert (at_01.kernel, at_01.entry["dropout"], at_01.warning) == ("triton_block", 0.1, "")
+    at_008 = table_choice((9, 0), "f", 4096, torch.bfloat16, 0.08, table)
+    assert at_008.kernel == "triton_block" and at_008.warning.startswith("WARNING: the table was measured at ")
+    old = {"entries": [dict(table["entries"][0], dropout=False)]}  # a table written before dropout was a value
+    hit = table_choice((9, 0), "f", 4096, torch.bfloat16, 0.1, old)
+    assert hit.kernel == "block_gather" and "measured at attention dropout 0," in hit.warning
 
 
 def test_token_mask_layouts_and_deterministic_runs_use_the_rule(h200, monkeypatch):
@@ -142,5 +173,5 @@ def test_entries_say_under_which_dropout_and_qkv_layout_they_were_measured(tmp_p
     for name, extra in (("new", dict(dropout=0.1, qkv="fused_views")), ("old", {})):
         (tmp_path / f"{name}.json").write_text(json.dumps(dict(meta=meta | extra, rows=rows, complete=True)))
     new, old = (auto_table.build([(f"{n}.json", "")], root=tmp_path)["entries"][0] for n in ("new", "old"))
-    assert (new["dropout"], new["qkv"], new["kernel"]) == (True, "fused_views", "block_gather")
-    assert (old["dropout"], old["qkv"]) == (False, "contiguous")
+    assert (new["dropout"], new["qkv"], new["kernel"]) == (0.1, "fused_views", "block_gather")
+    assert (old["dropout"], old["qkv"]) == (0.0, "contiguous")

@@ -1,7 +1,8 @@
 """torch.compile (inductor, CPU) of the pretraining model (issue 25 item 6): a compiled training step equals the
 eager one for dense, BlockBERT, DIET and a SparseBERT pattern, in one graph (no graph break) once the attention plans
 are built ahead (BertForPreTraining.build_attention_plans, what pretrain.parallelize.apply_compile does); and a real
-Trainer run with --compile logs the eager run's losses.
+Trainer run with --compile logs the eager run's losses. Padded and unpadded batches compile to one graph each (no
+all-ones mask is kept for a single graph: SDPA runs its unmasked kernels on unpadded rows).
 
 Dropout stays on (0.1, the paper set-ups' value): inductor's ``fallback_random`` makes the compiled graph draw its
 dropout masks with eager's generator, in eager's order, so the two steps see the same masks."""
@@ -42,24 +43,54 @@ def _config(case: str) -> ModelConfig:
     return ModelConfig.from_dict(d)
 
 
-def _batch(seed: int) -> dict[str, torch.Tensor]:
+def _batch(seed: int, padded: bool = True) -> dict[str, torch.Tensor]:
+    """A padded batch (one row padded: the masked attention path), or, ``padded=False``, full rows without a mask
+    (what pretrain.trainer.device_batch leaves of an all-ones mask)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, tu.VOCAB_SIZE, (B, N), generator=g)
     mask = torch.ones(B, N, dtype=torch.long)
-    mask[1, 40:] = 0  # a padded row: the masked attention path
+    if padded:
+        mask[1, 40:] = 0
     labels = torch.full((B, N), -100)
     chosen = (torch.rand(B, N, generator=g) < 0.15) & mask.bool()
     labels[chosen] = ids[chosen]
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "max_predictions": K}
+    out = {"input_ids": ids, "attention_mask": mask, "labels": labels, "max_predictions": K}
+    if not padded:
+        out.pop("attention_mask")
+    return out
+
+
+def _packed_batch(seed: int, docs: int) -> dict[str, torch.Tensor]:
+    """Rows of ``docs`` documents (the last one ends in 5 tokens of padding), as the collator makes them: doc ids
+    (-1 on padding), ``cu_seqlens``; the mask is dropped as device_batch drops it."""
+    from data_pipeline.collate import segment_offsets
+    from pretrain.trainer import device_batch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, tu.VOCAB_SIZE, (B, N), generator=g)
+    doc_ids = (torch.arange(N) * docs // (N - 5)).expand(B, N).clone()
+    doc_ids[:, N - 5 :] = -1
+    labels = torch.full((B, N), -100)
+    chosen = (torch.rand(B, N, generator=g) < 0.15) & (doc_ids >= 0)
+    labels[chosen] = ids[chosen]
+    host = {
+        "input_ids": ids,
+        "attention_mask": (doc_ids >= 0).long(),
+        "labels": labels,
+        "doc_ids": doc_ids,
+        "cu_seqlens": segment_offsets(doc_ids),
+    }
+    return device_batch(host, torch.device("cpu"), K)
 
 
 def _steps(model: torch.nn.Module, run, steps: int = 2) -> list[dict[str, torch.Tensor]]:
-    """``steps`` AdamW steps from seed 0; the loss, gradients and updated weights of each."""
+    """``steps`` AdamW steps from seed 0 over padded and unpadded batches in turn; the loss, gradients and updated
+    weights of each."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(0)
     out = []
     for s in range(steps):
-        loss = run(**_batch(s)).loss
+        loss = run(**_batch(s, padded=s % 2 == 0)).loss
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
@@ -114,8 +145,8 @@ def test_the_boolean_mask_head_breaks_the_graph():
     "case", [pytest.param(c, marks=() if c == "dense" else pytest.mark.extended) for c in CASES]
 )
 def test_compiled_step_equals_eager(case):
-    """Two AdamW steps, dropout 0.1, inductor on CPU: losses, every gradient and every updated weight equal eager's
-    within float tolerance, in one graph."""
+    """Two AdamW steps, a padded batch then an unpadded one (no mask), dropout 0.1, inductor on CPU: losses, every
+    gradient and every updated weight equal eager's within float tolerance, in two graphs (one per kind)."""
     eager = _model(case)
     compiled_model = copy.deepcopy(eager)
     compiled_model.build_attention_plans(N, "cpu", torch.float32)
@@ -126,7 +157,7 @@ def test_compiled_step_equals_eager(case):
         got = _steps(compiled_model, compiled)
     breaks = dict(torch._dynamo.utils.counters["graph_break"])
     assert breaks == {}, f"{case}: graph breaks {breaks}"
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
     for w, g in zip(want, got):
         torch.testing.assert_close(g["loss"], w["loss"], rtol=1e-5, atol=1e-5)
         assert g["grads"].keys() == w["grads"].keys()
@@ -141,7 +172,8 @@ def test_compiled_step_equals_eager(case):
 @pytest.mark.timeout(1200)
 def test_trainer_with_compile_logs_the_eager_losses(tmp_path):
     """A real Trainer run with --compile (DeepSpeed's engine.compile(), inductor on CPU, ZeRO-1 fp32, BlockBERT n=2
-    through auto -> block_gather) logs the eager run's losses, with no graph break and no recompile in its log.
+    through auto -> block_gather) logs the eager run's losses, with no graph break and at most one recompile in its
+    log (the second of the two batch kinds, padded and unpadded).
     Dropout 0: inductor draws its own random numbers (fallback_random is not a flag of the trainer)."""
     tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
     losses = {}
@@ -161,7 +193,9 @@ def test_trainer_with_compile_logs_the_eager_losses(tmp_path):
         )
         p = tu.launch("python", args, timeout=1100, TORCH_LOGS="graph_breaks,recompiles,graph_code")
         assert p.returncode == 0, p.stdout[-4000:]
-        assert "Graph break" not in p.stdout and "Recompiling" not in p.stdout, p.stdout[-4000:]
+        assert "Graph break" not in p.stdout, p.stdout[-4000:]
+        # at most the second batch kind (padded / unpadded: two graphs) recompiles, once
+        assert p.stdout.count("Recompiling function") <= 1, p.stdout[-4000:]
         assert ("TRACED GRAPH" in p.stdout) == bool(extra)  # the logs are on: Dynamo traced the compiled run
         losses[name] = [r["loss"] for r in tu.train_records(log)]
     assert len(losses["eager"]) == 3
@@ -184,37 +218,50 @@ def test_compile_after_load_keeps_one_graph():
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
 
 
-def test_an_all_ones_mask_gives_the_unmasked_results_when_compiled():
-    """The compiled trainer step keeps an all-ones attention mask (pretrain.trainer.device_batch ``keep_mask``): traced,
-    the model passes it to attention (its CPU-only shortcut that drops it is skipped while compiling); the loss and
-    every gradient equal the unmasked eager step's bit for bit (dropout 0.1, the same seed). Dynamo with the ``eager``
-    backend: the traced graph's own operations, without inductor's fusions."""
+def test_one_graph_per_batch_kind_and_compiled_equals_eager():
+    """The batch kinds the trainer feeds (pretrain.trainer.device_batch: padded with its key mask; unpadded without a
+    mask; packed with doc ids and ``cu_seqlens`` of any segment count, no mask), in turn, twice: one graph per kind,
+    three in all, and none added by the second round (no recompile once each kind was seen; ``cu_seqlens``' length
+    is marked dynamic). Every compiled loss and gradient equals the eager model's bit for bit (dropout 0.1, the same
+    seed). Dynamo with the ``eager`` backend: the traced graph's own operations, without inductor's fusions (the
+    inductor check of both padding kinds is test_compiled_step_equals_eager). Before (main at b269820) the trainer
+    kept an all-ones mask under --compile (one graph, SDPA's masked kernels on every batch)."""
     model = _model("dense")
-    batch = _batch(0)
-    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
-    unmasked = {k: v for k, v in batch.items() if k != "attention_mask"}
-    results = []
-    for run, inputs in ((model, unmasked), (torch.compile(model, backend="eager"), batch)):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        loss = run(**inputs).loss
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    assert torch.equal(loss_a, loss_b), (loss_a, loss_b)
-    assert grads_a.keys() == grads_b.keys()
-    assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a), [
-        n for n in grads_a if not torch.equal(grads_a[n], grads_b[n])
-    ]
+    compiled = torch.compile(model, backend="eager")
+    batches = [_batch(0, padded=True), _batch(1, padded=False), _packed_batch(2, 3), _packed_batch(3, 5)]
+    torch._dynamo.utils.counters.clear()
+    for batch in batches:
+        results = []
+        for run in (model, compiled):
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(0)
+            loss = run(**batch).loss
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            results.append((loss.detach(), grads))
+        (loss_a, grads_a), (loss_b, grads_b) = results
+        assert torch.equal(loss_a, loss_b), (loss_a, loss_b)
+        assert grads_a.keys() == grads_b.keys()
+        assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a), [
+            n for n in grads_a if not torch.equal(grads_a[n], grads_b[n])
+        ]
+    graphs = [torch._dynamo.utils.counters["stats"]["unique_graphs"]]
+    for batch in reversed(batches):  # the second round: every kind again, in another order
+        compiled(**batch)
+    graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    assert graphs == [3, 3], graphs
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_the_compiled_trainer_step_compiles_once_for_padded_and_unpadded_batches(tmp_path):
-    """The real Trainer with --compile (tests/recompile_entry.py), training steps over padded and unpadded batches in
-    turn, then an evaluation: no graph break, one graph for training and one more for the evaluation (module.eval()
-    and no_grad change what Dynamo guards on: a second graph is the minimum while evaluation runs compiled too).
-    Before (main at 3fc0da7) the first unpadded batch dropped its mask and recompiled: 2 training graphs, 3 in all."""
+def test_the_compiled_trainer_step_compiles_twice_for_padded_and_unpadded_batches(tmp_path):
+    """The real Trainer with --compile (tests/recompile_entry.py), two rounds of training steps over padded and
+    unpadded batches in turn, then an evaluation: no graph break; two training graphs (padded: its attention gets the
+    key mask; unpadded: no mask reaches SDPA, so CUDA runs its unmasked kernels), none added by the second round (no
+    recompile once both were seen); evaluation (module.eval() and no_grad change what Dynamo guards on) adds its own,
+    at most one per kind. Before (main at b269820) the compiled step kept an all-ones mask for one graph, so SDPA
+    took its masked path on every unpadded batch: one training graph, masked."""
     import json
 
     out = tmp_path / "graphs.json"
@@ -224,4 +271,6 @@ def test_the_compiled_trainer_step_compiles_once_for_padded_and_unpadded_batches
     got = json.loads(out.read_text())
     assert got["evaluation"]["loss"] > 0, got  # validation batches were evaluated
     assert got["graph_breaks"] == {}, got
-    assert (got["train_graphs"], got["graphs"]) == (1, 2), got
+    assert got["train_graphs"] == [2, 2], got
+    assert sorted(map(any, got["training_sdpa_masked"])) == [False, True], got  # one unmasked graph, one masked
+    assert 3 <= got["graphs"] <= 4, got

@@ -145,21 +145,83 @@ def test_the_steps_reference_existing_files_and_the_harness_contract(tmp_path):
     assert seen == {("benchmarks.attention", "time"), ("benchmarks.step", "time"), ("benchmarks.step", "profile")}
 
 
-def test_gpu_window_runs_the_harness_command_lines():
-    """run_scripts/gpu_window.sh's parts name the harnesses as their contract says (and nothing of the old modules)."""
-    script = (REPO / "run_scripts" / "gpu_window.sh").read_text()
-    runs = re.findall(r"-m (benchmarks\.[\w.]+)(?: --measure ([\w-]+))?", script)
-    assert sorted(runs) == [
-        ("benchmarks.attention", "tiles"),
-        ("benchmarks.attention", "time"),
-        ("benchmarks.step", "memory"),
-        ("benchmarks.step", "time"),
-    ]
-    assert all(measure in HARNESSES[mod] for mod, measure in runs)
-    assert (
-        "bash run_scripts/gpu_check.sh --quick" in script
-        and "--only ${GC_STEPS:-kernel_tests train_step profile}" in script
+def _window_commands(tmp_path: Path, budget: int = 480) -> list[list[str]]:
+    """run_scripts/gpu_window.sh's parts as it would run them (DRY_RUN=1 prints each command line, runs nothing)."""
+    import shlex
+
+    env = dict(os.environ, DRY_RUN="1", BUDGET=str(budget))
+    p = subprocess.run(
+        ["bash", "run_scripts/gpu_window.sh", str(tmp_path / "win")], cwd=REPO, env=env, capture_output=True, text=True
     )
+    assert p.returncode == 0, p.stderr
+    return [shlex.split(line) for line in p.stdout.splitlines() if line and not line.startswith("[win]")]
+
+
+def test_gpu_window_parts_are_harness_command_lines_with_flags_that_exist(tmp_path):
+    """Each part of the window is one command line of a harness (or the quick check), in priority order, and the
+    harness's own parser accepts it today (flags, choices, --cases sets; CUDA swapped for CPU here): a part that would
+    die on a misspelt flag costs the whole window. The parts answer #47 (dense profile rows) and #48 (the kernel table
+    under dropout 0.1, the step table with its ideal at N=4096, the long rows, memory)."""
+    from benchmarks.attention import cli as attention_cli
+    from benchmarks.step.case import parse_cases
+    from benchmarks.step.cli import build_parser
+
+    cmds = _window_commands(tmp_path)
+    assert cmds[0][:4] == ["bash", "run_scripts/gpu_check.sh", "--quick", "--budget-s"]
+    assert cmds[0][cmds[0].index("--only") + 1 :] == ["kernel_tests", "data"]
+    seen = []
+    for cmd in cmds[1:]:
+        assert cmd[:2] == [".venv/bin/python", "-m"], cmd
+        module, argv = cmd[2], cmd[3:]
+        measure = argv[argv.index("--measure") + 1]
+        assert measure in HARNESSES[module]
+        if module == "benchmarks.attention":
+            args = attention_cli.parse([a if a != "cuda" else "cpu" for a in argv])
+            seen.append((module, measure, f"dropout {args.dropout}", tuple(args.seq_lens)))
+        else:
+            args = build_parser(measure).parse_args(argv)
+            cases = parse_cases(args.cases) if getattr(args, "cases", None) else []
+            seen.append((module, measure, tuple(sorted({n for _, n in cases})), args.kernel))
+            if measure == "profile":
+                assert args.seq_len == 512 and args.batch in (32, 128)
+    assert seen == [
+        ("benchmarks.step", "profile", (), "auto"),
+        ("benchmarks.step", "profile", (), "auto"),
+        ("benchmarks.attention", "time", "dropout 0.1", (4096, 8192)),
+        ("benchmarks.step", "time", (4096,), "auto"),
+        ("benchmarks.step", "time", (16384, 32768), "auto"),
+        ("benchmarks.attention", "time", "dropout 0.1", (16384, 32768)),
+        ("benchmarks.step", "memory", (4096,), "auto"),
+        ("benchmarks.attention", "time", "dropout 0.0", (4096, 8192)),
+    ]
+
+
+def test_gpu_window_skips_a_part_past_its_budget_and_says_so(tmp_path):
+    """The budget guard: with a budget smaller than a part's least useful time, the part is skipped and named (the
+    window's bash functions run with a stub timeout; nothing is measured)."""
+    script = (REPO / "run_scripts" / "gpu_window.sh").read_text()
+    assert "GPU_CHECK_STEP_DEADLINE=" in script  # the profile's variants stop at the part's end
+    env = dict(os.environ, BUDGET="30", PATH=f"{tmp_path}:{os.environ['PATH']}")
+    for tool in ("nvidia-smi", "timeout"):  # no GPU here: stubs that say what they were asked
+        (tmp_path / tool).write_text(f'#!/bin/sh\necho {tool} "$@"\n')
+        (tmp_path / tool).chmod(0o755)
+    p = subprocess.run(
+        ["bash", "run_scripts/gpu_window.sh", str(tmp_path / "win")], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    skipped = re.findall(r"\[win\] (\w+) skipped: (-?\d+) s left of the budget, it needs (\d+)", p.stdout)
+    assert [name for name, _, _ in skipped] == [
+        "gc",
+        "dense_padded",
+        "dense_unpadded",
+        "kernels_p01",
+        "steps_4096",
+        "steps_long",
+        "kernels_long",
+        "memory",
+        "kernels_p0",
+    ], p.stdout + p.stderr
+    assert all(int(left) < int(need) for _, left, need in skipped)
+    assert (tmp_path / "win" / "all.tgz").is_file()
 
 
 def test_only_keeps_the_data_step_its_steps_read(tmp_path):

@@ -69,7 +69,7 @@ def test_batch_format(shards, mode):
     expect = (
         {"input_ids", "attention_mask", "token_type_ids", "labels"}
         | ({"next_sentence_label"} if mode == "nsp" else set())
-        | ({"doc_ids"} if mode == PACKED else set())
+        | ({"doc_ids", "cu_seqlens"} if mode == PACKED else set())
     )
     assert set(batch) == expect
     for v in batch.values():

@@ -28,15 +28,11 @@ def _dense() -> int:
     return am.model_retained(None, "dense")[0]
 
 
-KNOWN_OVER_DENSE = {
-    "blockbert": "BlockBERT keeps one more copy of the attention output per layer (1.052x dense in this model)",
-    "blockbert_n3": "the same as n=2",
-}
-"""Families whose training forward keeps more than dense today, and why. A fix that recomputed the tile copies in
-the backward (selective checkpointing) made this test pass, but on an H200 (docs/gpu_reports/2026-11-27-h200-*,
-docs/model.md) it slowed block_gather BlockBERT n=2 from 0.67x to 1.13x of dense at N=4096 (batch 8) and the
-training step from 0.82x to 1.33x, with the step's peak memory unchanged (1.17x), so it was reverted. strict: the
-day a change makes one of them keep no more than dense, the xfail fails and must go."""
+KNOWN_OVER_DENSE: dict[str, str] = {}
+"""Families whose training forward keeps more than dense, and why (strict expected failures: the day a change makes
+one keep no more than dense, the mark must go). Empty since block_gather's BlockBERT plan folds the chunks into SDPA's
+batch axis (issue #48): BlockBERT n=2 and n=3 kept 1.052x dense before (one more copy of the attention output and
+of the shifted K/V per layer)."""
 
 
 def _family_params() -> list:

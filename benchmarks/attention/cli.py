@@ -90,6 +90,12 @@ def measure_flags() -> dict[str, dict[str, dict[str, Any]]]:
         "--max-dense-masked-n": dict(type=int, default=2048, help="skip the masked 'dense' kernel above this N"),
         "--table": dict(type=Path, help="only print the Markdown table of an existing attention.json"),
         "--no-plot": dict(action="store_true", help="write no attention.png (gpu_check: the table is enough)"),
+        "--dropout": dict(
+            type=float,
+            default=0.0,
+            help="attention dropout of both sides (the kernels and the dense baseline); 0.1 = the paper recipes' "
+            "training (measure auto's table with it); flex, which has none, is left out when > 0",
+        ),
         "--target-factor": dict(
             type=float,
             default=1.15,

@@ -4,7 +4,10 @@ dense SDPA without a mask (the kernel table of docs/model.md, docs/gpu_reports/ 
 Writes ``attention.json`` (one row per kernel x layout x N; rewritten after every row, ``complete`` at the end),
 ``attention.md`` and ``attention.png`` (time and memory ratios vs the dense baseline, with the target line
 1.15 x density) to ``--out-dir``. Both sides run benchmarks/attention/steps.py's step (q/k/v as views of one fused
-projection, no dropout on either side); ``dense`` given a sparse layout is dense SDPA *with* the layout's mask.
+projection) under the same attention dropout (``--dropout``, default 0; the paper recipes train with 0.1, and
+``auto``'s table must be measured with the dropout training uses: the dense baseline, the SDPA baselines and every
+kernel get it; ``flex``, which has none, is left out with a note when it is on); ``dense`` given a sparse layout is
+dense SDPA *with* the layout's mask.
 
 Memory: on CUDA, ``torch.cuda.max_memory_allocated`` minus what was allocated before the step; on CPU the step runs
 once under ``torch.profiler`` and the peak of its replayed allocations counts (outputs, saved activations, the
@@ -27,6 +30,7 @@ from benchmarks.attention.steps import DTYPES, fused_qkv, make_step, paired_time
 from benchmarks.report import commit_info, markdown_table, write_json
 from model.attention import BlockSparseAttention, layout_density
 from model.attention.kernels import KERNELS
+from model.attention.kernels.auto import NO_DROPOUT_KERNELS
 from tools.bench_layouts import HEAD_DIM, HEADS, layouts
 
 
@@ -71,16 +75,26 @@ def cpu_skip_reason(kname: str) -> str | None:
     return None
 
 
-def _math_sdpa(q, k, v):
+def dense_sdpa(dropout_p: float) -> Callable:
+    """The dense baseline: unmasked SDPA under the same attention dropout as the case it is compared with."""
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+
+
+def _math_sdpa(dropout_p: float) -> Callable:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.MATH):
-        return F.scaled_dot_product_attention(q, k, v)
+    def fn(q, k, v):
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+
+    return fn
 
 
-def _folded_sdpa(q, k, v):
+def _folded_sdpa(dropout_p: float) -> Callable:
     """The same dense attention with heads moved to SDPA's batch axis (the call layout block_gather uses)."""
-    return F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
+    return lambda q, k, v: F.scaled_dot_product_attention(
+        *(t.transpose(0, 1) for t in (q, k, v)), dropout_p=dropout_p
+    ).transpose(0, 1)
 
 
 Case = tuple[str, str, "BlockSparseAttention | None", Callable]
@@ -89,21 +103,24 @@ Case = tuple[str, str, "BlockSparseAttention | None", Callable]
 
 def candidates(args: argparse.Namespace, n: int, device: torch.device) -> Iterator[Case]:
     """The :data:`Case` of every row at ``n``, one at a time (one module and its plans alive at once)."""
+    p = args.dropout
     if args.math_baseline and n <= args.math_max_n:
-        yield "sdpa_math", "none", None, _math_sdpa
+        yield "sdpa_math", "none", None, _math_sdpa(p)
     if args.folded_baseline:
-        yield "sdpa_folded", "none", None, _folded_sdpa
+        yield "sdpa_folded", "none", None, _folded_sdpa(p)
     for lname in args.layouts:
         for kname in args.kernels:
             why = cpu_skip_reason(kname) if device.type == "cpu" else None
+            if why is None and p > 0 and kname in NO_DROPOUT_KERNELS:
+                why = f"it has no attention dropout (--dropout {p:g})"
             if why is not None:
                 if n == args.seq_lens[0] and lname == args.layouts[0]:
-                    print(f"skipping kernel {kname!r} on CPU: {why} (use --device cuda)")
+                    print(f"skipping kernel {kname!r}: {why}")
                 continue
             if kname == "dense" and n > args.max_dense_masked_n:
                 continue
             cfg = layouts()[lname]()
-            mod = BlockSparseAttention(cfg, kernel=kname, max_seq_length=n, dropout_p=0.0).to(device)
+            mod = BlockSparseAttention(cfg, kernel=kname, max_seq_length=n, dropout_p=p).to(device).train()
             yield kname, lname, mod, lambda a, b, c, mod=mod: mod(a, b, c)
 
 
@@ -144,7 +161,7 @@ def run(args: argparse.Namespace, on_row: Callable[[list[dict], list[str]], None
     for n in args.seq_lens:
         reset_compiled()
         qkv = fused_qkv(args.batch, HEADS, n, HEAD_DIM, device, DTYPES[args.dtype])
-        dense = make_step(F.scaled_dot_product_attention, qkv)
+        dense = make_step(dense_sdpa(args.dropout), qkv)
         m_dense = peak_memory_mib(dense, device)
         for case in candidates(args, n, device):
             try:
@@ -240,6 +257,8 @@ def command(args: argparse.Namespace) -> int:
                 f"--table {args.table}: not a results file of this benchmark ({e!r}); give {what}"
             ) from None
         return 0
+    if not 0.0 <= args.dropout < 1.0:
+        raise UserError(f"--dropout {args.dropout}: give an attention dropout probability in [0, 1)")
     check_dir_writable(args.out_dir, "--out-dir")  # before the timings
     meta = report_meta(args)
     out = args.out_dir / "attention.json"
@@ -271,7 +290,7 @@ def report_meta(args: argparse.Namespace) -> dict:
         heads=HEADS,
         head_dim=HEAD_DIM,
         repeats=args.repeats,
-        dropout=0.0,
+        dropout=args.dropout,
         qkv="fused_views",
         dense_backend=dense_backend(torch.device(args.device), DTYPES[args.dtype]),
         commit=commit_info()[0],

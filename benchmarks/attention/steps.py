@@ -3,8 +3,9 @@
 A step is one attention call forward and backward under training's conditions, the same for the case and for its
 dense baseline: q, k and v are views of one fused ``[B, N, 3, H, D]`` projection (as model/bert.py makes them, so a
 kernel that needs contiguous inputs pays its copies here as in training), the output is read as ``[B, N, H * D]``
-(what the output projection reads: a copy where a kernel returns another memory layout), and neither side has
-attention dropout or a mask the other lacks (a case's own mask or bias is what it measures).
+(what the output projection reads: a copy where a kernel returns another memory layout), and both sides run the same
+attention dropout (``--dropout``) and neither has a mask the other lacks (a case's own mask or bias is what it
+measures).
 """
 
 from __future__ import annotations

@@ -10,12 +10,30 @@ from model.presets import PRESETS, blockbert
 
 TOKENS_PER_STEP = {"bert-base": 16384, "tiny": 256}
 """The model presets (model/presets.py) the harness sizes (--model-preset), and the b x N of a step for each."""
-VARIANTS = {"dense": None, "blockbert-n2": 2, "blockbert-n3": 3, "modernbert-base": None, "modernbert-blockbert": 2}
-"""Variant -> BlockBERT n (model.presets.blockbert, the paper's split scaled to the preset's heads); None = dense.
+WINDOW_B64 = {"mode": "local", "block": 64, "attention": "bidirectional"}
+"""The 64-token-block sliding window (3 blocks, bidirectional: density 0.023 at N=8192), the kernel table's
+``local_bi_b64`` (tools/bench_layouts.py) as a model's ``sparsity``."""
+VARIANTS = {
+    "dense": None,
+    "blockbert-n2": 2,
+    "blockbert-n3": 3,
+    "window-b64": WINDOW_B64,
+    "modernbert-base": None,
+    "modernbert-blockbert": 2,
+}
+"""Variant -> BlockBERT n (model.presets.blockbert, the paper's split scaled to the preset's heads), or a layout's
+``sparsity`` dict (the window); None = dense.
 The variants of :data:`WHOLE_PRESETS` are their own models instead (the n is only what they use)."""
 WHOLE_PRESETS = {"modernbert-base": "modernbert-base", "modernbert-blockbert": "modernbert-blockbert-base"}
 """Variant -> the model preset it trains as a whole (its widths, positions, layer plan and dropouts as the recipe has
 them), whatever --model-preset sizes: issue #41's ModernBERT local/global layers with BlockBERT globals at 8192."""
+DEFAULT_VARIANTS = ["dense", "blockbert-n2", "blockbert-n3"]
+"""``--measure time``'s --variants default (the window and whole presets only when named)."""
+CASE_SETS = {
+    "long": [f"{v}@{n}" for n in (16384, 32768) for v in ("dense", "blockbert-n2", "blockbert-n3", "window-b64")],
+}
+"""Named lists of ``--cases`` (issue #48's long rows, where attention dominates: bert-base at N=16384 and 32768; with
+``--tokens 32768`` that is micro-batch 2 and 1)."""
 
 
 @dataclass(frozen=True)
@@ -41,12 +59,15 @@ class Case:
 
 
 def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
-    """'dense@512' -> ('dense', 512); a clear error naming the bad one."""
+    """'dense@512' -> ('dense', 512); a name of :data:`CASE_SETS` -> its cases; a clear error naming the bad one."""
     cases = []
-    for spec in specs:
+    for spec in (c for given in specs for c in CASE_SETS.get(given, [given])):
         variant, _, n = spec.partition("@")
         if variant not in VARIANTS or not n.isdigit():
-            raise ValueError(f"--cases {spec!r}: write VARIANT@N with VARIANT one of {', '.join(VARIANTS)}")
+            raise ValueError(
+                f"--cases {spec!r}: write VARIANT@N with VARIANT one of {', '.join(VARIANTS)}, or a set: "
+                + ", ".join(CASE_SETS)
+            )
         cases.append((variant, int(n)))
     return cases
 
@@ -62,8 +83,8 @@ def case_model_config(case: Case, args) -> ModelConfig:
     (:data:`WHOLE_PRESETS`). --kernel is the kernel of the block-sparse layouts only: a dense model (or a whole
     preset without a layout) keeps ``auto``, the dense reference's fastest path, so that a comparison is never
     against a dense step slowed by a sparse kernel."""
-    blocks = VARIANTS[case.variant]
-    kernel = "auto" if blocks is None else args.kernel
+    layout = VARIANTS[case.variant]
+    kernel = "auto" if layout is None else args.kernel
     if case.variant in WHOLE_PRESETS:
         name = WHOLE_PRESETS[case.variant]
         positions = max(ModelConfig.preset(name).max_position_embeddings, case.seq_len)
@@ -71,7 +92,10 @@ def case_model_config(case: Case, args) -> ModelConfig:
         return ModelConfig.preset(
             name, vocab_size=args.vocab_size, max_position_embeddings=positions, attention=attention
         )
-    sparsity = None if blocks is None else blockbert(blocks, args.heads, block=None)  # the layout's default tile
+    if isinstance(layout, dict):
+        sparsity = dict(layout)
+    else:  # BlockBERT n at the layout's default tile
+        sparsity = None if layout is None else blockbert(layout, args.heads, block=None)
     return ModelConfig.preset(
         "bert-base",
         vocab_size=args.vocab_size,

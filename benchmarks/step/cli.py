@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.report import commit_info, write_json
 from benchmarks.step import host, memory, profiling, timing
-from benchmarks.step.case import TOKENS_PER_STEP, VARIANTS, WHOLE_PRESETS, parse_cases, preset_shape
+from benchmarks.step.case import DEFAULT_VARIANTS, TOKENS_PER_STEP, VARIANTS, parse_cases, preset_shape
 
 MEASURES = {"time": timing, "profile": profiling, "memory": memory, "host": host}
 """--measure -> the module that measures it (its docstring is its --help)."""
@@ -66,15 +66,16 @@ def _time_flags(p: argparse.ArgumentParser) -> None:
         "--variants",
         nargs="+",
         choices=list(VARIANTS),
-        default=[v for v in VARIANTS if v not in WHOLE_PRESETS],
-        help="default: the bert-base-sized ones (whole presets only when named)",
+        default=DEFAULT_VARIANTS,
+        help="default: dense and BlockBERT n=2, n=3 (the window and whole presets only when named)",
     )
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
     p.add_argument(
         "--cases",
         nargs="+",
         metavar="VARIANT@N",
-        help="measure exactly these (e.g. dense@512 dense@4096 blockbert-n2@4096) instead of --variants x --seq-lens",
+        help="measure exactly these (e.g. dense@512 dense@4096 blockbert-n2@4096) instead of --variants x --seq-lens; "
+        "a set's name (long: dense, n=2, n=3 and window-b64 at N=16384 and 32768) stands for its cases",
     )
     p.add_argument(
         "--precisions",
@@ -170,8 +171,9 @@ def _check(measure: str, args, p: argparse.ArgumentParser) -> list[tuple[str, in
 
         build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file)
         IndexedDataset(args.data_path)
-    if measure == "profile" and "packed" in args.variants and not args.data_path:
-        p.error("--variants packed needs --data-path (packed rows come from the data pipeline)")
+    packed = [v for v in getattr(args, "variants", []) if profiling.STEP_VARIANTS.get(v, {}).get("sample_mode")]
+    if measure == "profile" and packed and not args.data_path:
+        p.error(f"--variants {' '.join(packed)} needs --data-path (packed rows come from the data pipeline)")
     if measure == "host":
         for c in args.configs:
             if not (REPO / "ds_configs" / c).is_file():

@@ -85,7 +85,7 @@ class TrainStep:
         else:
             self.hosts = [synthetic_batch(self.batch, case.seq_len, args.vocab_size, torch.device("cpu"))]
             cap = derived_max_predictions(case.seq_len, 0.15)
-        self.feed = [device_batch(h, device, cap, keep_mask=case.compile) for h in self.hosts]
+        self.feed = [device_batch(h, device, cap) for h in self.hosts]
         self.density = layout_density(self.config, case.seq_len)
         self.predicted = float(sum((d["labels"] != -100).float().mean() for d in self.feed) / len(self.feed))
         self.real_tokens = [_real_tokens(h) for h in self.hosts]

@@ -12,7 +12,9 @@ Variants (:data:`STEP_VARIANTS`, in priority order: the most informative first) 
 each: compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0
 (which lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document
 masks), ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
-per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json).
+per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json); last, the
+combinations issue #47 asks about: compiled_dropout0, packed_dropout0 (packed rows run the varlen kernel without
+dropout: varlen_attn), packed_compiled, packed_compiled_dropout0.
 ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
 bounds the run: a variant is started only when the time left exceeds the longest variant so far (compiled: twice
 that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly with what it has.
@@ -26,6 +28,7 @@ accelerator ``synchronize``), by function.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 import warnings
@@ -53,6 +56,10 @@ STEP_VARIANTS: dict[str, dict] = {
     "packed": {"sample_mode": "packed-docs"},
     "zero0": {"zero": 0},
     "zero2": {"zero": 2},
+    "compiled_dropout0": {"compile": True, "attention_dropout": 0.0},
+    "packed_dropout0": {"sample_mode": "packed-docs", "attention_dropout": 0.0},
+    "packed_compiled": {"sample_mode": "packed-docs", "compile": True},
+    "packed_compiled_dropout0": {"sample_mode": "packed-docs", "compile": True, "attention_dropout": 0.0},
 }
 """Variant name (``--variants`` of ``--measure profile``) -> what it changes from the base case; the order is the
 priority order. A variant with a ``ds_config`` names a bf16 file (``--measure host`` counts their host work on CPU):
@@ -128,6 +135,64 @@ def profile_summary(prof, device: torch.device, wall_s: float, steps: int) -> di
         for k, us, n in rows[:TOP_KERNELS]
     ]
     return {"top_kernels": top, "busy_fraction": busy_us / 1e6 / wall_s, "kernels_total": len(rows)}
+
+
+ATTENTION_OPS = re.compile(
+    r"scaled_?dot_?product|flash_?attention|efficient_?attention|cudnn_?attention|flex_?attention", re.IGNORECASE
+)
+"""The attention core's operators and autograd nodes by name (SDPA and its fused backends, forward and backward,
+eager or from a compiled graph; FlexAttention)."""
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+"""torch.profiler's name prefix of an autograd node run in the backward."""
+
+
+def _time_us(e, device: torch.device) -> float:
+    """An event's inclusive time: its kernels' device time on a GPU, its CPU time (children included) on CPU."""
+    return (e.device_time_total if device.type == "cuda" else e.cpu_time_total) or 0.0
+
+
+def attention_events(events) -> list:
+    """The profile's events that are the attention core, each counted once (none inside another): every outermost
+    operator named as :data:`ATTENTION_OPS` says, and every backward autograd node whose forward ran inside one
+    (matched by autograd's sequence number and forward thread: SDPA's math backend, CPU's path under dropout,
+    records its backward as BmmBackward0, SafeSoftmaxBackward0, ... which no name gives away)."""
+    events = list(events)
+    forward_seq: set[tuple[int, int | None]] = set()
+
+    def collect(e) -> None:
+        if e.sequence_nr is not None and e.sequence_nr >= 0:
+            forward_seq.add((e.sequence_nr, e.thread))
+        for c in e.cpu_children:
+            collect(c)
+
+    named = [e for e in events if ATTENTION_OPS.search(e.name)]
+    for e in named:
+        if not e.name.startswith(BACKWARD_NODE):
+            collect(e)
+    by_seq = [
+        e
+        for e in events
+        if e.name.startswith(BACKWARD_NODE)
+        and e.sequence_nr is not None
+        and (e.sequence_nr, e.fwd_thread if e.fwd_thread is not None else e.thread) in forward_seq
+    ]
+    chosen = {id(e): e for e in named + by_seq}
+
+    def outermost(e) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if id(p) in chosen:
+                return False
+            p = p.cpu_parent
+        return True
+
+    return [e for e in chosen.values() if outermost(e)]
+
+
+def attention_seconds(prof, device: torch.device, steps: int) -> float:
+    """Seconds per step the attention core took in a finished profile of ``steps`` steps (:func:`attention_events`):
+    kernel time on a GPU, operator time on CPU."""
+    return sum(_time_us(e, device) for e in attention_events(prof.events())) / 1e6 / steps
 
 
 def profile_variant(name: str, case: Case, args, device: torch.device, trace: str | None) -> dict:

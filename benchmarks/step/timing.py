@@ -6,7 +6,7 @@ N=1024).
 What is timed is what the trainer runs: dropout 0.1 on hidden states and attention (the paper set-ups of
 run_scripts/common.sh; with attention dropout ``auto`` picks block_gather, not flex, for the sparse variants), and
 the engine's inputs made by pretrain.trainer.device_batch, as Trainer._to_device makes them (the all-ones attention
-mask is dropped on the host, so dense runs unmasked SDPA, except when compiled: one input signature; the MLM head
+mask is dropped on the host, so dense runs unmasked SDPA, compiled or not; packed rows drop it too; the MLM head
 gathers the derived max_predictions_per_seq). --kernel applies to the sparse variants only: dense always runs
 ``auto``'s dense path. Each row records the kernel auto picked. With --data-path PREFIX --vocab-file V the steps run
 on the data pipeline's own batches (the sample mode, padding and masking the trainer reads: --sample-mode, default
@@ -18,6 +18,14 @@ predicted share is the batches' labelled share of positions), MFU against the de
 pretrain/throughput.py's table (a GPU not listed: MFU left empty). --compile compiles the engine as the trainer's
 --compile does. Step time = the median of --steps timed optimizer steps after --warmup ones, with the device
 synchronised around each.
+
+The ideal column (issue #48): a sparse step can at best save the attention it skips, so its ideal is
+``O + A x density`` with A the dense step's attention time and O the rest, both from the dense row of the same
+precision, N, micro-batch, attention dropout, rows and compile setting: after its timed steps the dense row runs
+:data:`PROFILED_STEPS` more under torch.profiler, A is the attention core's time per step there
+(benchmarks.step.profiling.attention_events: SDPA's operators and their backward nodes; kernel time on a GPU) and
+O = the dense step time - A. Each row of that group then shows ``ideal ms`` and ``vs ideal`` (step / ideal: 1.00x is
+the best a kernel can do; dense itself is 1.00x by construction). Whole-preset variants (another model) get none.
 """
 
 from __future__ import annotations
@@ -28,14 +36,58 @@ import time
 import torch
 
 from benchmarks.report import markdown_table
-from benchmarks.step.case import Case
+from benchmarks.step.case import WHOLE_PRESETS, Case
 from benchmarks.step.engine import TrainStep, sync
 from pretrain.throughput import peak_tflops
+
+PROFILED_STEPS = {"cuda": 2, "cpu": 1}
+"""Steps the dense row runs under torch.profiler, after its timed ones, for the ideal column's split, per device type
+(one on CPU: the CPU runs are smoke tests of the harness)."""
+
+
+def attention_split(ts: TrainStep, steps: int | None = None) -> float:
+    """Seconds per step the attention core of ``ts``'s step takes (torch.profiler over ``steps`` more steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.step.profiling import attention_seconds
+
+    device = ts.device
+    steps = steps or PROFILED_STEPS.get(device.type, 1)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            ts.step()
+        sync(device)
+    return attention_seconds(prof, device, steps)
+
+
+def ideal_key(row: dict) -> tuple:
+    """The set-up a dense row's split applies to: same precision, N, micro-batch, dropout, rows and compile."""
+    return tuple(row.get(k) for k in ("precision", "seq_len", "batch", "attention_dropout", "batches", "compiled"))
+
+
+def add_ideal(rows: list[dict]) -> None:
+    """Each row of a group with a profiled dense row gets ``ideal_s`` = O + A x density (O = dense step - A),
+    ``vs_ideal`` = step / ideal (module docstring), and its step and peak memory over dense's (``vs_dense``,
+    ``memory_vs_dense``)."""
+    dense = {ideal_key(r): r for r in rows if r.get("variant") == "dense" and r.get("attention_s") is not None}
+    for r in rows:
+        d = dense.get(ideal_key(r))
+        if d is None or "error" in r or r["variant"] in WHOLE_PRESETS:
+            continue
+        a = min(d["attention_s"], d["step_s"])
+        r["ideal_s"] = (d["step_s"] - a) + a * r["density"]
+        r["vs_ideal"] = r["step_s"] / r["ideal_s"]
+        r["vs_dense"] = r["step_s"] / d["step_s"]
+        if r.get("peak_memory_mib") and d.get("peak_memory_mib"):
+            r["memory_vs_dense"] = r["peak_memory_mib"] / d["peak_memory_mib"]
 
 
 def measure(variant: str, precision: str, seq_len: int, args, device: torch.device) -> dict:
     """One row: the median step of ``args.steps`` after ``args.warmup``, with throughput, MFU and peak memory."""
-    ts = TrainStep(Case(variant, precision, seq_len, compile=args.compile), args, device)
+    case = Case(variant, precision, seq_len, compile=args.compile)
+    ts = TrainStep(case, args, device)
     for _ in range(args.warmup):
         ts.step()
     sync(device)
@@ -69,7 +121,11 @@ def measure(variant: str, precision: str, seq_len: int, args, device: torch.devi
         "attention_mask_passed": any("attention_mask" in d for d in ts.feed),
         "batches": "data pipeline" if args.data_path else "synthetic",
         "max_predictions": ts.feed[0].get("max_predictions"),
+        "attention_dropout": case.attention_dropout,
     }
+    if variant == "dense":  # the ideal column's split (after the timed steps and the peak: they stay unprofiled)
+        row["attention_s"] = attention_split(ts)
+        row["attention_share"] = row["attention_s"] / step_s
     ts.close()
     return row
 
@@ -137,14 +193,26 @@ COLUMNS = [
     ("tflops", "TFLOP/s", ".1f"),
     ("mfu", "MFU", _pct),
     ("peak_memory_mib", "peak MiB", ".0f"),
+    ("vs_dense", "vs dense", lambda x: f"{x:.2f}x"),
+    ("memory_vs_dense", "mem vs dense", lambda x: f"{x:.2f}x"),
+    ("ideal_s", "ideal ms", lambda s: f"{1e3 * s:.1f}"),
+    ("vs_ideal", "vs ideal", lambda x: f"{x:.2f}x"),
     ("error", "error"),
 ]
 """The rows' table (a missing value, e.g. MFU on CPU, is ``-``)."""
 
 
 def markdown(result: dict) -> list[str]:
-    """The rows, then the targets and the n=2 / dense ratios."""
+    """The rows (with the ideal ``O + A x density`` where the dense row was profiled), then the targets and the n=2 /
+    dense ratios."""
     out = markdown_table(result["rows"], COLUMNS if any("error" in r for r in result["rows"]) else COLUMNS[:-1])
+    splits = [r for r in result["rows"] if r.get("attention_s") is not None]
+    out += [""] + [
+        f"ideal = O + A x density: dense {r['precision']} N={r['seq_len']} b={r['batch']}: A (attention) "
+        f"{1e3 * r['attention_s']:.1f} ms = {100 * r['attention_share']:.0f}% of the step, O "
+        f"{1e3 * (r['step_s'] - min(r['attention_s'], r['step_s'])):.1f} ms"
+        for r in splits
+    ]
     verdict = {True: "met", False: "MISSED", None: "not measured"}
     out += [""] + [f"target {t['target']}: {t['value']} -> {verdict[t['met']]}" for t in result.get("targets", [])]
     for c in result.get("comparisons", []):
@@ -176,5 +244,6 @@ def run(args, cases: list[tuple[str, int]], device: torch.device, name: str, wri
                     flush=True,
                 )
             write(result)
+    add_ideal(rows)
     result.update(targets=targets(rows, name), comparisons=comparisons(rows), complete=True)
     return result

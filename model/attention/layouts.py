@@ -577,7 +577,9 @@ class BlockBERTSparsityConfig(SparsityConfig):
     """BlockBERT (blockwise attention paper, Eq. 2-3): n chunks; heads of group k use the k-fold cyclic shift.
 
     Query chunk i of a head in group k attends to key chunk (i + k) mod n. ``block`` is the tile size of the layout
-    tensor; N is padded to a multiple of ``num_blocks * block`` (paper footnote 4), never truncated.
+    tensor; the layout is made at N rounded up to a multiple of ``num_blocks * block`` (paper footnote 4), never
+    truncated. Its chunks are the chunks of that grid: block_gather computes a shorter N on them unpadded (the last
+    chunks cut), other kernels pad to it.
     """
 
     mode = "blockbert"

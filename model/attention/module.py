@@ -63,7 +63,9 @@ class BlockSparseAttention(nn.Module):
 
     The layout is made once at ``max_seq_length`` (as DeepSpeed did; random blocks drawn once) and kept in the
     ``master_layout`` buffer (not in ``state_dict``: save it with :meth:`layout_state`). A sequence whose length
-    the layout family cannot serve is padded at the end; padded keys are masked and padded rows are cut off.
+    the layout family cannot serve is laid on the padded grid: a plan that serves the real length as it is
+    (``plan.serves_length(N)``: block_gather's BlockBERT plan cuts the last chunks) gets it unpadded; otherwise it is
+    padded at the end, padded keys are masked and padded rows are cut off.
     Kernel plans are cached per (layout, padded N, device).
 
     ``fixed_token_mask`` (bool ``[H, n, n]``, e.g. a SparseBERT pattern) is ANDed with every call's attention and
@@ -182,9 +184,11 @@ class BlockSparseAttention(nn.Module):
         score_bias: ScoreBias | None = None,
         scale: float | None = None,
         doc_ids_BN: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``doc_ids_BN`` (int ``[B, N]``, packed sequences): attention stays inside each document, in every
-        kernel (see :mod:`model.attention.kernels.registry`)."""
+        kernel (see :mod:`model.attention.kernels.registry`); ``cu_seqlens`` (its runs, from the collator) lets
+        ``dense`` run the varlen kernel; dropped where the layout pads the sequence."""
         B, H, N, _ = q_BHND.shape
         if self.sparsity_config is not None and H != self.sparsity_config.num_heads:
             raise ValueError(f"q has {H} heads but the sparsity config was built for {self.sparsity_config.num_heads}")
@@ -194,7 +198,9 @@ class BlockSparseAttention(nn.Module):
                 f"sequence length {N} exceeds the token mask's length {self.max_seq_length}; "
                 "raise attention.token_mask.seq_len in the model config"
             )
-        if n_pad != N:
+        plan = self._plan(n_pad, q_BHND.device)
+        pad = n_pad != N and not self._serves_unpadded(plan, N, q_BHND.device, q_BHND.dtype, token_mask, score_bias)
+        if pad:
             p = n_pad - N
             q_BHND, k_BHND, v_BHND = (F.pad(t, (0, 0, 0, p)) for t in (q_BHND, k_BHND, v_BHND))
             if key_padding_mask_BN is None:
@@ -204,13 +210,14 @@ class BlockSparseAttention(nn.Module):
                 token_mask = F.pad(token_mask, (0, p, 0, p), value=False)
             if doc_ids_BN is not None:  # the padded keys are masked anyway; -1 is no document
                 doc_ids_BN = _PADDED.get(doc_ids_BN, p, -1)
+            cu_seqlens = None
             if score_bias is not None:
                 score_bias = score_bias.padded(n_pad)
         out = self.kernel(
             q_BHND,
             k_BHND,
             v_BHND,
-            plan=self._plan(n_pad, q_BHND.device),
+            plan=plan,
             key_padding_mask_BN=key_padding_mask_BN,
             token_mask=token_mask,
             score_bias=score_bias,
@@ -218,8 +225,20 @@ class BlockSparseAttention(nn.Module):
             scale=scale,
             training=self.training,
             doc_ids_BN=doc_ids_BN,
+            cu_seqlens=cu_seqlens,
         )
-        return out[:, :, :N] if n_pad != N else out
+        return out[:, :, :N] if pad else out
+
+    def _serves_unpadded(self, plan, N: int, device, dtype, token_mask, score_bias) -> bool:
+        """Whether ``plan`` (made at the padded length) computes this call at its real length ``N``: no padded
+        q/k/v copies, no key mask (block_gather's BlockBERT plan: the same chunks, the last ones cut). Calls with a
+        per-call token mask or score bias are padded (those are made for the padded grid)."""
+        if token_mask is not None or score_bias is not None:
+            return False
+        if hasattr(plan, "prepare"):  # auto: the plan of the kernel it chose (a dictionary lookup once chosen)
+            plan = plan.prepare(device, dtype, self.dropout_p)
+        serves = getattr(plan, "serves_length", None)
+        return serves is not None and serves(N)
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel_name!r}, sparsity={self.sparsity_config!r}, dropout_p={self.dropout_p}"

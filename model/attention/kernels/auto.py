@@ -1,6 +1,9 @@
 """``auto``: picks one registered kernel per plan and keeps it for training and evaluation: the measured table
 (``auto_table.json``, generated from committed GPU kernel-table reports by ``tools/auto_table.py``) where it
-has an entry for the GPU's compute capability, the layout family, N and dtype, else the rule :func:`choose_kernel`."""
+has an entry for the GPU's compute capability, the layout family, N and dtype, else the rule :func:`choose_kernel`.
+
+The table's paths are block_gather, flex, triton_block and dense; each entry records the attention dropout it was
+measured with, and a run under another dropout is told so at start-up (:func:`table_choice`)."""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
 
 TABLE_PATH = Path(__file__).with_name("auto_table.json")
 """The measured table (written by ``python -m tools.auto_table``; never edited by hand)."""
-TABLE_KERNELS = ("dense", "flex", "block_gather")
+TABLE_KERNELS = ("dense", "flex", "block_gather", "triton_block")
 """The paths the table compares (``dense`` given a sparse layout runs dense SDPA with the layout's mask)."""
+NO_DROPOUT_KERNELS = ("flex",)
+"""Paths without attention dropout (FlexAttention has none): never chosen for a run that trains with it."""
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -33,18 +38,37 @@ def load_table(path: Path = TABLE_PATH) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"entries": []}
 
 
+def entry_dropout(entry: dict) -> float:
+    """The attention dropout an entry was measured with (tables before 2026-11-28 wrote a bool: False = 0.0)."""
+    return float(entry.get("dropout", 0.0))
+
+
+@dataclass(frozen=True)
+class TableHit:
+    """What the measured table says for a plan: the kernel, the entry it comes from, and a warning when that entry
+    was measured under another attention dropout than the run's (what ``auto`` then falls back to, said once at
+    start-up)."""
+
+    kernel: str
+    entry: dict
+    warning: str = ""
+
+
 def table_choice(
     capability: tuple[int, int] | None,
     family: str | None,
     seq_len: int,
     dtype: torch.dtype,
-    dropout: bool,
+    dropout_p: float,
     table: dict | None = None,
-) -> tuple[str, dict] | None:
-    """(kernel, entry) from the measured table: same compute capability, layout family and dtype, the nearest
-    measured (padded) N, log scale, if ``seq_len`` (padded) lies within the measured range; the fastest measured
-    path, ``flex`` excluded under attention dropout (it has none; the table was measured without dropout).
-    None: no entry."""
+) -> TableHit | None:
+    """The measured table's pick: same compute capability, layout family and dtype, measured under the run's
+    attention dropout ``dropout_p``; the nearest measured (padded) N, log scale, if ``seq_len`` (padded) lies
+    within the measured range; the fastest measured path that has the run's dropout (``flex`` has none).
+
+    Where the table has entries for this key but none measured under the run's dropout (e.g. measured at 0, the run
+    trains at 0.1: dropout costs each path differently), the entries of the nearest measured dropout rank the paths
+    instead and :attr:`TableHit.warning` says so and what to measure. None: no entry."""
     if capability is None or family is None or dtype not in DTYPE_NAMES:
         return None
     rows = [
@@ -52,11 +76,26 @@ def table_choice(
         for e in (load_table() if table is None else table)["entries"]
         if tuple(e["capability"]) == tuple(capability) and e["family"] == family and e["dtype"] == DTYPE_NAMES[dtype]
     ]
-    if not rows or not min(e["padded_n"] for e in rows) <= seq_len <= max(e["padded_n"] for e in rows):
+    if not rows:
+        return None
+    measured = sorted({entry_dropout(e) for e in rows})
+    nearest = min(measured, key=lambda p: (abs(p - dropout_p), p))
+    rows = [e for e in rows if entry_dropout(e) == nearest]
+    if not min(e["padded_n"] for e in rows) <= seq_len <= max(e["padded_n"] for e in rows):
         return None
     entry = min(rows, key=lambda e: (abs(math.log2(e["padded_n"] / seq_len)), e["padded_n"]))
-    allowed = {k: r for k, r in entry["ratios"].items() if not (dropout and k == "flex")}
-    return min(allowed, key=lambda k: (allowed[k], k != "dense")), entry
+    allowed = {k: r for k, r in entry["ratios"].items() if not (dropout_p > 0 and k in NO_DROPOUT_KERNELS)}
+    if not allowed:
+        return None
+    kernel = min(allowed, key=lambda k: (allowed[k], k != "dense"))
+    warning = ""
+    if abs(nearest - dropout_p) > 1e-9:
+        warning = (
+            f"WARNING: the table was measured at attention dropout {nearest:g}, this run trains with {dropout_p:g}: "
+            f"falling back to the dropout-{nearest:g} ranking of the paths that have dropout {dropout_p:g}"
+            + f"; measure it with the kernel table's --dropout {dropout_p:g} (docs/model.md, 'Measured table')"
+        )
+    return TableHit(kernel, entry, warning)
 
 
 @dataclass
@@ -83,7 +122,7 @@ class AutoPlan:
         traces a forward, :meth:`model.attention.module.BlockSparseAttention.build_plan` calls this)."""
         name = self.chosen.get(dtype)
         if name is None:  # the configured dropout counts, not whether this call trains: one kernel for both
-            name, self.reasons[dtype] = self._choose(device, dtype, configured_dropout_p > 0)
+            name, self.reasons[dtype] = self._choose(device, dtype, float(configured_dropout_p))
             self.chosen[dtype] = name
         if name not in self.plans:
             self.plans[name] = KERNELS[name].make_plan(
@@ -91,22 +130,25 @@ class AutoPlan:
             )
         return self.plans[name]
 
-    def _choose(self, device: torch.device, dtype: torch.dtype, dropout: bool) -> tuple[str, str]:
+    def _choose(self, device: torch.device, dtype: torch.dtype, dropout_p: float) -> tuple[str, str]:
+        dropout = dropout_p > 0
         capability = device_capability(device)
         deterministic = device.type == "cuda" and torch.are_deterministic_algorithms_enabled()
         hit = None
         if self.density < 1.0 and not deterministic:  # the table was measured with the fused (non-math) backends
-            hit = table_choice(capability, self.family, self.seq_len, dtype, dropout)
+            hit = table_choice(capability, self.family, self.seq_len, dtype, dropout_p)
         if hit is not None:
-            name, e = hit
+            e = hit.entry
             ratios = ", ".join(f"{k} {r:.2f}x" for k, r in sorted(e["ratios"].items(), key=lambda kv: kv[1]))
             why = (
-                f"measured table ({e['gpu']} sm {e['capability'][0]}.{e['capability'][1]}, N={e['n']}, report "
-                f"{e['report']} at {e['commit']}: {ratios} of unmasked dense SDPA"
-                + ("; flex left out: it has no attention dropout" if dropout and name != "flex" else "")
+                f"measured table ({e['gpu']} sm {e['capability'][0]}.{e['capability'][1]}, N={e['n']}, attention "
+                f"dropout {entry_dropout(e):g}, {'contiguous q/k/v' if e.get('qkv') == 'contiguous' else 'q/k/v views'}"
+                f", report {e['report']} at {e['commit']}: {ratios} of unmasked dense SDPA"
+                + ("; flex left out: it has no attention dropout" if dropout_p > 0 and hit.kernel != "flex" else "")
                 + ")"
+                + (f"; {hit.warning}" if hit.warning else "")
             )
-            return name, why
+            return hit.kernel, why
         name = choose_kernel(device.type, dtype, self.seq_len, self.density, dropout=dropout, capability=capability)
         if self.density >= 1.0:
             return name, "rule (full layout: nothing to skip)"

@@ -1,4 +1,7 @@
-"""``dense``: SDPA over all N x N scores with the layout expanded to a token mask. The reference; O(N^2)."""
+"""``dense``: SDPA over all N x N scores with the layout expanded to a token mask. The reference; O(N^2).
+
+Packed rows of full attention that carry ``cu_seqlens`` take the varlen route on CUDA instead (no N x N mask:
+model/attention/kernels/varlen.py); elsewhere the same-document mask, which is exact."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import torch
 from model.attention.band import dense_mask
 from model.attention.kernels.registry import Call, Kernel, register_kernel, same_document
 from model.attention.kernels.sdpa import sdpa_with_allow
+from model.attention.kernels.varlen import varlen_attention, varlen_refusal
 
 
 @dataclass
@@ -17,9 +21,21 @@ class DensePlan:
 
     allow_HNN: torch.Tensor | None
 
+    def varlen_fits(self, call: Call) -> bool:
+        """The varlen route serves packed rows of full attention: nothing but the documents masks (no layout, token
+        mask, key mask or score bias)."""
+        return (
+            self.allow_HNN is None
+            and call.key_padding_mask_BN is None
+            and call.token_mask is None
+            and (call.score_bias is None)
+        )
+
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         key_padding_mask_BN, token_mask, score_bias, dropout_p, scale = call
         N = q_BHND.shape[2]
+        if call.cu_seqlens is not None and self.varlen_fits(call) and varlen_refusal(q_BHND, dropout_p) is None:
+            return varlen_attention(q_BHND, k_BHND, v_BHND, call.cu_seqlens, dropout_p, scale)
         allow = self.allow_HNN
         if token_mask is not None:
             allow = token_mask if allow is None else allow & token_mask

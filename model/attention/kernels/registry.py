@@ -14,6 +14,9 @@
   attend key j only when ``doc_ids_BN[b, i] == doc_ids_BN[b, j]``, ANDed with everything above. Each kernel applies
   it in its own tiling (dense: a ``[B, 1, N, N]`` mask; block_gather: gathered for its tiles; flex: in the
   ``mask_mod`` and the BlockMask), never by materialising more than the kernel already does.
+- ``cu_seqlens``: int32 ``[S + 1]``, given with ``doc_ids_BN`` when the batch carries it: the same documents as runs
+  of the flattened batch (padding, id -1, one more run). ``dense`` runs FlashAttention's varlen kernel over them on
+  CUDA when nothing else masks (model/attention/kernels/varlen.py); other kernels ignore it.
 - Rows with nothing to attend to return zeros (and zero gradients), never NaN.
 
 ``dense`` is the reference that every other kernel is tested against (tests/test_attention.py takes the list of
@@ -50,6 +53,10 @@ class Call:
     doc_ids_BN: torch.Tensor | None = None
     """int, the document of every token (packed sequences): attention stays inside a document; None = no document
     mask. Not unpacked by ``__iter__``."""
+    cu_seqlens: torch.Tensor | None = None
+    """int32 ``[S + 1]``, with ``doc_ids_BN`` of a packed batch: where each run of equal ids starts in the flattened
+    ``B * N`` tokens (model/attention/kernels/varlen.py). Read by ``dense``'s varlen route only; every kernel keeps
+    applying ``doc_ids_BN``. Not unpacked by ``__iter__``."""
 
     def __iter__(self):
         """The first five fields in order, not copied (``dataclasses.astuple`` would deep-copy the tensors)."""
@@ -116,6 +123,7 @@ class Kernel:
         scale: float | None = None,
         training: bool = False,
         doc_ids_BN: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return plan.run(
             q_BHND,
@@ -129,6 +137,7 @@ class Kernel:
                 scale,
                 dropout_p,
                 doc_ids_BN,
+                cu_seqlens,
             ),
         )
 

@@ -2,12 +2,13 @@
 the layout names; :mod:`.tl_kernels`), for CUDA GPUs, and on CPU only under Triton's interpreter
 (``TRITON_INTERPRET=1``, set before Triton is imported; tests/test_triton_block.py).
 
-It takes key padding, packed documents (``doc_ids_BN``), a sliding window (a fixed :class:`BandMask`: ModernBERT's
+It takes key padding, packed documents (``doc_ids_BN``), a fixed sliding window (a :class:`BandMask`: ModernBERT's
 local layers), attention dropout (Philox, reproducible under ``torch.manual_seed``) and the score scale inside the
-kernel. Other SparseBERT token masks (a plan's fixed ``[H, n, n]`` mask or a per-call ``token_mask``) and DIET
-score biases are not in this kernel: such calls run ``block_gather``'s plan instead, said once by a warning (never
-ignored silently). Sparsity is data: per head and query tile the key tiles to
-visit (CSR, :mod:`.tables`), built once per plan."""
+kernel. Another fixed token mask (a SparseBERT pattern) is not in this kernel: such a layer is routed once, when its
+plan is made, to the kernel ``auto``'s rule picks for it (:class:`RoutedPlan`; its start-up line says which).
+Per-call token masks and DIET score biases run ``block_gather``'s plan instead, said once by a warning (never
+ignored silently). Sparsity is data: per head and query tile the key tiles to visit (CSR, :mod:`.tables`), built
+once per plan."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from typing import Any
 import torch
 
 from model.attention.band import BandMask
+from model.attention.kernels.auto import AutoPlan
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 from model.attention.kernels.triton_block.tables import TileTables, build_tables
 from model.cpu_shortcuts import takes_cpu_path
 
-__all__ = ["TritonBlockKernel", "TritonBlockPlan", "TileConfig", "tile_config"]
+__all__ = ["RoutedPlan", "TritonBlockKernel", "TritonBlockPlan", "TileConfig", "tile_config"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def interpreting() -> bool:
 @dataclass
 class TritonBlockPlan:
     """The layout as device data (CSR tile tables, the block layout for partial tiles) plus the fallback for calls
-    with token masks or score biases."""
+    with per-call token masks or score biases."""
 
     tables: TileTables
     layout_u8: torch.Tensor
@@ -82,8 +84,6 @@ class TritonBlockPlan:
     no_seed: torch.Tensor
     fallback_args: tuple
     """``make_plan`` arguments for ``block_gather`` (token masks, score biases)."""
-    fixed_mask: bool = False
-    """A fixed token mask other than a window was given: every call runs the fallback."""
     band_radius: int = -1
     """A fixed sliding window ``|i - j| <= band_radius`` (ModernBERT's local layers), checked in partial tiles; -1:
     none."""
@@ -123,7 +123,7 @@ class TritonBlockPlan:
 
     def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
         kpm, token_mask, score_bias, dropout_p, scale = call
-        if self.fixed_mask or token_mask is not None or score_bias is not None:
+        if token_mask is not None or score_bias is not None:
             why = "score bias (DIET)" if score_bias is not None else "token mask (SparseBERT pattern)"
             return self.fallback(why).run(q_BHND, k_BHND, v_BHND, call)
         if q_BHND.shape[2] != self.seq_len:
@@ -139,6 +139,42 @@ class TritonBlockPlan:
         return TritonBlockAttention.apply(
             q_BHND, k_BHND, v_BHND, kpm, call.doc_ids_BN, self, float(dropout_p), float(scale)
         )
+
+
+def _density(layout_HMM: torch.Tensor | None) -> float:
+    return 1.0 if layout_HMM is None else float(layout_HMM.float().mean())
+
+
+@dataclass
+class RoutedPlan:
+    """A layer with a fixed token mask (ModernBERT's sliding window, a SparseBERT pattern): the kernel has no element
+    mask but the layout's, so the layer runs the kernel ``auto``'s rule picks for the mask (flex on CUDA sm80+ without
+    attention dropout, else block_gather), chosen once per dtype (at ``build_plan``, else on the first call) and kept:
+    no per-call fallback, no warning per call; :meth:`describe` is the start-up line that says so."""
+
+    auto: AutoPlan
+
+    def prepare(self, device: torch.device, dtype: torch.dtype, configured_dropout_p: float):
+        plan = self.auto.prepare(device, dtype, configured_dropout_p)
+        if self.auto.chosen[dtype] == "triton_block":  # family None: no table entry; the rule never picks it
+            raise RuntimeError("triton_block's fixed-token-mask route chose triton_block itself (auto's rule changed?)")
+        return plan
+
+    @property
+    def chosen(self) -> dict:
+        """dtype -> the kernel this layer runs."""
+        return self.auto.chosen
+
+    def describe(self, dtype: torch.dtype) -> str | None:
+        if dtype not in self.auto.chosen:
+            return None
+        return (
+            f"attention kernel triton_block -> {self.auto.chosen[dtype]} for this layer's fixed token mask (not in "
+            f"triton_block's kernel) at N={self.auto.seq_len}: {self.auto.reasons[dtype]}"
+        )
+
+    def run(self, q_BHND: torch.Tensor, k_BHND: torch.Tensor, v_BHND: torch.Tensor, call: Call) -> torch.Tensor:
+        return self.auto.run(q_BHND, k_BHND, v_BHND, call)
 
 
 @register_kernel("triton_block")
@@ -157,11 +193,13 @@ class TritonBlockKernel(Kernel):
     launch: tuple[int, int] | None = None
     """(num_warps, num_stages) of new plans instead of :func:`tile_config`'s; `benchmarks.attention --measure tiles`."""
 
-    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None) -> TritonBlockPlan:
+    def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None):
+        device = torch.device(device)
+        if token_mask is not None and not isinstance(token_mask, BandMask):  # routed once here (RoutedPlan)
+            return RoutedPlan(AutoPlan(layout_HMM, block, seq_len, device, _density(layout_HMM), token_mask, None))
         reason = triton_available()
         if reason is not None:
             raise RuntimeError(f"--attention-kernel triton_block: {reason}")
-        device = torch.device(device)
         fallback_args = (layout_HMM, block, seq_len, device, token_mask, family)
         if layout_HMM is None:  # full attention: one block covering everything, shared by all heads
             layout_HMM = torch.ones(1, 1, 1, dtype=torch.bool)
@@ -192,7 +230,6 @@ class TritonBlockKernel(Kernel):
             tile_n=tile_n,
             no_seed=torch.zeros(1, dtype=torch.int64, device=device),
             fallback_args=fallback_args,
-            fixed_mask=token_mask is not None and band is None,
             band_radius=-1 if band is None else band[0],
             band_len=0 if band is None else band[1],
             launch=self.launch,
