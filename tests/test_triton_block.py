@@ -20,6 +20,10 @@ from model.attention.kernels.triton_block.tables import build_tables
 from tests.registry_cases import LAYOUT_EXAMPLES, upstream_grad
 
 pytest.importorskip("triton", reason="triton is not installed (requirements.txt installs it for CPU torch)")
+import triton  # noqa: E402  (after tests/conftest.py set TRITON_INTERPRET on a machine without a GPU)
+import triton.language as tl  # noqa: E402
+
+from model.attention.kernels.triton_block import tl_kernels  # noqa: E402
 
 ON_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
@@ -221,9 +225,10 @@ def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_programs_compile_for_hopper_without_a_gpu():
-    """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the three programs for sm90 (bf16
-    and fp32, every mask and dropout on) in a process without ``TRITON_INTERPRET`` (tests/triton_compile.py). It caught
-    fp32 ``input_precision="ieee"`` failing to compile in Triton 3.6."""
+    """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the four programs for sm90 (bf16
+    and fp32, every mask and dropout on; the forward also without key padding or documents) in a process without
+    ``TRITON_INTERPRET`` (tests/triton_compile.py). It caught fp32 ``input_precision="ieee"`` failing to compile in
+    Triton 3.6."""
     import subprocess
     import sys
     from pathlib import Path
@@ -235,7 +240,7 @@ def test_programs_compile_for_hopper_without_a_gpu():
         cwd=repo, env=env, capture_output=True, text=True, timeout=580,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("bytes of shared memory") == 6, r.stdout
+    assert r.stdout.count("bytes of shared memory") == 10, r.stdout
 
 
 @pytest.mark.gpu
@@ -261,3 +266,116 @@ def test_key_tiles_of_another_size_than_the_query_tiles(tile_n):
         _assert_parity(cfg, q, k, v, key_padding_mask_BN=kpm.to(DEVICE))
     finally:
         kernel.tile_n = kernel.launch = None
+
+
+def _plan_run(cfg, n: int, q, k, v, **call):
+    """The plan called directly (no module padding, so no key padding mask unless given): N = ``n``."""
+    from model.attention.kernels.registry import Call
+
+    plan = KERNELS["triton_block"].make_plan(cfg.make_layout(n), cfg.block, n, DEVICE)
+    out = plan.run(q, k, v, Call(**call))
+    return out, torch.autograd.grad(out, (q, k, v), upstream_grad(out))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["fixed"])
+def test_full_tiles_cut_by_n_without_key_padding(name):
+    """Full tiles skip the mask evaluation; a tile the sequence end cuts still masks its keys past N. N = 112 (7
+    blocks of 16) with 32-token tiles: the last key tile is layout-full but half outside N, and no key padding mask
+    (the plan is called directly) would mask those keys instead."""
+    cfg = LAYOUT_EXAMPLES[name](2)
+    n = 112
+    q, k, v = _inputs(1, n, heads=2)
+    t = build_tables(cfg.make_layout(n).bool(), cfg.block, n, TILE, TILE)
+    assert (t.fwd_partial == 0).any(), "the layout has no full tile: the mask-free path is not exercised"
+    out, g = _plan_run(cfg, n, q, k, v)
+    allow = cfg.make_layout(n).bool().repeat_interleave(cfg.block, 1).repeat_interleave(cfg.block, 2)[:, :n, :n]
+    s = (q @ k.transpose(-1, -2) / D**0.5).masked_fill(~allow.to(DEVICE), -torch.inf)
+    ref = torch.softmax(s, -1) @ v
+    ref_g = torch.autograd.grad(ref, (q, k, v), upstream_grad(ref))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    for i, (a, b) in enumerate(zip(g, ref_g)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m, i=i: f"grad {'qkv'[i]}: {m}")
+
+
+@triton.jit
+def _keep_probe(seed_ptr, out_ptr, bh, N, DROPOUT_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stores the kernel's own dropout keep mask (``tl_kernels._keep``) of one tile."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n0 = tl.program_id(1) * BLOCK_N
+    kept = tl_kernels._keep(seed_ptr, bh, offs_m, n0, N, DROPOUT_P, BLOCK_N)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], kept.to(tl.uint8))
+
+
+def _keep_masks(n: int, p: float, tile_m: int, tile_n: int, seed: int = 1234, bh: int = 3) -> torch.Tensor:
+    """The kernel's dropout keep mask of an ``n`` x ``n`` score matrix, drawn tile by tile (uint8 [n, n])."""
+    out = torch.zeros(n, n, dtype=torch.uint8, device=DEVICE)
+    seed_t = torch.tensor([seed], dtype=torch.int64, device=DEVICE)
+    _keep_probe[(n // tile_m, n // tile_n)](seed_t, out, bh, n, DROPOUT_P=p, BLOCK_M=tile_m, BLOCK_N=tile_n)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_dropout_mask_four_philox_lanes_are_tile_free_and_fair():
+    """Four uniforms per Philox call (``tl.rand4x``): the mask of an element does not depend on the tile shape (the
+    forward's query x key tiles, the dK/dV pass's and any `--measure tiles` launch draw the same mask); each of the
+    four lanes (column mod 4) keeps 1 - p of its elements, and two lanes of one call are kept together (1 - p)^2 of
+    the time (within 5 sigma: independent outputs, not copies); another (batch, head) draws another mask."""
+    n, p = 128, 0.25
+    ref = _keep_masks(n, p, 32, 32)
+    for tm, tn in ((16, 64), (64, 16)):
+        assert torch.equal(_keep_masks(n, p, tm, tn), ref), (tm, tn)
+    assert not torch.equal(_keep_masks(n, p, 32, 32, bh=4), ref)
+    lanes = ref.view(n, n // 4, 4).cpu().float()
+    count = lanes[..., 0].numel()
+    sigma = (p * (1 - p) / count) ** 0.5
+    for i in range(4):
+        assert abs(lanes[..., i].mean() - (1 - p)) < 5 * sigma, (i, lanes[..., i].mean())
+    both = (1 - p) ** 2
+    sigma2 = (both * (1 - both) / count) ** 0.5
+    for i, j in ((0, 1), (1, 2), (2, 3), (0, 3)):
+        assert abs((lanes[..., i] * lanes[..., j]).mean() - both) < 5 * sigma2, (i, j)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["dense", "blockbert_n2"])
+def test_sliding_window_runs_in_the_kernel(name):
+    """ModernBERT's local layers: a fixed sliding-window ``BandMask`` (radius 20 at N = 100, key padding) runs in
+    the kernel itself (no fallback warning), equal to dense with the window as a mask; the tables visit only tiles
+    the window reaches and mark those it covers partly."""
+    import warnings
+
+    from model.attention.band import BandMask
+
+    heads, n, radius = 2, 100, 20
+    cfg = None if name == "dense" else A.BlockBERTSparsityConfig(heads, 2, "1:1", block=16)
+    band = BandMask(radius, n, heads)
+    q, k, v = _inputs(2, n, heads=heads)
+    kpm = torch.ones(2, n, dtype=torch.bool)
+    kpm[1, 70:] = False
+
+    def run(kernel):
+        mod = A.BlockSparseAttention(cfg, kernel=kernel, max_seq_length=n, fixed_token_mask=band).to(DEVICE)
+        out = mod(q, k, v, key_padding_mask_BN=kpm.to(DEVICE))
+        return out, torch.autograd.grad(out, (q, k, v), upstream_grad(out))
+
+    ref, ref_g = run("dense")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the block_gather fallback would warn
+        out, g = run("triton_block")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    for i, (a, b) in enumerate(zip(g, ref_g)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m, i=i: f"grad {'qkv'[i]}: {m}")
+    t = build_tables(torch.ones(1, 1, 1, dtype=torch.bool), 256, 256, 32, 32, band=(radius, 200))
+    i = torch.arange(256)
+    allow = ((i[:, None] - i[None, :]).abs() <= radius) & (i[:, None] < 200) & (i[None, :] < 200)
+    tiles = allow.view(8, 32, 8, 32)
+    any_on, full = tiles.any(3).any(1), tiles.all(3).all(1)
+    for qt in range(8):
+        lo, hi = t.fwd_offsets_HT[0, qt], t.fwd_offsets_HT[0, qt + 1]
+        assert t.fwd_index[lo:hi].tolist() == any_on[qt].nonzero().flatten().tolist()
+        assert t.fwd_partial[lo:hi].tolist() == (~full[qt][any_on[qt]]).int().tolist()

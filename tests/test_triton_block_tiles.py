@@ -36,9 +36,9 @@ def test_each_configuration_reaches_the_plans_it_times(monkeypatch, configs):
     seen = []
     real_build = tb.build_tables
 
-    def recording(lay, block, n, tile_m, tile_n):
+    def recording(lay, block, n, tile_m, tile_n, **kw):
         seen.append((tile_m, tile_n))
-        return real_build(lay, block, n, tile_m, tile_n)
+        return real_build(lay, block, n, tile_m, tile_n, **kw)
 
     monkeypatch.setattr(tb, "build_tables", recording)
     real_config = tb.TritonBlockPlan.config

@@ -24,13 +24,16 @@ POINTERS = {
 }  # fmt: skip
 PROGRAMS = {
     "fwd_kernel": ({}, ("q_ptr", "k_ptr", "v_ptr", "o_ptr")),
+    "fwd_kernel mask-free full tiles": ({"HAS_KPM": False, "HAS_DOC": False}, ("q_ptr", "k_ptr", "v_ptr", "o_ptr")),
     "bwd_kernel dK/dV": ({"DQ_PASS": False}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
     "bwd_kernel dQ": ({"DQ_PASS": True}, ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")),
+    "bwd_preprocess": ({}, ("o_ptr", "do_ptr")),
 }
 
 
 def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: float = 0.1) -> list[str]:
-    """Compile the three programs with every mask on; one line per program (its shared memory)."""
+    """Compile the four programs with every mask on, and the forward without key padding or documents (no per-tile
+    padding/document check before its mask-free branch); one line per program (its shared memory)."""
     import torch
 
     from model.attention.kernels.triton_block.function import dot_precision
@@ -38,14 +41,14 @@ def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: flo
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     cfg = tile_config(head_size, torch_dtype)
     consts = dict(
-        HEAD_STRIDE=1, HAS_KPM=True, HAS_DOC=True, DROPOUT_P=dropout_p, D=head_size, BLOCK_D=cfg.block_d,
-        BLOCK_M=64, BLOCK_N=64, PRECISION=dot_precision(torch_dtype), LOOP_WHILE=False,
+        HEAD_STRIDE=1, HAS_KPM=True, HAS_DOC=True, HAS_BAND=True, DROPOUT_P=dropout_p, D=head_size,
+        BLOCK_D=cfg.block_d, BLOCK_M=64, BLOCK_N=64, PRECISION=dot_precision(torch_dtype), LOOP_WHILE=False,
     )  # fmt: skip
     lines = []
     base = consts
     for name, (extra, tensors) in PROGRAMS.items():
         fn = getattr(K, name.split()[0])
-        consts = dict(base, **extra)
+        consts = {k: v for k, v in dict(base, **extra).items() if k in fn.arg_names}
         kinds = dict(POINTERS, **SCALARS, **{t: f"*{DTYPES[dtype]}" for t in tensors})
         sig = {a: "constexpr" if a in consts else kinds.get(a, "i32") for a in fn.arg_names}
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})

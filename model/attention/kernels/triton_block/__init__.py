@@ -2,12 +2,13 @@
 the layout names; :mod:`.tl_kernels`), for CUDA GPUs, and on CPU only under Triton's interpreter
 (``TRITON_INTERPRET=1``, set before Triton is imported; tests/test_triton_block.py).
 
-It takes key padding, packed documents (``doc_ids_BN``), attention dropout (Philox, reproducible under
-``torch.manual_seed``) and the score scale inside the kernel. A layer's fixed token mask (ModernBERT's sliding
-window, a SparseBERT pattern) is not in this kernel: such a layer is routed once, when its plan is made, to the
-kernel ``auto``'s rule picks for it (:class:`RoutedPlan`; its start-up line says which). Per-call token masks and
-DIET score biases run ``block_gather``'s plan instead, said once by a warning (never ignored silently). Sparsity
-is data: per head and query tile the key tiles to visit (CSR, :mod:`.tables`), built once per plan."""
+It takes key padding, packed documents (``doc_ids_BN``), a fixed sliding window (a :class:`BandMask`: ModernBERT's
+local layers), attention dropout (Philox, reproducible under ``torch.manual_seed``) and the score scale inside the
+kernel. Another fixed token mask (a SparseBERT pattern) is not in this kernel: such a layer is routed once, when its
+plan is made, to the kernel ``auto``'s rule picks for it (:class:`RoutedPlan`; its start-up line says which).
+Per-call token masks and DIET score biases run ``block_gather``'s plan instead, said once by a warning (never
+ignored silently). Sparsity is data: per head and query tile the key tiles to visit (CSR, :mod:`.tables`), built
+once per plan."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from model.attention.band import BandMask
 from model.attention.kernels.auto import AutoPlan
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 from model.attention.kernels.triton_block.tables import TileTables, build_tables
@@ -82,6 +84,11 @@ class TritonBlockPlan:
     no_seed: torch.Tensor
     fallback_args: tuple
     """``make_plan`` arguments for ``block_gather`` (token masks, score biases)."""
+    band_radius: int = -1
+    """A fixed sliding window ``|i - j| <= band_radius`` (ModernBERT's local layers), checked in partial tiles; -1:
+    none."""
+    band_len: int = 0
+    """The window's length: tokens from here on attend nothing (the plan's N may be padded past it)."""
     _fallback: Any = field(default=None, repr=False)
     _warned: bool = field(default=False, repr=False)
 
@@ -188,7 +195,7 @@ class TritonBlockKernel(Kernel):
 
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None):
         device = torch.device(device)
-        if token_mask is not None:  # not in the kernel: routed once here, never per call (RoutedPlan)
+        if token_mask is not None and not isinstance(token_mask, BandMask):  # routed once here (RoutedPlan)
             return RoutedPlan(AutoPlan(layout_HMM, block, seq_len, device, _density(layout_HMM), token_mask, None))
         reason = triton_available()
         if reason is not None:
@@ -201,7 +208,11 @@ class TritonBlockKernel(Kernel):
         m = math.ceil(seq_len / block)
         lay = lay[:, :m, :m]
         tile_n = self.tile_n or self.tile
-        tables = build_tables(lay, block, seq_len, self.tile, tile_n)
+        band = None
+        if isinstance(token_mask, BandMask):
+            band_mask = token_mask.resized(seq_len)
+            band = (band_mask.radius, band_mask.length)
+        tables = build_tables(lay, block, seq_len, self.tile, tile_n, band=band)
         tables = TileTables(
             *(getattr(tables, f).to(device) for f in ("fwd_offsets_HT", "fwd_index", "fwd_partial")),
             *(getattr(tables, f).to(device) for f in ("bwd_offsets_HT", "bwd_index", "bwd_partial")),
@@ -219,5 +230,7 @@ class TritonBlockKernel(Kernel):
             tile_n=tile_n,
             no_seed=torch.zeros(1, dtype=torch.int64, device=device),
             fallback_args=fallback_args,
+            band_radius=-1 if band is None else band[0],
+            band_len=0 if band is None else band[1],
             launch=self.launch,
         )

@@ -1,6 +1,6 @@
 """The autograd function around the Triton launches: forward (O and the log-sum-exp), backward (delta = rowsum(dO *
-O), then the dK/dV and dQ programs). No host sync: the dropout seed stays on the device, every shape comes from the
-inputs and the plan."""
+O) by a Triton program, then the dK/dV and dQ programs). No host sync: the dropout seed stays on the device, every
+shape comes from the inputs and the plan."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ class TritonBlockAttention(torch.autograd.Function):
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             t.fwd_offsets_HT, t.fwd_index, t.fwd_partial, plan.layout_u8, kpm, doc, seed,
-            H, N, plan.m_blocks, plan.block, plan.tq, scale * tl_k.LOG2E,
+            H, N, plan.m_blocks, plan.block, plan.band_radius, plan.band_len, plan.tq, scale * tl_k.LOG2E,
             HEAD_STRIDE=plan.head_stride, HAS_KPM=kpm_BN is not None, HAS_DOC=doc_BN is not None,
+            HAS_BAND=plan.band_radius >= 0,
             DROPOUT_P=float(dropout_p), D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, BLOCK_N=plan.tile_n,
             PRECISION=dot_precision(q.dtype), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
@@ -78,12 +79,17 @@ class TritonBlockAttention(torch.autograd.Function):
         B, H, N, D = q.shape
         cfg = plan.config(D, q.dtype)
         t: TileTables = plan.tables
-        delta = (do.float() * o.float()).sum(-1)  # [B, H, N]
+        delta = torch.empty(B, H, N, device=q.device, dtype=torch.float32)  # the only fp32 temporary
+        tl_k.bwd_preprocess[(plan.tq, B * H)](
+            o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), H, N,
+            D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, num_warps=cfg.num_warps,
+        )  # fmt: skip
         dq, dk, dv = (torch.empty(B, H, N, D, device=q.device, dtype=q.dtype) for _ in range(3))
         kpm, doc = _mask_args(kpm_BN, doc_BN, q)
         common = dict(
             HEAD_STRIDE=plan.head_stride, HAS_KPM=kpm_BN is not None, HAS_DOC=doc_BN is not None,
-            DROPOUT_P=float(ctx.dropout_p), D=D, BLOCK_D=cfg.block_d, BLOCK_M=plan.tile_m, BLOCK_N=plan.tile_n,
+            HAS_BAND=plan.band_radius >= 0, DROPOUT_P=float(ctx.dropout_p), D=D, BLOCK_D=cfg.block_d,
+            BLOCK_M=plan.tile_m, BLOCK_N=plan.tile_n,
             PRECISION=dot_precision(q.dtype), LOOP_WHILE=tl_k.INTERPRETED, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )  # fmt: skip
@@ -98,7 +104,8 @@ class TritonBlockAttention(torch.autograd.Function):
         for dq_pass, lists, n_tiles in ((False, t_bwd, plan.tk), (True, t_fwd, plan.tq)):
             tl_k.bwd_kernel[(n_tiles, B * H)](
                 q, k, v, do, lse, delta, dq, dk, dv, *strides, *lists, *masks,
-                H, N, plan.m_blocks, plan.block, n_tiles, qk_scale, ctx.scale, DQ_PASS=dq_pass, **common,
+                H, N, plan.m_blocks, plan.block, plan.band_radius, plan.band_len, n_tiles, qk_scale, ctx.scale,
+                DQ_PASS=dq_pass, **common,
             )  # fmt: skip
         return dq, dk, dv, None, None, None, None, None
 

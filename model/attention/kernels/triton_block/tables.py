@@ -4,7 +4,10 @@ transposed lists for the dK/dV pass, and which visited tiles are partial (need t
 Built once per plan on the host from the block layout ``[H, M, M]`` (block ``block``) and moved to the device as
 int32. A tile of ``tile_m`` x ``tile_n`` tokens is visited when any layout block it overlaps is on; it is *full* when
 every block it overlaps (inside the sequence) is on, else *partial*: the kernel then looks each element's block up in
-the layout itself (an arithmetic membership check: ``layout[h, i // block, j // block]``)."""
+the layout itself (an arithmetic membership check: ``layout[h, i // block, j // block]``). A sliding window
+(``band``: ModernBERT's ``|i - j| <= radius`` over the first ``length`` tokens) narrows both: a tile is visited only
+when some pair of it is inside the window, and is partial unless all its pairs are (the kernel then checks the
+distance too)."""
 
 from __future__ import annotations
 
@@ -53,8 +56,30 @@ def _csr(on_HTS: torch.Tensor, partial_HTS: torch.Tensor):
     return offsets.to(torch.int32), s.to(torch.int32), partial_HTS[h, t, s].to(torch.int32), counts
 
 
-def build_tables(layout_HMM: torch.Tensor, block: int, seq_len: int, tile_m: int, tile_n: int) -> TileTables:
-    """The CSR tables of ``layout_HMM`` (bool/int ``[Hl, M, M]``) for a sequence of ``seq_len`` tokens."""
+def band_tiles(radius: int, length: int, seq_len: int, tile_m: int, tile_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(any, all) bool ``[TQ, TK]``: whether some / every token pair of a tile pair (inside ``seq_len``) is inside the
+    window ``|i - j| <= radius``, ``i, j < length``. Closed form per tile pair."""
+
+    def ranges(tile: int):
+        lo = torch.arange(0, seq_len, tile)
+        hi = torch.clamp(lo + tile, max=seq_len) - 1  # last token of the tile inside the sequence
+        hi_in = torch.clamp(hi, max=length - 1)  # last token inside the window's length (< lo: none)
+        return lo, hi, hi_in
+
+    qlo, qhi, qin = (x[:, None] for x in ranges(tile_m))
+    klo, khi, kin = (x[None, :] for x in ranges(tile_n))
+    gap = torch.clamp(torch.maximum(klo - qin, qlo - kin), min=0)  # smallest |i - j| over the two ranges
+    any_ = (qin >= qlo) & (kin >= klo) & (gap <= radius)
+    widest = torch.maximum((khi - qlo).abs(), (qhi - klo).abs())
+    all_ = any_ & (qhi < length) & (khi < length) & (widest <= radius)
+    return any_, all_
+
+
+def build_tables(
+    layout_HMM: torch.Tensor, block: int, seq_len: int, tile_m: int, tile_n: int, band: tuple[int, int] | None = None
+) -> TileTables:
+    """The CSR tables of ``layout_HMM`` (bool/int ``[Hl, M, M]``) for a sequence of ``seq_len`` tokens; ``band``:
+    ``(radius, length)`` of a sliding window ANDed with the layout."""
     lay = layout_HMM.detach().cpu().bool().float()
     m = lay.shape[-1]
     if m * block < seq_len:
@@ -65,6 +90,10 @@ def build_tables(layout_HMM: torch.Tensor, block: int, seq_len: int, tile_m: int
     total = ov_q.sum(1)[:, None] * ov_k.sum(1)[None, :]
     on = on_count > 0
     partial = on & (on_count < total[None])
+    if band is not None:
+        any_, all_ = band_tiles(*band, seq_len, tile_m, tile_n)
+        on = on & any_[None]
+        partial = on & (partial | ~all_[None])
     fo, fi, fp, counts = _csr(on, partial)
     bo, bi, bp, _ = _csr(on.transpose(1, 2), partial.transpose(1, 2))
     return TileTables(fo, fi, fp, bo, bi, bp, int(counts.max()), int(on.sum()))
