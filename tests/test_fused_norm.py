@@ -16,9 +16,12 @@ from model.bert import BertLayer
 from model.config import ModelConfig
 from pretrain.checkpoint import architecture_differences
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() and not fn.interpreting(), reason="Triton runs on CUDA or under its interpreter"
-)
+pytestmark = [
+    pytest.mark.gpu,  # tools.gpu_check runs the real kernel on CUDA
+    pytest.mark.skipif(
+        not torch.cuda.is_available() and not fn.interpreting(), reason="Triton runs on CUDA or under its interpreter"
+    ),
+]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

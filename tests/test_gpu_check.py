@@ -86,7 +86,8 @@ def test_quick_plan_is_a_selection_of_the_one_step_table(tmp_path):
     k, kf = by["kernel_tests"].commands[0], full_by["kernel_tests"].commands[0]
     assert k[k.index("-m", 3) + 1] == "gpu" == kf[kf.index("-m", 3) + 1]
     assert k[k.index("-k") + 1] == "not 4096 and not -128-" and "-k" not in kf
-    assert k[-3:] == kf[-3:] == ["tests/test_cuda_kernels.py", "tests/test_attention.py", "tests/test_triton_block.py"]
+    files = ["test_cuda_kernels", "test_attention", "test_triton_block", "test_triton_block_memory", "test_varlen"]
+    assert k[-6:] == kf[-6:] == [*(f"tests/{f}.py" for f in files), "tests/test_fused_norm.py"]
     # exact resume is test_train_resume.py's (on CUDA here), not re-proved by the smoke
     m = by["multirank_tests"].commands[0]
     assert m[-1] == "tests/test_train_resume.py" and m[m.index("-k") + 1] == "runs_succeed or bitwise"

@@ -19,7 +19,14 @@ CPU_REHEARSAL_SLOWDOWN = 4.0
 """--rehearse-on-cpu: the steps' time limits are this many times the GPU ones."""
 GPU_MARKER = "gpu"
 """pytest.ini's marker of the tests that run on a CUDA GPU when there is one."""
-KERNEL_TESTS = ["tests/test_cuda_kernels.py", "tests/test_attention.py", "tests/test_triton_block.py"]
+KERNEL_TESTS = [
+    "tests/test_cuda_kernels.py",
+    "tests/test_attention.py",
+    "tests/test_triton_block.py",
+    "tests/test_triton_block_memory.py",
+    "tests/test_varlen.py",
+    "tests/test_fused_norm.py",
+]
 QUICK_KERNEL_SELECTION = "not 4096 and not -128-"
 """--quick leaves out N=4096 (test_cuda_kernels) and N=128 (test_attention), nothing else."""
 CONTRACT_TESTS = ["tests/test_cuda_contracts.py"]
