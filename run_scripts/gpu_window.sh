@@ -9,7 +9,6 @@
 #
 #   bash run_scripts/gpu_window.sh [OUT]        (air-gapped: WHEELHOUSE=wheelhouse TORCH=system GPU_CHECK_COMMIT=<sha>)
 #
-# Lines marked "TO CONFIRM AFTER MERGE" use flags other branches add (named there); the lead enables them once merged.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-${1:-out/gpu_window}}"; mkdir -p "$OUT"
@@ -43,24 +42,23 @@ GC=${GC_S:-150}
 part gc $GC 60 bash run_scripts/gpu_check.sh --quick --budget-s $(( GC - 10 )) "$W/gc" --work-dir "$WORK" \
   --only ${GC_STEPS:-kernel_tests data}
 PY=.venv/bin/python
-DATA=(--data-path "$WORK/data/sample_text_sentence" --vocab-file "$WORK/data/vocab.txt") PACKED=packed
+DATA=(--data-path "$WORK/data/sample_text_sentence" --vocab-file "$WORK/data/vocab.txt") PACKED="packed packed_dropout0"
 [ -f "$WORK/data/vocab.txt" ] || [ -n "${DRY_RUN:-}" ] || { DATA=(); PACKED=; }  # no shards: synthetic rows, no packed
 STEP="$PY -m benchmarks.step"
 
 # 1. #47: the dense step, profiled (MFU, busy, top kernels): N=512 b=32/128/64 on the trainer's padded rows, attention
-#    dropout 0 vs 0.1, eager vs compiled, packed rows vs padded (variants in that priority: the profile leaves out, and
-#    names, those past the part's end); then unpadded (synthetic) rows at b=128 eager/compiled/dropout 0
+#    dropout 0 vs 0.1, eager vs compiled, packed rows (varlen, no mask) vs padded (variants in that priority: the
+#    profile leaves out, and names, those past the part's end); then unpadded (synthetic) rows at b=128: eager,
+#    compiled (no all-ones mask kept: bf3efde's compiled b=128 took 117.2 ms with one), dropout 0, both, and the fused
+#    residual + dropout + LayerNorm (--residual-norm triton). The MLM head's padded vocabulary needs no flag: the
+#    align2 GEMM should be gone from every row's top kernels. --micro-batch-size auto is checked offline: its memory
+#    model (pretrain/micro_batch.py) against these rows' measured peaks at b=32/64/128.
 part dense_padded 80 40 $STEP --measure profile --model-preset bert-base --seq-len 512 --batch 32 --precision bf16 \
   --variants eager batch_x4 dropout0 compiled $PACKED batch_x2 --sample-mode full-sentences ${DATA[@]+"${DATA[@]}"} \
   --warmup 3 --steps 2 --compile-estimate-s 40 --json "$W/dense_padded.json"
-part dense_unpadded 50 30 $STEP --measure profile --model-preset bert-base --seq-len 512 --batch 128 --precision bf16 \
-  --variants eager compiled dropout0 --warmup 2 --steps 2 --compile-estimate-s 35 --json "$W/dense_unpadded.json"
-# TO CONFIRM AFTER MERGE (helper C, compile without the all-ones mask: two graphs, padded and unpadded):
-#   the compiled rows above then run unmasked SDPA on unpadded rows; compare with gpu_runs bf3efde's 117.2 ms at b=128
-# TO CONFIRM AFTER MERGE (helper D, --micro-batch-size auto and the fused residual+dropout+LayerNorm):
-#   part recipe 60 30 $STEP --measure time --model-preset bert-base --cases dense@512 --micro-batch-size auto ...
-# TO CONFIRM AFTER MERGE (helper B, the MLM head's vocabulary padded to a multiple of 64 and its fp32-free loss):
-#   no flag: the dense rows above measure it once merged (the align2 GEMM leaves the top kernels)
+part dense_unpadded 70 30 $STEP --measure profile --model-preset bert-base --seq-len 512 --batch 128 --precision bf16 \
+  --variants eager compiled dropout0 compiled_dropout0 fused_norm --warmup 2 --steps 2 --compile-estimate-s 35 \
+  --json "$W/dense_unpadded.json"
 
 # 2. #48: the batch-8 kernel table at N=4096/8192 under training's attention dropout 0.1 (both sides; flex, which has
 #    none, left out): auto's table (python -m tools.auto_table on the committed attention.json) and the kernel goals
