@@ -149,8 +149,9 @@ def prune(save_dir: str | os.PathLike, keep_last: int) -> list[str]:
     return removed
 
 
-# Settings that may differ between a checkpoint and the run loading it (they change no weight shape or function).
-_FREE_MODEL_KEYS = {"hidden_dropout", "attention_dropout"}
+# Settings that may differ between a checkpoint and the run loading it (they change no weight shape or function;
+# pad_vocab_multiple pads the decoder inside the forward only, and checkpoints from before it had none).
+_FREE_MODEL_KEYS = {"hidden_dropout", "attention_dropout", "pad_vocab_multiple"}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
