@@ -337,18 +337,15 @@ class BertForPreTraining(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def mlm_decoder(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decoder's (weight, bias): the word embeddings and ``cls.bias``, cast to the autocast dtype when
-        autocast is on, with zero rows up to ``config.padded_vocab_size`` (pad_vocab_multiple). The padding lives only
-        here, for the GEMMs (aligned tensor-core kernels: 30522 rows are not a multiple of 8); parameters, checkpoints
-        and exports keep the real vocabulary, and :meth:`mlm_logits` cuts the padded logits off."""
+        """The decoder's (weight, bias): the word embeddings and ``cls.bias`` with zero rows up to
+        ``config.padded_vocab_size`` (pad_vocab_multiple). The padding lives only here, for the GEMMs (aligned
+        tensor-core kernels: 30522 rows are not a multiple of 8); parameters, checkpoints and exports keep the real
+        vocabulary, and :meth:`mlm_logits` cuts the padded logits off. Kept in the parameters' dtype (autocast casts
+        per chunk), so the chunks' weight gradients add up in that dtype."""
         w_VD, b_V = self.bert.embeddings.word_embeddings.weight, self.cls.bias
         pad = self.config.padded_vocab_size - self.config.vocab_size
         if pad == 0:
             return w_VD, b_V
-        device = w_VD.device.type
-        if torch.is_autocast_enabled(device):  # cast before padding: the GEMM then reads the padded copy as it is
-            dtype = torch.get_autocast_dtype(device)
-            w_VD, b_V = w_VD.to(dtype), b_V.to(dtype)
         return F.pad(w_VD, (0, 0, 0, pad)), F.pad(b_V, (0, pad))
 
     def mlm_logits(

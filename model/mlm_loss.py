@@ -1,7 +1,8 @@
 """The MLM loss over the vocabulary-sized decoder without a full logits tensor.
 
-The plain loss (``F.cross_entropy(logits.float(), targets)``) keeps the bf16 logits, their fp32 copy and the fp32
-log-softmax of every predicted row until the backward: about 2 GB at bert-base, N=512, batch 128 (issue #47).
+The plain loss (``F.cross_entropy(logits.float(), targets)``) keeps the fp32 log-softmax of every predicted row
+until the backward (about 2 GB at bert-base, N=512, batch 128, 128 slots per row: issue #47), and its forward holds
+the logits, their fp32 copy and that log-softmax at once.
 :func:`chunked_mlm_loss` computes the same sum a chunk of rows at a time inside ``torch.utils.checkpoint`` (non
 re-entrant): each chunk's logits are freed as soon as its loss is summed and recomputed, one chunk at a time, in
 the backward. What the backward keeps is the chunk's input rows ([T, D]); the price is one more decoder GEMM per
