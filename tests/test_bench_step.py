@@ -178,7 +178,7 @@ def test_profile_variants_run_in_priority_order_until_the_deadline(monkeypatch, 
     assert [r[0] for r in ran] == ["eager", "zero1_overlap", "zero0_autocast", "batch_x2"]
     assert not any(r[1] for r in ran) and [r[2] for r in ran] == [32, 32, 32, 64]
     assert ran[0][3] == args.trace and all(r[3] is None for r in ran[1:])  # the trace of the first variant only
-    left = ["compiled", "batch_x4", "dropout0", "packed", "zero0", "zero2"]
+    left = ["compiled", "batch_x4", "dropout0", "packed", "zero0", "zero2", "head_main"]
     assert result["left_out"] == left and not result["complete"]
     assert len(written) == 4 and [len(w["rows"]) for w in written] == [1, 2, 3, 4]  # written after every variant
     assert written[-1]["left_out"] == ["compiled"]

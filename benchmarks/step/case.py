@@ -38,6 +38,10 @@ class Case:
     """torch.compile through the engine, as the trainer's --compile (pretrain.parallelize.apply_compile)."""
     sample_mode: str | None = None
     """With --data-path: the trainer's --sample-mode (None: --sample-mode of the command line)."""
+    mlm_head: str = "chunked"
+    """chunked: the model's MLM head (decoder on the vocabulary padded to 64, chunked recomputed loss, slots from
+    the 1e-6 binomial quantile). main: the head before issue #47 (unpadded vocabulary, the plain loss keeping the
+    fp32 log-softmax, 128 slots at N=512: p x N + 6 binomial standard deviations), for the side-by-side."""
 
 
 def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
@@ -83,4 +87,5 @@ def case_model_config(case: Case, args) -> ModelConfig:
         hidden_dropout=0.1,
         attention_dropout=case.attention_dropout,
         attention={"kernel": kernel, "sparsity": sparsity},
+        **({"pad_vocab_multiple": 1} if case.mlm_head == "main" else {}),
     )

@@ -11,7 +11,8 @@ Variants (:data:`STEP_VARIANTS`, in priority order: the most informative first) 
 32, ZeRO-1, attention dropout 0.1, --sample-mode rows with an attention mask where padded, eager) in one setting
 each: compiled (torch.compile through the engine, as the trainer's --compile), batch x2 and x4, attention dropout 0
 (which lets SDPA leave its memory-efficient backend), packed rows (--sample-mode packed-docs: no padding, document
-masks), ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
+masks), ZeRO-0 and ZeRO-2, the MLM head as it was before issue #47 (head_main: unpadded vocabulary, plain loss,
+128 slots at N=512), and two bf16 ds_configs against the base's zero1_bf16.json: zero1_overlap (DeepSpeed's
 per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json).
 ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
 bounds the run: a variant is started only when the time left exceeds the longest variant so far (compiled: twice
@@ -53,6 +54,7 @@ STEP_VARIANTS: dict[str, dict] = {
     "packed": {"sample_mode": "packed-docs"},
     "zero0": {"zero": 0},
     "zero2": {"zero": 2},
+    "head_main": {"mlm_head": "main"},
 }
 """Variant name (``--variants`` of ``--measure profile``) -> what it changes from the base case; the order is the
 priority order. A variant with a ``ds_config`` names a bf16 file (``--measure host`` counts their host work on CPU):
