@@ -340,8 +340,8 @@ class BertForPreTraining(nn.Module):
         """The decoder's (weight, bias): the word embeddings and ``cls.bias`` with zero rows up to
         ``config.padded_vocab_size`` (pad_vocab_multiple). The padding lives only here, for the GEMMs (aligned
         tensor-core kernels: 30522 rows are not a multiple of 8); parameters, checkpoints and exports keep the real
-        vocabulary, and :meth:`mlm_logits` cuts the padded logits off. Kept in the parameters' dtype (autocast casts
-        per chunk), so the chunks' weight gradients add up in that dtype."""
+        vocabulary, and :meth:`mlm_logits` cuts the padded logits off. In the parameters' dtype (autocast casts it),
+        so the chunks' weight gradients add up in that dtype."""
         w_VD, b_V = self.bert.embeddings.word_embeddings.weight, self.cls.bias
         pad = self.config.padded_vocab_size - self.config.vocab_size
         if pad == 0:
@@ -351,8 +351,8 @@ class BertForPreTraining(nn.Module):
     def mlm_logits(
         self, hidden: torch.Tensor, decoder: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
-        """The MLM head's logits over the real vocabulary (``decoder``: :meth:`mlm_decoder`'s, built once per
-        forward by the loss); no padded row can win an argmax or enter a loss."""
+        """The MLM head's logits over the real vocabulary (``decoder``: :meth:`mlm_decoder`'s, built here when not
+        given); no padded row can win an argmax or enter a loss."""
         w_PD, b_P = self.mlm_decoder() if decoder is None else decoder
         logits = F.linear(self.cls.transform(hidden), w_PD, b_P)
         V = self.config.vocab_size
@@ -365,10 +365,9 @@ class BertForPreTraining(nn.Module):
         with ``return_logits`` the plain loss over logits kept whole (the reference the chunked loss is tested
         against)."""
         if not return_logits:
-            decoder = self.mlm_decoder()
-            total, correct = chunked_mlm_loss(
-                lambda h: self.mlm_logits(h, decoder), hidden_TD, targets_T, valid_T, self.mlm_chunk_rows
-            )
+            # each chunk pads the decoder itself (recomputed with it): a padded copy built once would be kept for
+            # the backward, 90 MB at bert-base in fp32, more than the log-softmax of a small batch
+            total, correct = chunked_mlm_loss(self.mlm_logits, hidden_TD, targets_T, valid_T, self.mlm_chunk_rows)
             return total, correct, None
         logits_TV = self.mlm_logits(hidden_TD)
         ce_T = F.cross_entropy(logits_TV.float(), targets_T, reduction="none")
