@@ -111,9 +111,10 @@ def _step(model, ids, labels, return_logits: bool, dtype: torch.dtype, **kwargs)
 @pytest.mark.parametrize("static", [False, True])
 def test_chunked_loss_equals_the_plain_loss(static):
     """The chunked loss (2 rows per chunk: many chunks, a ragged last one) against the plain loss over whole logits:
-    loss, every gradient, correct and count. fp32: equal to rounding. bf16 autocast: each chunk's weight gradient
-    is rounded to bf16 before the chunks are summed, so the chunked gradients are compared with the fp32 reference
-    and may be off by no more than 1.5x the plain bf16 path's own error (plus 1e-3 of the gradient's scale)."""
+    loss, every gradient, correct and count. fp32: equal to rounding. bf16 autocast (the static gather, the
+    trainer's path): each chunk's weight gradient is rounded to bf16 before the chunks are summed, so the chunked
+    gradients are compared with the fp32 reference and may be off by no more than 1.5x the plain bf16 path's own
+    error (plus 1e-3 of the gradient's scale)."""
     model = _model()
     model.mlm_chunk_rows = 2
     ids, labels = _batch()
@@ -127,6 +128,8 @@ def test_chunked_loss_equals_the_plain_loss(static):
     assert g_plain.keys() == g_chunked.keys()
     for name in g_plain:
         torch.testing.assert_close(g_chunked[name], g_plain[name], rtol=1e-5, atol=1e-6, msg=name)
+    if not static:
+        return  # bf16 on the trainer's path only (CPU bf16 is slow)
     plain16, g_plain16 = _step(model, ids, labels, True, torch.bfloat16, **kwargs)
     chunked16, g_chunked16 = _step(model, ids, labels, False, torch.bfloat16, **kwargs)
     assert int(chunked16.mlm_correct) == int(plain16.mlm_correct)
