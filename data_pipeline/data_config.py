@@ -97,8 +97,9 @@ class DataConfig(MaskingConfig, SampleIndexConfig):
     """Where to cache sample indices; None = a cache/ sub-directory beside each shard."""
     max_predictions_per_seq: int | None = None
     """At most this many predicted tokens per sample (BERT's max_predictions_per_seq), gathered by the MLM head with
-    static shapes (no device-to-host sync). None: derived from mask_prob and seq_length (p x N plus 6 binomial
-    standard deviations, a multiple of 8: 128 at N=512, 48 at N=128 with p=0.15), so the cap almost never binds. A
+    static shapes (no device-to-host sync). None: derived from mask_prob and seq_length (the smallest multiple of 8
+    that the binomial count of chosen tokens exceeds with probability 1e-6: 120 at N=512, 48 at N=128 with p=0.15;
+    with whole-word masking p x N plus 6 binomial standard deviations), so the cap almost never binds. A
     sample that drew more keeps those with the smallest selection hashes (whole words, with whole-word masking)."""
     dynamic_mlm_gather: bool = False
     """Select the masked positions with a boolean mask instead: no cap, a dynamic shape and one device-to-host sync
@@ -143,7 +144,7 @@ class DataConfig(MaskingConfig, SampleIndexConfig):
             return None
         if self.max_predictions_per_seq is not None:
             return self.max_predictions_per_seq
-        return derived_max_predictions(self.seq_length, self.mask_prob)
+        return derived_max_predictions(self.seq_length, self.mask_prob, self.whole_word_masking)
 
     @property
     def masking_config(self) -> MaskingConfig:

@@ -16,6 +16,7 @@ predicted.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -45,18 +46,49 @@ def sample_keys(seed: int, positions: np.ndarray, salt: int = 0) -> np.ndarray:
     return splitmix64(splitmix64(positions) ^ base)
 
 
-def derived_max_predictions(seq_length: int, mask_prob: float) -> int:
-    """The default per-sample cap on predicted tokens: ``p x N`` plus 6 binomial standard deviations, rounded up to a
-    multiple of 8 (at most N): 128 at N=512, 48 at N=128 with p=0.15.
+SLOT_TAIL = 1e-6
+"""The share of samples the derived cap may cut (:func:`derived_max_predictions`)."""
+
+
+def binomial_above(n: int, p: float, k: int) -> float:
+    """P(X > k) for X ~ Binomial(n, p), summed exactly in log space."""
+    log_p, log_q = math.log(p), math.log1p(-p)
+    return sum(
+        math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q)
+        for j in range(k + 1, n + 1)
+    )
+
+
+def derived_max_predictions(seq_length: int, mask_prob: float, whole_word: bool = False) -> int:
+    """The default per-sample cap on predicted tokens (the MLM head's slots per row): the smallest multiple of 8
+    (at most N) that a Binomial(N, p) count of chosen tokens exceeds with probability at most :data:`SLOT_TAIL`
+    (1e-6): 120 at N=512 and 48 at N=128 with p=0.15 (the 77 tokens chosen on average at N=512 fill 64% of the
+    slots). With whole-word masking, whose counts vary more than a binomial's (a word's pieces are chosen
+    together), p x N plus 6 binomial standard deviations instead (128 at N=512).
 
     BERT chooses exactly ``round(p x N)`` tokens and caps them at ``max_predictions_per_seq`` (20 at N=128, 80 at
     N=512). Our masking draws every token on its own (a sample's count is binomial), so a cap near the mean would
-    cut about half the samples; 6 standard deviations cut about one sample in 10^9 (more with whole-word masking,
-    whose counts vary more); such a sample keeps its first choices, as with an explicit cap.
+    cut about half the samples; this one cuts about one sample in a million, which keeps its first choices (the
+    smallest selection hashes), as with an explicit cap: the masker drops them, the model never does (a row with
+    more labels than slots is a device-side assert).
     """
-    mean = mask_prob * seq_length
-    k = math.ceil(mean + 6.0 * math.sqrt(seq_length * mask_prob * (1.0 - mask_prob)))
-    return max(1, min(seq_length, -(-k // 8) * 8))
+    if whole_word:
+        mean = mask_prob * seq_length
+        k = math.ceil(mean + 6.0 * math.sqrt(seq_length * mask_prob * (1.0 - mask_prob)))
+        return max(1, min(seq_length, -(-k // 8) * 8))
+    return _binomial_slots(seq_length, mask_prob)
+
+
+@functools.lru_cache(maxsize=64)
+def _binomial_slots(n: int, p: float) -> int:
+    """The smallest multiple of 8 (at most n) with P(Binomial(n, p) > k) <= SLOT_TAIL: one pass down the tail."""
+    log_p, log_q = math.log(p), math.log1p(-p)
+    tail = 0.0  # P(X > j) while j walks down from n
+    for j in range(n, 0, -1):
+        tail += math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q)
+        if tail > SLOT_TAIL:  # P(X > j - 1) > SLOT_TAIL: the cap must be at least j
+            return min(n, -(-j // 8) * 8)
+    return min(n, 8)
 
 
 @dataclass

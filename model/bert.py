@@ -14,6 +14,7 @@ from model.attention.sparsebert import DAMConfig, DAMMask, build_layer_mask, gat
 from model.config import ModelConfig
 from model.cpu_shortcuts import cpu_all
 from model.fused_norm import dropout_add_norm
+from model.mlm_loss import chunk_rows, chunked_mlm_loss
 from model.positions import AbsolutePositionEmbedding, PositionalAttention
 from model.rotary import apply_rotary
 
@@ -26,12 +27,14 @@ class PreTrainingOutput:
     """mlm_loss + nsp_loss (those given)."""
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
-    logits: torch.Tensor
-    """With ``labels``: ``[T, V]`` for the T positions whose label != -100 (in row-major order), or ``[B, k, V]``
-    with ``max_predictions=k`` (each row's labelled positions first, then padding slots); else ``[B, N, V]``."""
+    logits: torch.Tensor | None
+    """Over the real vocabulary (``config.vocab_size``; the padded rows are cut off). Without ``labels``: ``[B, N,
+    V]``. With ``labels``: None (the loss is computed in chunks and never holds all logits) unless the forward was
+    called with ``return_logits=True``: then ``[T, V]`` for the T positions whose label != -100 (row-major order),
+    or ``[B, k, V]`` with ``max_predictions=k`` (each row's labelled positions first, then padding slots)."""
     nsp_logits: torch.Tensor | None
     mlm_correct: torch.Tensor | None
-    """Number of masked positions predicted right (argmax)."""
+    """Number of masked positions predicted right (argmax over the real vocabulary)."""
     mlm_count: torch.Tensor | None
     """Number of positions with a label."""
 
@@ -327,6 +330,8 @@ class BertForPreTraining(nn.Module):
         self.bert = BertModel(config)
         self.cls = PreTrainingHeads(config)
         self.apply(self._init_weights)
+        self.mlm_chunk_rows = chunk_rows(config.padded_vocab_size)
+        """Predicted rows per chunk of the MLM loss (model.mlm_loss)."""
 
     def _init_weights(self, m: nn.Module) -> None:
         std = self.config.initializer_range
@@ -344,14 +349,50 @@ class BertForPreTraining(nn.Module):
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
 
-    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.cls.transform(hidden), self.bert.embeddings.word_embeddings.weight, self.cls.bias)
+    def mlm_decoder(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's (weight, bias): the word embeddings and ``cls.bias`` with zero rows up to
+        ``config.padded_vocab_size`` (pad_vocab_multiple). The padding lives only here, for the GEMMs (aligned
+        tensor-core kernels: 30522 rows are not a multiple of 8); parameters, checkpoints and exports keep the real
+        vocabulary, and :meth:`mlm_logits` cuts the padded logits off. In the parameters' dtype (autocast casts it),
+        so the chunks' weight gradients add up in that dtype."""
+        w_VD, b_V = self.bert.embeddings.word_embeddings.weight, self.cls.bias
+        pad = self.config.padded_vocab_size - self.config.vocab_size
+        if pad == 0:
+            return w_VD, b_V
+        return F.pad(w_VD, (0, 0, 0, pad)), F.pad(b_V, (0, pad))
 
-    def _mlm_static(self, hidden_BND: torch.Tensor, labels_BN: torch.Tensor, k: int):
-        """MLM loss over the first k labelled positions of each row, gathered with fixed shapes [B, k].
+    def mlm_logits(
+        self, hidden: torch.Tensor, decoder: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The MLM head's logits over the real vocabulary (``decoder``: :meth:`mlm_decoder`'s, built here when not
+        given); no padded row can win an argmax or enter a loss."""
+        w_PD, b_P = self.mlm_decoder() if decoder is None else decoder
+        logits = F.linear(self.cls.transform(hidden), w_PD, b_P)
+        V = self.config.vocab_size
+        return logits if logits.shape[-1] == V else logits[..., :V]
 
-        Same value as the boolean-mask path when no row has more than k labels (a device-side assert checks it
-        without a sync); unused slots are masked out of the loss and the counts."""
+    def _mlm_loss(
+        self, hidden_TD: torch.Tensor, targets_T: torch.Tensor, valid_T: torch.Tensor, return_logits: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(summed loss over the valid rows, number predicted right, logits or None): chunked (model.mlm_loss), or
+        with ``return_logits`` the plain loss over logits kept whole (the reference the chunked loss is tested
+        against)."""
+        if not return_logits:
+            # each chunk pads the decoder itself (recomputed with it): a padded copy built once would be kept for
+            # the backward, 90 MB at bert-base in fp32, more than the log-softmax of a small batch
+            total, correct = chunked_mlm_loss(self.mlm_logits, hidden_TD, targets_T, valid_T, self.mlm_chunk_rows)
+            return total, correct, None
+        logits_TV = self.mlm_logits(hidden_TD)
+        ce_T = F.cross_entropy(logits_TV.float(), targets_T, reduction="none")
+        correct = ((logits_TV.detach().argmax(-1) == targets_T) & valid_T).sum()
+        return (ce_T * valid_T).sum(), correct, logits_TV
+
+    def _mlm_static(self, hidden_BND: torch.Tensor, labels_BN: torch.Tensor, k: int, return_logits: bool = False):
+        """MLM loss over the labelled positions of each row, gathered into k slots per row with fixed shapes [B, k].
+
+        A row with more than k labels is an error (a device-side assert, no sync), never a silent loss of labels:
+        the data pipeline caps every row at the same k (DataConfig.max_predictions). Unused slots are masked out of
+        the loss and the counts."""
         B, N = labels_BN.shape
         k = min(int(k), N)
         sel_BN = labels_BN.ne(-100)
@@ -361,12 +402,14 @@ class BertForPreTraining(nn.Module):
         valid_Bk = torch.gather(sel_BN, 1, pos_Bk)
         hidden_BkD = torch.gather(hidden_BND, 1, pos_Bk[..., None].expand(B, k, hidden_BND.shape[-1]))
         targets_Bk = torch.gather(labels_BN, 1, pos_Bk).masked_fill(~valid_Bk, 0)
-        logits_BkV = self.mlm_logits(hidden_BkD)
-        ce_Bk = F.cross_entropy(logits_BkV.float().flatten(0, 1), targets_Bk.flatten(), reduction="none").view(B, k)
+        total, correct, logits = self._mlm_loss(
+            hidden_BkD.flatten(0, 1), targets_Bk.flatten(), valid_Bk.flatten(), return_logits
+        )
         count = valid_Bk.sum()
-        loss = (ce_Bk * valid_Bk).sum() / count.clamp(min=1)
-        correct = ((logits_BkV.detach().argmax(-1) == targets_Bk) & valid_Bk).sum()
-        return loss, correct, count, logits_BkV  # [B, k, V]: slots past a row's labels are padding
+        loss = total / count.clamp(min=1)
+        if logits is not None:
+            logits = logits.view(B, k, -1)  # slots past a row's labels are padding
+        return loss, correct, count, logits
 
     def forward(
         self,
@@ -378,26 +421,28 @@ class BertForPreTraining(nn.Module):
         max_predictions: int | None = None,
         doc_ids=None,
         cu_seqlens=None,
+        return_logits: bool = False,
     ) -> PreTrainingOutput:
         """``max_predictions``: at most this many labelled positions per row (the data pipeline's
         max_predictions_per_seq). Given, the MLM head gathers exactly B x max_predictions positions (static
         shapes, no host sync: torch.compile keeps it in one graph); without it, the labelled positions are
-        selected by a boolean mask (dynamic shape, one device-to-host sync)."""
+        selected by a boolean mask (dynamic shape, one device-to-host sync). With ``labels`` the loss is computed in
+        chunks and no logits are returned, unless ``return_logits`` (the plain loss over whole logits)."""
         hidden_BND = self.bert(input_ids, attention_mask, token_type_ids, doc_ids, cu_seqlens)
         mlm_loss = mlm_correct = mlm_count = None
         if labels is not None and max_predictions is not None:
-            mlm_loss, mlm_correct, mlm_count, logits = self._mlm_static(hidden_BND, labels, max_predictions)
+            mlm_loss, mlm_correct, mlm_count, logits = self._mlm_static(
+                hidden_BND, labels, max_predictions, return_logits
+            )
         elif labels is not None:
             # only the labelled positions go through the transform and the vocab-sized decoder
             sel = labels.ne(-100)
             targets = labels[sel]
-            logits = self.mlm_logits(hidden_BND[sel])
+            total, mlm_correct, logits = self._mlm_loss(
+                hidden_BND[sel], targets, torch.ones_like(targets, dtype=torch.bool), return_logits
+            )
             mlm_count = sel.sum()
-            if targets.numel():
-                mlm_loss = F.cross_entropy(logits.float(), targets)
-            else:
-                mlm_loss = logits.sum() * 0.0
-            mlm_correct = (logits.detach().argmax(-1) == targets).sum()
+            mlm_loss = total / mlm_count.clamp(min=1)  # 0 (with gradients) when no position has a label
         else:
             logits = self.mlm_logits(hidden_BND)
         nsp_logits = nsp_loss = None

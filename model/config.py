@@ -184,7 +184,14 @@ class ModelConfig:
     """Sizes and options of the BERT encoder and its pre-training heads."""
 
     vocab_size: int = 30522
-    """Word-piece vocabulary size (tied MLM decoder has the same size)."""
+    """Word-piece vocabulary size: the real one, what tokenizers, exports and the MLM logits see."""
+    pad_vocab_multiple: int = field(default=64, metadata=_flag("--make-vocab-size-divisible-by"))
+    """The MLM decoder's GEMMs run on :attr:`padded_vocab_size` rows, vocab_size rounded up to a multiple of this
+    (zero rows appended to the tied weight and the bias inside the forward), so they take aligned tensor-core
+    kernels (30522 is not a multiple of 8: an sm80 align2 kernel ran on H200). The padded logits are cut off before
+    the loss, argmax and outputs, so the model computes the same function; parameters, checkpoints and exports keep
+    the real vocabulary, and a run may resume with another value. 1 = no padding. Megatron's
+    --make-vocab-size-divisible-by (which pads the embedding table itself, to 128)."""
     hidden_size: int = field(default=768, metadata=_flag("--hidden-size"))
     """Width of the residual stream."""
     num_layers: int = field(default=12, metadata=_flag("--num-layers"))
@@ -259,6 +266,16 @@ class ModelConfig:
         ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if isinstance(self.pad_vocab_multiple, bool) or not isinstance(self.pad_vocab_multiple, int):
+            raise ValueError(
+                f"pad_vocab_multiple (--make-vocab-size-divisible-by) must be a positive integer, got "
+                f"{self.pad_vocab_multiple!r}"
+            )
+        if self.pad_vocab_multiple < 1:
+            raise ValueError(
+                f"pad_vocab_multiple (--make-vocab-size-divisible-by) must be >= 1 (1 = no padding), got "
+                f"{self.pad_vocab_multiple}"
+            )
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
         for name in ("hidden_dropout", "attention_dropout"):
@@ -318,6 +335,11 @@ class ModelConfig:
                 "(--attention-kernel) would not be used: set 'auto' or 'dense' for the search, then train the "
                 "exported mask (pattern 'file') with any kernel"
             )
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the word embedding and the decoder: vocab_size rounded up to a multiple of pad_vocab_multiple."""
+        return -(-self.vocab_size // self.pad_vocab_multiple) * self.pad_vocab_multiple
 
     @property
     def attention_head_size(self) -> int:

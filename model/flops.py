@@ -7,7 +7,13 @@
 - attention scores and context: 12 L N a x density (QK^T and PV, 2 N a FLOPs each per token, forward), density the
   share of (query, key) pairs the block layout keeps: 1 for dense, about 1/n for BlockBERT n (token-level masks
   are not counted: the kernels compute their blocks in full);
-- the MLM head on the predicted positions only (as our model computes it): 6 (h^2 + V h) x the predicted share.
+- the MLM head on the labelled tokens only: 6 (h^2 + V h) x the labelled share (the mask rate), V the real vocabulary.
+
+This is the work the model needs (PaLM's MFU), not what an implementation spends, so a change that does less work
+raises MFU. Not counted (tests/test_flops.py measures each against torch's FlopCounterMode): the head's unused slots
+(the static gather runs the head on max_predictions slots per row, 120 at N=512 for ~77 labelled tokens), the
+padded vocabulary rows (pad_vocab_multiple), the chunked loss's recompute of the head in the backward, and the
+softmax, LayerNorm, GELU and dropout FLOPs (the counter counts none of them either).
 """
 
 from __future__ import annotations

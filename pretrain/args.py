@@ -404,16 +404,12 @@ class ModelArgs:
     global_every: int | None = None
     """With a ModernBERT preset: global attention where layer % this == 0, the window elsewhere (default the
     preset's, 3)."""
-    make_vocab_size_divisible_by: int = 1
-    """Pad the embedding table to a multiple of this (Megatron pads to 128 for speed)."""
     overrides: dict[str, Any] = field(default_factory=dict, metadata=cli(skip=True))
     """ModelConfig fields given on the command line (--num-layers, --hidden-size, ...)."""
     attention: dict[str, Any] = field(default_factory=dict, metadata=cli(skip=True))
     """AttentionConfig fields given on the command line (kernel, sparsity), derived from the flags above."""
 
     def __post_init__(self) -> None:
-        if self.make_vocab_size_divisible_by < 1:
-            raise ArgsError("--make-vocab-size-divisible-by must be >= 1")
         self.check_recipe_flags()
         if not self.attention:
             if self.attention_kernel:

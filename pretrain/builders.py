@@ -16,10 +16,6 @@ def build_tokenizer(data: DataArgs):
     return _build(data.tokenizer_type, vocab_file=data.vocab_file, tokenizer_model=data.tokenizer_model)
 
 
-def padded_vocab_size(vocab_size: int, multiple: int) -> int:
-    return -(-vocab_size // multiple) * multiple
-
-
 def build_model_config(
     margs: ModelArgs, data: DataArgs, vocab_size: int, sparse_attention: dict[str, Any] | None, ds_path: str
 ):
@@ -52,7 +48,7 @@ def build_model_config(
             cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, **attention))
         cfg = dataclasses.replace(
             cfg,
-            vocab_size=padded_vocab_size(vocab_size, margs.make_vocab_size_divisible_by),
+            vocab_size=vocab_size,  # the real size: the model pads its tables (pad_vocab_multiple)
             nsp_head=data.sample_mode == "nsp",
         )
     except ValueError as e:

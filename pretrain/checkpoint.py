@@ -149,8 +149,10 @@ def prune(save_dir: str | os.PathLike, keep_last: int) -> list[str]:
     return removed
 
 
-# Settings that may differ between a checkpoint and the run loading it (they change no weight shape or function).
-_FREE_MODEL_KEYS = {"hidden_dropout", "attention_dropout", "residual_norm"}  # residual_norm: a kernel choice
+# Settings that may differ between a checkpoint and the run loading it (they change no weight shape or function;
+# residual_norm is a kernel choice; pad_vocab_multiple pads the decoder inside the forward only, and checkpoints from
+# before it had none).
+_FREE_MODEL_KEYS = {"hidden_dropout", "attention_dropout", "residual_norm", "pad_vocab_multiple"}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -87,7 +87,7 @@ def test_labels_path_gathers_the_same_logits_and_loss():
     labels[2, 2] = 100
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=tt, labels=labels)
-        out = ours(ids, mask, tt, labels=labels)
+        out = ours(ids, mask, tt, labels=labels, return_logits=True)
     assert out.logits.shape == (3, hf.config.vocab_size)
     assert torch.allclose(out.logits, ref.logits[labels != -100], atol=1e-4)
     assert abs(out.mlm_loss.item() - ref.loss.item()) < 1e-5

@@ -88,7 +88,8 @@ def test_binding_cap_holds_in_every_batch_and_leaves_other_samples_alone(tmp_pat
 @pytest.mark.parametrize("n, p", [(128, 0.15), (512, 0.15), (512, 0.3), (1024, 0.3)])
 def test_the_derived_cap_binds_almost_never(n, p):
     """The derived cap against the binomial count of chosen tokens (each of N tokens chosen with probability p): the
-    share of samples it would cut is below 1e-8, while a cap at BERT's round(p x N) would cut about half."""
+    share of samples it would cut is at most 1e-6 (and 8 slots fewer would cut more), while a cap at BERT's
+    round(p x N) would cut about half."""
     import math
 
     from data_pipeline.masking import derived_max_predictions
@@ -99,6 +100,6 @@ def test_the_derived_cap_binds_almost_never(n, p):
 
     k = derived_max_predictions(n, p)
     assert k % 8 == 0 and k <= n
-    assert above(k) < 1e-8
+    assert above(k) <= 1e-6 < above(k - 8)
     assert above(round(p * n)) > 0.4
     assert k < p * n + 6 * math.sqrt(n * p * (1 - p)) + 8  # no more slots than that: the gather stays small

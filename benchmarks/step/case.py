@@ -59,6 +59,10 @@ class Case:
     residual_norm: str = "eager"
     """ModelConfig.residual_norm of the post-LN (bert-base) variants: 'triton' fuses dropout + residual + LayerNorm
     (model/fused_norm.py); the whole presets (pre-LN) keep their own."""
+    mlm_head: str = "chunked"
+    """chunked: the model's MLM head (decoder on the vocabulary padded to 64, chunked recomputed loss, slots from
+    the 1e-6 binomial quantile). main: the head before issue #47 (unpadded vocabulary, the plain loss keeping the
+    fp32 log-softmax, 128 slots at N=512: p x N + 6 binomial standard deviations), for the side-by-side."""
 
 
 def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
@@ -111,4 +115,5 @@ def case_model_config(case: Case, args) -> ModelConfig:
         attention_dropout=case.attention_dropout,
         attention={"kernel": kernel, "sparsity": sparsity},
         residual_norm=case.residual_norm,
+        **({"pad_vocab_multiple": 1} if case.mlm_head == "main" else {}),
     )

@@ -16,7 +16,8 @@ masks), ZeRO-0 and ZeRO-2, and two bf16 ds_configs against the base's zero1_bf16
 per-parameter gradient hooks, zero1_bf16_overlap.json) and zero0_autocast (zero0_bf16_autocast.json); last, the
 combinations issue #47 asks about: compiled_dropout0, packed_dropout0 (packed rows run the varlen kernel without
 dropout: varlen_attn), packed_compiled, packed_compiled_dropout0; and fused_norm (--residual-norm triton: dropout +
-residual + LayerNorm in one Triton kernel each way, eager only).
+residual + LayerNorm in one Triton kernel each way, eager only); head_main, the MLM head as it was before issue #47
+(unpadded vocabulary, plain loss, 128 slots at N=512), for the side-by-side.
 ``--budget-s`` (or, under benchmarks/gpu_check.py, the step's deadline it is given in $GPU_CHECK_STEP_DEADLINE)
 bounds the run: a variant is started only when the time left exceeds the longest variant so far (compiled: twice
 that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly with what it has.
@@ -63,6 +64,7 @@ STEP_VARIANTS: dict[str, dict] = {
     "packed_compiled": {"sample_mode": "packed-docs", "compile": True},
     "packed_compiled_dropout0": {"sample_mode": "packed-docs", "compile": True, "attention_dropout": 0.0},
     "fused_norm": {"residual_norm": "triton"},
+    "head_main": {"mlm_head": "main"},
 }
 """Variant name (``--variants`` of ``--measure profile``) -> what it changes from the base case; the order is the
 priority order. A variant with a ``ds_config`` names a bf16 file (``--measure host`` counts their host work on CPU):

@@ -73,6 +73,7 @@ STOCK_FIELDS = {
     "nsp_head",
     "head_size",
     "attention",
+    "pad_vocab_multiple",  # padding inside the decoder GEMM only: the same function and weights
 }
 """ModelConfig fields Hugging Face BERT has; any other field away from its default needs our code."""
 

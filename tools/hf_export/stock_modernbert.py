@@ -119,6 +119,7 @@ _CONFIG_FIELDS = (
     "linear_bias",
     "norm_bias",
     "first_attn_norm",
+    "pad_vocab_multiple",
 )
 """ModelConfig fields :func:`stock_modernbert_reason` checks; a new field away from its default needs our code."""
 
