@@ -15,12 +15,11 @@ if [ -z "${FLOOR:-}" ]; then
 fi
 # Two pytest-xdist workers (TEST_WORKERS=N, 0 for one process): much of the suite is single-threaded (imports, the
 # one-rank launches, Python-bound tests), so two processes finish sooner on 2 cores. A test file runs whole in one
-# worker (its module fixtures are built once), and the files that start several ranks run one after the other in one
-# worker (--dist loadgroup, groups set in tests/conftest.py); each worker gets its share of the cores. A worker count
-# given after it (pytest arguments, e.g. -n 0) wins.
+# worker (--dist loadfile: its module fixtures are built once); each worker gets its share of the cores
+# (tests/conftest.py). A worker count given after it (pytest arguments, e.g. -n 0) wins.
 workers() {  # $1: the venv's python
   local n="${TEST_WORKERS:-2}"
-  if [ "$n" != 0 ] && "$1" -c 'import xdist' 2>/dev/null; then echo "-n $n --dist loadgroup"; fi
+  if [ "$n" != 0 ] && "$1" -c 'import xdist' 2>/dev/null; then echo "-n $n --dist loadfile"; fi
 }
 if [ "$FLOOR" != only ]; then
   bash run_scripts/setup_env.sh

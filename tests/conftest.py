@@ -55,25 +55,7 @@ if os.environ.get("TRITON_INTERPRET") is None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
-def _xdist_groups(items) -> None:
-    """Under run_scripts/test.sh's pytest-xdist workers (--dist loadgroup): a file runs whole in one worker (its module
-    fixtures are built once), and every file that starts several ranks (any test marked ``multirank``: multi-rank
-    launches, the multi-host and Slurm clusters) runs in one worker, one after the other, beside the rest. Two ranks
-    already keep the 2 cores busy: running two such tests at once would gain nothing and only stretch their time
-    bounds (dead-rank exits, signal timing) under load."""
-    files = {}
-    for item in items:
-        files.setdefault(item.path, []).append(item)
-    for path, tests in files.items():
-        group = "multirank" if any("multirank" in t.keywords for t in tests) else path.stem
-        for t in tests:
-            t.add_marker(pytest.mark.xdist_group(group))
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
-    if hasattr(config, "workerinput") and config.getoption("dist", "no") == "loadgroup":
-        _xdist_groups(items)
     if EXTENDED:
         return
     skip = pytest.mark.skip(reason="extended tier: bash run_scripts/extended_check.sh (SPARSE_BERT_EXTENDED=1)")
@@ -90,10 +72,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
     for reports in terminalreporter.stats.values():
         for r in reports:
             if getattr(r, "when", None) in ("setup", "call", "teardown") and hasattr(r, "duration"):
-                name = r.nodeid
-                if name.rfind("@") > name.rfind("]"):  # xdist's --dist loadgroup suffix: the test's own id
-                    name = name[: name.rfind("@")]
-                took[name] = took.get(name, 0.0) + r.duration
+                took[r.nodeid] = took.get(r.nodeid, 0.0) + r.duration
     over = sorted(((t, n) for n, t in took.items() if t > DEFAULT_TIER_BUDGET_S), reverse=True)
     if over:
         terminalreporter.section(f"default-tier tests over {DEFAULT_TIER_BUDGET_S:.0f} s (move to the extended tier)")
