@@ -13,9 +13,18 @@ if [ -z "${FLOOR:-}" ]; then
   FLOOR=1
   [ $# -eq 0 ] || FLOOR=0
 fi
+# Two pytest-xdist workers (TEST_WORKERS=N, 0 for one process): much of the suite is single-threaded (imports, the
+# one-rank launches, Python-bound tests), so two processes finish sooner on 2 cores. A test file runs whole in one
+# worker (--dist loadfile: its module fixtures are built once); each worker gets its share of the cores
+# (tests/conftest.py). A worker count given after it (pytest arguments, e.g. -n 0) wins.
+workers() {  # $1: the venv's python
+  local n="${TEST_WORKERS:-2}"
+  if [ "$n" != 0 ] && "$1" -c 'import xdist' 2>/dev/null; then echo "-n $n --dist loadfile"; fi
+}
 if [ "$FLOOR" != only ]; then
   bash run_scripts/setup_env.sh
-  .venv/bin/python -m pytest "$@"
+  # shellcheck disable=SC2046
+  .venv/bin/python -m pytest $(workers .venv/bin/python) "$@"
 fi
 [ "$FLOOR" != 0 ] || exit 0
 # the floor pass, a canary of what the GPU image's torch 2.11 and the oldest transformers must run: every kernel trains
@@ -33,6 +42,7 @@ floor_args=(); [ "$FLOOR" != only ] || floor_args=("$@")
 # ZeroStageEnum inside engine.compile()'s wrapper ("<enum 'ZeroStageEnum'> does not support the < operator"), so
 # that DeepSpeed function runs eager (the losses still match; docs/troubleshooting.md).
 floor="$(cd .venv-floor && pwd -P)"   # its real path, as setup_floor_env.sh built DeepSpeed's CPU op
-TORCH_EXTENSIONS_DIR="$floor/torch_extensions" exec "$floor/bin/python" -m pytest \
+# shellcheck disable=SC2046
+TORCH_EXTENSIONS_DIR="$floor/torch_extensions" exec "$floor/bin/python" -m pytest $(workers "$floor/bin/python") \
   -m "not multirank and not slow and not extended" \
   "${present[@]}" "${floor_args[@]}"

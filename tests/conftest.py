@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,20 @@ names every one that did (a report, not a failure: a loaded machine slows every 
 # The DeepSpeed CPU op that run_scripts/setup_env.sh builds lives here; the ranks the tests launch look in the same
 # place, so a plain `pytest FILE` works as well as run_scripts/test.sh (which exports the same default).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
+
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+"""How many pytest-xdist workers share this machine (run_scripts/test.sh starts 2; 0 without xdist)."""
+
+if XDIST_WORKERS > 1:
+    # Each worker gets its share of the cores for torch's intra-op threads (and so do the processes it starts that do
+    # not set their own): two workers of 2 threads each on 2 cores only slow each other down. The launched ranks
+    # already run with OMP_NUM_THREADS=1 (tests/train_utils.py env()).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // XDIST_WORKERS)))
+    # transformers copies an exported model's remote code into one modules cache, under the model directory's name:
+    # two workers loading same-named exports (tmp_path/dense_remote) at once would write the same files
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw")
+    os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix=f"hf-modules-{worker}-"))
+    atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], True)
 
 if os.environ.get("TRITON_INTERPRET") is None:
     import torch
@@ -95,15 +112,24 @@ def _listing(root: Path) -> dict[str, tuple[int, int]]:
 READ_ONLY_INPUTS = (CORPUS, REPO / "run_scripts" / "sample_data")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_shared_memory_left_behind():
-    """Removes DeepSpeed CPU all-reduce buffers (/dev/shm, RAM) that runs of this session left: the trainer unlinks
-    its own once mapped, but a rank killed during initialisation (the fault tests) cannot."""
+def _shm_buffers() -> set[Path]:
     shm = Path("/dev/shm")
-    before = set(shm.glob("deepspeed_allreduce_buffer_*")) if shm.is_dir() else set()
-    yield
-    for p in (set(shm.glob("deepspeed_allreduce_buffer_*")) if shm.is_dir() else set()) - before:
-        p.unlink(missing_ok=True)
+    return set(shm.glob("deepspeed_allreduce_buffer_*")) if shm.is_dir() else set()
+
+
+def pytest_sessionstart(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the one process that outlives every test (xdist's controller)
+        session.config._shm_before = _shm_buffers()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ARG001
+    """Removes DeepSpeed CPU all-reduce buffers (/dev/shm, RAM) that runs of this session left: the trainer unlinks
+    its own once mapped, but a rank killed during initialisation (the fault tests) cannot. Only once every test is
+    done (an xdist worker that finishes first would unlink the buffer of a run still starting on another)."""
+    before = getattr(session.config, "_shm_before", None)
+    if before is not None:
+        for p in _shm_buffers() - before:
+            p.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -63,7 +63,7 @@ def test_bad_lines_are_refused_naming_the_line(tmp_path, text, message):
 def test_our_requirements_floor_torch_at_2_11():
     by = {r.key: r for r in reqs.parse()}
     assert by["torch"].floor == "2.11.0" and by["transformers"].floor == "5.17.0" and by["tokenizers"].floor == "0.23.2"
-    assert {r.key for r in reqs.parse() if r.dev} == {"ruff", "pytest", "pytest-timeout", "triton"}
+    assert {r.key for r in reqs.parse() if r.dev} == {"ruff", "pytest", "pytest-timeout", "pytest-xdist", "triton"}
     assert {r.key for r in reqs.parse() if r.cpu_torch} == {"triton"}
 
 
