@@ -331,7 +331,8 @@ class BertForPreTraining(nn.Module):
         self.cls = PreTrainingHeads(config)
         self.apply(self._init_weights)
         self.mlm_chunk_rows = chunk_rows(config.padded_vocab_size)
-        """Predicted rows per chunk of the MLM loss (model.mlm_loss)."""
+        """Predicted rows per chunk of the MLM loss (model.mlm_loss); 0: the plain loss over whole logits (what
+        pretrain/parallelize.py sets where a recomputed chunk cannot read the decoder weight again: ZeRO-3)."""
 
     def _init_weights(self, m: nn.Module) -> None:
         std = self.config.initializer_range
@@ -376,8 +377,8 @@ class BertForPreTraining(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(summed loss over the valid rows, number predicted right, logits or None): chunked (model.mlm_loss), or
         with ``return_logits`` the plain loss over logits kept whole (the reference the chunked loss is tested
-        against)."""
-        if not return_logits:
+        against; also without chunks, ``mlm_chunk_rows`` 0)."""
+        if not return_logits and self.mlm_chunk_rows:
             # each chunk pads the decoder itself (recomputed with it): a padded copy built once would be kept for
             # the backward, 90 MB at bert-base in fp32, more than the log-softmax of a small batch
             total, correct = chunked_mlm_loss(self.mlm_logits, hidden_TD, targets_T, valid_T, self.mlm_chunk_rows)
@@ -385,7 +386,7 @@ class BertForPreTraining(nn.Module):
         logits_TV = self.mlm_logits(hidden_TD)
         ce_T = F.cross_entropy(logits_TV.float(), targets_T, reduction="none")
         correct = ((logits_TV.detach().argmax(-1) == targets_T) & valid_T).sum()
-        return (ce_T * valid_T).sum(), correct, logits_TV
+        return (ce_T * valid_T).sum(), correct, logits_TV if return_logits else None
 
     def _mlm_static(self, hidden_BND: torch.Tensor, labels_BN: torch.Tensor, k: int, return_logits: bool = False):
         """MLM loss over the labelled positions of each row, gathered into k slots per row with fixed shapes [B, k].

@@ -232,6 +232,7 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
     deepspeed_patch.apply()
 
     check_precision_supported(ds)
+    apply_mlm_loss_for_zero(model, ds.zero_stage)  # the trainer has already printed its line (idempotent)
     configure_optimizer(ds, optim)
     validate_with_deepspeed(ds)
 
@@ -262,6 +263,19 @@ def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: Optim
         # (a few operators per parameter tensor, on the host, at every step) without changing a value
         engine.enable_backward_allreduce = False
     return engine
+
+
+def apply_mlm_loss_for_zero(model: torch.nn.Module, zero_stage: int) -> str | None:
+    """The plain MLM loss under ZeRO-3 (the start-up line says so), the chunked one below it. The chunked loss
+    recomputes each chunk's decoder GEMM in the backward (torch.utils.checkpoint); ZeRO-3 has released the tied word
+    embedding (the decoder weight) after the forward by then, and the recomputation would read its 1-D shard."""
+    if zero_stage < 3 or not getattr(model, "mlm_chunk_rows", 0):
+        return None
+    model.mlm_chunk_rows = 0
+    return (
+        "MLM loss: the plain loss over whole logits under ZeRO-3 (the chunked loss recomputes the tied decoder in the "
+        "backward, after ZeRO-3 has released its weight)"
+    )
 
 
 def clip_gradients(module: torch.nn.Module, max_norm: float) -> torch.Tensor | None:

@@ -56,6 +56,7 @@ from pretrain.numerics import configure_numerics
 from pretrain.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
+    apply_mlm_loss_for_zero,
     build_attention_plans,
     clip_gradients,
     compile_note,
@@ -333,6 +334,9 @@ class Trainer:
             self._load_finetune_weights(model, point.tag, point.client)
         if run.system.activation_checkpointing:
             apply_activation_checkpointing(model)
+        zero3_note = apply_mlm_loss_for_zero(model, self.ds.zero_stage)
+        if zero3_note:
+            self._print(zero3_note)
         seed_everything(run.loop.seed + 100 * self.dist.rank)
         self.engine = initialize_engine(model, self.ds, run.optim, self.schedule)
         self._print(deepspeed_patch.apply())  # applied by initialize_engine; this gives its line

@@ -219,3 +219,26 @@ def test_state_dict_and_config_round_trip_unchanged():
     assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
     cfg = a.config
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg and dataclasses.asdict(cfg)["pad_vocab_multiple"] == 64
+
+
+def test_zero3_runs_the_plain_loss_and_says_so():
+    """Under ZeRO-3 the chunked loss would recompute the tied decoder in the backward after ZeRO-3 released its
+    weight (a 1-D shard: "mat2 must be a matrix"; tests/test_resize_resume.py's ZeRO-3 cases): pretrain/parallelize.py
+    switches the model to the plain loss there, with a start-up line, and leaves the chunks below stage 3. The plain
+    path without ``return_logits`` gives the chunked path's loss, counts and no logits."""
+    from pretrain.parallelize import apply_mlm_loss_for_zero
+
+    model = _model()
+    rows = model.mlm_chunk_rows
+    assert rows > 0
+    for stage in (0, 1, 2):
+        assert apply_mlm_loss_for_zero(model, stage) is None and model.mlm_chunk_rows == rows
+    ids, labels = _batch()
+    chunked = model(ids, labels=labels, max_predictions=16)
+    note = apply_mlm_loss_for_zero(model, 3)
+    assert model.mlm_chunk_rows == 0 and "ZeRO-3" in note and "plain loss" in note
+    assert apply_mlm_loss_for_zero(model, 3) is None  # idempotent: initialize_engine applies it again, silently
+    plain = model(ids, labels=labels, max_predictions=16)
+    assert plain.logits is None and chunked.logits is None
+    assert int(plain.mlm_count) == int(chunked.mlm_count) and int(plain.mlm_correct) == int(chunked.mlm_correct)
+    torch.testing.assert_close(plain.loss, chunked.loss, rtol=1e-5, atol=1e-6)

@@ -28,6 +28,8 @@ GLOBAL_BATCH = 4
 #: bf16 measured bitwise too on the 2-core CPU box (docs/training.md), the bound leaves room for other devices' bf16
 #: reductions and stays below what the shared ZeRO-3 step counter did by the 3rd step after the resume (4.8e-6)
 TOLERANCE = {"fp32": 0.0, "bf16": 1e-6}
+GRAD_NORM_ULPS = 4
+"""fp32 ulps (relative) the logged gradient norm of an fp32 resize may differ by while every loss is bit-equal."""
 #: every case is in the extended tier (~45 s each on the 2-core box): the default tier's resume canary is
 #: tests/test_train_resume.py (bitwise, same world size)
 CASES = [
@@ -117,9 +119,13 @@ def check_resize(
                 [r["loss"] for r in straight],
                 [r["loss"] for r in b],
             )
-        # the norm is reduced in float64 over the ranks' partitions: its last bits depend on the world size
-        # (3e-16 between straight 1- and 2-rank ZeRO-3 runs); a wrong update moves it by > 1e-5 within 2 steps
-        assert max(rel_diffs(ref, b, "grad_norm")) <= 1e-12, [(x["grad_norm"], y["grad_norm"]) for x, y in zip(ref, b)]
+        # Every loss is bit-equal, so the weights and (with --clip-grad 0) the gradients are; the logged norm is not
+        # always: DeepSpeed sums per-tensor fp32 norms over the rank's partition, whose order follows the flat
+        # buffers a universal load builds, so its last bit can differ from the straight run's (measured: one fp32
+        # ulp, 9.3e-8, at the 2nd step of ZeRO-1 fp32 2->1). A wrong update moves it by > 1e-5 within 2 steps.
+        assert max(rel_diffs(ref, b, "grad_norm")) <= GRAD_NORM_ULPS * 2.0**-23, [
+            (x["grad_norm"], y["grad_norm"]) for x, y in zip(ref, b)
+        ]
     else:
         assert max(rel_diffs(a, b)) <= TOLERANCE[precision], ([r["loss"] for r in a], [r["loss"] for r in b])
     assert (ck / f"iter_{iters:07d}" / "commit.json").is_file()  # saves go on at the new world size
