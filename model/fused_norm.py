@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.cpu_shortcuts import takes_cpu_path
+
 #: rows each backward program instance walks (their weight and bias gradients summed in fp32, then over instances)
 ROWS_PER_PROGRAM = 64
 _warned: set[str] = set()
@@ -48,7 +50,8 @@ def fused_applies(x: torch.Tensor, norm: nn.Module) -> bool:
     CPU), not under torch.compile's tracing, Triton present (once warned when it is not)."""
     if not isinstance(norm, nn.LayerNorm) or norm.weight is None or torch.compiler.is_compiling():
         return False
-    if not (x.is_cuda or (x.device.type == "cpu" and interpreting())):
+    on_cpu = takes_cpu_path(x)
+    if (on_cpu and not interpreting()) or (not on_cpu and x.device.type != "cuda"):
         return False
     if programs() is None:
         if "missing" not in _warned:

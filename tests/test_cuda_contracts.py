@@ -273,7 +273,9 @@ def test_default_recipes_dense_attention_backend_is_said_with_its_reason(gpu, mo
     trainer.model_config = ModelConfig.preset("bert-base")
     trainer.dist = SimpleNamespace(device=torch.device("cuda"))
     trainer.ds = SimpleNamespace(precision="bf16" if profile.capability >= (8, 0) else "fp16")
-    trainer.run = SimpleNamespace(data=SimpleNamespace(seq_length=512), system=SimpleNamespace(deterministic=False))
+    trainer.run = SimpleNamespace(
+        data=SimpleNamespace(seq_length=512, sample_mode="full-sentences"), system=SimpleNamespace(deterministic=False)
+    )
     trainer.micro = 32
     printed = []
     trainer._print = printed.append
