@@ -162,6 +162,14 @@ op_stamp="$TORCH_EXTENSIONS_DIR/.shm_op_built"
 # torch keys this build on DeepSpeed's absolute include paths (under the venv's path as python was started), so every
 # script and test starts python as .venv/bin/python: one path, one build.
 venv_py=.venv/bin/python
+# torch's build lock is a bare file (no pid in it): a build killed mid-way leaves it, and every later rank then waits
+# on it until its own time limit. A build takes 1-3 minutes, so a lock older than 20 is a dead one's.
+for lock in "$TORCH_EXTENSIONS_DIR"/*/lock; do
+  if [ -f "$lock" ] && [ -n "$(find "$lock" -mmin +20 2>/dev/null)" ]; then
+    echo "[setup] removing $lock: left by a DeepSpeed op build that was killed over 20 minutes ago"
+    rm -f "$lock"
+  fi
+done
 if [ ! -f "$op_stamp" ] && "$venv_py" -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
   echo "[setup] building DeepSpeed's CPU communication op once (1-3 minutes the first time, cached after)"
   "$venv_py" -c 'from deepspeed.comm.torch import build_shm_op; build_shm_op()' 2>&1 \
