@@ -30,6 +30,7 @@ from deepspeed.checkpoint.constants import (
 from common.errors import write_errors
 from common.outputs import check_dir_writable, check_not_input
 from data_pipeline.samples import PACKED
+from model import fused_norm
 from model.flops import model_flops_per_token
 from pretrain import builders, checkpoint, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, lr_schedule, train_iterations
@@ -343,6 +344,8 @@ class Trainer:
             self._print(apply_compile(self.engine, run.data.seq_length, self.dist.device))
         else:
             self._print(compile_note(False))
+        if self.model_config.residual_norm == "triton":  # whether the kernel runs here, or why not
+            self._print(fused_norm.route_line(self.dist.device.type, run.system.compile))
         # ZeRO-0 in fp32 or torch_autocast: the trainer clips (DeepSpeed's clipping there loops over the tensors on
         # the host and reports no norm) and keeps the norm (on the device)
         self._own_grad_norm = self.ds.trainer_clips
