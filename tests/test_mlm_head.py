@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.attention.steps import cpu_allocations
-from data_pipeline.masking import binomial_above, derived_max_predictions
+from data_pipeline.masking import binomial_above, derived_max_predictions, six_sigma_slots
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from pretrain.checkpoint import architecture_differences
@@ -169,7 +169,8 @@ def test_slots_are_sized_to_the_mask_rate():
     """120 slots per row at N=512 with p=0.15 (128 before), the smallest multiple of 8 that the binomial count of
     chosen tokens exceeds with probability at most 1e-6; whole-word masking keeps the wider bound."""
     assert derived_max_predictions(512, 0.15) == 120 and derived_max_predictions(128, 0.15) == 48
-    assert derived_max_predictions(512, 0.15, whole_word=True) == 128
+    assert derived_max_predictions(512, 0.15, whole_word=True) == six_sigma_slots(512, 0.15) == 128
+    assert six_sigma_slots(128, 0.15) == 48 and six_sigma_slots(16, 0.15) == 16  # at most N
     for n, p in ((512, 0.15), (4096, 0.15), (512, 0.3)):
         k = derived_max_predictions(n, p)
         assert binomial_above(n, p, k) <= 1e-6 < binomial_above(n, p, k - 8)
