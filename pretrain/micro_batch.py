@@ -139,12 +139,11 @@ def choose_micro_batch(
             "--checkpoint-activations with an explicit --micro-batch-size, or more ranks (ZeRO)"
         )
     micro = max(chosen)
-    capped = micro == max(fits)
+    # fits are the powers of two up to the largest divisor of every batch: below it, the next one is 2 x micro
     why = (
         f"the largest candidate dividing the per-rank batch {per_rank[0]}"
-        if capped
-        else f"{2 * micro if 2 * micro in fits else 'the next candidate'} would need about "
-        f"{(2 * micro * per_sample + model.static_bytes()) / MIB:.0f} MiB"
+        if micro == max(fits)
+        else f"{2 * micro} would need about {(2 * micro * per_sample + model.static_bytes()) / MIB:.0f} MiB"
     )
     total = (micro * per_sample + model.static_bytes()) / MIB
     return MicroBatchChoice(
