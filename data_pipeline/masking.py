@@ -50,13 +50,24 @@ SLOT_TAIL = 1e-6
 """The share of samples the derived cap may cut (:func:`derived_max_predictions`)."""
 
 
+def _binomial_pmf(n: int, p: float, j: int) -> float:
+    """P(X = j) for X ~ Binomial(n, p), computed in log space (no overflow at large n)."""
+    return math.exp(
+        math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * math.log(p) + (n - j) * math.log1p(-p)
+    )
+
+
 def binomial_above(n: int, p: float, k: int) -> float:
     """P(X > k) for X ~ Binomial(n, p), summed exactly in log space."""
-    log_p, log_q = math.log(p), math.log1p(-p)
-    return sum(
-        math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q)
-        for j in range(k + 1, n + 1)
-    )
+    return sum(_binomial_pmf(n, p, j) for j in range(k + 1, n + 1))
+
+
+def six_sigma_slots(seq_length: int, mask_prob: float) -> int:
+    """``p x N`` plus 6 binomial standard deviations, rounded up to a multiple of 8 (at most N): 128 at N=512 with
+    p=0.15. The whole-word cap of :func:`derived_max_predictions`, and every sample's cap before issue #47 (what
+    ``benchmarks.step``'s ``head_main`` variant runs)."""
+    k = math.ceil(mask_prob * seq_length + 6.0 * math.sqrt(seq_length * mask_prob * (1.0 - mask_prob)))
+    return max(1, min(seq_length, -(-k // 8) * 8))
 
 
 def derived_max_predictions(seq_length: int, mask_prob: float, whole_word: bool = False) -> int:
@@ -73,19 +84,16 @@ def derived_max_predictions(seq_length: int, mask_prob: float, whole_word: bool 
     more labels than slots is a device-side assert).
     """
     if whole_word:
-        mean = mask_prob * seq_length
-        k = math.ceil(mean + 6.0 * math.sqrt(seq_length * mask_prob * (1.0 - mask_prob)))
-        return max(1, min(seq_length, -(-k // 8) * 8))
+        return six_sigma_slots(seq_length, mask_prob)
     return _binomial_slots(seq_length, mask_prob)
 
 
 @functools.lru_cache(maxsize=64)
 def _binomial_slots(n: int, p: float) -> int:
     """The smallest multiple of 8 (at most n) with P(Binomial(n, p) > k) <= SLOT_TAIL: one pass down the tail."""
-    log_p, log_q = math.log(p), math.log1p(-p)
     tail = 0.0  # P(X > j) while j walks down from n
     for j in range(n, 0, -1):
-        tail += math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q)
+        tail += _binomial_pmf(n, p, j)
         if tail > SLOT_TAIL:  # P(X > j - 1) > SLOT_TAIL: the cap must be at least j
             return min(n, -(-j // 8) * 8)
     return min(n, 8)

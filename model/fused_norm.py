@@ -45,20 +45,42 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def fused_applies(x: torch.Tensor, norm: nn.Module) -> bool:
-    """Whether this call takes the Triton path: a LayerNorm with a weight, a CUDA tensor (or the interpreter on
-    CPU), not under torch.compile's tracing, Triton present (once warned when it is not)."""
-    if not isinstance(norm, nn.LayerNorm) or norm.weight is None or torch.compiler.is_compiling():
-        return False
-    on_cpu = takes_cpu_path(x)
-    if (on_cpu and not interpreting()) or (not on_cpu and x.device.type != "cuda"):
-        return False
+_MISSING = "Triton's programs are not here"
+
+
+def refusal(device_type: str, compiling: bool) -> str | None:
+    """Why residual_norm 'triton' runs the eager ops instead (None: it runs the kernel) on ``device_type`` ('cpu'
+    for tensors on the CPU path), ``compiling``: inside torch.compile's tracing."""
+    if compiling:
+        return "the model is compiled: Inductor fuses the eager dropout, add and LayerNorm into one kernel itself"
+    if device_type == "cpu" and not interpreting():
+        return "the kernel runs on CUDA (on a CPU only under Triton's interpreter, TRITON_INTERPRET=1)"
+    if device_type not in ("cpu", "cuda"):
+        return f"{device_type}: the kernel runs on CUDA"
     if programs() is None:
-        if "missing" not in _warned:
-            _warned.add("missing")
-            warnings.warn("residual_norm 'triton': Triton's programs are not here; the layers run eager", stacklevel=2)
+        return _MISSING
+    return None
+
+
+def route_line(device_type: str, compiled: bool) -> str:
+    """The start-up line of a run with residual_norm 'triton': whether the kernel runs, and why not (the setting is
+    never dropped silently)."""
+    why = refusal(device_type, compiled)
+    if why is None:
+        return "residual norm: LayerNorm(dropout(x) + residual) in one Triton kernel each way (--residual-norm triton)"
+    return f"residual norm: --residual-norm triton runs the eager ops here ({why})"
+
+
+def fused_applies(x: torch.Tensor, norm: nn.Module) -> bool:
+    """Whether this call takes the Triton path: a LayerNorm with a weight and no :func:`refusal` (once warned when
+    Triton is missing)."""
+    if not isinstance(norm, nn.LayerNorm) or norm.weight is None:
         return False
-    return True
+    why = refusal("cpu" if takes_cpu_path(x) else x.device.type, torch.compiler.is_compiling())
+    if why == _MISSING and "missing" not in _warned:
+        _warned.add("missing")
+        warnings.warn("residual_norm 'triton': Triton's programs are not here; the layers run eager", stacklevel=2)
+    return why is None
 
 
 def eager_dropout_add_norm(

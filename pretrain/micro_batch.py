@@ -2,7 +2,7 @@
 
 The recipes fix the global batch (the paper's tokens per step); the micro batch is a speed setting: on one H200 at
 N=512 bert-base bf16 reached 18.5% MFU at micro batch 32 and 27.6% at 128 (the bf3efde run,
-``../shared/gpu-runs/2026-11-27-h200-bf3efde/``). So ``auto`` picks, from :data:`CANDIDATES`, the largest micro batch
+``docs/gpu_reports/2026-11-27-h200-bf3efde/``). So ``auto`` picks, from :data:`CANDIDATES`, the largest micro batch
 that divides the per-rank batch (global batch / data-parallel ranks, and the ``--rampup-batch-size`` start and
 increment when a ramp is on) and whose estimated peak memory fits the free device memory; gradient accumulation
 makes up the rest. On a CPU it takes :data:`CPU_DEFAULT` (or the largest candidate below it that divides), so CPU runs
@@ -18,8 +18,9 @@ The memory estimate is a formula of the model (no probe step: the same on every 
 - static: ``20`` bytes per parameter (16-bit weights and gradients, fp32 master weights, fp32 gradient partition,
   Adam's two moments; ZeRO's partitioning only lowers it).
 
-Checked against the bf3efde run (tests/test_micro_batch_auto.py): at N=512 the formula gives 192 MiB per sample
-against 197.5 measured (torch.cuda.max_memory_allocated, b=64 and b=128), at N=4096 1458 MiB against 1426. The
+Checked against the bf3efde run (docs/gpu_reports/2026-11-27-h200-bf3efde/, eager; tests/test_micro_batch_auto.py
+reads it): at N=512 the formula gives 190 MiB per sample against 197.5 measured (torch.cuda.max_memory_allocated,
+b=64 and b=128), at N=4096 1451 MiB against 1527 (b=4 and b=16). The
 choice keeps :data:`ACTIVATION_MARGIN` over the estimate and uses :data:`MEMORY_FRACTION` of the free memory (the
 allocator's fragmentation, cuBLAS/cuDNN workspaces, the NCCL buffers).
 """
@@ -28,6 +29,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from data_pipeline.data_config import DataConfig
+    from model.config import ModelConfig
 
 #: micro batches ``auto`` considers (powers of two: the GEMM shapes stay tensor-core friendly). 128 is the largest:
 #: the bf3efde run measured 25.6% MFU at 64 and 27.6% at 128 (N=512), the gain flattening while memory doubles.
@@ -37,7 +43,7 @@ CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 CPU_DEFAULT = 8
 #: share of the free device memory the estimate may fill
 MEMORY_FRACTION = 0.85
-#: factor on the per-sample activation estimate (the formula was within 3% of the measurements; eager kernels,
+#: factor on the per-sample activation estimate (the formula was within 5% of the measurements; eager kernels,
 #: other attention kernels and other models keep more)
 ACTIVATION_MARGIN = 1.25
 #: static bytes per parameter: 16-bit weights (2) and gradients (2), fp32 master weights (4) and gradient partition
@@ -139,12 +145,11 @@ def choose_micro_batch(
             "--checkpoint-activations with an explicit --micro-batch-size, or more ranks (ZeRO)"
         )
     micro = max(chosen)
-    capped = micro == max(fits)
+    # fits are the powers of two up to the largest divisor of every batch: below it, the next one is 2 x micro
     why = (
         f"the largest candidate dividing the per-rank batch {per_rank[0]}"
-        if capped
-        else f"{2 * micro if 2 * micro in fits else 'the next candidate'} would need about "
-        f"{(2 * micro * per_sample + model.static_bytes()) / MIB:.0f} MiB"
+        if micro == max(fits)
+        else f"{2 * micro} would need about {(2 * micro * per_sample + model.static_bytes()) / MIB:.0f} MiB"
     )
     total = (micro * per_sample + model.static_bytes()) / MIB
     return MicroBatchChoice(
@@ -156,7 +161,7 @@ def choose_micro_batch(
     )
 
 
-def memory_model(model_config, data_config, precision: str) -> MemoryModel:
+def memory_model(model_config: ModelConfig, data_config: DataConfig, precision: str) -> MemoryModel:
     """The :class:`MemoryModel` of a ModelConfig and DataConfig (parameters counted on the meta device)."""
     import torch
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils.checkpoint
@@ -222,17 +222,27 @@ def configure_optimizer(ds: ResolvedDSConfig, optim: OptimConfig) -> None:
     cfg["optimizer"] = {"type": "AdamW", "params": params}
 
 
-def initialize_engine(model: torch.nn.Module, ds: ResolvedDSConfig, optim: OptimConfig, schedule: dict[str, Any]):
+def initialize_engine(
+    model: torch.nn.Module,
+    ds: ResolvedDSConfig,
+    optim: OptimConfig,
+    schedule: dict[str, Any],
+    say: Callable[[str], None] | None = None,
+):
     """deepspeed.initialize with our param groups and LR scheduler (validate the config first: errors name the file),
-    DeepSpeed's ZeRO-1/2 gradient-norm host syncs removed (pretrain/deepspeed_patch.py; its ``apply()`` gives the
-    start-up line). ``schedule``: WarmupLinearDecay's settings (pretrain.args.lr_schedule, or
+    DeepSpeed's ZeRO-1/2 gradient-norm host syncs removed (pretrain/deepspeed_patch.py) and, under ZeRO-3, the plain
+    MLM loss (:func:`apply_mlm_loss_for_zero`). ``say`` receives the start-up lines of those two (the trainer's
+    printer; the benchmarks pass none). ``schedule``: WarmupLinearDecay's settings (pretrain.args.lr_schedule, or
     pretrain.schedule.schedule_settings)."""
     import deepspeed
 
-    deepspeed_patch.apply()
+    lines = [deepspeed_patch.apply()]
 
     check_precision_supported(ds)
-    apply_mlm_loss_for_zero(model, ds.zero_stage)  # the trainer has already printed its line (idempotent)
+    lines.append(apply_mlm_loss_for_zero(model, ds.zero_stage))
+    for line in lines:
+        if line and say is not None:
+            say(line)
     configure_optimizer(ds, optim)
     validate_with_deepspeed(ds)
 

@@ -30,8 +30,9 @@ from deepspeed.checkpoint.constants import (
 from common.errors import write_errors
 from common.outputs import check_dir_writable, check_not_input
 from data_pipeline.samples import PACKED
+from model import fused_norm
 from model.flops import model_flops_per_token
-from pretrain import builders, checkpoint, deepspeed_patch, faults, resize, resume
+from pretrain import builders, checkpoint, faults, resize, resume
 from pretrain.args import ArgsError, RunConfig, lr_schedule, train_iterations
 from pretrain.decision import Decision, Reason, StopRules, decide, runs_a_step, signal_check_due
 from pretrain.distributed import (
@@ -56,7 +57,6 @@ from pretrain.numerics import configure_numerics
 from pretrain.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
-    apply_mlm_loss_for_zero,
     build_attention_plans,
     clip_gradients,
     compile_note,
@@ -334,12 +334,8 @@ class Trainer:
             self._load_finetune_weights(model, point.tag, point.client)
         if run.system.activation_checkpointing:
             apply_activation_checkpointing(model)
-        zero3_note = apply_mlm_loss_for_zero(model, self.ds.zero_stage)
-        if zero3_note:
-            self._print(zero3_note)
         seed_everything(run.loop.seed + 100 * self.dist.rank)
-        self.engine = initialize_engine(model, self.ds, run.optim, self.schedule)
-        self._print(deepspeed_patch.apply())  # applied by initialize_engine; this gives its line
+        self.engine = initialize_engine(model, self.ds, run.optim, self.schedule, say=self._print)
         if type(self.engine.optimizer).__module__.startswith("optimi"):
             self._print(f"optimizer {type(self.engine.optimizer).__name__} (torch-optimi, a client optimizer)")
         for note in build_attention_plans(self.engine.module, run.data.seq_length, self.dist.device):
@@ -348,6 +344,8 @@ class Trainer:
             self._print(apply_compile(self.engine, run.data.seq_length, self.dist.device))
         else:
             self._print(compile_note(False))
+        if self.model_config.residual_norm == "triton":  # whether the kernel runs here, or why not
+            self._print(fused_norm.route_line(self.dist.device.type, run.system.compile))
         # ZeRO-0 in fp32 or torch_autocast: the trainer clips (DeepSpeed's clipping there loops over the tensors on
         # the host and reports no norm) and keeps the norm (on the device)
         self._own_grad_norm = self.ds.trainer_clips

@@ -177,6 +177,20 @@ def test_where_the_fused_path_applies(monkeypatch):
         assert calls == [1]
 
 
+def test_the_start_up_line_says_where_the_setting_runs_eager(monkeypatch):
+    """residual_norm 'triton' is never dropped silently: the trainer's start-up line says the kernel runs, or why the
+    eager ops run instead (compiled, a CPU without the interpreter, Triton missing); the same rule as each call's."""
+    assert "one Triton kernel" in fn.route_line("cuda", compiled=False) and fn.refusal("cuda", False) is None
+    assert "eager" in fn.route_line("cuda", compiled=True) and "Inductor" in fn.route_line("cuda", compiled=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "runs on CUDA" in fn.route_line("cpu", compiled=False)
+    x, r, norm = _inputs()
+    assert not fn.fused_applies(x, norm)  # what a call does agrees
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fn, "programs", lambda: None)
+    assert "not here" in fn.route_line("cuda", compiled=False)
+
+
 def test_setting_is_checked_and_not_architecture():
     with pytest.raises(ValueError, match="residual_norm .*--residual-norm.*one of"):
         ModelConfig.preset("tiny", residual_norm="fast")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -26,24 +27,56 @@ def _bert_base(seq: int, slots: int | None = None, precision: str = "bf16") -> m
 
 
 # -------------------------------------------------------------------------------------------- the memory formula
-# bf3efde on one H200 (../shared/gpu-runs/2026-11-27-h200-bf3efde/), bert-base bf16 ZeRO-1, eager, SDPA, peak
-# torch.cuda.max_memory_allocated: N=512 b=32/64/128 -> 8161/14583/27222 MiB (profile_b32_variants.json); N=4096
-# b=4 -> 7602 MiB (mem.json), b=16 -> 24719 MiB (profile_n4096_b16.json).
-@pytest.mark.parametrize(
-    "seq, measured_mib_per_sample",
-    [(512, (27222 - 14583) / 64), (4096, (24719 - 7602) / 12)],
-)
-def test_formula_matches_the_measured_per_sample_memory(seq, measured_mib_per_sample):
-    est = _bert_base(seq).per_sample_bytes() / MIB
-    assert abs(est / measured_mib_per_sample - 1) < 0.05, (est, measured_mib_per_sample)
+# bf3efde on one H200 (docs/gpu_reports/2026-11-27-h200-bf3efde/), bert-base bf16 ZeRO-1, eager, SDPA, attention
+# dropout 0.1, peak torch.cuda.max_memory_allocated, read from the committed reports: N=512 b=64/128
+# (profile_b32_variants.json's batch_x2/batch_x4), N=4096 b=4 (mem.json) and b=16 (profile_n4096_b16.json's eager
+# row: its compiled row keeps 1207 MiB less, so it is not paired with an eager one). The head then was the plain loss
+# over 128 slots at N=512; the formula counts today's slots (120): the head's share is small.
+BF3EFDE = Path(__file__).resolve().parents[1] / "docs" / "gpu_reports" / "2026-11-27-h200-bf3efde"
+
+
+def _measured_peak_mib(report: str, seq: int, batch: int) -> float:
+    """The eager bf16 ZeRO-1 dense row of ``report`` at ``seq`` x ``batch`` (the only one: else the test fails)."""
+    rows = json.loads((BF3EFDE / report).read_text())["rows"]
+    if report == "mem.json":
+        hits = [
+            r["max_memory_allocated_mib"]
+            for r in rows
+            if (r["variant"], r["seq_len"], r["batch"]) == ("dense", seq, batch)
+        ]
+    else:
+        want = dict(variant="dense", precision="bf16", seq_len=seq, batch=batch, zero=1, compile=False)
+        hits = [
+            r["peak_memory_mib"]
+            for r in rows
+            if {k: r["case"][k] for k in want} == want and r["case"]["attention_dropout"] == 0.1
+        ]
+    assert len(hits) == 1, (report, seq, batch, hits)
+    return hits[0]
+
+
+def _measured_mib_per_sample(seq: int) -> float:
+    if seq == 512:
+        small, large = (_measured_peak_mib("profile_b32_variants.json", 512, b) for b in (64, 128))
+        return (large - small) / 64
+    return (_measured_peak_mib("profile_n4096_b16.json", 4096, 16) - _measured_peak_mib("mem.json", 4096, 4)) / 12
+
+
+@pytest.mark.parametrize("seq", [512, 4096])
+def test_formula_matches_the_measured_per_sample_memory(seq):
+    measured = _measured_mib_per_sample(seq)  # 197.5 and 1527.0 MiB
+    est = _bert_base(seq).per_sample_bytes() / MIB  # 189.8 and 1450.9 MiB
+    assert abs(est / measured - 1) < 0.05, (est, measured)  # 3.9% and 5.0% low
     # the margin the choice applies covers the formula's error with room to spare
-    assert mb.ACTIVATION_MARGIN * est > 1.15 * measured_mib_per_sample
+    assert mb.ACTIVATION_MARGIN * est > 1.15 * measured
 
 
 def test_static_estimate_bounds_the_measured_intercept():
-    # the N=512 line's intercept: 8161 - 32 x 197.5 = 1841 MiB of weights, gradients and optimizer state
+    # the N=512 line's intercept, b=128 less 128 samples: 27222 - 128 x 197.5 = 1944 MiB of weights, gradients and
+    # optimizer state (and what else a step keeps whatever the batch)
+    intercept = _measured_peak_mib("profile_b32_variants.json", 512, 128) - 128 * _measured_mib_per_sample(512)
     static = _bert_base(512).static_bytes() / MIB
-    assert 1841 <= static <= 1.3 * 1841
+    assert intercept <= static <= 1.3 * intercept, (static, intercept)
 
 
 def test_fp32_doubles_the_activations_not_the_head():
@@ -72,7 +105,7 @@ def test_choice_follows_the_budget(free_gib, micro):
     assert c.micro * per <= budget
     if c.micro < 128:
         assert 2 * c.micro * per > budget
-        assert "would need about" in c.reason
+        assert f"; {2 * c.micro} would need about" in c.reason
 
 
 def test_choice_divides_the_per_rank_batch():

@@ -11,10 +11,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.attention.steps import cpu_allocations
-from data_pipeline.masking import binomial_above, derived_max_predictions
+from data_pipeline.masking import binomial_above, derived_max_predictions, six_sigma_slots
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from pretrain.checkpoint import architecture_differences
+from tests import train_utils as tu
 
 V = 101  # padded to 128 by default
 
@@ -168,7 +169,8 @@ def test_slots_are_sized_to_the_mask_rate():
     """120 slots per row at N=512 with p=0.15 (128 before), the smallest multiple of 8 that the binomial count of
     chosen tokens exceeds with probability at most 1e-6; whole-word masking keeps the wider bound."""
     assert derived_max_predictions(512, 0.15) == 120 and derived_max_predictions(128, 0.15) == 48
-    assert derived_max_predictions(512, 0.15, whole_word=True) == 128
+    assert derived_max_predictions(512, 0.15, whole_word=True) == six_sigma_slots(512, 0.15) == 128
+    assert six_sigma_slots(128, 0.15) == 48 and six_sigma_slots(16, 0.15) == 16  # at most N
     for n, p in ((512, 0.15), (4096, 0.15), (512, 0.3)):
         k = derived_max_predictions(n, p)
         assert binomial_above(n, p, k) <= 1e-6 < binomial_above(n, p, k - 8)
@@ -237,8 +239,43 @@ def test_zero3_runs_the_plain_loss_and_says_so():
     chunked = model(ids, labels=labels, max_predictions=16)
     note = apply_mlm_loss_for_zero(model, 3)
     assert model.mlm_chunk_rows == 0 and "ZeRO-3" in note and "plain loss" in note
-    assert apply_mlm_loss_for_zero(model, 3) is None  # idempotent: initialize_engine applies it again, silently
+    assert apply_mlm_loss_for_zero(model, 3) is None  # applied already: nothing to say again
     plain = model(ids, labels=labels, max_predictions=16)
     assert plain.logits is None and chunked.logits is None
     assert int(plain.mlm_count) == int(chunked.mlm_count) and int(plain.mlm_correct) == int(chunked.mlm_correct)
     torch.testing.assert_close(plain.loss, chunked.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_initialize_engine_applies_the_zero3_loss_once_and_says_it(monkeypatch):
+    """The plain loss's one home is initialize_engine (the trainer, benchmarks.step and comm_volume all build their
+    engine there): it switches the model before DeepSpeed wraps it and hands each start-up line, the ZeRO-3 loss's and
+    deepspeed_patch's, to ``say`` once (the trainer's printer); below stage 3 it says nothing of the loss.
+    deepspeed.initialize is stubbed: what it does with the model is not this test's."""
+    import deepspeed
+
+    from pretrain.args import OptimConfig
+    from pretrain.ds_config import read_ds_config, resolve_batch_sizes
+    from pretrain.parallelize import initialize_engine
+    from pretrain.schedule import schedule_settings
+
+    class Engine:
+        dp_world_size = 2  # keeps initialize_engine's one-rank ZeRO-0 shortcut out of the stub
+
+    seen = []
+
+    def initialize(model, **kw):
+        seen.append(model.mlm_chunk_rows)
+        return Engine(), None, None, None
+
+    monkeypatch.setattr(deepspeed, "initialize", initialize)
+    for stage, chunked in ((3, False), (1, True)):
+        model = _model()
+        rows = model.mlm_chunk_rows
+        ds = read_ds_config(tu.REPO / "ds_configs" / f"zero{stage}_fp32.json")
+        resolve_batch_sizes(ds, 1, None, 1)
+        lines: list[str] = []
+        initialize_engine(model, ds, OptimConfig(lr=1e-4), schedule_settings(1e-4, 0.0, 1, 10, "linear"), lines.append)
+        assert seen[-1] == (rows if chunked else 0)  # switched before DeepSpeed saw the model
+        loss_lines = [line for line in lines if line.startswith("MLM loss:")]
+        assert len(loss_lines) == (0 if chunked else 1) and all("ZeRO-3" in line for line in loss_lines)
+        assert sum("DeepSpeed" in line and "ZeRO-1/2" in line for line in lines) == 1

@@ -58,3 +58,13 @@ def test_rounds_interleave_the_models_and_keep_each_ones_fastest_step():
         ("a", 128, 1.0),
         ("b", 128, 2.0),
     ]
+
+
+def test_model_preset_offers_only_presets_it_profiles_as_they_are(tmp_path, capsys):
+    """The tool always builds BERT (post-LN, 4h FFN, absolute positions) at a preset's three sizes, so a preset of
+    another shape (ModernBERT: pre-LN, GLU, rotary; DIET; a BlockBERT layout) is refused by name, not profiled as a
+    BERT of its sizes."""
+    assert pm.BERT_SIZED == ["bert-base", "bert-large"]
+    with pytest.raises(SystemExit) as e:
+        pm.main(["--model-preset", "modernbert-base", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "--model-preset" in capsys.readouterr().err

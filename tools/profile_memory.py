@@ -47,6 +47,22 @@ NARROW = {"hidden_size": 192, "num_layers": 2, "num_attention_heads": 12}
 """The model of docs/training.md's CPU figures when neither --model-preset nor the size flags are given."""
 
 
+def _bert_shaped(name: str) -> bool:
+    c = ModelConfig.preset(name)
+    return (
+        c.intermediate_size == 4 * c.hidden_size
+        and not c.pre_layer_norm
+        and c.ffn_type == "standard"
+        and c.position.type == "absolute"
+        and all(c.attention.layer(i).sparsity is None for i in range(c.num_layers))
+    )
+
+
+BERT_SIZED = [name for name in sorted(PRESETS) if _bert_shaped(name)]
+"""--model-preset's choices: presets whose only differences from :func:`model_config`'s BERT are the three sizes
+(a ModernBERT, DIET or BlockBERT preset would be profiled as a BERT of its sizes: refused instead)."""
+
+
 @dataclass
 class MemoryProfile:
     """One model at one (batch, N)."""
@@ -194,7 +210,12 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tools.profile_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model-preset", choices=sorted(PRESETS), help="its sizes (default: hidden 192 x 2 layers x 12)")
+    p.add_argument(
+        "--model-preset",
+        choices=BERT_SIZED,
+        help="its hidden size, layers and heads (default: hidden 192 x 2 layers x 12); the model is always BERT's "
+        "(post-LN, 4h FFN, absolute positions; --variants set the layout), so only presets of that shape are offered",
+    )
     p.add_argument("--hidden-size", dest="hidden", type=int, help="overrides the preset's")
     p.add_argument("--num-layers", dest="layers", type=int, help="overrides the preset's")
     p.add_argument(

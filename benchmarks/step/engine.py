@@ -39,14 +39,6 @@ def _pipeline_batches(args, seq_len: int, batch: int, n: int, mode: str) -> tupl
     return [next(it) for _ in range(n)], cfg.max_predictions
 
 
-def _main_slots(seq_len: int, p: float) -> int:
-    """The slots per row before issue #47: p x N + 6 binomial standard deviations, a multiple of 8 (128 at 512)."""
-    import math
-
-    k = math.ceil(p * seq_len + 6.0 * math.sqrt(seq_len * p * (1.0 - p)))
-    return max(1, min(seq_len, -(-k // 8) * 8))
-
-
 def _real_tokens(host: dict) -> int:
     """Real (unpadded) tokens of a host batch, as the trainer counts them."""
     return int(host["attention_mask"].sum()) if "attention_mask" in host else host["input_ids"].numel()
@@ -62,7 +54,7 @@ class TrainStep:
     (data_path, vocab_file, tokenizer_type, sample_mode; data_path None: synthetic rows)."""
 
     def __init__(self, case: Case, args, device: torch.device) -> None:
-        from data_pipeline.masking import derived_max_predictions
+        from data_pipeline.masking import derived_max_predictions, six_sigma_slots
         from model.bert import BertForPreTraining
         from pretrain.args import OptimConfig
         from pretrain.ds_config import apply_clip_grad, check_compile_supported, read_ds_config, resolve_batch_sizes
@@ -94,7 +86,7 @@ class TrainStep:
             self.hosts = [synthetic_batch(self.batch, case.seq_len, args.vocab_size, torch.device("cpu"))]
             cap = derived_max_predictions(case.seq_len, 0.15)
         if case.mlm_head == "main" and cap is not None:  # the head before issue #47: its slots, its plain loss
-            cap = _main_slots(case.seq_len, 0.15)
+            cap = six_sigma_slots(case.seq_len, 0.15)
         self.feed = [device_batch(h, device, cap) for h in self.hosts]
         if case.mlm_head == "main":
             self.feed = [dict(d, return_logits=True) for d in self.feed]

@@ -93,15 +93,21 @@ def varlen_attention(
 
 
 def _flash_varlen(
-    q_TND: torch.Tensor, k_TND: torch.Tensor, v_TND: torch.Tensor, cu: torch.Tensor, N: int, dropout_p: float, scale
+    q_THD: torch.Tensor,
+    k_THD: torch.Tensor,
+    v_THD: torch.Tensor,
+    cu: torch.Tensor,
+    N: int,
+    dropout_p: float,
+    scale: float | None,
 ) -> torch.Tensor:
     """torch's FlashAttention varlen call on ``[T, H, D]`` tensors (tests replace it to check what it is given)."""
     if dropout_p > 0.0:
         flash = torch.ops.aten._flash_attention_forward
-        return flash(q_TND, k_TND, v_TND, cu, cu, N, N, dropout_p, False, False, scale=scale)[0]
+        return flash(q_THD, k_THD, v_THD, cu, cu, N, N, dropout_p, False, False, scale=scale)[0]
     if scale is None or _VARLEN_TAKES_SCALE:
-        return _varlen_attn(q_TND, k_TND, v_TND, cu, cu, N, N, **({} if scale is None else {"scale": scale}))
-    return _varlen_attn(q_TND * (scale * q_TND.shape[-1] ** 0.5), k_TND, v_TND, cu, cu, N, N)  # older: no scale
+        return _varlen_attn(q_THD, k_THD, v_THD, cu, cu, N, N, **({} if scale is None else {"scale": scale}))
+    return _varlen_attn(q_THD * (scale * q_THD.shape[-1] ** 0.5), k_THD, v_THD, cu, cu, N, N)  # older: no scale
 
 
 def per_segment_attention(

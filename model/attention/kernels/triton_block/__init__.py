@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from model.attention.band import BandMask
-from model.attention.kernels.auto import AutoPlan
+from model.attention.kernels.auto import AutoKernel, AutoPlan
 from model.attention.kernels.registry import Call, Kernel, register_kernel
 from model.attention.kernels.triton_block.tables import TileTables, build_tables
 from model.cpu_shortcuts import takes_cpu_path
@@ -141,10 +141,6 @@ class TritonBlockPlan:
         )
 
 
-def _density(layout_HMM: torch.Tensor | None) -> float:
-    return 1.0 if layout_HMM is None else float(layout_HMM.float().mean())
-
-
 @dataclass
 class RoutedPlan:
     """A layer with a fixed token mask (ModernBERT's sliding window, a SparseBERT pattern): the kernel has no element
@@ -196,7 +192,7 @@ class TritonBlockKernel(Kernel):
     def make_plan(self, layout_HMM, block, seq_len, device, token_mask=None, family=None):
         device = torch.device(device)
         if token_mask is not None and not isinstance(token_mask, BandMask):  # routed once here (RoutedPlan)
-            return RoutedPlan(AutoPlan(layout_HMM, block, seq_len, device, _density(layout_HMM), token_mask, None))
+            return RoutedPlan(AutoKernel().make_plan(layout_HMM, block, seq_len, device, token_mask, family=None))
         reason = triton_available()
         if reason is not None:
             raise RuntimeError(f"--attention-kernel triton_block: {reason}")
