@@ -25,11 +25,14 @@ BLOCKBERT = {
 
 @pytest.fixture(scope="module")
 def zero3_ckpt(tmp_path_factory) -> Path:
-    """2 CPU ranks (gloo), ZeRO-3 fp32, a BlockBERT tiny model, 2 iterations, saved at the end."""
+    """2 CPU ranks (gloo), ZeRO-3 fp32, a BlockBERT tiny model, 2 iterations, saved at the end. Started by torchrun:
+    the `deepspeed` launcher adds two Python processes that import DeepSpeed before the ranks start (~30 s of this
+    fixture's ~90 s on the loaded 2-core box); the `deepspeed` launch path has its canaries elsewhere
+    (tests/test_train_resume.py, tests/test_faults.py)."""
     tmp = tmp_path_factory.mktemp("zero3")
     tu.prepare(tmp, attention=BLOCKBERT)
     args = tu.train_args(tmp, "zero3_fp32.json", 2, "--save", str(tmp / "ckpt"), "--save-interval", "2")
-    r = tu.launch("deepspeed", args, nprocs=2, timeout=300)
+    r = tu.launch("torchrun", args, nprocs=2, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:]
     files = {p.name for p in (tmp / "ckpt" / "iter_0000002").iterdir()}
     assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= files

@@ -434,15 +434,48 @@ def test_non_bert_hf_dir_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------------ custom code
 _LOADER = textwrap.dedent("""
     import importlib.util, json, sys
+    from pathlib import Path
     import torch
     assert importlib.util.find_spec("model") is None, "our package is importable: the test would prove nothing"
     from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
                               AutoModelForSequenceClassification)
-    root = sys.argv[1]
-    for name in json.loads(sys.argv[2]):
+    AUTO = {"mlm": AutoModelForMaskedLM, "base": AutoModel, "cls": AutoModelForSequenceClassification,
+            "qa": AutoModelForQuestionAnswering}
+    root, names, mode = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    first = None  # (directory, its code, its auto_map): the first custom-code export, loaded through the Auto classes
+    shared = {}  # the classes the Auto classes gave for it
+
+    def code(d):
+        return {p.name: p.read_bytes() for p in Path(d).glob("*.py")}
+
+    def loader(d):  # kind -> its from_pretrained for export d
+        # mode 'auto': every export through the Auto classes (HF copies each directory's code and executes it under
+        # a module name of its own, ~2 s a directory); 'shared': the first custom-code export through the Auto
+        # classes, the others through the classes those gave, once their code is the same bytes and their auto_map
+        # the same map (so those are the classes the Auto classes would load for them)
+        global first
+        cfg = json.loads(Path(d, "config.json").read_text())
+        if "auto_map" in cfg and first is not None and mode == "shared":
+            assert code(d) == first[1], f"{d}: exported code differs from {first[0]}'s"
+            assert cfg["auto_map"] == first[2], f"{d}: auto_map differs from {first[0]}'s"
+            return {k: shared[k].from_pretrained for k in AUTO}
+        if "auto_map" in cfg and first is None:
+            first = (d, code(d), cfg["auto_map"])
+
+        def auto(kind):
+            def load(path, **kw):
+                m = AUTO[kind].from_pretrained(path, trust_remote_code=True, **kw)
+                if first is not None and path == first[0]:
+                    shared[kind] = type(m)
+                return m
+            return load
+        return {k: auto(k) for k in AUTO}
+
+    for name in names:
         d = f"{root}/{name}"
         inp = torch.load(f"{root}/{name}_inputs.pt")
-        m = AutoModelForMaskedLM.from_pretrained(d, trust_remote_code=True).eval()
+        load = loader(d)
+        m = load["mlm"](d).eval()
         out = {}
         with torch.no_grad():
             out["logits"] = m(**inp).logits
@@ -450,14 +483,14 @@ _LOADER = textwrap.dedent("""
             torch.save(out, f"{root}/{name}_got.pt")
             continue
         with torch.no_grad():
-            out["hidden"] = AutoModel.from_pretrained(d, trust_remote_code=True).eval()(**inp).last_hidden_state
-            sc = AutoModelForSequenceClassification.from_pretrained(d, trust_remote_code=True, num_labels=3).eval()
+            out["hidden"] = load["base"](d).eval()(**inp).last_hidden_state
+            sc = load["cls"](d, num_labels=3).eval()
             out["cls_shape"] = list(sc(**inp).logits.shape)
-            qa = AutoModelForQuestionAnswering.from_pretrained(d, trust_remote_code=True).eval()
+            qa = load["qa"](d).eval()
             out["qa_shape"] = list(qa(**inp).start_logits.shape)
         if name.startswith("mask_file"):  # re-saved by HF (as fine-tuning does): no mask file, same model
             m.save_pretrained(f"{root}/{name}_resaved")
-            again = AutoModelForMaskedLM.from_pretrained(f"{root}/{name}_resaved", trust_remote_code=True).eval()
+            again = loader(f"{root}/{name}_resaved")["mlm"](f"{root}/{name}_resaved").eval()
             with torch.no_grad():
                 out["resaved_logits"] = again(**inp).logits
         out["layouts"] = {k: v for k, v in m.state_dict().items() if "sparse_layouts" in k}
@@ -467,8 +500,20 @@ _LOADER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def custom_exports(tmp_path_factory):
+@pytest.fixture(
+    scope="module",
+    params=[
+        "shared",
+        # ~90 s on the 2-core box: every export's code executed by HF under its own module name; the default tier
+        # loads one that way and the others (the same code, checked byte for byte) through its classes
+        pytest.param("auto", marks=pytest.mark.extended),
+    ],
+)
+def custom_exports(request, tmp_path_factory):
+    """Every custom family and every preset exported, then loaded in a process that cannot import our package.
+    The exported code is the same for every model (only config.json and the weights differ): ``shared`` loads the
+    first custom-code export through the Auto classes and the others through the classes that gave, ``auto`` each
+    through the Auto classes."""
     root = tmp_path_factory.mktemp("exports")
     models = {}
     masks_dir = root / "training_machine"  # removed after export: the export must not need it
@@ -509,7 +554,7 @@ def custom_exports(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_MODULES_CACHE=str(root / "hf_modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     r = subprocess.run(
-        [sys.executable, "-I", "-c", _LOADER, str(root), json.dumps(list(models))],
+        [sys.executable, "-I", "-c", _LOADER, str(root), json.dumps(list(models)), request.param],
         cwd=root,
         env=env,
         stdout=subprocess.PIPE,

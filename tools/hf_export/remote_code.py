@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Callable
@@ -81,10 +81,11 @@ def _module_file(module: str, root: Path = REPO) -> Path:
     raise ExportError(f"cannot find the source of {module!r} under {root}")
 
 
-def _model_imports(path: Path) -> list[str]:
-    """Every ``model.*`` / ``common.*`` module imported anywhere in ``path`` (top level or inside functions)."""
+def _model_imports(path: Path, tree: ast.Module | None = None) -> list[str]:
+    """Every ``model.*`` / ``common.*`` module imported anywhere in ``path`` (top level or inside functions);
+    ``tree``: the file already parsed."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree or ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             root = node.module.split(".")[0]
             if node.module in EXPORTED_PACKAGES:
@@ -196,8 +197,9 @@ def plan_export(template_dir: Path = TEMPLATE_DIR, root: Path = REPO) -> dict[st
     def stmts(mod: str) -> list[_Stmt]:
         if mod not in parsed:
             path = _module_file(mod, root)
-            _model_imports(path)  # refuses imports that cannot be flattened
-            parsed[mod] = [_Stmt(n) for n in ast.parse(path.read_text(), str(path)).body]
+            tree = ast.parse(path.read_text(), str(path))
+            _model_imports(path, tree)  # refuses imports that cannot be flattened
+            parsed[mod] = [_Stmt(n) for n in tree.body]
         return parsed[mod]
 
     @functools.cache
@@ -252,10 +254,11 @@ def rewrite_imports(source: str) -> str:
     return _FROM_RE.sub(lambda m: f"{m.group(1)}from .{flat_name(m.group(2))} import", source)
 
 
-def _check_external_imports(path: Path) -> None:
-    """Exported code may import only the standard library, torch and transformers."""
+def _check_external_imports(path: Path, text: str | None = None) -> None:
+    """Exported code may import only the standard library, torch and transformers (``text``: the file's source, when
+    it is not written yet)."""
     allowed = {"torch", "transformers"} | set(sys.stdlib_module_names)
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text, str(path))):
         names = []
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
@@ -269,29 +272,46 @@ def _check_external_imports(path: Path) -> None:
                 )
 
 
-def copy_model_code(out_dir: str | Path) -> list[str]:
-    """Write the flattened model modules and the HF wrappers into ``out_dir``; returns the file names written."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+def _source_digest() -> str:
+    """sha256 of every file the exported code is made from (our packages' modules and the wrappers): the key of
+    :func:`_flattened_code`, so a changed source gives a new copy."""
+    h = hashlib.sha256()
+    files = [p for pkg in EXPORTED_PACKAGES for p in (REPO / pkg).rglob("*.py")] + list(TEMPLATE_DIR.glob("*.py"))
+    for f in sorted(files):
+        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=2)
+def _flattened_code(digest: str) -> tuple[tuple[str, str], ...]:  # noqa: ARG001  (the cache key)
+    """``(file name, text)`` of every file of the exported code, checked. The same for every model (the code does
+    not depend on the config), so one process exporting many (a checkpoint sweep, the tests) plans and parses the
+    package once per version of its sources: the plan parses each module several times, seconds of CPU per export."""
+    files = []
     for m, keep in sorted(plan_export().items()):
         src = _module_file(m)
         text, dropped = pruned_source(m, keep)
         header = f"# Copied from {src.relative_to(REPO)} by tools/hf_export (imports made relative). Do not edit.\n"
         if dropped:
             header += f"# Left out (the exported model never uses them): {', '.join(dropped)}\n"
-        dst = out / f"{flat_name(m)}.py"
-        dst.write_text(header + rewrite_imports(text))
-        written.append(dst.name)
-    for t in sorted(TEMPLATE_DIR.glob("*.py")):
-        shutil.copyfile(t, out / t.name)
-        written.append(t.name)
-    for name in written:
-        _check_external_imports(out / name)
-        leftover = re.search(r"^\s*(from|import)\s+(model|common)\b", (out / name).read_text(), re.MULTILINE)
+        files.append((f"{flat_name(m)}.py", header + rewrite_imports(text)))
+    files += [(t.name, t.read_text()) for t in sorted(TEMPLATE_DIR.glob("*.py"))]
+    for name, text in files:
+        _check_external_imports(Path(name), text)
+        leftover = re.search(r"^\s*(from|import)\s+(model|common)\b", text, re.MULTILINE)
         if leftover:
             raise ExportError(f"{name}: an absolute import of our package survived flattening: {leftover.group(0)!r}")
-    return written
+    return tuple(files)
+
+
+def copy_model_code(out_dir: str | Path) -> list[str]:
+    """Write the flattened model modules and the HF wrappers into ``out_dir``; returns the file names written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = _flattened_code(_source_digest())
+    for name, text in files:
+        (out / name).write_text(text)
+    return [name for name, _ in files]
 
 
 # ----------------------------------------------------------------------------------------------- token masks
