@@ -271,7 +271,8 @@ def test_trainer_bad_input_is_one_line(trained, tmp_path, small_disks, which):
         assert line.startswith("pretrain: error: "), (name, line)
         for w in words:
             assert w in line, (name, w, line)
-    assert not (tmp_path / "new").exists()  # the misspelled --load did not start a fresh run
+    if "misspelled --load" in cases:  # it did not start a fresh run
+        assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.slow
