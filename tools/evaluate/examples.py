@@ -46,3 +46,22 @@ class QAExample:
 
 
 Example = TextExample | ChoiceExample | QAExample
+
+KINDS = ("classification", "regression", "multiple_choice", "extractive_qa")
+"""What a task asks of the model (and so which Auto head class, which predictions and which metrics it has)."""
+
+
+@dataclass(frozen=True)
+class QAPredictions:
+    """What one fine-tuned reader answers on one split: per question id, the best non-null span's text (``text``)
+    and ``null_odds`` = null score - best non-null span score (start+end logits of [CLS] minus the best valid span's,
+    both over all windows of the example; SQuAD 2.0's official evaluation calls this na_prob and picks the threshold on
+    it). For SQuAD 1.1 and MRQA, which have no unanswerable questions, only ``text`` is scored."""
+
+    text: dict[str, str]
+    null_odds: dict[str, float]
+
+
+Predictions = list[int] | list[float] | QAPredictions
+"""Per kind: classification and multiple_choice -> class/ending index per example (same order as the examples);
+regression -> float per example; extractive_qa -> QAPredictions."""
