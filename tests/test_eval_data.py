@@ -38,7 +38,8 @@ def _glue(root: Path) -> Path:
     _tsv(root / "SST-2/dev.tsv", ["sentence\tlabel", "\" the movie 's charm\t1", 'it \'s "charming" .\t0'])
     _tsv(root / "SST-2/train.tsv", ["sentence\tlabel", "fine\t1"])
     mrpc = ["\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t702876\t702977\tHe said.\tHe stated.",
-            "0\t2108705\t2108831\tYes.\tNo ."]  # fmt: skip
+            "0\t2108705\t2108831\tYes.\tNo .",
+            '1\t1355540\t1355592\tHe said it doesn \'t fit .\t" The pie business won\'t fit .']  # fmt: skip
     _tsv(root / "MRPC/dev.tsv", mrpc)
     _tsv(root / "MRPC/train.tsv", mrpc)
     _tsv(
@@ -73,7 +74,8 @@ def test_glue_tsv_every_task_with_its_quirks(tmp_path):
     sst = D.load_split("sst2", root, "validation")
     assert [(e.text_a, e.label) for e in sst] == [("\" the movie 's charm", 1), ('it \'s "charming" .', 0)]
     mrpc = D.load_split("mrpc", root, "validation")  # the header's byte-order mark is not part of "Quality"
-    assert [(e.text_a, e.text_b, e.label) for e in mrpc] == [("He said.", "He stated.", 1), ("Yes.", "No .", 0)]
+    assert [(e.text_a, e.text_b, e.label) for e in mrpc][:2] == [("He said.", "He stated.", 1), ("Yes.", "No .", 0)]
+    assert mrpc[2].text_b == "\" The pie business won't fit ." and len(mrpc) == 3  # MRPC's own stray quote
     assert D.load_split("stsb", root, "validation")[0] == TextExample("stsb-validation-0", "A man.", "A guy.", 5.0)
     assert D.load_split("qqp", root, "validation")[0].label == 0
     for split in ("train", "validation_matched", "validation_mismatched"):
@@ -311,6 +313,79 @@ def test_xnli_dev_per_language_and_mnli_train(tmp_path):
     assert [(e.text_a, e.label) for e in train] == [
         (e.text_a, e.label) for e in D.load_split("mnli", tmp_path, "train")
     ]
+
+
+# Every registered task in its official layout, written from the official files' own headers (independent of the
+# reader's layout table): GLUE's download, XNLI 1.0, swagaf, SQuAD, MRQA's released file names
+OFFICIAL = {
+    "cola": ("CoLA", None, "src\t{y}\t\t{a}"),
+    "sst2": ("SST-2", "sentence\tlabel", "{a}\t{y}"),
+    "mrpc": ("MRPC", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "{y}\t1\t2\t{a}\t{b}"),
+    "stsb": ("STS-B", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore",
+             "0\tg\tf\t2012\t0\tn\tn\t{a}\t{b}\t{y}"),
+    "qqp": ("QQP", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", "0\t1\t2\t{a}\t{b}\t{y}"),
+    "mnli": ("MNLI", MNLI_HEAD + "\tlabel1\tgold_label", "0\t1\t1e\tgov\t\t\t\t\t{a}\t{b}\t{y}\t{y}"),
+    "qnli": ("QNLI", "index\tquestion\tsentence\tlabel", "0\t{a}\t{b}\t{y}"),
+    "rte": ("RTE", "index\tsentence1\tsentence2\tlabel", "0\t{a}\t{b}\t{y}"),
+    "wnli": ("WNLI", "index\tsentence1\tsentence2\tlabel", "0\t{a}\t{b}\t{y}"),
+    "probe_pair": ("probe_pair", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "{y}\t1\t2\t{a}\t{b}"),
+    "probe_single": ("probe_single", "sentence\tlabel", "{a}\t{y}"),
+}  # fmt: skip
+TSV_FILE = {"train": "train.tsv", "validation": "dev.tsv", "validation_matched": "dev_matched.tsv",
+            "validation_mismatched": "dev_mismatched.tsv"}  # fmt: skip
+MRQA_FILES = {"mrqa_squad": "SQuAD", "mrqa_newsqa": "NewsQA", "mrqa_triviaqa": "TriviaQA-web",
+              "mrqa_searchqa": "SearchQA", "mrqa_hotpotqa": "HotpotQA",
+              "mrqa_naturalquestions": "NaturalQuestionsShort"}  # fmt: skip
+
+
+def _write_official(root: Path, name: str, split: str) -> None:
+    t = TASKS[name]
+    if name in OFFICIAL:
+        d, head, row = OFFICIAL[name]
+        y = "2.5" if t.kind == "regression" else t.label_names[-1]
+        _tsv(root / d / TSV_FILE[split], ([head] if head else []) + [row.format(a="A x.", b="B y.", y=y)])
+    elif name == "xnli":
+        head = "language\tgold_label\ts1bp\ts2bp\ts1p\ts2p\tsentence1\tsentence2\tpromptID\tpairID\tgenre"
+        f = {"validation": "xnli.dev.tsv", "test": "xnli.test.tsv"}.get(split)
+        if f is None:
+            return _write_official(root, "mnli", "train")
+        _tsv(root / "XNLI" / f, [head, "en\tcontradiction\t\t\t\t\tA x.\tB y.\t1\t1\tfiction"])
+    elif name == "swag":
+        f = {"train": "train.csv", "validation": "val.csv"}[split]
+        _tsv(root / "swagaf" / "data" / f, [",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,"
+                                           "ending2,ending3,label", "0,v,1,A x. B,A x.,B,gold,a,b,c,y.,3"])  # fmt: skip
+    elif t.suite in ("squad1", "squad2"):
+        v = "v2.0" if t.with_negative else "v1.1"
+        doc = _squad(v)
+        doc["data"][0]["paragraphs"][0]["qas"] = doc["data"][0]["paragraphs"][0]["qas"][-1:]
+        (root / f"{'train' if split == 'train' else 'dev'}-{v}.json").write_text(json.dumps(doc))
+    else:
+        q = {
+            "qid": "q",
+            "question": "B y?",
+            "answers": ["x"],
+            "detected_answers": [{"text": "x", "char_spans": [[2, 2]]}],
+        }
+        sub = "train" if split == "train" else "dev"
+        _mrqa(root / sub / f"{MRQA_FILES[name]}.jsonl.gz", [{"header": {"dataset": MRQA_FILES[name]}},
+                                                            {"context": "A x.", "qas": [q]}])  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_every_registered_task_reads_its_official_layout(tmp_path, name):
+    t = TASKS[name]
+    for split in ("train", *t.eval_splits):
+        _write_official(tmp_path, name, split)
+        (ex,) = D.load_split(name, tmp_path, split)
+        if t.kind in ("classification", "regression"):
+            assert (ex.text_a, ex.label) == ("A x.", 2.5 if t.kind == "regression" else len(t.label_names) - 1)
+            assert ex.text_b == (None if name in ("cola", "sst2", "probe_single") else "B y.")
+        elif t.kind == "multiple_choice":
+            assert (ex.context, ex.prefix, ex.endings, ex.label) == ("A x.", "B", ("a", "b", "c", "y."), 3)
+        elif t.suite == "mrqa":
+            assert (ex.answers, ex.starts, ex.dataset) == (("x",), (2,), MRQA_FILES[name])
+        else:
+            assert ex.is_impossible == t.with_negative and bool(ex.answers) != t.with_negative
 
 
 # ----------------------------------------------------------------------------------------------------- registry

@@ -517,7 +517,7 @@ def _load_hf(t: Task, root: Path, split: str, limit: int | None) -> list[Example
             f"{src}: its label names {names} are not {t.name}'s {list(t.label_names)} (in that order); export the "
             "task's own dataset"
         )
-    labels = [None if lab is None or (not isinstance(lab, float) and lab < 0) else lab for lab in labels]
+    labels = [None if lab is None or lab < 0 else lab for lab in labels]  # -1 (-1.0 for STS-B): unlabelled
     if t.kind == "classification":
         bad = [lab for lab in labels if lab is not None and not 0 <= lab < len(t.label_names)]
         if bad:
