@@ -291,6 +291,8 @@ def test_mrqa_jsonl_gz(tmp_path):
     assert got[0] == QAExample("q1", "Where?", ctx, ("Paris", "France", "Lutetia"), (23, 30, -1), False)
     assert got[0].dataset == "NewsQA" and got[1].starts == (4,) and ctx[4:16] == "Eiffel tower"
     assert len(D.load_split("mrqa_newsqa", tmp_path, "validation", limit=1)) == 1
+    _mrqa(tmp_path / "dev" / "NaturalQuestions.jsonl.gz", [{"header": {"dataset": "NaturalQuestionsShort"}}, para])
+    assert D.load_split("mrqa_naturalquestions", tmp_path, "validation")[1].dataset == "NaturalQuestionsShort"
     _mrqa(tmp_path / "MRQA" / "train" / "NewsQA.jsonl.gz", [{"header": {"dataset": "NewsQA"}}, para, "{not json"])
     with pytest.raises(D.DataError, match=r"train/NewsQA.jsonl.gz:3: not a JSON line"):
         D.load_split("mrqa_newsqa", tmp_path, "train")

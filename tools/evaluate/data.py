@@ -83,6 +83,8 @@ SQUAD_FILES = {"squad1": {"train": "train-v1.1.json", "validation": "dev-v1.1.js
 
 MRQA_DIRS = (".", "MRQA", "mrqa")
 MRQA_SPLIT_DIRS = {"train": ("train",), "validation": ("dev", "validation")}
+MRQA_ALIASES = {"mrqa_triviaqa": ("TriviaQA",), "mrqa_naturalquestions": ("NaturalQuestions",)}
+"""Other file names seen for MRQA's files (download scripts that rename them), after the released one."""
 
 HF_DIRS: dict[str, tuple[str, ...]] = {
     **{t: (f"glue/{t}", t) for t in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")},
@@ -397,10 +399,10 @@ def _read_squad_json(t: Task, path: Path, limit: int | None) -> list[Example]:
 
 
 def _load_mrqa(t: Task, root: Path, split: str, limit: int | None) -> list[Example]:
-    name = MRQA_DATASETS[t.name]
+    names = (MRQA_DATASETS[t.name], *MRQA_ALIASES.get(t.name, ()))
     for base in _subdirs(root, MRQA_DIRS):
         for d in _subdirs(base, MRQA_SPLIT_DIRS[split]):
-            for fname in (f"{name}.jsonl.gz", f"{name}.jsonl"):
+            for fname in (f"{name}.jsonl{gz}" for name in names for gz in (".gz", "")):
                 if (d / fname).is_file():
                     return _read_mrqa(t, d / fname, limit)
     raise _missing(t, root, split)
