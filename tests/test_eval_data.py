@@ -199,6 +199,28 @@ def test_hf_squad_and_swag_exports(tmp_path):
                                                                           ("e0", "e1", "e2", "e3"), 2)]  # fmt: skip
 
 
+def test_hf_xnli_one_config_per_language(tmp_path):
+    pytest.importorskip("datasets")
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    feats = Features({"premise": Value("string"), "hypothesis": Value("string"),
+                      "label": ClassLabel(names=list(TASKS["xnli"].label_names))})  # fmt: skip
+
+    def export(lang: str) -> None:
+        rows = {"premise": [f"{lang} p"], "hypothesis": [f"{lang} h"], "label": [2]}
+        Dataset.from_dict(rows, features=feats).to_parquet(str(tmp_path / "xnli" / lang / "validation-0.parquet"))
+
+    export("de")
+    assert D.load_split("xnli", tmp_path, "validation_de") == [TextExample("xnli-validation_de-0", "de p", "de h", 2)]
+    with pytest.raises(D.DataError, match=r"no validation split for ar, bg, el, en,.* pools all 15 languages"):
+        D.load_split("xnli", tmp_path, "validation")
+    for lang in D.XNLI_LANGUAGES:
+        export(lang)
+    pooled = D.load_split("xnli", tmp_path, "validation")
+    assert [e.text_a for e in pooled] == [f"{lang} p" for lang in D.XNLI_LANGUAGES]
+    assert len({e.id for e in pooled}) == 15 and len(D.load_split("xnli", tmp_path, "validation", limit=3)) == 3
+
+
 # ---------------------------------------------------------------------------------------- SWAG, SQuAD, MRQA, XNLI
 def test_swag_csv(tmp_path):
     path = tmp_path / "SWAG" / "val.csv"

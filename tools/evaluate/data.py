@@ -321,7 +321,23 @@ def _load_xnli(t: Task, root: Path, split: str, limit: int | None) -> list[Examp
         li = _column(path, header, "language")
         keep = (lambda r: r[li] == lang) if lang else (lambda r: True)
         return _text_examples(t, path, split, limit, rows, cols, keep)  # type: ignore[arg-type]
-    raise _missing(t, root, split)
+    # a Hugging Face export: one config per language (xnli/<lang>/<split>-*.parquet or save_to_disk)
+    langs = (lang,) if lang else XNLI_LANGUAGES
+    found = {code: _hf_table((f"xnli/{code}",), root, base) for code in langs}
+    missing = [code for code, f in found.items() if f is None]
+    if len(missing) == len(langs):
+        raise _missing(t, root, split)
+    if missing:
+        raise DataError(
+            f"task xnli, split {split}: the Hugging Face export under {root}/xnli has no {base} split for "
+            f"{', '.join(missing)}; XNLI's {base} score pools all {len(XNLI_LANGUAGES)} languages: export every "
+            f"language's config, or ask for one language ({base}_<lang>)"
+        )
+    out: list[Example] = []
+    for code in langs:
+        table, src = found[code]  # type: ignore[misc]
+        out += _table_examples(t, table, src, split, None, first=len(out))
+    return out[:limit] if limit is not None else out
 
 
 def _read_swag_csv(path: Path, split: str, limit: int | None) -> list[Example]:
@@ -455,11 +471,12 @@ def _read_mrqa(t: Task, path: Path, limit: int | None) -> list[Example]:
 
 
 # ------------------------------------------------------------------------------------- Hugging Face datasets exports
-def _hf_table(t: Task, root: Path, split: str) -> tuple[Any, Path] | None:
+def _hf_table(dirs: Iterable[str], root: Path, split: str) -> tuple[Any, Path] | None:
+    """The split's Arrow table from the first of ``dirs`` (under ``root``) that holds it, and where it was."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for d in _task_dirs(root, HF_DIRS.get(t.name, ())):
+    for d in _task_dirs(root, dirs):
         files = sorted(d.glob(f"{split}-*.parquet")) + sorted(d.glob(f"{split}.parquet"))
         files += sorted((d / split).glob("*.parquet")) if (d / split).is_dir() else []
         if files:
@@ -504,10 +521,14 @@ def _hf_label_names(table: Any) -> list[str] | None:
 
 
 def _load_hf(t: Task, root: Path, split: str, limit: int | None) -> list[Example]:
-    found = _hf_table(t, root, split)
+    found = _hf_table(HF_DIRS.get(t.name, ()), root, split)
     if found is None:
         raise _missing(t, root, split)
-    table, src = found
+    return _table_examples(t, *found, split, limit)
+
+
+def _table_examples(t: Task, table: Any, src: Path, split: str, limit: int | None, first: int = 0) -> list[Example]:
+    """A ``datasets`` table as examples (ids numbered from ``first``)."""
     if limit is not None:
         table = table.slice(0, limit)
     cols = set(table.column_names)
@@ -531,7 +552,7 @@ def _load_hf(t: Task, root: Path, split: str, limit: int | None) -> list[Example
             raise DataError(f"{src}: no text columns ({', '.join(sorted(cols))}); export the task's own dataset")
         tb = get(b) if b else [None] * table.num_rows
         return [TextExample(f"{t.name}-{split}-{i}", x, y, lab) for i, (x, y, lab) in
-                enumerate(zip(get(a), tb, labels))]  # fmt: skip
+                enumerate(zip(get(a), tb, labels), first)]  # fmt: skip
     need = {"multiple_choice": ("sent1", "sent2", "ending0", "ending1", "ending2", "ending3"),
             "extractive_qa": ("id", "question", "context", "answers")}[t.kind]  # fmt: skip
     if not set(need) <= cols:
@@ -557,8 +578,9 @@ def layouts_text(task: str | Task, split: str | None = None) -> list[str]:
     if t.name == "xnli":
         if split == "train":
             return ["MNLI's train split (any MNLI layout)"]
-        base = split.partition("_")[0] if split else None
-        out = [f"{XNLI_DIRS[0]}/{f}" for s, f in XNLI_FILES.items() if base in (None, s)]
+        base, _, lang = split.partition("_") if split else ("", "", "")
+        out = [f"{XNLI_DIRS[0]}/{f}" for s, f in XNLI_FILES.items() if base in ("", s)]
+        out.append(f"xnli/{lang or '<lang>'}/{base or '<split>'}-*.parquet or .../{base or '<split>'}/ (save_to_disk)")
         return out + ([] if split else ["train: MNLI's (any MNLI layout)"])
     if t.suite == "mrqa":
         dirs = MRQA_SPLIT_DIRS[split][0] if split else "{train,dev}"
