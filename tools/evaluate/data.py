@@ -83,6 +83,7 @@ SQUAD_FILES = {"squad1": {"train": "train-v1.1.json", "validation": "dev-v1.1.js
 
 MRQA_DIRS = (".", "MRQA", "mrqa")
 MRQA_SPLIT_DIRS = {"train": ("train",), "validation": ("dev", "validation")}
+MRQA_HF_DIRS = ("mrqa/plain_text", "mrqa/default", "mrqa")
 MRQA_ALIASES = {"mrqa_triviaqa": ("TriviaQA",), "mrqa_naturalquestions": ("NaturalQuestions",)}
 """Other file names seen for MRQA's files (download scripts that rename them), after the released one."""
 
@@ -421,7 +422,34 @@ def _load_mrqa(t: Task, root: Path, split: str, limit: int | None) -> list[Examp
             for fname in (f"{name}.jsonl{gz}" for name in names for gz in (".gz", "")):
                 if (d / fname).is_file():
                     return _read_mrqa(t, d / fname, limit)
-    raise _missing(t, root, split)
+    found = _hf_table(MRQA_HF_DIRS, root, split)  # a Hugging Face export: every dataset, told apart by `subset`
+    if found is None:
+        raise _missing(t, root, split)
+    return _mrqa_table(t, *found, names, limit)
+
+
+def _mrqa_table(t: Task, table: Any, src: Path, names: tuple[str, ...], limit: int | None) -> list[Example]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    need = ("subset", "qid", "question", "context", "answers", "detected_answers")
+    if not set(need) <= set(table.column_names):
+        raise DataError(f"{src}: needs the columns {', '.join(need)} (has {', '.join(table.column_names)}); re-export")
+    rows = table.filter(pc.is_in(table.column("subset"), value_set=pa.array(names)))
+    if rows.num_rows == 0:
+        have = sorted(set(table.column("subset").to_pylist()))
+        raise DataError(f"{src}: no rows of {' or '.join(names)} (its subsets: {', '.join(have)}); export that one")
+    out: list[Example] = []
+    for r in rows.slice(0, limit).to_pylist() if limit is not None else rows.to_pylist():
+        det = r["detected_answers"] or {}
+        if isinstance(det, list):  # a list of answers rather than datasets' struct of lists
+            det = {"text": [d["text"] for d in det], "char_spans": [d["char_spans"] for d in det]}
+        spans: dict[str, list[list[int]]] = {}
+        for text, cs in zip(det.get("text") or [], det.get("char_spans") or []):
+            pairs = zip(cs["start"], cs["end"]) if isinstance(cs, dict) else ((c["start"], c["end"]) for c in cs)
+            spans.setdefault(text, []).extend([int(a), int(b)] for a, b in pairs)
+        out.append(_mrqa_example(str(r["qid"]), r["question"], r["context"], list(r["answers"]), spans, r["subset"]))
+    return out
 
 
 def _locate(context: str, text: str, spans: list[list[int]]) -> int:
@@ -431,6 +459,15 @@ def _locate(context: str, text: str, spans: list[list[int]]) -> int:
         if context[s : e + 1] == text or context[s : e + 1].lower() == text.lower():
             return int(s)
     return context.find(text)
+
+
+def _mrqa_example(qid: str, question: str, context: str, answers: list[str], spans: dict[str, list[list[int]]],
+                  dataset: str) -> QAExample:  # fmt: skip
+    """One MRQA question: every alias in ``answers`` is gold, those found in the context first (at ``spans``)."""
+    starts = [_locate(context, a, spans.get(a, [])) for a in answers]
+    order = sorted(range(len(starts)), key=lambda i: starts[i] < 0)
+    return QAExample(qid, question, context, tuple(answers[i] for i in order), tuple(starts[i] for i in order),
+                     False, dataset)  # fmt: skip
 
 
 def _read_mrqa(t: Task, path: Path, limit: int | None) -> list[Example]:
@@ -451,11 +488,7 @@ def _read_mrqa(t: Task, path: Path, limit: int | None) -> list[Example]:
                     spans: dict[str, list[list[int]]] = {}
                     for det in qa.get("detected_answers", []):
                         spans.setdefault(det["text"], []).extend(det.get("char_spans", []))
-                    starts = [_locate(context, a, spans.get(a, [])) for a in qa["answers"]]
-                    order = sorted(range(len(starts)), key=lambda i: starts[i] < 0)  # located answers first
-                    out.append(QAExample(str(qa["qid"]), qa["question"], context,
-                                         tuple(qa["answers"][i] for i in order), tuple(starts[i] for i in order),
-                                         False, dataset))  # fmt: skip
+                    out.append(_mrqa_example(str(qa["qid"]), qa["question"], context, qa["answers"], spans, dataset))
                     if limit is not None and len(out) >= limit:
                         return out
         except json.JSONDecodeError as e:
@@ -584,7 +617,8 @@ def layouts_text(task: str | Task, split: str | None = None) -> list[str]:
         return out + ([] if split else ["train: MNLI's (any MNLI layout)"])
     if t.suite == "mrqa":
         dirs = MRQA_SPLIT_DIRS[split][0] if split else "{train,dev}"
-        return [f"[MRQA/]{dirs}/{MRQA_DATASETS[t.name]}.jsonl[.gz]"]
+        hf = f"mrqa/{sp}-*.parquet or mrqa/{sp}/ (save_to_disk; rows of subset {MRQA_DATASETS[t.name]})"
+        return [f"[MRQA/]{dirs}/{MRQA_DATASETS[t.name]}.jsonl[.gz]", hf]
     out = []
     if t.name in TSV_LAYOUTS:
         lay = TSV_LAYOUTS[t.name]
@@ -621,5 +655,24 @@ def docs_table() -> str:
     return "\n".join(lines)
 
 
+DOCS_BEGIN = "<!-- BEGIN GENERATED by `python -m tools.evaluate.data --write docs/evaluation_data.md` -->"
+DOCS_END = "<!-- END GENERATED -->"
+
+
+def splice_docs(doc: str) -> str:
+    """``doc`` with the text between its generated-table markers replaced by :func:`docs_table`."""
+    head, sep, rest = doc.partition(DOCS_BEGIN)
+    _, sep2, tail = rest.partition(DOCS_END)
+    if not sep or not sep2:
+        raise ValueError(f"the document has no {DOCS_BEGIN} ... {DOCS_END} block")
+    return f"{head}{DOCS_BEGIN}\n\n{docs_table()}\n\n{DOCS_END}{tail}"
+
+
 if __name__ == "__main__":
-    print(docs_table())
+    import sys
+
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        target = Path(sys.argv[2])
+        target.write_text(splice_docs(target.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        print(docs_table())
