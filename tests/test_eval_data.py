@@ -109,6 +109,7 @@ def test_probe_tasks_read_mrpc_and_sst2_layouts(tmp_path):
          r"RTE/dev.tsv:1: no column 'sentence1' in the header"),
         ("STS-B/dev.tsv", ["sentence1\tsentence2\tscore", "A.\tB.\thigh"], r"STS-B/dev.tsv:2: label 'high' is not a"),
         ("CoLA/dev.tsv", ["gj04\t1\tsentence without the fourth field"], r"CoLA/dev.tsv:1: 3 tab-separated"),
+        ("RTE/dev.tsv", ["index\tsentence1\tsentence2\tlabel"], r"RTE/dev.tsv: holds no examples; re-extract"),
     ],
 )  # fmt: skip
 def test_malformed_tsv_names_file_and_line(tmp_path, path, lines, message):
@@ -356,6 +357,8 @@ def test_xnli_dev_per_language_and_mnli_train(tmp_path):
     _tsv(tmp_path / "XNLI-1.0" / "xnli.dev.tsv", [head, *rows])
     _glue(tmp_path)
     assert [e.label for e in D.load_split("xnli", tmp_path, "validation")] == [1, 0, 2]
+    with pytest.raises(D.DataError, match=r"xnli.dev.tsv: holds no rows of language 'sw'"):
+        D.load_split("xnli", tmp_path, "validation_sw")
     de = D.load_split("xnli", tmp_path, "validation_de")
     assert [(e.text_a, e.label) for e in de] == [("de p", 1), ("de p", 2)]
     train = D.load_split("xnli", tmp_path, "train")

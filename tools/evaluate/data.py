@@ -3,10 +3,10 @@ tools/evaluate/examples.py. Nothing is downloaded.
 
 Layouts (docs/evaluation_data.md has the table): GLUE's official TSV directories (and the probe tasks, in MRPC's and
 SST-2's TSV layout), XNLI's xnli.{dev,test}.tsv, SWAG's CSV (swagaf), SQuAD's official JSON v1.1 / v2.0, MRQA's
-jsonl(.gz), and Hugging Face ``datasets`` exports (the Hub's parquet files, ``save_to_disk`` directories) of the GLUE,
-SWAG and SQuAD tasks, read with pyarrow (the Arrow files ``datasets`` writes), so ``datasets`` is not needed at run
-time. A task whose files are not found, or a file that cannot be read, is a :class:`DataError` naming the file, the
-line and what to do."""
+jsonl(.gz), and every task's Hugging Face ``datasets`` export (the Hub's parquet files, ``save_to_disk`` directories),
+read with pyarrow (the Arrow files ``datasets`` writes), so ``datasets`` is not needed at run time. A task whose
+files are not found, or a file that cannot be read, is a :class:`DataError` naming the file, the line and what to
+do."""
 
 from __future__ import annotations
 
@@ -136,8 +136,6 @@ def load_split(task: str | Task, data_dir: str | Path, split: str, limit: int | 
         examples = _load_native(t, root, split, limit)
         if examples is None:
             examples = _load_hf(t, root, split, limit)
-    if not examples:
-        raise DataError(f"task {t.name}, split {split}: the file holds no examples ({root}); re-extract it")
     return examples
 
 
@@ -180,6 +178,12 @@ def _missing(t: Task, root: Path, split: str) -> DataError:
 
 
 # --------------------------------------------------------------------------------------------- native formats
+def _nonempty(examples: list[Example], src: Path, what: str = "examples") -> list[Example]:
+    if not examples:
+        raise DataError(f"{src}: holds no {what}; re-extract or re-export it")
+    return examples
+
+
 def _load_native(t: Task, root: Path, split: str, limit: int | None) -> list[Example] | None:
     """The task's own official format, or None when its files are not there (the caller tries HF exports)."""
     if t.name in TSV_LAYOUTS:
@@ -301,7 +305,8 @@ def _read_glue_tsv(t: Task, lay: TsvLayout, path: Path, split: str, limit: int |
         expected = f" (header: {' | '.join(header)})"
     else:
         cols, expected = (lay.text_a, lay.text_b, lay.label), " (CoLA: source, label, original label, sentence)"
-    return _text_examples(t, path, split, limit, rows, cols, expected=expected)  # type: ignore[arg-type]
+    out = _text_examples(t, path, split, limit, rows, cols, expected=expected)  # type: ignore[arg-type]
+    return _nonempty(out, path)
 
 
 def _load_xnli(t: Task, root: Path, split: str, limit: int | None) -> list[Example]:
@@ -321,7 +326,8 @@ def _load_xnli(t: Task, root: Path, split: str, limit: int | None) -> list[Examp
         cols = tuple(_column(path, header, c) for c in ("sentence1", "sentence2", "gold_label"))
         li = _column(path, header, "language")
         keep = (lambda r: r[li] == lang) if lang else (lambda r: True)
-        return _text_examples(t, path, split, limit, rows, cols, keep)  # type: ignore[arg-type]
+        out = _text_examples(t, path, split, limit, rows, cols, keep)  # type: ignore[arg-type]
+        return _nonempty(out, path, f"rows of language {lang!r}" if lang else "examples")
     # a Hugging Face export: one config per language (xnli/<lang>/<split>-*.parquet or save_to_disk)
     langs = (lang,) if lang else XNLI_LANGUAGES
     found = {code: _hf_table((f"xnli/{code}",), root, base) for code in langs}
@@ -367,7 +373,7 @@ def _read_swag_csv(path: Path, split: str, limit: int | None) -> list[Example]:
                                  int(label) if label else None))  # fmt: skip
         if limit is not None and len(out) >= limit:
             break
-    return out
+    return _nonempty(out, path)
 
 
 def _load_json(path: Path) -> Any:
@@ -412,7 +418,7 @@ def _read_squad_json(t: Task, path: Path, limit: int | None) -> list[Example]:
         ) from None
     if any(ex.is_impossible for ex in out) and not t.with_negative:
         raise DataError(f"{path}: has unanswerable (is_impossible) questions; that is SQuAD 2.0: use task squad2")
-    return out
+    return _nonempty(out, path)
 
 
 def _load_mrqa(t: Task, root: Path, split: str, limit: int | None) -> list[Example]:
@@ -500,7 +506,7 @@ def _read_mrqa(t: Task, path: Path, limit: int | None) -> list[Example]:
             ) from None
         except (OSError, EOFError) as e:
             raise DataError(f"{path}:{line}: cannot read ({e}); the file is cut: re-download it") from e
-    return out
+    return _nonempty(out, path)
 
 
 # ------------------------------------------------------------------------------------- Hugging Face datasets exports
@@ -562,6 +568,8 @@ def _load_hf(t: Task, root: Path, split: str, limit: int | None) -> list[Example
 
 def _table_examples(t: Task, table: Any, src: Path, split: str, limit: int | None, first: int = 0) -> list[Example]:
     """A ``datasets`` table as examples (ids numbered from ``first``)."""
+    if table.num_rows == 0:
+        raise DataError(f"{src}: holds no rows; re-export it")
     if limit is not None:
         table = table.slice(0, limit)
     cols = set(table.column_names)
