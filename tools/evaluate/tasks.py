@@ -93,6 +93,7 @@ _ALL = (
     _glue("wnli", "WNLI", ("not_entailment", "entailment")),
     Task("swag", "swag", "multiple_choice", (), 4, _ACC, "accuracy", _DEV, title="SWAG"),
     Task("squad1", "squad1", "extractive_qa", (), 0, _QA, "f1", _DEV, title="SQuAD v1.1"),
+    # SQuAD 2.0's dev numbers are reported (BERT, SparseBERT) with the no-answer threshold tuned on the dev set
     Task("squad2", "squad2", "extractive_qa", (), 0, _SQUAD2, "best_f1", _DEV, with_negative=True, title="SQuAD v2.0"),
     *(Task(k, "mrqa", "extractive_qa", (), 0, _QA, "f1", _DEV, title=v) for k, v in _MRQA.items()),
     Task("xnli", "xnli", "classification", _NLI3, 0, _ACC, "accuracy", _DEV, title="XNLI"),
