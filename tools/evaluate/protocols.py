@@ -126,6 +126,8 @@ MRQA5 = ("mrqa_searchqa", "mrqa_triviaqa", "mrqa_newsqa", "mrqa_naturalquestions
 
 _SB = "SparseBERT (Shi et al., 2021) Appendix C, Table 4"
 _SB_LRS = (1e-5, 1.5e-5, 2e-5, 3e-5, 4e-5, 5e-5)
+
+
 def _sparsebert(bs: int, ep: float, ml: int | None, ml_note: str) -> TaskSetting:
     return TaskSetting(
         lrs=_SB_LRS,
@@ -258,7 +260,6 @@ PROTOCOLS: Mapping[str, Protocol] = MappingProxyType(
     {p.name: p for p in (SPARSEBERT, DIET, BLOCKBERT, HEADSIZE, QUICKSTART)}
 )
 """Every protocol by name (``--protocol``'s choices)."""
-
 
 
 __all__ = ["GridPoint", "TaskSetting", "Protocol", "PROTOCOLS", "GLUE8", "MRQA5"]
