@@ -391,6 +391,7 @@ def summarize(sweep: Sweep, out: str | Path) -> dict[str, Any]:
         "protocol": sweep.protocol.name,
         "paper": sweep.protocol.paper,
         "not_reproduced": list(sweep.protocol.not_reproduced),
+        "suites": {k: list(v) for k, v in sweep.protocol.suites.items()},
         "models": [asdict(m) for m in sweep.models],
         "narrowed": sweep.narrowed(),
         "spread": "min-max over seeds of the table metric at the best grid point",

@@ -54,7 +54,7 @@ def cell_text(row: Mapping[str, Any], cell: Mapping[str, Any], shown: tuple[str,
 
 def markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown: the scores table, then best grid points and compute."""
-    from tools.evaluate.tasks import TASKS
+    from tools.evaluate.tasks import SUITES, TASKS, columns
 
     tags = [m["tag"] for m in report["models"]]
     lines = [f"# Protocol `{report['protocol']}`: {report['paper']}", ""]
@@ -84,16 +84,10 @@ def markdown(report: Mapping[str, Any]) -> str:
         r.update({tag: cell_text(row, row["cells"][tag], shown) for tag in tags})
         rows.append(r)
     for suite, per_model in report["averages"].items():
-        if len([row for row in report["tasks"] if row["suite"] == suite]) > 1 or any(
-            v is not None for v in per_model.values()
-        ):
-            rows.append(
-                {
-                    "task": f"{SUITE_TITLES.get(suite, suite)} average",
-                    "metric": "",
-                    **{t: _fmt(per_model[t]) for t in tags},
-                }
-            )
+        paper_suite = set(report["suites"].get(suite, ())) == set(SUITES.get(suite, ())) and len(columns(suite)) > 1
+        if paper_suite or any(v is not None for v in per_model.values()):  # "-": the average lacks a column
+            title = f"{SUITE_TITLES.get(suite, suite)} average"
+            rows.append({"task": title, "metric": "", **{t: _fmt(per_model[t]) for t in tags}})
     lines += markdown_table(rows, [("task", "task"), ("metric", "metric"), *((t, t) for t in tags)])
     lines += ["", "Best grid point and compute (training time and tokens per fine-tuning, padding included; total "
               "over the task's grid x seeds):", ""]  # fmt: skip
