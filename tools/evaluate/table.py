@@ -84,7 +84,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         r.update({tag: cell_text(row, row["cells"][tag], shown) for tag in tags})
         rows.append(r)
     for suite, per_model in report["averages"].items():
-        paper_suite = set(report["suites"].get(suite, ())) == set(SUITES.get(suite, ())) and len(columns(suite)) > 1
+        if len(columns(suite)) < 2:  # one column: its average is itself
+            continue
+        paper_suite = set(report["suites"].get(suite, ())) == set(SUITES.get(suite, ()))
         if paper_suite or any(v is not None for v in per_model.values()):  # "-": the average lacks a column
             title = f"{SUITE_TITLES.get(suite, suite)} average"
             rows.append({"task": title, "metric": "", **{t: _fmt(per_model[t]) for t in tags}})
