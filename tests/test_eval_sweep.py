@@ -176,7 +176,7 @@ def test_a_narrowed_sweep_says_so(tmp_path):
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(lrs=(3e-5,)), r"--lrs 3e-05: not in protocol t's grid"),
+        (dict(lrs=(3e-5,)), r"--lr 3e-05: not in protocol t's grid"),
         (dict(seeds=(1, 7)), r"--seeds 7: not in"),
         (dict(tasks=("rte",)), r"task 'rte' is not part of protocol t"),
         (dict(limit_eval=0), r"--limit-eval must be >= 1"),

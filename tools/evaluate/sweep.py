@@ -36,6 +36,11 @@ WORK = "work"
 """The fine-tuning's own files (Trainer state) go to ``<run dir>/work`` while it runs; removed when it is done."""
 
 
+FLAGS = {"lrs": "--lr", "batch_sizes": "--batch-size", "weight_decays": "--weight-decay", "epochs": "--epochs",
+         "seeds": "--seeds"}  # fmt: skip
+"""The command-line flag that narrows each axis (tools/evaluate/cli.py), named in errors."""
+
+
 class SweepError(UserError):
     """A sweep cannot go on as asked; the message names the directory or setting and what to do."""
 
@@ -136,7 +141,7 @@ class Sweep:
             picked = getattr(self, name)
             if picked is None:
                 continue
-            flag = "--" + name.replace("_", "-")
+            flag = FLAGS[name]
             offered = sorted({v for t in self.tasks for v in getattr(self.protocol.settings[t], name)})
             extra = [v for v in picked if v not in offered]
             if extra:
