@@ -79,3 +79,24 @@ def test_the_command_stops_resumes_and_writes_the_table(dirs, capsys, monkeypatc
     # the same sweep with another checkpoint under the same tag is refused
     assert entry.main(_args(dirs, "--model", f"b={dirs / 'm1'}", "--protocol", "headsize", "--tasks", "mnli")) == 2
     assert "--allow-changed-settings" in capsys.readouterr().err
+
+
+def test_pretrain_compare_hands_its_exports_to_the_command(dirs, capsys):
+    """benchmarks/pretrain_compare --to-hf prints a command this CLI runs as it is (the data directory filled in)."""
+    import shlex
+
+    from benchmarks.pretrain_compare.handoff import evaluate_command, export_run
+    from benchmarks.pretrain_compare.presets import CompareError
+    from benchmarks.pretrain_compare.specs import RunSpec
+
+    cmd = evaluate_command(dirs / "cmp", [("dense_s1", dirs / "m1"), ("blockbert_n2_s1", dirs / "m2")])
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["python", "-m", "tools.evaluate"]
+    argv = [str(dirs / "data") if a == "GLUE_DIR" else a for a in argv[3:]]
+    assert entry.main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"[evaluate] {2 * 8 * 12 * 3} runs" in out  # 2 models x 8 GLUE tasks x 6 lr x 2 wd x 3 seeds
+    assert str(dirs / "cmp" / "evaluate" / "blockbert_n2_s1" / "rte") in out
+    spec = RunSpec("dense_s1", "dense", 1, [], {})
+    with pytest.raises(CompareError, match="--keep-checkpoints"):
+        export_run(dirs / "cmp", spec, dirs / "cmp" / "runs" / "dense_s1")
