@@ -100,3 +100,13 @@ def test_pretrain_compare_hands_its_exports_to_the_command(dirs, capsys):
     spec = RunSpec("dense_s1", "dense", 1, [], {})
     with pytest.raises(CompareError, match="--keep-checkpoints"):
         export_run(dirs / "cmp", spec, dirs / "cmp" / "runs" / "dense_s1")
+
+
+def test_docs_cost_table_is_generated_from_the_registry():
+    from pathlib import Path
+
+    from tools.evaluate.protocols import cost_markdown
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
+    block = doc.split("tests/test_eval_cli.py checks it is current -->\n", 1)[1].split("<!-- end cost table -->")[0]
+    assert block.splitlines() == cost_markdown(), "docs/evaluation.md's cost table is stale: paste cost_markdown()"

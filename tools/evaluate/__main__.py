@@ -14,16 +14,24 @@ docs/evaluation.md: the suites, the protocols, running on a cluster.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from common.error_exit import run_entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's flags (tools/evaluate/cli.py, generated from EvaluateConfig)."""
+    from tools.evaluate.cli import build_parser as build
+
+    return build(__doc__ or "")
 
 
 def _main(argv: list[str]) -> int:
     from tools.evaluate import sweep, table
     from tools.evaluate.cli import parse
 
-    cfg = parse(argv)
+    cfg = parse(argv, __doc__ or "")
     plan = cfg.sweep()
     if cfg.dry_run:
         runs = plan.runs()

@@ -152,13 +152,9 @@ class EvaluateConfig:
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(description: str = "") -> argparse.ArgumentParser:
     """One flag per :class:`EvaluateConfig` field; the names' choices come from the registries."""
-    from tools.evaluate import __main__ as entry
-
-    p = argparse.ArgumentParser(
-        prog="python -m tools.evaluate", description=entry.__doc__, formatter_class=HelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="python -m tools.evaluate", description=description, formatter_class=HelpFormatter)
     add_flags(p, EvaluateConfig)
     p.add_argument("--model", dest="model", action="extend", nargs="+", default=[], help=_doc("model"))
     choices = {
@@ -178,7 +174,7 @@ def _doc(name: str) -> str:
     return field_docs(EvaluateConfig)[name]
 
 
-def parse(argv: list[str]) -> EvaluateConfig:
+def parse(argv: list[str], description: str = "") -> EvaluateConfig:
     """The command line as a validated :class:`EvaluateConfig`."""
-    ns = build_parser().parse_args(argv)
+    ns = build_parser(description).parse_args(argv)
     return build(EvaluateConfig, ns, model=ns.model)

@@ -262,4 +262,67 @@ PROTOCOLS: Mapping[str, Protocol] = MappingProxyType(
 """Every protocol by name (``--protocol``'s choices)."""
 
 
-__all__ = ["GridPoint", "TaskSetting", "Protocol", "PROTOCOLS", "GLUE8", "MRQA5"]
+TRAIN_EXAMPLES: Mapping[str, int] = MappingProxyType(
+    {
+        # the official training sets (GLUE paper; SWAG; SQuAD 1.1/2.0; MRQA's in-domain train files; XNLI trains on
+        # MNLI's English training set): only to size the grids' cost in docs/evaluation.md
+        "mnli": 392_702,
+        "qqp": 363_846,
+        "qnli": 104_743,
+        "sst2": 67_349,
+        "cola": 8_551,
+        "stsb": 5_749,
+        "mrpc": 3_668,
+        "rte": 2_490,
+        "swag": 73_546,
+        "squad1": 87_599,
+        "squad2": 130_319,
+        "xnli": 392_702,
+        "mrqa_searchqa": 117_384,
+        "mrqa_triviaqa": 61_688,
+        "mrqa_newsqa": 74_160,
+        "mrqa_naturalquestions": 104_071,
+        "mrqa_hotpotqa": 72_928,
+    }
+)
+"""Training examples per task (QA: questions; long contexts give several windows each), for the cost table."""
+
+
+def cost_markdown() -> list[str]:
+    """docs/evaluation.md's table of what each protocol's grid costs per checkpoint: fine-tunings and training
+    example-passes (examples x epochs, summed over grid points and seeds), per suite."""
+    from common.tables import markdown_table
+
+    rows = []
+    for p in PROTOCOLS.values():
+        for suite, tasks in p.suites.items():
+            runs = sum(len(p.settings[t].grid()) * len(p.settings[t].seeds) for t in tasks)
+            known = all(t in TRAIN_EXAMPLES for t in tasks)
+            passes = sum(
+                TRAIN_EXAMPLES[t] * pt.epochs * len(p.settings[t].seeds) for t in tasks for pt in p.settings[t].grid()
+            ) if known else None  # fmt: skip
+            grids = sorted({f"{len(p.settings[t].grid())} x {len(p.settings[t].seeds)}" for t in tasks})
+            rows.append(
+                {
+                    "protocol": p.name,
+                    "suite": suite,
+                    "tasks": len(tasks),
+                    "grid": " / ".join(grids),
+                    "runs": runs,
+                    "passes": None if passes is None else f"{passes / 1e6:,.1f}M",
+                }
+            )
+    return markdown_table(
+        rows,
+        [
+            ("protocol", "protocol"),
+            ("suite", "suite"),
+            ("tasks", "tasks"),
+            ("grid", "grid points x seeds per task"),
+            ("runs", "fine-tunings per checkpoint"),
+            ("passes", "training examples x epochs per checkpoint"),
+        ],
+    )
+
+
+__all__ = ["GridPoint", "TaskSetting", "Protocol", "PROTOCOLS", "GLUE8", "MRQA5", "TRAIN_EXAMPLES", "cost_markdown"]
