@@ -324,6 +324,11 @@ def execute(
             }
             (tmp / RESULT).write_text(json.dumps(record, indent=1) + "\n")
         counts["ran"] += 1
+        shown = ", ".join(
+            f"{split} " + " ".join(f"{k} {v:.2f}" for k, v in sc.items()) for split, sc in result.scores.items()
+        )
+        log(f"[evaluate] {run.model.tag} {run.task} {run.point.name} seed {run.seed}: {shown} "
+            f"({result.train_seconds:.1f} s, {result.train_tokens} tokens)")  # fmt: skip
     return counts
 
 
