@@ -20,6 +20,7 @@ reported numbers are the medians over seeds at that point, with their min-max sp
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -224,8 +225,8 @@ def settings_record(run: Run, protocol: str) -> dict[str, Any]:
     return {
         "protocol": protocol,
         "task": run.task,
-        "model": run.model.path,
-        "data_dir": run.data_dir,
+        "model": os.path.abspath(run.model.path),
+        "data_dir": os.path.abspath(run.data_dir),
         "setting": _jsonable(asdict(run.setting)),
         "limit_train": run.limit_train,
         "limit_eval": run.limit_eval,
