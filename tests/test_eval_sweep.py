@@ -186,3 +186,86 @@ def test_a_narrowed_sweep_says_so(tmp_path):
 def test_bad_sweeps_are_refused(tmp_path, kw, match):
     with pytest.raises(sw.SweepError, match=match):
         _sweep(tmp_path, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+WORDS = ["the", "cat", "dog", "sat", "ran", "on", "mat", "not", "a", "big", "small", "is", "was", "."]
+
+
+def _tiny_glue(root: Path) -> Path:
+    """An RTE directory in GLUE's TSV layout: the hypothesis negates the premise ("not") -> not_entailment."""
+    import random
+
+    rng = random.Random(0)
+    rte = root / "RTE"
+    rte.mkdir(parents=True)
+    for name, n in (("train.tsv", 48), ("dev.tsv", 16)):
+        lines = ["index\tsentence1\tsentence2\tlabel"]
+        for i in range(n):
+            a, b = rng.choice(["cat", "dog"]), rng.choice(["mat", "dog", "cat"])
+            neg = rng.random() < 0.5
+            premise = f"the {a} sat on the {b} ."
+            hypothesis = f"the {a} was {'not ' if neg else ''}on a {b} ."
+            lines.append(f"{i}\t{premise}\t{hypothesis}\t{'not_entailment' if neg else 'entailment'}")
+        (rte / name).write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _tiny_bert(out: Path) -> Path:
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    out.mkdir(parents=True)
+    (out / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    tok = BertTokenizerFast(vocab=str(out / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    BertForMaskedLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_real_fine_tunings_through_the_command_stop_and_resume(tmp_path, monkeypatch, capsys):
+    """A 2 x 2 grid (lr x batch) of real fine-tunings (tools/finetune.py on a tiny BERT, the RTE TSV reader, the
+    metrics): the command stops after two runs, the same command does the other two, the scores in result.json are
+    the accuracy of the kept predictions (scikit-learn), and the table is written."""
+    from sklearn.metrics import accuracy_score
+
+    from tools.evaluate import __main__ as entry
+    from tools.evaluate import cli
+    from tools.evaluate.data import load_split
+    from tools.evaluate.protocols import PROTOCOLS
+
+    tiny = Protocol(
+        name="tiny",
+        paper="test",
+        suites={"glue": ("rte",)},
+        settings={"rte": TaskSetting(lrs=(1e-3, 3e-3), batch_sizes=(8, 16), epochs=(2.0,), seeds=(1,))},
+    )
+    monkeypatch.setattr(cli, "PROTOCOLS", {**PROTOCOLS, "tiny": tiny})
+    data, model = _tiny_glue(tmp_path / "glue"), _tiny_bert(tmp_path / "bert")
+    out = tmp_path / "out"
+    args = ["--protocol", "tiny", "--model", f"tiny={model}", "--data-dir", str(data), "--output-dir", str(out),
+            "--device", "cpu", "--precision", "fp32"]  # fmt: skip
+    assert entry.main([*args, "--max-runs", "2"]) == 0
+    assert "2 runs now, 0 done before, 2 left" in capsys.readouterr().out
+    first = sorted(out.glob("tiny/rte/*/seed1/result.json"))
+    stamps = [p.stat().st_mtime_ns for p in first]
+    assert entry.main(args) == 0
+    assert "2 runs now, 2 done before, 0 left" in capsys.readouterr().out
+    assert [p.stat().st_mtime_ns for p in first] == stamps
+    dev = load_split("rte", data, "validation")
+    gold = [ex.label for ex in dev]
+    for res in sorted(out.glob("tiny/rte/*/seed1/result.json")):
+        r = json.loads(res.read_text())
+        preds = json.loads((res.parent / "predictions_validation.json").read_text())
+        assert list(preds) == [ex.id for ex in dev]
+        assert r["scores"]["validation"]["accuracy"] == pytest.approx(100 * accuracy_score(gold, list(preds.values())))
+        assert r["train_seconds"] > 0 and r["train_tokens"] > 0 and r["steps"] > 0
+        assert not (res.parent / sw.WORK).exists()
+    report = json.loads((out / "table.json").read_text())
+    cell = report["tasks"][0]["cells"]["tiny"]
+    assert (cell["runs_done"], cell["runs_planned"]) == (4, 4)
+    assert report["narrowed"] == [] and report["incomplete"] == []
+    assert "| RTE | accuracy |" in (out / "table.md").read_text()
