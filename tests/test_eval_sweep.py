@@ -199,7 +199,7 @@ def _tiny_glue(root: Path) -> Path:
     rng = random.Random(0)
     rte = root / "RTE"
     rte.mkdir(parents=True)
-    for name, n in (("train.tsv", 48), ("dev.tsv", 16)):
+    for name, n in (("train.tsv", 24), ("dev.tsv", 8)):
         lines = ["index\tsentence1\tsentence2\tlabel"]
         for i in range(n):
             a, b = rng.choice(["cat", "dog"]), rng.choice(["mat", "dog", "cat"])
@@ -241,7 +241,7 @@ def test_real_fine_tunings_through_the_command_stop_and_resume(tmp_path, monkeyp
         name="tiny",
         paper="test",
         suites={"glue": ("rte",)},
-        settings={"rte": TaskSetting(lrs=(1e-3, 3e-3), batch_sizes=(8, 16), epochs=(2.0,), seeds=(1,))},
+        settings={"rte": TaskSetting(lrs=(1e-3, 3e-3), batch_sizes=(8, 16), epochs=(1.0,), seeds=(1,))},
     )
     monkeypatch.setattr(cli, "PROTOCOLS", {**PROTOCOLS, "tiny": tiny})
     data, model = _tiny_glue(tmp_path / "glue"), _tiny_bert(tmp_path / "bert")
