@@ -269,3 +269,15 @@ def test_real_fine_tunings_through_the_command_stop_and_resume(tmp_path, monkeyp
     assert (cell["runs_done"], cell["runs_planned"]) == (4, 4)
     assert report["narrowed"] == [] and report["incomplete"] == []
     assert "| RTE | accuracy |" in (out / "table.md").read_text()
+
+
+def test_every_protocol_names_registered_tasks_of_their_suites():
+    from tools.evaluate.protocols import PROTOCOLS
+    from tools.evaluate.tasks import SUITES
+
+    for p in PROTOCOLS.values():
+        for suite, tasks in p.suites.items():
+            assert set(tasks) <= set(SUITES[suite]), (p.name, suite)
+            assert all(TASKS[t].suite == suite for t in tasks)
+            for t in tasks:
+                assert p.settings[t].source, (p.name, t)  # every setting says where it comes from
