@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from benchmarks.pretrain_compare.data import prepare_data
 from benchmarks.pretrain_compare.evaluate import evaluate_checkpoint, valid_fingerprint
+from benchmarks.pretrain_compare.handoff import evaluate_command, export_run
 from benchmarks.pretrain_compare.launch import check_spec, train_run
 from benchmarks.pretrain_compare.presets import CONFIG_NAMES, DEFAULT_CONFIGS, PRESETS, CompareError
 from benchmarks.pretrain_compare.report import print_table, report
@@ -92,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep finished runs' checkpoints (default: deleted once the run is done and checked)",
     )
+    r.add_argument(
+        "--to-hf",
+        action="store_true",
+        help="export each finished run to OUT/hf/<run> (Hugging Face) and print the tools.evaluate command for them",
+    )
     p.add_argument("--verbose", action="store_true", help="echo every training log line")
     return p
 
@@ -162,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ns.recheck:
                 done["recheck"] = evaluate_checkpoint(spec, run_dir, world)
             (run_dir / "done.json").write_text(json.dumps(done, indent=1))
+            if ns.to_hf:  # before the checkpoints go
+                export_run(out, spec, run_dir)
             if not ns.keep_checkpoints:
                 import shutil
 
@@ -172,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not results["same_validation_batches"]:
             raise CompareError("the runs were evaluated on different validation batches (fingerprints differ)")
         print(f"[compare] wrote {out / 'results.json'} and {', '.join(Path(p).name for p in results['plots'])}")
+        if ns.to_hf:
+            exports = [(s.name, export_run(out, s, out / "runs" / s.name)) for s in specs
+                       if (out / "runs" / s.name / "done.json").exists()]  # fmt: skip
+            print(f"[compare] Hugging Face exports in {out / 'hf'}; fine-tune them side by side (docs/evaluation.md):")
+            print("  " + evaluate_command(out, exports))
         return 0
     except (CompareError, UserError) as e:
         print(f"[compare] error: {e}", file=sys.stderr)
