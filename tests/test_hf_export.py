@@ -456,6 +456,16 @@ def test_custom_code_token_and_choice_heads_match_transformers_bert(tmp_path):
     assert a.logits.std().item() > 1e-3  # the choices really differ: the parity is not between constants
 
 
+def test_model_card_names_every_head_of_the_auto_map_and_blockbert_padding():
+    from tools.hf_export.model_card import model_card
+
+    for name, blockbert in (("blockbert", True), ("fixed", False)):
+        card = model_card(_config(CUSTOM[name]).to_dict(), {}, "ck/iter_1", True, {})
+        heads = [k for k in remote_code.AUTO_MAP if k not in ("AutoConfig", "AutoModelForPreTraining")]
+        assert all(f"`{k}`" in card or f"{k}.from_pretrained" in card for k in heads), card
+        assert ("pad fine-tuning inputs to" in card and "64 tokens" in card) is blockbert, name
+
+
 def test_never_remote_refuses_sparse(tmp_path):
     cfg = _config(CUSTOM["blockbert"])
     with pytest.raises(ConversionError, match="stock BERT cannot express"):
