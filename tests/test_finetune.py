@@ -401,3 +401,62 @@ def test_finetune_learns_extractive_qa_on_custom_code(tmp_path, tok):
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 60 and m["config"]["gradient_accumulation_steps"] == 2
     assert m["exact_match"] >= 80.0, m
+
+
+def test_command_line_runs_every_kind_and_squad2_data(tmp_path, tok):
+    """--task regression / multiple_choice / extractive_qa --with-negative: each runs (2 steps: 4 and then 2 of the
+    6 rows), writes predictions for every dev line and metrics.json with the compute; an unanswerable line without
+    --with-negative is refused."""
+    words = _single_token_words(tok, 12)
+    model = _export(tmp_path / "dense", tok)
+    reg = [{"sentence1": " ".join(words[i : i + 4]), "label": i / 2} for i in range(6)]
+    mc = [
+        {"context": words[i], "prefix": words[i + 1], "endings": words[i + 2 : i + 6], "label": i % 4} for i in range(6)
+    ]
+    qa = [
+        {
+            "id": f"q{i}",
+            "question": "which ?",
+            "context": " ".join(words[i : i + 5]),
+            "answers": {"text": [words[i]], "answer_start": [0]},
+        }
+        for i in range(5)
+    ] + [
+        {
+            "id": "none",
+            "question": "which ?",
+            "context": " ".join(words[:5]),
+            "answers": {"text": [], "answer_start": []},
+        }
+    ]
+    for task, rows, extra in (
+        ("regression", reg, []),
+        ("multiple_choice", mc, []),
+        ("extractive_qa", qa, ["--with-negative"]),
+    ):
+        data = _write_jsonl(tmp_path / f"{task}.jsonl", rows)
+        out = tmp_path / task
+        argv = [
+            "--model",
+            str(model),
+            "--task",
+            task,
+            "--train",
+            str(data),
+            "--dev",
+            str(data),
+            "--output-dir",
+            str(out),
+        ]
+        assert ft.main([*argv, "--max-steps", "2", "--batch-size", "4", *extra]) == 0, task
+        m = json.loads((out / "metrics.json").read_text())
+        assert m["steps"] == 2 and m["train_examples"] == 6 and m["train_tokens"] > 0 and m["kind"] == task
+        preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        assert len(preds) == 6, task
+        if task == "multiple_choice":
+            assert m["accuracy"] == pytest.approx(
+                ft.accuracy([p["prediction"] for p in preds], [p["label"] for p in preds])
+            )
+        if task == "extractive_qa":
+            assert all(isinstance(p["null_odds"], float) for p in preds) and "f1" in m
+            assert ft.main([*argv, "--max-steps", "2"]) == 2  # the empty answer needs --with-negative

@@ -414,6 +414,58 @@ def test_dense_export_is_stock_bert_with_logit_parity_and_exact_round_trip(tmp_p
         assert torch.equal(sd[k], ref[k]), k
 
 
+def test_custom_code_token_and_choice_heads_match_transformers_bert(tmp_path):
+    """A dense model exported both ways: the custom code's AutoModelForTokenClassification and
+    AutoModelForMultipleChoice (trust_remote_code) give transformers' BertForTokenClassification /
+    BertForMultipleChoice logits when those carry the same head weights (fp32, <= 1e-4)."""
+    from transformers import (
+        AutoModelForMultipleChoice,
+        AutoModelForTokenClassification,
+        BertForMultipleChoice,
+        BertForTokenClassification,
+    )
+
+    cfg = _config(_SMALL)
+    ours = _model(cfg)
+    assert _export(ours, tmp_path / "remote", "always")["remote_code"]
+    assert not _export(ours, tmp_path / "stock", "never")["remote_code"]
+    ids, mask, tt = _batch(cfg.vocab_size)
+    inp = {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
+
+    tok_ours = AutoModelForTokenClassification.from_pretrained(
+        tmp_path / "remote", num_labels=5, trust_remote_code=True
+    )
+    assert type(tok_ours).__name__ == "SparseBertForTokenClassification"
+    tok_ref = BertForTokenClassification.from_pretrained(tmp_path / "stock", num_labels=5)
+    tok_ref.classifier.load_state_dict(tok_ours.classifier.state_dict())
+    with torch.no_grad():
+        a, b = tok_ours.eval()(**inp).logits, tok_ref.eval()(**inp).logits
+    assert a.shape == (3, 40, 5) and (a - b).abs().max().item() <= TOL
+
+    two = {k: torch.stack([v, v.flip(0), v.roll(1, 0)], 1) for k, v in inp.items()}  # [3, 3 choices, 40]
+    mc_ours = AutoModelForMultipleChoice.from_pretrained(tmp_path / "remote", trust_remote_code=True)
+    assert type(mc_ours).__name__ == "SparseBertForMultipleChoice"
+    mc_ref = BertForMultipleChoice.from_pretrained(tmp_path / "stock")
+    mc_ref.bert.pooler.dense.load_state_dict(mc_ours.pooler.state_dict())
+    mc_ref.classifier.load_state_dict(mc_ours.classifier.state_dict())
+    labels = torch.tensor([0, 2, 1])
+    with torch.no_grad():
+        a, b = mc_ours.eval()(**two, labels=labels), mc_ref.eval()(**two, labels=labels)
+    assert a.logits.shape == (3, 3) and (a.logits - b.logits).abs().max().item() <= TOL
+    assert abs(a.loss.item() - b.loss.item()) <= TOL
+    assert a.logits.std().item() > 1e-3  # the choices really differ: the parity is not between constants
+
+
+def test_model_card_names_every_head_of_the_auto_map_and_blockbert_padding():
+    from tools.hf_export.model_card import model_card
+
+    for name, blockbert in (("blockbert", True), ("fixed", False)):
+        card = model_card(_config(CUSTOM[name]).to_dict(), {}, "ck/iter_1", True, {})
+        heads = [k for k in remote_code.AUTO_MAP if k not in ("AutoConfig", "AutoModelForPreTraining")]
+        assert all(f"`{k}`" in card or f"{k}.from_pretrained" in card for k in heads), card
+        assert ("pad fine-tuning inputs to" in card and "64 tokens" in card) is blockbert, name
+
+
 def test_never_remote_refuses_sparse(tmp_path):
     cfg = _config(CUSTOM["blockbert"])
     with pytest.raises(ConversionError, match="stock BERT cannot express"):
@@ -437,10 +489,12 @@ _LOADER = textwrap.dedent("""
     from pathlib import Path
     import torch
     assert importlib.util.find_spec("model") is None, "our package is importable: the test would prove nothing"
-    from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
-                              AutoModelForSequenceClassification)
+    from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForMultipleChoice,
+                              AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
     AUTO = {"mlm": AutoModelForMaskedLM, "base": AutoModel, "cls": AutoModelForSequenceClassification,
-            "qa": AutoModelForQuestionAnswering}
+            "qa": AutoModelForQuestionAnswering, "tok": AutoModelForTokenClassification,
+            "mc": AutoModelForMultipleChoice}
     root, names, mode = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     first = None  # (directory, its code, its auto_map): the first custom-code export, loaded through the Auto classes
     shared = {}  # the classes the Auto classes gave for it
@@ -488,6 +542,9 @@ _LOADER = textwrap.dedent("""
             out["cls_shape"] = list(sc(**inp).logits.shape)
             qa = load["qa"](d).eval()
             out["qa_shape"] = list(qa(**inp).start_logits.shape)
+            out["tok_shape"] = list(load["tok"](d, num_labels=5).eval()(**inp).logits.shape)
+            two = {k: torch.stack([v, v.flip(0)], 1) for k, v in inp.items()}  # [3, 2 choices, 40]
+            out["mc_shape"] = list(load["mc"](d).eval()(**two).logits.shape)
         if name.startswith("mask_file"):  # re-saved by HF (as fine-tuning does): no mask file, same model
             m.save_pretrained(f"{root}/{name}_resaved")
             again = loader(f"{root}/{name}_resaved")["mlm"](f"{root}/{name}_resaved").eval()
@@ -578,6 +635,7 @@ def test_custom_code_logits_match_ours(custom_exports, name):
     assert (got["logits"] - want).abs().max().item() <= TOL
     assert (got["hidden"] - hidden).abs().max().item() <= TOL
     assert got["cls_shape"] == [3, 3] and got["qa_shape"] == [3, 40]
+    assert got["tok_shape"] == [3, 40, 5] and got["mc_shape"] == [3, 2]
     assert "hf_modules" in got["module_file"]  # loaded from the export's own code, not from the repository
     for layer, lay in m.layout_state().items():
         key = f"sparsebert.{remote_code.LAYOUT_PREFIX}{layer}"
