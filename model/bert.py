@@ -143,7 +143,9 @@ class BertSelfAttention(nn.Module):
     ) -> torch.Tensor:
         B, N, _ = x_BND.shape
         qkv = self.qkv(x_BND).view(B, N, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
-        q_BHND, k_BHND, v_BHND = qkv[0], qkv[1], qkv[2]
+        # unbind, not qkv[0..2]: its backward stacks the three gradients into one buffer, where three selects each
+        # build a zero-filled [3, B, H, N, D] gradient that autograd then adds up and copies (issue #56)
+        q_BHND, k_BHND, v_BHND = qkv.unbind(0)
         if self.rope_theta is not None:
             q_BHND, k_BHND = apply_rotary(q_BHND, k_BHND, self.rope_theta, None if docs is None else docs.positions_BN)
         if docs is not None:

@@ -66,7 +66,7 @@ def tok(tmp_path_factory):
 def test_shipped_datasets_parse():
     assert len(ft.read_classification(DATA / "cls_train.jsonl")) == 24
     pairs = ft.read_classification(DATA / "pair_train.jsonl")
-    assert all(p.text_b for p in pairs)
+    assert all(p.text_b for p, _ in pairs)
     nested, flat = ft.read_qa(DATA / "qa_train.jsonl"), ft.read_qa(DATA / "qa_dev.jsonl")
     for ex in nested + flat:
         assert ex.context[ex.starts[0] : ex.starts[0] + len(ex.answers[0])] == ex.answers[0]
@@ -106,7 +106,7 @@ def test_windows_map_gold_spans_back_to_the_exact_answer(tok, max_length, stride
     for i, ex in enumerate(examples):
         fs = by_ex[i]
         if overlapping:  # stride >= capacity makes disjoint windows: an answer on a boundary is in none (as BERT)
-            assert any(f.start for f in fs), f"gold answer of {ex.qid} is in no window"
+            assert any(f.start for f in fs), f"gold answer of {ex.id} is in no window"
         n_ctx = len(tok(ex.context, add_special_tokens=False)["input_ids"])
         firsts = [next(o for o in f.offsets if o is not None) for f in fs]
         ctx_ids = tok(ex.context, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
@@ -146,8 +146,8 @@ def test_decode_picks_best_valid_span_across_windows(tok):
         starts.append(s)
         ends.append(e)
     preds = ft.decode_qa(feats, starts, ends, examples, n_best=20, max_answer_length=30)
-    assert preds == {ex.qid: ex.answers[0] for ex in examples}
-    assert ft.squad_metrics(preds, {ex.qid: ex.answers for ex in examples}) == {"exact_match": 100.0, "f1": 100.0}
+    assert preds.text == {ex.id: ex.answers[0] for ex in examples}
+    assert ft.squad_metrics(preds.text, {ex.id: ex.answers for ex in examples}) == {"exact_match": 100.0, "f1": 100.0}
 
 
 # ------------------------------------------------------------------------------------------------ end to end

@@ -63,7 +63,8 @@ def test_bad_lines_are_refused_naming_the_line(tmp_path, text, message):
 def test_our_requirements_floor_torch_at_2_11():
     by = {r.key: r for r in reqs.parse()}
     assert by["torch"].floor == "2.11.0" and by["transformers"].floor == "5.17.0" and by["tokenizers"].floor == "0.23.2"
-    assert {r.key for r in reqs.parse() if r.dev} == {"ruff", "pytest", "pytest-timeout", "pytest-xdist", "triton"}
+    assert {r.key for r in reqs.parse() if r.dev} == {"ruff", "pytest", "pytest-timeout", "pytest-xdist", "triton",
+                                                      "datasets"}  # fmt: skip
     assert {r.key for r in reqs.parse() if r.cpu_torch} == {"triton"}
 
 
@@ -97,7 +98,8 @@ def test_plan_on_the_device_image_keeps_its_packages_and_installs_the_rest():
     kept = {r.key: v for r, v in p.kept}
     assert kept["torch"] == "2.11.0" and kept["transformers"] == "5.17.0" and kept["tokenizers"] == "0.23.2"
     assert {r.key for r, _ in p.install} == {"deepspeed", "blingfire", "mwparserfromhell", "torch-optimi",
-                                              "megatron-core", "ruff"}  # fmt: skip
+                                              "megatron-core", "ruff", "datasets"}  # fmt: skip
+    assert kept["scikit-learn"] == "1.9.1" and kept["scipy"] == "1.18.1"  # the image's, above our floors
     assert "torch==2.11.0" in p.constraints and "transformers==5.17.0" in p.constraints
 
 

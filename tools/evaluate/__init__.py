@@ -3,8 +3,8 @@ data, sweeps over grid x seeds that resume, and a paper-shaped table (``python -
 
 Modules (one home each):
   examples.py   the canonical example types every reader returns and every fine-tuning run consumes
-  tasks.py      the task registry (kind, labels, metrics, dev splits, file layouts)
-  data.py       readers: GLUE TSV, HF datasets (parquet / save_to_disk), SWAG CSV, SQuAD JSON, MRQA jsonl(.gz)
+  tasks.py      the task registry (kind, labels, metrics, dev splits, the GLUE average)
+  data.py       readers and the file layouts: GLUE TSV, HF datasets (parquet / save_to_disk), SWAG CSV, SQuAD JSON, MRQA jsonl(.gz)
   metrics.py    accuracy, F1, Matthews, Pearson/Spearman, SQuAD v1.1/v2.0 (null threshold, HasAns/NoAns), MRQA
   protocols.py  the papers' settings (grids, epochs, seeds, warmup, max length, stride) as one registry
   sweep.py      grid x seeds, one fine-tuning per point, resumable; median over seeds of the best grid point

@@ -66,6 +66,20 @@ def _position_lines(model_config: dict[str, Any]) -> list[str]:
     return [f"- positions: {p}", f"- segments: {s}"]
 
 
+def _head_names() -> str:
+    """The Auto classes a custom-code export serves besides AutoConfig and AutoModelForMaskedLM (from AUTO_MAP)."""
+    from tools.hf_export.remote_code import AUTO_MAP
+
+    names = [f"`{k}`" for k in AUTO_MAP if k not in ("AutoConfig", "AutoModelForMaskedLM", "AutoModelForPreTraining")]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _uses_blockbert(model_config: dict[str, Any]) -> bool:
+    att = model_config.get("attention") or {}
+    sps = [att.get("sparsity")] + [d.get("sparsity") for d in att.get("per_layer") or []]
+    return any((sp or {}).get("mode") == "blockbert" for sp in sps)
+
+
 def model_card(
     model_config: dict[str, Any], client: dict[str, Any], source: str, remote_code: bool, extra_config: dict[str, Any]
 ) -> str:
@@ -102,10 +116,17 @@ def model_card(
     if remote_code:
         lines += [
             "The directory carries its modeling code (copied verbatim from the training code, depends only on",
-            "torch and transformers), so `trust_remote_code=True` is required. `AutoModel`,",
-            "`AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering` load from it too.",
+            "torch and transformers), so `trust_remote_code=True` is required.",
+            f"{_head_names()} load from it too (fresh heads on the pretrained encoder, to fine-tune).",
             "",
         ]
+        if _uses_blockbert(c):
+            lines += [
+                "BlockBERT cuts a sequence into `num_blocks` chunks of its length: pad fine-tuning inputs to",
+                f'{c["max_position_embeddings"]} tokens (`padding="max_length"`) to keep the pretrained chunks',
+                "(`python -m tools.finetune` does so by default).",
+                "",
+            ]
     lines += [
         "## Attention",
         "",

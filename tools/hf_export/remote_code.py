@@ -53,6 +53,8 @@ AUTO_MAP = {
     "AutoModelForPreTraining": "modeling_sparsebert.SparseBertForMaskedLM",
     "AutoModelForSequenceClassification": "modeling_sparsebert.SparseBertForSequenceClassification",
     "AutoModelForQuestionAnswering": "modeling_sparsebert.SparseBertForQuestionAnswering",
+    "AutoModelForTokenClassification": "modeling_sparsebert.SparseBertForTokenClassification",
+    "AutoModelForMultipleChoice": "modeling_sparsebert.SparseBertForMultipleChoice",
 }
 
 

@@ -10,8 +10,10 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
+    TokenClassifierOutput,
 )
 
 from .configuration_sparsebert import SparseBertConfig
@@ -210,3 +212,65 @@ class SparseBertForQuestionAnswering(SparseBertPreTrainedModel):
             out = (start_logits, end_logits)
             return out if loss is None else (loss, *out)
         return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)
+
+
+class SparseBertForTokenClassification(SparseBertPreTrainedModel):
+    """Per-token labels (NER, POS): dropout -> linear on every hidden state, as transformers'
+    BertForTokenClassification; cross-entropy over the positions whose label is not -100."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^cls\."]
+
+    def __init__(self, config: SparseBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.sparsebert = SparseBertModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs
+    ):
+        hidden = self.sparsebert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits = self.classifier(self.dropout(hidden))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1), ignore_index=-100)
+        if return_dict is False:
+            return (logits,) if loss is None else (loss, logits)
+        return TokenClassifierOutput(loss=loss, logits=logits)
+
+
+class SparseBertForMultipleChoice(SparseBertPreTrainedModel):
+    """SWAG-style multiple choice, as transformers' BertForMultipleChoice: inputs ``[batch, choices, length]``, each
+    choice encoded on its own, [CLS] -> dense + tanh (BERT's pooler) -> dropout -> linear to one score;
+    cross-entropy over the choices."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^cls\."]
+
+    def __init__(self, config: SparseBertConfig):
+        super().__init__(config)
+        self.sparsebert = SparseBertModel(config)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs
+    ):
+        B, C, N = input_ids.shape
+
+        def flat(t):
+            return None if t is None else t.reshape(B * C, N)
+
+        hidden = self.sparsebert(flat(input_ids), flat(attention_mask), flat(token_type_ids)).last_hidden_state
+        logits = self.classifier(self.dropout(torch.tanh(self.pooler(hidden[:, 0])))).view(B, C)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float(), labels.view(-1))
+        if return_dict is False:
+            return (logits,) if loss is None else (loss, logits)
+        return MultipleChoiceModelOutput(loss=loss, logits=logits)
