@@ -210,8 +210,8 @@ def test_random_init_same_architecture_fresh_weights(tmp_path: Path, custom_code
     if custom_code:
         from model.bert import BertForPreTraining
         from model.config import ModelConfig
-        from tools.hf_export.export import write_hf
         from tools.hf_export import remote_code
+        from tools.hf_export.export import write_hf
 
         cfg = ModelConfig.preset("blockbert-base-n2", vocab_size=97, hidden_size=48, num_layers=2,
                                  num_attention_heads=12, intermediate_size=32, max_position_embeddings=64)  # fmt: skip

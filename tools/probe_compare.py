@@ -139,8 +139,9 @@ def report(result: dict[str, Any]) -> str:
         f"  {'task':<13} {'dev':>4}  {'pretrained':>16}  {'random-init':>16}  {'gap':>6}",
     ]
     for task, v in result["verdict"].items():
+        pre = f"{v['pretrained_median']:>7.1f} (±{v['pretrained_spread']:4.1f})"
         lines.append(
-            f"  {task:<13} {result['dev_examples'][task]:>4}  {v['pretrained_median']:>7.1f} (±{v['pretrained_spread']:4.1f})"
+            f"  {task:<13} {result['dev_examples'][task]:>4}  {pre}"
             f"  {v['random_median']:>7.1f} (±{v['random_spread']:4.1f})  {v['gap']:>+6.1f}"
             f"  {'pretraining helped' if v['helped'] else 'NOT beyond the spread'}"
         )
@@ -151,7 +152,9 @@ def report(result: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per :class:`CompareConfig` field."""
-    p = argparse.ArgumentParser(prog="python -m tools.probe_compare", description=__doc__, formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.probe_compare", description=__doc__, formatter_class=HelpFormatter
+    )
     add_flags(p, CompareConfig)
     return p
 

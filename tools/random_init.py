@@ -83,9 +83,8 @@ def _auto_class(config: Any, remote: bool) -> str:
 def random_init(model: str | Path, output_dir: str | Path, seed: int = 0, overwrite: bool = False) -> str:
     """Write the untrained copy of ``model`` to ``output_dir`` (in one rename); returns the Auto class used."""
     import torch
-    from transformers import AutoConfig
-
     import transformers
+    from transformers import AutoConfig
 
     src, out = Path(model), Path(output_dir)
     cfg_file = src / "config.json"

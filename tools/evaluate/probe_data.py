@@ -269,8 +269,10 @@ def make_probes(cfg: ProbeDataConfig) -> dict[str, Any]:
         "train_documents": [d.index for d in train_docs],
         "dev_documents": [d.index for d in dev_docs],
         "examples": {
-            task: {split: {"total": len(rows), "label_1": sum(r[0 if task == PAIR_DIR else 1] == "1" for r in rows)}
-                   for split, rows in splits.items()}
+            task: {
+                split: {"total": len(rows), "label_1": sum(r[0 if task == PAIR_DIR else 1] == "1" for r in rows)}
+                for split, rows in splits.items()
+            }
             for task, (_, splits) in tables.items()
         },  # fmt: skip
     }
