@@ -9,6 +9,9 @@
 #   7. convert the checkpoint to Hugging Face                   (tools.convert_checkpoint --to-hf)
 #   8. load it with transformers and score held-out masked words against the unigram baseline
 #                                                              (tools.quickstart_summary)
+#   9. did pretraining help? probe tasks from the held-out documents (tools.evaluate.probe_data), fine-tuned from the
+#      export and from its random-init twin, 3 seeds each; fails unless pretrained wins by more than the spread
+#                                                              (tools.probe_compare)
 # Usage: bash run_scripts/quickstart.sh [OUT_DIR]          (default ./out/quickstart; re-running starts over)
 # Knobs: NPROC (ranks, default 2), ITERS (default 300), WORKERS (preprocess workers, default 2).
 set -euo pipefail
@@ -24,29 +27,29 @@ SAMPLE=run_scripts/sample_data/corpus
 START=$SECONDS
 step() { echo; echo "[quickstart] $1  (t=$((SECONDS - START))s)"; }
 
-step "1/8 set-up (.venv, requirements; minutes the first time, seconds after)"
+step "1/9 set-up (.venv, requirements; minutes the first time, seconds after)"
 # setup_env.sh builds DeepSpeed's CPU communication op once into this checkout's .venv; the ranks look there too
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
 bash run_scripts/setup_env.sh
 PY=.venv/bin/python
 mkdir -p "$OUT"
 RUN="$OUT/run"
-rm -rf "$RUN" "$OUT/hf"
+rm -rf "$RUN" "$OUT/hf" "$OUT/hf_random_init" "$OUT/probe"
 
-step "2/8 train a WordPiece vocab on $SAMPLE -> $OUT/tokenizer/vocab.txt"
+step "2/9 train a WordPiece vocab on $SAMPLE -> $OUT/tokenizer/vocab.txt"
 $PY -m data_pipeline.train_tokenizer --input "$SAMPLE" --output-dir "$OUT/tokenizer" \
     --model-type wordpiece --vocab-size 4000 --overwrite
 
-step "3/8 preprocess $SAMPLE -> $OUT/data/sample_text_sentence.{bin,idx}"
+step "3/9 preprocess $SAMPLE -> $OUT/data/sample_text_sentence.{bin,idx}"
 rm -f "$OUT"/data/sample_text_sentence*
 $PY -m data_pipeline.preprocess --input "$SAMPLE" --output-prefix "$OUT/data/sample" \
     --tokenizer-type BertWordPieceLowerCase --vocab-file "$OUT/tokenizer/vocab.txt" \
     --split-sentences --workers "$WORKERS" --strict
 
-step "4/8 inspect the shards"
+step "4/9 inspect the shards"
 $PY -m tools.inspect_dataset "$OUT/data/sample_text_sentence" --vocab-file "$OUT/tokenizer/vocab.txt" --num-docs 1
 
-step "5/8 pretrain a tiny BlockBERT (n=2, heads 3:1, N=128, block 16) with DeepSpeed on $NPROC ranks, $ITERS steps"
+step "5/9 pretrain a tiny BlockBERT (n=2, heads 3:1, N=128, block 16) with DeepSpeed on $NPROC ranks, $ITERS steps"
 # hidden 128, 2 layers, 4 heads; micro batch 8 x 2 ranks = global batch 16; lr 2e-3, 10% warmup, linear decay.
 # Without a GPU, `deepspeed --num_gpus K` starts K CPU ranks that talk over gloo.
 .venv/bin/deepspeed --num_gpus "$NPROC" pretrain/train.py --deepspeed_config ds_configs/zero2_fp32.json \
@@ -59,7 +62,7 @@ step "5/8 pretrain a tiny BlockBERT (n=2, heads 3:1, N=128, block 16) with DeepS
     --save "$RUN/ckpt" --load "$RUN/ckpt" --save-interval $((ITERS / 2)) --keep-last 2 \
     --tensorboard-dir "$RUN/tb" --log-json "$RUN/log.jsonl"
 
-step "6/8 did it learn? (first vs last training loss, validation metrics; from $RUN/log.jsonl)"
+step "6/9 did it learn? (first vs last training loss, validation metrics; from $RUN/log.jsonl)"
 $PY - "$RUN/log.jsonl" "$OUT/tokenizer/vocab.txt" <<'PYEOF'
 import json, math, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
@@ -81,13 +84,21 @@ if not last < first - 1.0:
 print("OK: the loss fell clearly")
 PYEOF
 
-step "7/8 convert the DeepSpeed checkpoint to Hugging Face -> $OUT/hf"
+step "7/9 convert the DeepSpeed checkpoint to Hugging Face -> $OUT/hf"
 $PY -m tools.convert_checkpoint --load "$RUN/ckpt" --to-hf "$OUT/hf"
 
-step "8/8 load $OUT/hf with transformers (trust_remote_code=True: BlockBERT ships its own code): what did it learn?"
+step "8/9 load $OUT/hf with transformers (trust_remote_code=True: BlockBERT ships its own code): what did it learn?"
 # Masks held-out tokens (the trainer's validation documents, --split's default 949,50,1) and scores the export's
 # predictions against the unigram baseline (training-token frequencies only); shows two masked positions as examples.
 $PY -m tools.quickstart_summary --model "$OUT/hf" --data-path "$OUT/data/sample_text_sentence" --seq-length 128
+
+step "9/9 did pretraining help? fine-tune the export and its random-init twin on probe tasks from held-out documents"
+# probe_pair: does B follow A in its document (negatives: the same document's sentences, deranged); probe_single:
+# intact sentence or 3 words permuted. Both from the validation documents (never trained on), train/dev documents
+# disjoint; --data-path checks that they are the shard's. Same budget for both models, 3 seeds each, one process.
+$PY -m tools.evaluate.probe_data --corpus "$SAMPLE" --output-dir "$OUT/probe" \
+    --data-path "$OUT/data/sample_text_sentence" --overwrite
+$PY -m tools.probe_compare --model "$OUT/hf" --data-dir "$OUT/probe" --random-init "$OUT/hf_random_init"
 
 echo
 echo "[quickstart] done in $((SECONDS - START))s. Outputs:"
@@ -96,3 +107,4 @@ echo "  JSON log         : $RUN/log.jsonl"
 echo "  checkpoint       : $RUN/ckpt/$(cat "$RUN/ckpt/latest")   (resume: same command with --load $RUN/ckpt)"
 echo "  Hugging Face     : $OUT/hf          (AutoModelForMaskedLM.from_pretrained('$OUT/hf', trust_remote_code=True))"
 echo "  shards, vocab    : $OUT/data/sample_text_sentence.{bin,idx}, $OUT/tokenizer/vocab.txt"
+echo "  probe tasks      : $OUT/probe/{probe_pair,probe_single}/{train,dev}.tsv (GLUE's MRPC and SST-2 layouts)"

@@ -186,3 +186,65 @@ def test_quickstart_summary_scores_the_held_out_documents(tiny_hf: Path, tmp_pat
     )
     with pytest.raises(UserError, match=r"--split 1,0,0: no validation documents among the 10"):
         qs.summarize(str(tiny_hf), prefix, split="1,0,0")
+
+
+def test_quickstart_ends_with_the_pretraining_comparison() -> None:
+    text = (REPO / "run_scripts" / "quickstart.sh").read_text()
+    modules = re.findall(r"\$PY -m ([\w.]+)", text)
+    assert modules[-2:] == ["tools.evaluate.probe_data", "tools.probe_compare"]
+    assert 'step "9/9' in text and "/8 " not in text
+
+
+@pytest.mark.parametrize(
+    "custom_code",
+    [pytest.param(True, marks=pytest.mark.extended, id="blockbert-custom-code"), pytest.param(False, id="stock-bert")],
+)
+def test_random_init_same_architecture_fresh_weights(tmp_path: Path, custom_code: bool) -> None:
+    """tools.random_init: config.json byte-identical, the same parameter names and shapes, every weight matrix
+    redrawn, and the copy loads through the Auto classes (with its code for custom-code exports)."""
+    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    from tools.random_init import random_init
+
+    src = tmp_path / "src"
+    if custom_code:
+        from model.bert import BertForPreTraining
+        from model.config import ModelConfig
+        from tools.hf_export import remote_code
+        from tools.hf_export.export import write_hf
+
+        cfg = ModelConfig.preset("blockbert-base-n2", vocab_size=97, hidden_size=48, num_layers=2,
+                                 num_attention_heads=12, intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+        torch.manual_seed(0)
+        m = BertForPreTraining(cfg).eval()
+        src.mkdir()
+        write_hf({k: v.clone() for k, v in m.state_dict().items()}, m.config, m.layout_state(), src, "always",
+                 remote_code.token_mask_state(m))  # fmt: skip
+    else:
+        from transformers import BertConfig, BertForMaskedLM
+
+        BertForMaskedLM(BertConfig(vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32, max_position_embeddings=64)).save_pretrained(src)  # fmt: skip
+    out = tmp_path / "rnd"
+    assert random_init(src, out, seed=3) == "AutoModelForMaskedLM"
+    assert (out / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    a = AutoModelForMaskedLM.from_pretrained(src, trust_remote_code=custom_code).state_dict()
+    b = AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=custom_code).state_dict()
+    assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+    matrices = [k for k, v in a.items() if v.dim() == 2]
+    assert matrices and all(not torch.equal(a[k], b[k]) for k in matrices)
+    assert type(AutoModelForSequenceClassification.from_pretrained(out, num_labels=2, trust_remote_code=custom_code))
+    from common.errors import UserError
+
+    with pytest.raises(UserError, match="already exist"):
+        random_init(src, out)
+
+
+def test_probe_compare_verdict_needs_the_gap_beyond_both_spreads() -> None:
+    from tools.probe_compare import verdict
+
+    v = verdict([80.0, 70.0, 75.0], [50.0, 52.0, 49.0])
+    assert (v["pretrained_median"], v["random_median"], v["gap"]) == (75.0, 50.0, 25.0)
+    assert v["pretrained_spread"] == 10.0 and v["random_spread"] == 3.0 and v["helped"]
+    assert not verdict([80.0, 50.0, 60.0], [50.0, 52.0, 49.0])["helped"]  # gap 10 < spread 30
+    assert not verdict([60.0, 60.0, 60.0], [45.0, 70.0, 50.0])["helped"]  # gap 10 < random's spread 25
