@@ -379,3 +379,74 @@ def test_sliding_window_runs_in_the_kernel(name):
         lo, hi = t.fwd_offsets_HT[0, qt], t.fwd_offsets_HT[0, qt + 1]
         assert t.fwd_index[lo:hi].tolist() == any_on[qt].nonzero().flatten().tolist()
         assert t.fwd_partial[lo:hi].tolist() == (~full[qt][any_on[qt]]).int().tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    not ON_CUDA,
+    reason="needs a CUDA GPU: the production config (bf16, 64 x 64 tiles, N = 1024) is too slow for Triton's "
+    "interpreter, and the interpreter does not check bf16 lowering",
+)
+def test_gpu_production_config_bf16_64_tiles_with_dropout_documents_and_window():
+    """What training runs (issue #56): bf16, the production 64 x 64 tiles, BlockBERT n=2 with 64-token blocks,
+    packed documents, key padding and a sliding window in the kernel (no block_gather fallback). Without dropout:
+    outputs and gradients against dense in fp32 on the same inputs. With dropout 0.1: the same seed draws the same
+    output and gradients bit for bit, another seed another; the output is linear in v under a fixed mask, so
+    <out, dO> = <v, dV> holds only if the backward drops what the forward dropped; and the mean of 32 draws is the
+    undropped output within a statistical bound."""
+    import warnings
+
+    from model.attention.band import BandMask
+    from model.attention.kernels.triton_block import TILE as PRODUCTION_TILE
+
+    kernel = KERNELS["triton_block"]
+    old, kernel.tile = kernel.tile, PRODUCTION_TILE
+    try:
+        B, heads, n, d, radius, p = 2, 12, 1024, 64, 160, 0.1
+        cfg = A.BlockBERTSparsityConfig(heads, 2, "1:1", block=64)
+        band = BandMask(radius, n, heads)
+        doc = torch.zeros(B, n, dtype=torch.long)
+        doc[0, 300:301] = 1  # a one-token document
+        doc[0, 301:700] = 2
+        doc[0, 900:] = -1  # padding
+        doc[1, 517:] = 1  # a document boundary inside a tile
+        kpm, doc = (doc >= 0).to(DEVICE), doc.to(DEVICE)
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, heads, n, d, generator=g).to(DEVICE, torch.bfloat16) for _ in range(3))
+        dO = torch.randn(B, heads, n, d, generator=g).to(DEVICE, torch.bfloat16)
+
+        def run(name, dropout_p, dtype=torch.bfloat16, seed=0):
+            mod = A.BlockSparseAttention(
+                cfg, kernel=name, max_seq_length=n, dropout_p=dropout_p, fixed_token_mask=band
+            ).to(DEVICE)
+            mod.train(True)
+            x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+            torch.manual_seed(seed)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a block_gather fallback would warn
+                out = mod(*x, key_padding_mask_BN=kpm, doc_ids_BN=doc)
+            return out, torch.autograd.grad(out, x, dO.to(dtype))
+
+        def rel(a, b):
+            return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+        ref, ref_g = run("dense", 0.0, torch.float32)
+        out, grads = run("triton_block", 0.0)
+        assert out.dtype == torch.bfloat16 and rel(out, ref) < 1e-2, rel(out, ref)
+        for i, (a, b) in enumerate(zip(grads, ref_g)):
+            assert torch.isfinite(a).all() and rel(a, b) < 2e-2, ("qkv"[i], rel(a, b))
+
+        dropped, dropped_g = run("triton_block", p, seed=5)
+        again, again_g = run("triton_block", p, seed=5)
+        other, _ = run("triton_block", p, seed=6)
+        assert torch.equal(dropped, again) and all(torch.equal(a, b) for a, b in zip(dropped_g, again_g))
+        assert not torch.equal(dropped, other)
+        lhs = (dropped.double() * dO.double()).sum()
+        rhs = (v.double() * dropped_g[2].double()).sum()
+        assert abs(lhs - rhs) < 0.02 * abs(lhs), (lhs.item(), rhs.item())
+        mean = torch.stack([run("triton_block", p, seed=s)[0].float() for s in range(32)]).mean(0)
+        err = (mean - out.float()).abs().mean() / out.float().abs().mean()
+        assert err < 0.1, err
+    finally:
+        kernel.tile = old
