@@ -394,7 +394,8 @@ def test_gpu_production_config_bf16_64_tiles_with_dropout_documents_and_window()
     outputs and gradients against dense in fp32 on the same inputs. With dropout 0.1: the same seed draws the same
     output and gradients bit for bit, another seed another; the output is linear in v under a fixed mask, so
     <out, dO> = <v, dV> holds only if the backward drops what the forward dropped; and the mean of 32 draws is the
-    undropped output within a statistical bound."""
+    undropped output within a statistical bound (checked on CPU at N = 256, fp32, 8 draws: 0.113 against the
+    predicted 0.118)."""
     import warnings
 
     from model.attention.band import BandMask
@@ -445,8 +446,12 @@ def test_gpu_production_config_bf16_64_tiles_with_dropout_documents_and_window()
         lhs = (dropped.double() * dO.double()).sum()
         rhs = (v.double() * dropped_g[2].double()).sum()
         assert abs(lhs - rhs) < 0.02 * abs(lhs), (lhs.item(), rhs.item())
-        mean = torch.stack([run("triton_block", p, seed=s)[0].float() for s in range(32)]).mean(0)
+        draws = 32
+        mean = torch.stack([run("triton_block", p, seed=s)[0].float() for s in range(draws)]).mean(0)
         err = (mean - out.float()).abs().mean() / out.float().abs().mean()
-        assert err < 0.1, err
+        # one draw's relative deviation is about sqrt(p / (1 - p)) whatever the softmax weights (noise and output both
+        # scale with their l2 norm); the mean of the draws divides it by sqrt(draws): 0.059 here; a bias (a missing
+        # 1 / (1 - p)) would add ~p
+        assert err < 1.5 * (p / (1 - p) / draws) ** 0.5, err
     finally:
         kernel.tile = old
