@@ -222,25 +222,37 @@ def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
         A.BlockSparseAttention(cfg, kernel="triton_block", max_seq_length=64)(q, k, v)
 
 
+COMPILE_CASES = {
+    "triton_block sm90": ([], "90", ["bf16", "fp32"], 10),
+    "fused_norm sm90": (["--fused-norm"], "90", ["bf16", "fp16", "fp32"], 10),
+    "fused_norm sm80": (["--fused-norm"], "80", ["bf16", "fp16", "fp32"], 10),
+}
+"""tests/triton_compile.py runs: (flags, compute capability, dtypes, programs compiled). The fused norm (issue #56):
+forward and backward per dtype, and again under autocast (bf16/fp16 x, fp32 residual stream) for the half types."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_programs_compile_for_hopper_without_a_gpu():
-    """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the four programs for sm90 (bf16
-    and fp32, every mask and dropout on; the forward also without key padding or documents) in a process without
-    ``TRITON_INTERPRET`` (tests/triton_compile.py). It caught fp32 ``input_precision="ieee"`` failing to compile in
-    Triton 3.6."""
+@pytest.mark.parametrize("case", sorted(COMPILE_CASES))
+def test_programs_compile_for_hopper_without_a_gpu(case):
+    """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the programs for sm90 (and the fused
+    norm's also for sm80) in a process without ``TRITON_INTERPRET`` (tests/triton_compile.py). triton_block's four
+    programs in bf16 and fp32, every mask and dropout on, the forward also without key padding or documents: it
+    caught fp32 ``input_precision="ieee"`` failing to compile in Triton 3.6. The fused residual + dropout + LayerNorm
+    (model/fused_norm_tl.py) with its four-lane dropout draw, in every dtype and under autocast."""
     import subprocess
     import sys
     from pathlib import Path
 
+    flags, cap, dtypes, programs = COMPILE_CASES[case]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     repo = Path(__file__).resolve().parents[1]
     r = subprocess.run(
-        [sys.executable, "-m", "tests.triton_compile", "90", "bf16", "fp32"],
+        [sys.executable, "-m", "tests.triton_compile", *flags, cap, *dtypes],
         cwd=repo, env=env, capture_output=True, text=True, timeout=580,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("bytes of shared memory") == 10, r.stdout
+    assert r.stdout.count("bytes of shared memory") == programs, r.stdout
 
 
 @pytest.mark.gpu
