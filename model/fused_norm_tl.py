@@ -2,11 +2,11 @@
 of the hidden dimension per program instance in the forward, a run of rows per instance in the backward (the
 LayerNorm weight and bias gradients summed per instance, then over instances by torch).
 
-Dropout is Philox keyed by a seed drawn from torch's generator, four uniforms per call (``tl.rand4x``, as
-triton_block's mask): element (row, col) is lane ``col % 4`` of counter ``row * ceil(D / 4) + col // 4``, a quarter of
-the Philox rounds of one call per element. The backward regenerates the mask instead of storing it, and a seed replays the same mask (the tests compare with the
-eager reference under that mask, :func:`keep_kernel`). Imported by name on first use (model/fused_norm.py), so a
-Hugging Face export that copies the model's static imports needs torch only."""
+Dropout is Philox keyed by a seed drawn from torch's generator, four uniforms per call (``tl.rand4x``, as triton_block's
+mask): element (row, col) is lane ``col % 4`` of counter ``row * ceil(D / 4) + col // 4``, a quarter of the Philox
+rounds of one call per element. The backward regenerates the mask instead of storing it, and a seed replays the same
+mask (the tests compare with the eager reference under that mask, :func:`keep_kernel`). Imported by name on first use
+(model/fused_norm.py), so a Hugging Face export that copies the model's static imports needs torch only."""
 
 from __future__ import annotations
 

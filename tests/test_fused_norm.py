@@ -164,9 +164,9 @@ def test_autocast_keeps_the_residual_stream_in_fp32_as_eager(p):
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         y_ref, g_ref = _run(False, x, r, norm, p, keep=keep)
         y, g = _run(True, x, r, norm, p, seed=seed)
-    assert fn.eager_dtypes(x, r)[0] == torch.float32
     assert y.dtype == y_ref.dtype == torch.float32
     assert [t.dtype for t in g] == [t.dtype for t in g_ref] == [torch.bfloat16] + [torch.float32] * 3
+    assert fn.eager_dtypes(x, r) == (torch.float32, torch.float32)
     tol = 1e-5 if p == 0 else 1e-2  # eager rounds x / (1 - p) to bf16 before the add, the kernel does not
     torch.testing.assert_close(y, y_ref, rtol=tol, atol=tol)
     _close(g[:1], g_ref[:1], 1e-2)  # x's gradient is bf16: an ulp of rounding apart

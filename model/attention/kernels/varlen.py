@@ -8,12 +8,13 @@ Attention within each run is exactly the same-document mask's attention (the pad
 its outputs carry no label). The longest run is at most N, which is passed as the kernels' ``max_seqlen`` (an upper
 bound they accept; a constant, so the compiled step does not specialise on it).
 
-On CUDA from sm80 (FlashAttention's kernels need Ampere or newer; a T4 or a V100 is refused), in fp16/bf16: ``torch.nn.attention.varlen.varlen_attn`` without attention dropout (it has none); with
-dropout, torch's ``aten._flash_attention_forward`` (the op varlen_attn wraps, which takes a dropout probability and
-has its own backward): the dropout is applied in the kernel (Philox, as SDPA's flash backend). Elsewhere (CPU, fp32,
-deterministic algorithms, an older torch) the route is refused (:func:`varlen_refusal` says why) and dense applies
-the same-document mask instead: exact, the reference. :func:`per_segment_attention` is the route's reference: one
-SDPA call per run (tests/test_varlen.py checks the route against it and against the mask).
+On CUDA from sm80 (FlashAttention's kernels need Ampere or newer; a T4 or a V100 is refused), in fp16/bf16:
+``torch.nn.attention.varlen.varlen_attn`` without attention dropout (it has none); with dropout, torch's
+``aten._flash_attention_forward`` (the op varlen_attn wraps, which takes a dropout probability and has its own
+backward): the dropout is applied in the kernel (Philox, as SDPA's flash backend). Elsewhere (CPU, fp32, deterministic
+algorithms, an older torch) the route is refused (:func:`varlen_refusal` says why) and dense applies the same-document
+mask instead: exact, the reference. :func:`per_segment_attention` is the route's reference: one SDPA call per run
+(tests/test_varlen.py checks the route against it and against the mask).
 """
 
 from __future__ import annotations
