@@ -3,7 +3,8 @@ dropout, add, LayerNorm -- a stored dropout mask, three backward) or one Triton 
 (ModelConfig.residual_norm 'triton'; the programs are :mod:`model.fused_norm_tl`).
 
 The fused path keeps what eager keeps minus the dropout mask (regenerated from a Philox seed in the backward): the
-sum ``z`` in the input dtype and LayerNorm's per-row mean and 1/std. It runs on CUDA tensors (and on CPU under
+sum ``z`` in eager's dtype (:func:`eager_dtypes`: under autocast the bf16 sublayer output plus the fp32 residual stream
+is fp32, as eager's add promotes) and LayerNorm's per-row mean and 1/std. It runs on CUDA tensors (and on CPU under
 Triton's interpreter, ``TRITON_INTERPRET=1``, for the tests), and never while torch.compile traces the model:
 Inductor fuses the eager ops into one kernel itself (``triton_per_fused_add_native_dropout_native_layer_norm``), so
 the setting is the eager step's. No host sync: the seed stays on the device.
@@ -119,6 +120,15 @@ def keep_mask(seed: torch.Tensor, shape: torch.Size, p: float, device: torch.dev
     return keep.view(shape)
 
 
+def eager_dtypes(x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """The dtypes eager gives the sum ``dropout(x) + residual`` (type promotion: bf16 + fp32 is fp32, so the residual
+    stream stays fp32 under autocast) and LayerNorm's output (fp32 under CUDA autocast, whose float32 op list holds
+    layer_norm; else the sum's: CPU autocast leaves layer_norm out)."""
+    z = torch.promote_types(x.dtype, residual.dtype)
+    autocast_fp32 = x.device.type == "cuda" and torch.is_autocast_enabled("cuda")
+    return z, torch.float32 if autocast_fp32 else z
+
+
 def _block(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
@@ -134,8 +144,9 @@ class FusedDropoutAddNorm(torch.autograd.Function):
         M = x2.shape[0]
         if seed is None:
             seed = dropout_seed(x.device) if p > 0 else torch.zeros(1, dtype=torch.int64, device=x.device)
-        y = torch.empty_like(x2)
-        z = torch.empty_like(x2)
+        z_dtype, y_dtype = eager_dtypes(x, residual)
+        y = torch.empty_like(x2, dtype=y_dtype)
+        z = torch.empty_like(x2, dtype=z_dtype)
         mean = torch.empty(M, dtype=torch.float32, device=x.device)
         rstd = torch.empty(M, dtype=torch.float32, device=x.device)
         b = weight if bias is None else bias
@@ -144,7 +155,7 @@ class FusedDropoutAddNorm(torch.autograd.Function):
             BLOCK_D=_block(D), DROPOUT_P=float(p), HAS_BIAS=bias is not None, num_warps=_warps(D),
         )  # fmt: skip
         ctx.save_for_backward(z, weight, mean, rstd, seed)
-        ctx.p, ctx.has_bias, ctx.shape = p, bias is not None, shape
+        ctx.p, ctx.has_bias, ctx.shape, ctx.dtypes = p, bias is not None, shape, (x.dtype, residual.dtype)
         return y.view(shape)
 
     @staticmethod
@@ -154,7 +165,7 @@ class FusedDropoutAddNorm(torch.autograd.Function):
         p, shape = ctx.p, ctx.shape
         M, D = z.shape
         dy2 = dy.reshape(-1, D).contiguous()
-        dx, dr = torch.empty_like(z), torch.empty_like(z)
+        dx, dr = (torch.empty_like(z, dtype=dt) for dt in ctx.dtypes)  # each input's own dtype
         programs_ = max(1, -(-M // ROWS_PER_PROGRAM))
         dw = torch.empty(programs_, D, dtype=torch.float32, device=z.device)
         db = torch.empty(programs_, D, dtype=torch.float32, device=z.device)

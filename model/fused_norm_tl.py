@@ -2,10 +2,11 @@
 of the hidden dimension per program instance in the forward, a run of rows per instance in the backward (the
 LayerNorm weight and bias gradients summed per instance, then over instances by torch).
 
-Dropout is Philox (``tl.rand``) keyed by a seed drawn from torch's generator, at the element's flat offset:
-the backward regenerates the mask instead of storing it, and a seed replays the same mask (the tests compare with the
-eager reference under that mask, :func:`keep_kernel`). Imported by name on first use (model/fused_norm.py), so a
-Hugging Face export that copies the model's static imports needs torch only."""
+Dropout is Philox keyed by a seed drawn from torch's generator, four uniforms per call (``tl.rand4x``, as triton_block's
+mask): element (row, col) is lane ``col % 4`` of counter ``row * ceil(D / 4) + col // 4``, a quarter of the Philox
+rounds of one call per element. The backward regenerates the mask instead of storing it, and a seed replays the same
+mask (the tests compare with the eager reference under that mask, :func:`keep_kernel`). Imported by name on first use
+(model/fused_norm.py), so a Hugging Face export that copies the model's static imports needs torch only."""
 
 from __future__ import annotations
 
@@ -14,9 +15,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _keep(seed_ptr, off, DROPOUT_P: tl.constexpr):
-    """The keep mask at the elements' flat (int64) offsets: Philox uniform >= p."""
-    return tl.rand(tl.load(seed_ptr), off) >= DROPOUT_P
+def _keep(seed_ptr, row, D, BLOCK_D: tl.constexpr, DROPOUT_P: tl.constexpr):
+    """bool [BLOCK_D]: the keep mask of one row (uniform >= p), four uniforms per Philox call; the same in forward
+    and backward."""
+    quads = tl.arange(0, BLOCK_D // 4)
+    u0, u1, u2, u3 = tl.rand4x(tl.load(seed_ptr), row.to(tl.int64) * ((D + 3) // 4) + quads)
+    u = tl.interleave(tl.interleave(u0, u2), tl.interleave(u1, u3))  # columns 4c + i = u_i[c]
+    return u >= DROPOUT_P
 
 
 @triton.jit
@@ -26,7 +31,7 @@ def keep_kernel(keep_ptr, seed_ptr, D, BLOCK_D: tl.constexpr, DROPOUT_P: tl.cons
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
     off = row.to(tl.int64) * D + cols
-    tl.store(keep_ptr + off, _keep(seed_ptr, off, DROPOUT_P).to(tl.uint8), mask=ok)
+    tl.store(keep_ptr + off, _keep(seed_ptr, row, D, BLOCK_D, DROPOUT_P).to(tl.uint8), mask=ok)
 
 
 @triton.jit
@@ -35,14 +40,15 @@ def fwd_kernel(
     D, eps, scale,
     BLOCK_D: tl.constexpr, DROPOUT_P: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
-    """z = dropout(x) * scale + r (stored in the input dtype, as eager's add), y = LayerNorm(z) of the stored z."""
+    """z = dropout(x) * scale + r (stored in z's dtype: eager's add promotes x and r), y = LayerNorm(z) of the stored
+    z (in y's dtype: fp32 under CUDA autocast, as eager's layer_norm)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
     off = row.to(tl.int64) * D + cols
     x = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
     if DROPOUT_P > 0:
-        x = tl.where(_keep(seed_ptr, off, DROPOUT_P), x * scale, 0.0)
+        x = tl.where(_keep(seed_ptr, row, D, BLOCK_D, DROPOUT_P), x * scale, 0.0)
     z = x + tl.load(r_ptr + off, mask=ok, other=0.0).to(tl.float32)
     z = z.to(z_ptr.dtype.element_ty)
     tl.store(z_ptr + off, z, mask=ok)
@@ -89,7 +95,7 @@ def bwd_kernel(
         db += dy
         tl.store(dr_ptr + off, dz.to(dr_ptr.dtype.element_ty), mask=live)
         if DROPOUT_P > 0:
-            dz = tl.where(_keep(seed_ptr, off, DROPOUT_P), dz * scale, 0.0)
+            dz = tl.where(_keep(seed_ptr, row, D, BLOCK_D, DROPOUT_P), dz * scale, 0.0)
         tl.store(dx_ptr + off, dz.to(dx_ptr.dtype.element_ty), mask=live)
     tl.store(dw_ptr + pid.to(tl.int64) * D + cols, dw, mask=ok)
     tl.store(db_ptr + pid.to(tl.int64) * D + cols, db, mask=ok)

@@ -119,6 +119,78 @@ def test_mask_statistics_and_replay():
     assert abs((a / (1 - p)).mean().item() - 1) < 6 * sd / (1 - p)
 
 
+def test_mask_is_four_philox_lanes_per_call():
+    """Four uniforms per Philox call (``tl.rand4x``, as triton_block's mask; issue #56): element (row, col) is lane
+    ``col % 4`` of counter ``row * ceil(D / 4) + col // 4`` (a probe stores each lane at its own column, not through
+    the kernels' interleave); each lane keeps 1 - p of its elements and two lanes of one call are kept together
+    (1 - p)^2 of the time (within 5 sigma: independent outputs, not copies). D = 50 is not a multiple of 4."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def lanes_probe(out_ptr, seed_ptr, D, Q: tl.constexpr, P: tl.constexpr):
+        row = tl.program_id(0)
+        c = tl.arange(0, Q)
+        u = tl.rand4x(tl.load(seed_ptr), row.to(tl.int64) * ((D + 3) // 4) + c)
+        for i in tl.static_range(4):
+            col = 4 * c + i
+            tl.store(out_ptr + row * D + col, (u[i] >= P).to(tl.uint8), mask=col < D)
+
+    p, M, D = 0.25, 16, 50
+    seed = torch.tensor([99], dtype=torch.int64, device=DEVICE)
+    want = torch.zeros(M, D, dtype=torch.uint8, device=DEVICE)
+    lanes_probe[(M,)](want, seed, D, Q=16, P=p)
+    assert torch.equal(fn.keep_mask(seed, (M, D), p, DEVICE), want)
+    big = fn.keep_mask(seed, (32, 512), p, DEVICE).view(32, 128, 4).cpu().float()
+    count = big[..., 0].numel()
+    sigma = math.sqrt(p * (1 - p) / count)
+    for i in range(4):
+        assert abs(big[..., i].mean().item() - (1 - p)) < 5 * sigma, i
+    both = (1 - p) ** 2
+    sigma2 = math.sqrt(both * (1 - both) / count)
+    for i, j in ((0, 1), (1, 2), (2, 3), (0, 3)):
+        assert abs((big[..., i] * big[..., j]).mean().item() - both) < 5 * sigma2, (i, j)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_autocast_keeps_the_residual_stream_in_fp32_as_eager(p):
+    """Under autocast a sublayer's output is bf16 and the residual stream fp32 (a LayerNorm's output): eager's add
+    promotes to fp32 and LayerNorm normalises the fp32 sum; the kernel stores z and y in eager's dtypes
+    (fn.eager_dtypes) and returns each input's gradient in that input's dtype (issue #56: it kept z and y in bf16)."""
+    x, r, norm = _inputs((2, 8, 64))
+    x = x.detach().bfloat16().requires_grad_()
+    seed = torch.tensor([5], dtype=torch.int64, device=DEVICE)
+    keep = fn.keep_mask(seed, x.shape, p, DEVICE) if p else None
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        y_ref, g_ref = _run(False, x, r, norm, p, keep=keep)
+        y, g = _run(True, x, r, norm, p, seed=seed)
+    assert y.dtype == y_ref.dtype == torch.float32
+    assert [t.dtype for t in g] == [t.dtype for t in g_ref] == [torch.bfloat16] + [torch.float32] * 3
+    assert fn.eager_dtypes(x, r) == (torch.float32, torch.float32)
+    tol = 1e-5 if p == 0 else 1e-2  # eager rounds x / (1 - p) to bf16 before the add, the kernel does not
+    torch.testing.assert_close(y, y_ref, rtol=tol, atol=tol)
+    _close(g[:1], g_ref[:1], 1e-2)  # x's gradient is bf16: an ulp of rounding apart
+    _close(g[1:], g_ref[1:], 1e-4 if p == 0 else 1e-2)
+
+
+def test_post_ln_layer_under_autocast_matches_eager():
+    """A whole post-LN layer under bf16 autocast: the fused layer returns eager's dtype (fp32: the residual stream)
+    and eager's values and gradients at bf16 tolerance."""
+    eager, fused = _layer_pair(hidden_dropout=0.0, attention_dropout=0.0)
+    x = torch.randn(2, 16, eager.ffn_layer_norm.normalized_shape[0], device=DEVICE)
+    outs = []
+    for layer in (eager, fused):
+        layer.train()
+        xi = x.clone().requires_grad_()
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            y = layer(xi)
+        y.float().square().sum().backward()
+        outs.append((y.detach(), xi.grad, [q.grad.clone() for q in layer.parameters()]))
+    assert outs[1][0].dtype == outs[0][0].dtype == torch.float32
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=5e-2, atol=5e-2)
+
+
 def test_seed_comes_from_torch_generator():
     x, r, norm = _inputs((2, 8, 48))
     torch.manual_seed(3)

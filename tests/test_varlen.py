@@ -172,13 +172,38 @@ def test_packed_rows_train_without_a_padding_mask(route, request):
 
 def test_the_route_line_says_which_path_packed_rows_take():
     """Explicit, never silent: varlen_attn without dropout; torch's flash op with dropout; the mask where refused."""
-    assert "varlen_attn over cu_seqlens" in route_line("cuda", torch.bfloat16, 64, 0.0)
-    with_dropout = route_line("cuda", torch.bfloat16, 64, 0.1)
+    h100 = (9, 0)
+    assert "varlen_attn over cu_seqlens" in route_line("cuda", torch.bfloat16, 64, 0.0, h100)
+    with_dropout = route_line("cuda", torch.bfloat16, 64, 0.1, h100)
     assert "attention dropout 0.1 in the kernel" in with_dropout and "_flash_attention_forward" in with_dropout
     assert "same-document mask" in route_line("cpu", torch.float32, 64, 0.0)
-    assert "fp16/bf16" in route_line("cuda", torch.float32, 64, 0.0)
-    assert "multiple of 8" in route_line("cuda", torch.bfloat16, 36, 0.0)
-    assert refusal("cuda", torch.float16, 128, 0.1) is None
+    assert "fp16/bf16" in route_line("cuda", torch.float32, 64, 0.0, h100)
+    assert "multiple of 8" in route_line("cuda", torch.bfloat16, 36, 0.0, h100)
+    assert refusal("cuda", torch.float16, 128, 0.1, (8, 0)) is None
+
+
+@pytest.mark.parametrize("gpu, capability", [("T4", (7, 5)), ("V100", (7, 0))])
+def test_varlen_is_refused_below_sm80_with_the_fallback_named(emulated_cuda, monkeypatch, gpu, capability):
+    """FlashAttention's varlen kernel needs sm80+: on a T4 or a V100 (compute capability emulated) the start-up line
+    names the same-document mask and why, as the trainer prints it (it passes no capability: the GPU's is read), and
+    the packed forward takes that mask instead of the kernel (which would raise there); on an A100 the route runs."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    line = route_line("cuda", torch.float16, 64, 0.1)
+    assert "same-document mask" in line and f"sm{capability[0]}{capability[1]}" in line and "sm80" in line
+    assert "varlen_attn" not in line and "_flash_attention_forward" not in line
+    monkeypatch.setattr(dense_module, "varlen_refusal", varlen.varlen_refusal)  # the real rule, on emulated CUDA
+    monkeypatch.setattr(varlen, "_device_of", lambda q: ("cuda", torch.cuda.get_device_capability()))
+    q, k, v = (t.detach().half() for t in _qkv())
+    docs = _doc_ids()
+    real = (docs >= 0)[:, None, :, None]
+    out = _dense(q, k, v, doc_ids_BN=docs, cu_seqlens=segment_offsets(docs))
+    assert emulated_cuda.calls == []  # the kernel was not called
+    want = _dense(q, k, v, doc_ids_BN=docs, key_padding_mask_BN=docs >= 0)
+    torch.testing.assert_close(out * real, want * real)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert "varlen_attn over cu_seqlens" in route_line("cuda", torch.float16, 64, 0.0)
+    _dense(q, k, v, doc_ids_BN=docs, cu_seqlens=segment_offsets(docs))
+    assert emulated_cuda.calls == [0.0]
 
 
 @pytest.mark.gpu

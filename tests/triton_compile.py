@@ -1,5 +1,7 @@
-"""Compile the ``triton_block`` programs for NVIDIA targets without a GPU (``python -m tests.triton_compile CAP
-DTYPE...``): what the interpreter cannot check (Triton's GPU lowering) fails here on a CPU machine, before a GPU run.
+"""Compile the ``triton_block`` programs (``python -m tests.triton_compile CAP DTYPE...``) or the fused residual +
+dropout + LayerNorm's (model/fused_norm_tl.py; ``python -m tests.triton_compile --fused-norm CAP DTYPE...``) for
+NVIDIA targets without a GPU: what the interpreter cannot check (Triton's GPU lowering) fails here on a CPU machine,
+before a GPU run.
 Run in its own process: ``TRITON_INTERPRET`` must be unset when Triton is imported (tests/conftest.py sets it)."""
 
 from __future__ import annotations
@@ -58,7 +60,44 @@ def compile_all(capability: int, dtype: str, head_size: int = 64, dropout_p: flo
     return lines
 
 
+def compile_fused_norm(capability: int, dtype: str, width: int = 768, dropout_p: float = 0.1) -> list[str]:
+    """Compile the fused norm's forward and backward (dropout on, with a bias) at BERT-base's width, as the layers
+    call them: every tensor in ``dtype``, and (bf16/fp16) under autocast, where the sublayer output ``x`` and its
+    gradient are ``dtype`` and the residual stream, the sum, the output and the LayerNorm weight fp32
+    (model/fused_norm.py ``eager_dtypes``); one line per program."""
+    from model import fused_norm
+    from model import fused_norm_tl as N
+
+    block, warps = fused_norm._block(width), fused_norm._warps(width)
+    variants = {"": dict.fromkeys("xrzyw", dtype)}
+    if dtype != "fp32":
+        variants[" autocast"] = dict(x=dtype, r="fp32", z="fp32", y="fp32", w="fp32")
+    lines = []
+    for tag, dt in variants.items():
+        ptrs = {
+            "fwd_kernel": dict(x_ptr=dt["x"], r_ptr=dt["r"], w_ptr=dt["w"], b_ptr=dt["w"], y_ptr=dt["y"],
+                               z_ptr=dt["z"]),
+            "bwd_kernel": dict(dy_ptr=dt["y"], z_ptr=dt["z"], w_ptr=dt["w"], dx_ptr=dt["x"], dr_ptr=dt["r"],
+                               dw_ptr="fp32", db_ptr="fp32"),
+        }  # fmt: skip
+        for name, tensors in ptrs.items():
+            fn = getattr(N, name)
+            base = dict(BLOCK_D=block, DROPOUT_P=dropout_p, HAS_BIAS=True, ROWS=fused_norm.ROWS_PER_PROGRAM)
+            consts = {k: v for k, v in base.items() if k in fn.arg_names}
+            kinds = dict(mean_ptr="*fp32", rstd_ptr="*fp32", seed_ptr="*i64", eps="fp32", scale="fp32")
+            kinds.update({t: f"*{DTYPES[d]}" for t, d in tensors.items()})
+            sig = {a: "constexpr" if a in consts else kinds.get(a, "i32") for a in fn.arg_names}
+            src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+            k = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=dict(num_warps=warps))
+            lines.append(f"sm{capability} {dtype}{tag} fused norm {name}: {k.metadata.shared} bytes of shared memory")
+    return lines
+
+
 if __name__ == "__main__":
-    cap = int(sys.argv[1])
-    for dt in sys.argv[2:]:
-        print("\n".join(compile_all(cap, dt)), flush=True)
+    args = sys.argv[1:]
+    compile_programs = compile_all
+    if args[0] == "--fused-norm":
+        compile_programs, args = compile_fused_norm, args[1:]
+    cap = int(args[0])
+    for dt in args[1:]:
+        print("\n".join(compile_programs(cap, dt)), flush=True)

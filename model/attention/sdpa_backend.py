@@ -94,6 +94,20 @@ def _same_dtype(p: SDPAParams, allowed: tuple[torch.dtype, ...]) -> str | None:
     return None
 
 
+FLASH_CAPABILITIES = ((8, 0), (12, 1))
+"""The compute capabilities FlashAttention's kernels run on (cuda/sdp_utils.cpp
+``check_flash_attention_hardware_support``); its varlen kernel (model/attention/kernels/varlen.py) is the same
+build, so the same range."""
+
+
+def flash_hardware_refusal(capability: tuple[int, int]) -> str | None:
+    """Why FlashAttention cannot run on a GPU of ``capability`` (None: it can), e.g. a T4 (sm75) or a V100 (sm70)."""
+    lo, hi = FLASH_CAPABILITIES
+    if not lo <= tuple(capability) <= hi:
+        return f"flash needs sm80..sm121, this is sm{capability[0]}{capability[1]}"
+    return None
+
+
 def flash_refusal(p: SDPAParams, gpu: GPUProfile) -> str | None:
     """Why flash cannot run (None: it can). cuda/sdp_utils.cpp ``can_use_flash_attention``: no attention mask
     (``check_for_attn_mask``), q/k/v head dims equal and <= 256 (``check_head_dim_size_flash``), sm80..sm121
@@ -105,8 +119,9 @@ def flash_refusal(p: SDPAParams, gpu: GPUProfile) -> str | None:
     d = (p.q.shape[-1], p.k.shape[-1], p.v.shape[-1])
     if len(set(d)) != 1 or d[0] > 256:
         return f"flash needs equal head dims <= 256, got {d}"
-    if not (8, 0) <= gpu.capability <= (12, 1):
-        return f"flash needs sm80..sm121, this is sm{gpu.capability[0]}{gpu.capability[1]}"
+    hardware = flash_hardware_refusal(gpu.capability)
+    if hardware:
+        return hardware
     sm86_89 = (8, 6) <= gpu.capability <= (8, 9) or (12, 0) <= gpu.capability <= (12, 1)
     if sm86_89 and p.requires_grad and not (d[0] <= 192 or (p.dropout == 0 and d[0] > 224)):
         return "flash cannot train head dims in (192, 224] on sm86/89/120"

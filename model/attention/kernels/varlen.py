@@ -8,12 +8,13 @@ Attention within each run is exactly the same-document mask's attention (the pad
 its outputs carry no label). The longest run is at most N, which is passed as the kernels' ``max_seqlen`` (an upper
 bound they accept; a constant, so the compiled step does not specialise on it).
 
-On CUDA, in fp16/bf16: ``torch.nn.attention.varlen.varlen_attn`` without attention dropout (it has none); with
-dropout, torch's ``aten._flash_attention_forward`` (the op varlen_attn wraps, which takes a dropout probability and
-has its own backward): the dropout is applied in the kernel (Philox, as SDPA's flash backend). Elsewhere (CPU, fp32,
-deterministic algorithms, an older torch) the route is refused (:func:`varlen_refusal` says why) and dense applies
-the same-document mask instead: exact, the reference. :func:`per_segment_attention` is the route's reference: one
-SDPA call per run (tests/test_varlen.py checks the route against it and against the mask).
+On CUDA from sm80 (FlashAttention's kernels need Ampere or newer; a T4 or a V100 is refused), in fp16/bf16:
+``torch.nn.attention.varlen.varlen_attn`` without attention dropout (it has none); with dropout, torch's
+``aten._flash_attention_forward`` (the op varlen_attn wraps, which takes a dropout probability and has its own
+backward): the dropout is applied in the kernel (Philox, as SDPA's flash backend). Elsewhere (CPU, fp32, deterministic
+algorithms, an older torch) the route is refused (:func:`varlen_refusal` says why) and dense applies the same-document
+mask instead: exact, the reference. :func:`per_segment_attention` is the route's reference: one SDPA call per run
+(tests/test_varlen.py checks the route against it and against the mask).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
+from model.attention.sdpa_backend import flash_hardware_refusal
 from model.cpu_shortcuts import takes_cpu_path
 
 try:
@@ -33,18 +35,37 @@ except ImportError:  # torch < 2.10
 _VARLEN_TAKES_SCALE = _varlen_attn is not None and "scale" in inspect.signature(_varlen_attn).parameters
 
 
+def _device_of(q_BHND: torch.Tensor) -> tuple[str, tuple[int, int] | None]:
+    """The device type ``q_BHND`` runs on and its CUDA compute capability (None off CUDA); tests replace it to
+    emulate a GPU on CPU tensors."""
+    if takes_cpu_path(q_BHND):
+        return "cpu", None
+    device = q_BHND.device
+    return device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
 def varlen_refusal(q_BHND: torch.Tensor, dropout_p: float) -> str | None:
     """Why the varlen route cannot run for ``q_BHND`` (None: it can); :func:`refusal` on its metadata."""
-    device = "cpu" if takes_cpu_path(q_BHND) else q_BHND.device.type
-    return refusal(device, q_BHND.dtype, q_BHND.shape[-1], dropout_p)
+    device, capability = _device_of(q_BHND)
+    return refusal(device, q_BHND.dtype, q_BHND.shape[-1], dropout_p, capability)
 
 
-def refusal(device_type: str, dtype: torch.dtype, head_size: int, dropout_p: float) -> str | None:
-    """Why the varlen route cannot run (None: it can): FlashAttention's varlen kernel needs a CUDA device, fp16/bf16,
-    a head size that is a multiple of 8 and at most 256; its backward accumulates with atomics, so not under
-    deterministic algorithms (``--deterministic``)."""
+def refusal(
+    device_type: str,
+    dtype: torch.dtype,
+    head_size: int,
+    dropout_p: float,
+    capability: tuple[int, int] | None = None,
+) -> str | None:
+    """Why the varlen route cannot run (None: it can): FlashAttention's varlen kernel needs a CUDA device of compute
+    capability sm80..sm121 (``capability``; None on CUDA reads this machine's GPU), fp16/bf16, a head size that is a
+    multiple of 8 and at most 256; its backward accumulates with atomics, so not under deterministic algorithms
+    (``--deterministic``)."""
     if device_type != "cuda":
         return f"{device_type}: FlashAttention's varlen kernel runs on CUDA only"
+    hardware = flash_hardware_refusal(torch.cuda.get_device_capability() if capability is None else capability)
+    if hardware:
+        return f"FlashAttention's varlen kernel: {hardware}"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"{dtype}: FlashAttention's varlen kernel takes fp16/bf16 only"
     if head_size % 8 or head_size > 256:
@@ -56,9 +77,16 @@ def refusal(device_type: str, dtype: torch.dtype, head_size: int, dropout_p: flo
     return None
 
 
-def route_line(device_type: str, dtype: torch.dtype, head_size: int, dropout_p: float) -> str:
-    """The start-up line for packed rows of full attention (what :func:`refusal` decides)."""
-    why = refusal(device_type, dtype, head_size, dropout_p)
+def route_line(
+    device_type: str,
+    dtype: torch.dtype,
+    head_size: int,
+    dropout_p: float,
+    capability: tuple[int, int] | None = None,
+) -> str:
+    """The start-up line for packed rows of full attention (what :func:`refusal` decides, with the same
+    ``capability``, so the line never announces a route the first forward would refuse)."""
+    why = refusal(device_type, dtype, head_size, dropout_p, capability)
     if why is not None:
         return f"packed rows: dense attention applies the same-document mask ({why})"
     if dropout_p > 0:
