@@ -30,7 +30,7 @@ fi
 # the floor pass, a canary of what the GPU image's torch 2.11 and the oldest transformers must run: every kernel trains
 # (test_model), flex's block masks, DIET, ModernBERT, the one-rank trainer's units, the HF export's remote code and one
 # conversion both ways, the quick ones (not slow, not multi-rank, not extended). The kernel and CUDA-contract suites
-# run at the GPU image's torch in tools.gpu_check (kernel_tests, contract_tests); the rest of the suite does not
+# run at the GPU image's torch in devtools.gpu_check (kernel_tests, contract_tests); the rest of the suite does not
 # depend on the torch/transformers version.
 FLOOR_TESTS=(tests/test_model.py tests/test_flex_mask.py tests/test_diet.py tests/test_modernbert.py
   tests/test_train_unit.py tests/test_hf_export.py "tests/test_convert_checkpoint.py::test_issue5_models_from_the_trainer_convert_both_ways")

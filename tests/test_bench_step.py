@@ -104,8 +104,8 @@ def _shape(kernel: str) -> Namespace:
 def _chosen(config) -> str:
     """The kernels ``auto`` resolved in the first layer after one forward of a CPU batch."""
     from benchmarks.step.engine import kernels_used
+    from benchmarks.support.measure import synthetic_batch
     from model.bert import BertForPreTraining
-    from tools.measure import synthetic_batch
 
     torch.manual_seed(0)
     model = BertForPreTraining(config).train()
