@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tools import profile_memory as pm
+from benchmarks import profile_memory as pm
 
 
 def test_one_run_measures_every_model_and_fits_the_quadratic_part(tmp_path, capsys):
