@@ -221,7 +221,6 @@ def small_disks(tmp_path):
 CANARY = ("truncated .bin", "ds_config typo", "misspelled --load", "disk full")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("which", ["canary", pytest.param("rest", marks=pytest.mark.extended)])
 def test_trainer_bad_input_is_one_line(trained, tmp_path, small_disks, which):
     """A truncated .bin, a misspelled shard prefix, a vocabulary too small for the shards, a 0-document shard, a
@@ -275,7 +274,6 @@ def test_trainer_bad_input_is_one_line(trained, tmp_path, small_disks, which):
         assert not (tmp_path / "new").exists()
 
 
-@pytest.mark.slow
 def test_convert_never_deletes_its_input(trained, tmp_path, capsys):
     """`--load X --to-hf X --overwrite` exited 0 and left X with only the Hugging Face files: every iter_* was
     deleted. A directory above X, a file as --to-hf and a binary vocab file are one line each too."""

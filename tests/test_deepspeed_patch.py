@@ -99,7 +99,6 @@ def _deepspeeds(syncs: list[dict]) -> list[dict]:
 
 
 @pytest.mark.extended  # ~30 s; the runtime patch's bitwise results are tested above
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_upstream_patch_and_the_runtime_patch_train_alike_without_syncs(tmp_path):
     """The upstream patch applied to a copy of the installed DeepSpeed, the runtime patch, and DeepSpeed as it is:

@@ -713,7 +713,6 @@ def test_the_smoke_step_trains_for_real_on_cpu(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- end to end
-@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU mode (this machine has a GPU)")
 def test_gpu_check_sh_quick_end_to_end_without_a_gpu(tmp_path):
     """`gpu_check.sh --quick --budget-s 480 OUT` on this CPU machine: the set-up (a no-op once done), then the

@@ -41,7 +41,6 @@ def _syncs(tmp_path, *extra: str, ds_config: str = "zero1_fp32.json", **model) -
 EXTENDED = pytest.mark.extended
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "model",
@@ -73,7 +72,6 @@ def test_a_training_step_makes_no_host_sync_but_the_finite_loss_decision(tmp_pat
     assert ours == {ALLOWED: got["steps"]}, got["sites"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(  # ZeRO-2's step runs the same patched norm and clipping: the extended tier
     "ds_config", ["zero1_bf16.json", pytest.param("zero2_bf16.json", marks=EXTENDED)]
@@ -86,7 +84,6 @@ def test_the_shipped_bf16_configs_keep_deepspeeds_step_from_waiting_for_the_devi
     assert left == {ALLOWED: got["steps"]}, got["sites"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_counter_sees_the_dynamic_mlm_gather(tmp_path):
     """--dynamic-mlm-gather selects the masked positions with a boolean mask: a sync per micro-batch, found and
