@@ -43,21 +43,10 @@ class Preset:
         shape = dict(num_layers=self.num_layers, hidden_size=self.hidden_size, num_heads=self.num_heads)
         return {**dataclasses.asdict(self), **shape, "ffn_hidden_size": self.ffn_hidden_size}
 
-    @property
-    def num_layers(self) -> int:
-        return self._shape("num_layers")
-
-    @property
-    def hidden_size(self) -> int:
-        return self._shape("hidden_size")
-
-    @property
-    def num_heads(self) -> int:
-        return self._shape("num_attention_heads")
-
-    @property
-    def ffn_hidden_size(self) -> int:
-        return self._shape("intermediate_size")
+    num_layers = property(lambda self: self._shape("num_layers"))
+    hidden_size = property(lambda self: self._shape("hidden_size"))
+    num_heads = property(lambda self: self._shape("num_attention_heads"))
+    ffn_hidden_size = property(lambda self: self._shape("intermediate_size"))
 
 
 PRESETS: dict[str, Preset] = {
