@@ -222,6 +222,7 @@ def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
         A.BlockSparseAttention(cfg, kernel="triton_block", max_seq_length=64)(q, k, v)
 
 
+@pytest.mark.extended  # 118 s alone on the loaded 2-core box (2026-11-28): four sm90 compiles
 @pytest.mark.timeout(600)
 def test_programs_compile_for_hopper_without_a_gpu():
     """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the four programs for sm90 (bf16
