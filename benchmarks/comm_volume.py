@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import deepspeed.comm as dscomm
 
+    from benchmarks.support.measure import synthetic_batch
     from model.bert import BertForPreTraining
     from model.config import ModelConfig
     from pretrain.args import OptimConfig
@@ -68,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     from pretrain.parallelize import initialize_engine
     from pretrain.schedule import schedule_settings
     from pretrain.trainer import device_batch
-    from tools.measure import synthetic_batch
 
     info = init_distributed(10.0)
     repo = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import time
 from typing import NoReturn
 
 STEP_DEADLINE_ENV = "GPU_CHECK_STEP_DEADLINE"
-"""Set by a supervisor (tools/gpu_check) for each process group it starts: the epoch second at which the group is
+"""Set by a supervisor (devtools/gpu_check) for each process group it starts: the epoch second at which the group is
 stopped, so a step that can end cleanly (``benchmarks.step --measure profile``) stops before."""
 
 

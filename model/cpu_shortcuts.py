@@ -3,8 +3,8 @@ device without reading the tensor, so a GPU step never waits for the device here
 every other read), and under torch.compile, where reading a value would break the graph (tests/test_compile.py).
 
 :func:`takes_cpu_path` is the one question every CPU-only branch of the kernels asks (the fold of tiles into SDPA's
-batch, the split plan, the host reads here), so tools/cuda_emulation.py can send CPU tensors down the branches a
-CUDA device takes by replacing this one function (in every module that imported it)."""
+batch, the split plan, the host reads here), so benchmarks/support/cuda_emulation.py can send CPU tensors down the
+branches a CUDA device takes by replacing this one function (in every module that imported it)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 # table and training-step benchmarks. Writes OUT_DIR/report.md and report.json (default out/gpu_check), and the long
 # outputs (setup.log, each step's log, the profile's trace) under OUT_DIR/logs/; see docs/gpu_check.md.
 #
-#   bash run_scripts/gpu_check.sh [--quick] [--budget-s S] [OUT_DIR] [other tools.gpu_check options]
+#   bash run_scripts/gpu_check.sh [--quick] [--budget-s S] [OUT_DIR] [other devtools.gpu_check options]
 #
 # --quick: <= 8 minutes on one GPU from a bare node, the set-up included (the budget counts from this script's
 # start). The set-up is run_scripts/setup_env.sh with the caller's environment (TORCH=system, WHEELHOUSE=DIR).
@@ -45,4 +45,4 @@ if [ "$rc" -ne 0 ]; then  # no python to run the check with: say so where the re
   exit 1
 fi
 echo "[gpu_check] set-up done in $(( $(date +%s) - T0 )) s"
-exec .venv/bin/python -m tools.gpu_check --out-dir "$out" --t0 "$T0" "${args[@]}"
+exec .venv/bin/python -m devtools.gpu_check --out-dir "$out" --t0 "$T0" "${args[@]}"

@@ -61,7 +61,7 @@ part dense_unpadded 70 30 $STEP --measure profile --model-preset bert-base --seq
   --json "$W/dense_unpadded.json"
 
 # 2. #48: the batch-8 kernel table at N=4096/8192 under training's attention dropout 0.1 (both sides; flex, which has
-#    none, left out): auto's table (python -m tools.auto_table on the committed attention.json) and the kernel goals
+#    none, left out): auto's table (python -m devtools.auto_table on the committed attention.json) and the kernel goals
 part kernels_p01 90 40 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
   8192 --layouts blockbert_n2 blockbert_n3 local_bi_b64 fixed_b64 --kernels triton_block block_gather dense \
   --max-dense-masked-n 8192 --dropout 0.1 --repeats 3 --out-dir "$W/kernels_p01" --no-plot

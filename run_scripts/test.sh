@@ -29,8 +29,8 @@ fi
 [ "$FLOOR" != 0 ] || exit 0
 # the floor pass, a canary of what the GPU image's torch 2.11 and the oldest transformers must run: every kernel trains
 # (test_model), flex's block masks, DIET, ModernBERT, the one-rank trainer's units, the HF export's remote code and one
-# conversion both ways, the quick ones (not slow, not multi-rank, not extended). The kernel and CUDA-contract suites
-# run at the GPU image's torch in tools.gpu_check (kernel_tests, contract_tests); the rest of the suite does not
+# conversion both ways, the default tier's one-process tests (not multi-rank, not extended). The kernel and CUDA-contract suites
+# run at the GPU image's torch in devtools.gpu_check (kernel_tests, contract_tests); the rest of the suite does not
 # depend on the torch/transformers version.
 FLOOR_TESTS=(tests/test_model.py tests/test_flex_mask.py tests/test_diet.py tests/test_modernbert.py
   tests/test_train_unit.py tests/test_hf_export.py "tests/test_convert_checkpoint.py::test_issue5_models_from_the_trainer_convert_both_ways")
@@ -44,5 +44,5 @@ floor_args=(); [ "$FLOOR" != only ] || floor_args=("$@")
 floor="$(cd .venv-floor && pwd -P)"   # its real path, as setup_floor_env.sh built DeepSpeed's CPU op
 # shellcheck disable=SC2046
 TORCH_EXTENSIONS_DIR="$floor/torch_extensions" exec "$floor/bin/python" -m pytest $(workers "$floor/bin/python") \
-  -m "not multirank and not slow and not extended" \
+  -m "not multirank and not extended" \
   "${present[@]}" "${floor_args[@]}"

@@ -1,4 +1,10 @@
-"""Shared fixtures: where the reference corpus lives, tiny temp dirs."""
+"""The suite's tiers and shared fixtures (where the reference corpus lives, tiny temp dirs).
+
+Two tiers: the default tier (run_scripts/test.sh, CI) holds every test that takes under
+:data:`DEFAULT_TIER_BUDGET_S` alone on the 2-core dev box; a longer one is marked ``extended`` (with why and its
+time) and runs only in run_scripts/extended_check.sh (``SPARSE_BERT_EXTENDED=1``). ``multirank`` says a test starts
+several processes (the floor pass and ``-m "not multirank"`` leave those out); it is not a tier. ``gpu`` tests run on a
+CUDA GPU where there is one (devtools/gpu_check selects them)."""
 
 from __future__ import annotations
 

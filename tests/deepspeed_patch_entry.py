@@ -2,7 +2,7 @@
 small two-group model under DeepSpeed ZeRO-1 bf16 with gradient clipping, three optimizer steps (clipped, then one
 whose gradients are inf, then clipped again), with and without ``bf16.check_grad_overflow``. Writes the parameters
 after every step, the skipped-step count, and the host syncs each ``engine.step()`` would make on a GPU
-(tools/host_syncs.py).
+(benchmarks/support/host_syncs.py).
 
 MODE: ``original`` (the installed DeepSpeed as it is), ``runtime`` (pretrain/deepspeed_patch.py applied), or
 ``upstream`` (the installed DeepSpeed as found on PYTHONPATH: the test puts a copy with
@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from tools.host_syncs import HostSyncCounter  # noqa: E402
+from benchmarks.support.host_syncs import HostSyncCounter  # noqa: E402
 
 
 def run(check_grad_overflow: bool) -> dict:

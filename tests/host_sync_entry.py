@@ -1,7 +1,7 @@
 """Run by tests/test_host_syncs.py as one rank (`python tests/host_sync_entry.py OUT.json TRAINER_FLAGS...`): builds
 the real Trainer, takes two warm-up steps, then counts the host syncs the next steps would make on a GPU
-(tools/host_syncs.py: what CUDA's sync debug mode flags, with where each tensor would live), and writes where in our
-code, DeepSpeed's or torch's each one was made.
+(benchmarks/support/host_syncs.py: what CUDA's sync debug mode flags, with where each tensor would live), and writes
+where in our code, DeepSpeed's or torch's each one was made.
 
 Host-batch work is not counted and lives on the host (the DataLoader's batches, `Trainer._tokens`); the batch that
 `Trainer._to_device` returns lives on the device (on CUDA it is staged through pinned memory, non-blocking).
@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import pretrain.trainer as trainer_module  # noqa: E402
+from benchmarks.support.host_syncs import HostSyncCounter  # noqa: E402
 from common.process import exit_process  # noqa: E402
 from pretrain.args import parse_args  # noqa: E402
-from tools.host_syncs import HostSyncCounter  # noqa: E402
 
 
 def main(out: str, argv: list[str]) -> int:

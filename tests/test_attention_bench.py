@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.attention import cli, retained_memory, steps, triton_tiles
-from tools.bench_layouts import HEADS, TUNED_LAYOUTS
+from benchmarks.attention.layouts import HEADS, TUNED_LAYOUTS
 
 
 def test_each_measure_keeps_its_flags_and_defaults(tmp_path):

@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
+from benchmarks.attention.layouts import layouts
+from devtools import auto_table
 from model import attention as A
 from model.attention.kernels import KERNELS
 from model.attention.kernels.auto import TABLE_KERNELS, TABLE_PATH, load_table, table_choice
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
-from tools import auto_table
-from tools.bench_layouts import layouts
 
 CUDA = torch.device("cuda")
 TABLE = load_table()

@@ -221,7 +221,6 @@ def small_disks(tmp_path):
 CANARY = ("truncated .bin", "ds_config typo", "misspelled --load", "disk full")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("which", ["canary", pytest.param("rest", marks=pytest.mark.extended)])
 def test_trainer_bad_input_is_one_line(trained, tmp_path, small_disks, which):
     """A truncated .bin, a misspelled shard prefix, a vocabulary too small for the shards, a 0-document shard, a
@@ -275,7 +274,6 @@ def test_trainer_bad_input_is_one_line(trained, tmp_path, small_disks, which):
         assert not (tmp_path / "new").exists()
 
 
-@pytest.mark.slow
 def test_convert_never_deletes_its_input(trained, tmp_path, capsys):
     """`--load X --to-hf X --overwrite` exited 0 and left X with only the Hugging Face files: every iter_* was
     deleted. A directory above X, a file as --to-hf and a binary vocab file are one line each too."""
@@ -304,7 +302,7 @@ def test_convert_never_deletes_its_input(trained, tmp_path, capsys):
 
 # ------------------------------------------------------------------ the sweep of the remaining entry points
 # Each case showed a traceback, exited 1, wrote elsewhere than asked or passed silently before (issue 34's sweep:
-# tools.profile_memory, model_stats, plot_layouts, inspect_dataset, gpu_check's flags, benchmarks/* in the docs).
+# benchmarks.profile_memory, model_stats, plot_layouts, inspect_dataset, gpu_check's flags, benchmarks/* in the docs).
 # {d}: a folder of inputs, {ro}: a read-only tmpfs, {full}: a full tmpfs.
 SWEEP = [
     ("tools.model_stats", ["--model-config", "{d}/gone.json"], "--model-config {d}/gone.json: no such file"),
@@ -332,14 +330,14 @@ SWEEP = [
         ["--model-preset", "blockbert-base-n2", "--seq-length", "64", "--out", "{d}"],
         "--out {d} is a directory",
     ),  # wrote {d}.png
-    ("tools.profile_memory", ["--out", "{ro}/pm"], "--out {ro}/pm: cannot write there: read-only"),
-    ("tools.profile_memory", ["--out", "{d}/empty.json"], "is a file; give a directory path"),
+    ("benchmarks.profile_memory", ["--out", "{ro}/pm"], "--out {ro}/pm: cannot write there: read-only"),
+    ("benchmarks.profile_memory", ["--out", "{d}/empty.json"], "is a file; give a directory path"),
     ("tools.inspect_dataset", ["{d}/shard", "--vocab-file", "{d}"], "which is a directory"),
-    ("tools.auto_table", ["{d}/gone.json", "--out", "{d}/t.json"], "{d}/gone.json: no such file"),
-    ("tools.auto_table", ["{d}/list.json", "--out", "{d}/t.json"], "commit the report (docs/gpu_reports/)"),
-    ("tools.gpu_check", ["--only", "nope"], "--only nope: no such step"),  # ran nothing and passed
-    ("tools.gpu_check", ["--out-dir", "{ro}/gc"], "--out-dir {ro}/gc: cannot write there"),
-    ("tools.gpu_check", ["--work-dir", "{ro}/w", "--out-dir", "{d}/gc"], "--work-dir {ro}/w: cannot write there"),
+    ("devtools.auto_table", ["{d}/gone.json", "--out", "{d}/t.json"], "{d}/gone.json: no such file"),
+    ("devtools.auto_table", ["{d}/list.json", "--out", "{d}/t.json"], "commit the report (docs/gpu_reports/)"),
+    ("devtools.gpu_check", ["--only", "nope"], "--only nope: no such step"),  # ran nothing and passed
+    ("devtools.gpu_check", ["--out-dir", "{ro}/gc"], "--out-dir {ro}/gc: cannot write there"),
+    ("devtools.gpu_check", ["--work-dir", "{ro}/w", "--out-dir", "{d}/gc"], "--work-dir {ro}/w: cannot write there"),
     ("benchmarks.attention", ["--table", "{d}/gone.json"], "--table {d}/gone.json: no such file"),
     ("benchmarks.attention", ["--table", "{d}/empty.json"], "--table {d}/empty.json is empty"),
     ("benchmarks.attention", ["--table", "{d}/list.json"], "expected a JSON object, got a list"),

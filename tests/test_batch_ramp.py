@@ -59,7 +59,6 @@ def _run(tmp_path, name: str, *extra: str, samples: int = 64, global_batch: int 
 
 
 @pytest.mark.extended  # ~45 s of 2-rank launches; the ramp itself is unit-tested here
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 def test_ramp_through_the_trainer_and_an_exact_resume(tmp_path):

@@ -68,7 +68,7 @@ def test_the_long_rows_and_the_window_variant():
     """Issue #48's rows where attention dominates: dense, n=2, n=3 and the 64-token window at N=16384 and 32768,
     bert-base (model/presets.py), micro-batch 2 and 1 with --tokens 32768; the window is the kernel table's
     local_bi_b64."""
-    from tools.bench_layouts import TUNED_LAYOUTS
+    from benchmarks.attention.layouts import TUNED_LAYOUTS
 
     long = parse_cases(["long"])
     assert sorted(long) == sorted(
@@ -147,9 +147,9 @@ def test_the_split_of_a_real_cpu_training_step(dropout):
     forward and backward, and it is a part of the step, not all of it."""
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.support.measure import synthetic_batch
     from model.bert import BertForPreTraining
     from model.config import ModelConfig
-    from tools.measure import synthetic_batch
 
     cfg = ModelConfig.preset("tiny", max_position_embeddings=128, attention_dropout=dropout)
     torch.manual_seed(0)

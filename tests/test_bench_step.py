@@ -104,8 +104,8 @@ def _shape(kernel: str) -> Namespace:
 def _chosen(config) -> str:
     """The kernels ``auto`` resolved in the first layer after one forward of a CPU batch."""
     from benchmarks.step.engine import kernels_used
+    from benchmarks.support.measure import synthetic_batch
     from model.bert import BertForPreTraining
-    from tools.measure import synthetic_batch
 
     torch.manual_seed(0)
     model = BertForPreTraining(config).train()
@@ -263,7 +263,6 @@ def _ok(runs, name: str) -> tuple[dict, str]:
     return result, output
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_time_rows_record_the_inputs_and_kernels_the_trainer_uses(runs):
     result, output = _ok(runs, "time")
@@ -281,7 +280,6 @@ def test_time_rows_record_the_inputs_and_kernels_the_trainer_uses(runs):
     assert "| bf16 | 128 | dense | 2 | dense |" in output  # the Markdown table (benchmarks/report.py)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_time_runs_the_data_pipelines_batches(runs):
     """--data-path: each step a batch of the trainer's loader (doc-sentences rows, their padding, the cap the trainer
@@ -301,7 +299,6 @@ def _fpt(row: dict) -> float:
     return flops_per_token(t["hidden_size"], t["num_layers"], 64, tu.VOCAB_SIZE, 1.0, row["predicted_share"])
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_profile_reports_every_field_for_padded_and_packed_rows(runs):
     result, output = _ok(runs, "profile")
@@ -333,7 +330,6 @@ def test_profile_reports_every_field_for_padded_and_packed_rows(runs):
     assert md in output  # what the console shows
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_memory_reports_a_training_step_by_category(runs):
     result, output = _ok(runs, "memory")
@@ -345,7 +341,6 @@ def test_memory_reports_a_training_step_by_category(runs):
     assert "| case | peak MiB |" in output, output[-3000:]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_host_the_shipped_bf16_steps_do_no_per_parameter_work_in_deepspeed(runs):
     """The host's per-parameter work in the shipped bf16 ZeRO-1 step, counted on CPU: the H200 profile

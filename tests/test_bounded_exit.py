@@ -17,8 +17,6 @@ import pytest
 from pretrain.watchdog import EXIT_STALLED, GRACE_S, launcher_pids
 from tests import train_utils as tu
 
-pytestmark = [pytest.mark.slow]
-
 TIMEOUTS_ENTRY = """import sys
 sys.path.insert(0, {repo!r})
 from pretrain import trainer, watchdog

@@ -54,7 +54,6 @@ def _copy(run: Path, dst: Path, tags=(2, 4)) -> Path:
 
 
 @pytest.mark.extended  # the module's 2-rank ZeRO-3 run (~35 s) serves only this tier
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 def test_marker_records_every_file_with_size_and_crc(run):
@@ -75,7 +74,6 @@ def _kinds(run: Path) -> list[str]:
 
 
 @pytest.mark.extended  # needs the module's 2-rank run
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("how", ["flip", "truncate"])
@@ -99,7 +97,6 @@ def test_each_damaged_file_is_named_and_resume_falls_back(run, tmp_path, how):
 
 
 @pytest.mark.extended  # needs the module's 2-rank run
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 def test_none_verifies_is_an_error_listing_each(run, tmp_path):
@@ -114,7 +111,6 @@ def test_none_verifies_is_an_error_listing_each(run, tmp_path):
 
 
 @pytest.mark.extended  # needs the module's 2-rank run
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 def test_old_marker_without_checksums_loads_unverified(run, tmp_path):
@@ -131,7 +127,6 @@ def test_old_marker_without_checksums_loads_unverified(run, tmp_path):
 
 
 @pytest.mark.extended  # needs the module's 2-rank run
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(900)
 def test_resume_skips_a_corrupt_checkpoint_and_replays_the_straight_run(run, tmp_path):
@@ -170,7 +165,6 @@ def test_clear_tag_empties_the_tag_and_its_conversions_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000060"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_save_over_an_interrupted_save_of_another_world_size_keeps_none_of_its_files(tmp_path):
     """A 2-rank save of iteration 2 was interrupted (rank 1's ZeRO shard and a stale conversion left, no marker);

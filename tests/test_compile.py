@@ -148,7 +148,7 @@ def test_the_boolean_mask_head_breaks_the_graph():
 #: mask); the default tier checks the unpadded graph with Dynamo's eager backend (bit for bit) in
 #: test_one_graph_per_batch_kind_and_compiled_equals_eager.
 COMPILE_CASES = [pytest.param("dense", False, 1, id="dense")] + [
-    pytest.param(c, True, None, id=f"{c}-both_kinds", marks=(pytest.mark.extended, pytest.mark.slow)) for c in CASES
+    pytest.param(c, True, None, id=f"{c}-both_kinds", marks=pytest.mark.extended) for c in CASES
 ]
 
 
@@ -179,7 +179,6 @@ def test_compiled_step_equals_eager(case, both_kinds, num_layers):
 
 
 @pytest.mark.extended  # ~25 s; the compile canary: test_compiled_step_equals_eager[dense] and the trainer's graph count
-@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_trainer_with_compile_logs_the_eager_losses(tmp_path):
     """A real Trainer run with --compile (DeepSpeed's engine.compile(), inductor on CPU, ZeRO-1 fp32, BlockBERT n=2
@@ -264,7 +263,6 @@ def test_one_graph_per_batch_kind_and_compiled_equals_eager():
     assert graphs == [3, 3], graphs
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_compiled_trainer_step_compiles_twice_for_padded_and_unpadded_batches(tmp_path):
     """The real Trainer with --compile (tests/recompile_entry.py), two rounds of training steps over padded and

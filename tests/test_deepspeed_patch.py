@@ -1,5 +1,6 @@
 """pretrain/deepspeed_patch.py and docs/upstream/deepspeed-zero-norm-syncs.patch: DeepSpeed's ZeRO-1/2 gradient norm
-and clipping with the same results bit for bit and no host sync (tools/host_syncs.py counts what a GPU would)."""
+and clipping with the same results bit for bit and no host sync (benchmarks/support/host_syncs.py counts what a GPU
+would)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from benchmarks.support.host_syncs import HostSyncCounter
 from pretrain import deepspeed_patch
 from tests import train_utils as tu
-from tools.host_syncs import HostSyncCounter
 
 PATCH = tu.REPO / "docs" / "upstream" / "deepspeed-zero-norm-syncs.patch"
 #: what the H200's sync debug mode found in DeepSpeed's step, runtime/utils.py:233, 887, 888 x2 (docs/performance.md)
@@ -98,7 +99,6 @@ def _deepspeeds(syncs: list[dict]) -> list[dict]:
 
 
 @pytest.mark.extended  # ~30 s; the runtime patch's bitwise results are tested above
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_upstream_patch_and_the_runtime_patch_train_alike_without_syncs(tmp_path):
     """The upstream patch applied to a copy of the installed DeepSpeed, the runtime patch, and DeepSpeed as it is:

@@ -15,7 +15,6 @@ from tests import train_utils as tu
 
 
 @pytest.mark.extended  # ~55 s of 2-rank launches; the default tier's signal canary is the one-rank test below
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 def test_signal_on_one_rank_saves_stops_all_and_resumes_exactly(tmp_path):
@@ -63,7 +62,6 @@ sys.exit(code)
 """
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_one_rank_asks_at_logs_and_saves_only_and_a_sigterm_stops_it_at_the_next_ask(tmp_path):
     """The one-rank canary of what tests/test_loop.py proves of the decision, and of the loop with stand-ins: 8 steps,

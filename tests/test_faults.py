@@ -21,7 +21,7 @@ from tests import train_utils as tu
 
 def launched(test):
     """A test that launches ranks: slow, multirank, 400 s."""
-    for mark in (pytest.mark.slow, pytest.mark.multirank, pytest.mark.timeout(400)):
+    for mark in (pytest.mark.multirank, pytest.mark.timeout(400)):
         test = mark(test)
     return test
 

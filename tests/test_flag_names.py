@@ -18,7 +18,7 @@ from common.cli import cli_fields
         ("tools.plot_layouts", ["--model-preset", "blockbert-base-n2", "--stats"], {"preset": "blockbert-base-n2"}),
         ("tools.model_stats", ["--model-preset", "tiny"], {"preset": "tiny"}),
         (
-            "tools.profile_memory",
+            "benchmarks.profile_memory",
             ["--hidden-size", "64", "--num-layers", "3", "--num-attention-heads", "4"],
             {"hidden": 64, "layers": 3, "heads": 4},
         ),

@@ -17,7 +17,7 @@ from model.config import ModelConfig
 from pretrain.checkpoint import architecture_differences
 
 pytestmark = [
-    pytest.mark.gpu,  # tools.gpu_check runs the real kernel on CUDA
+    pytest.mark.gpu,  # devtools.gpu_check runs the real kernel on CUDA
     pytest.mark.skipif(
         not torch.cuda.is_available() and not fn.interpreting(), reason="Triton runs on CUDA or under its interpreter"
     ),

@@ -1,4 +1,4 @@
-"""tools/gpu_check on CPU, with fake commands and mocks where a GPU is needed: the --quick plan (a selection of the
+"""devtools/gpu_check on CPU, with fake commands and mocks where a GPU is needed: the --quick plan (a selection of the
 one step table; pytest -m gpu selections; the harness command lines, checked against their contract by name, since
 the check never imports benchmarks/), the budget (steps past it are skipped and named, a step reaching it is cut),
 the process-group kill (a step's children die with it, also when gpu_check itself is stopped), the failure when
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.gpu_check import cli, environment, plan, runner, smoke
-from tools.gpu_check.context import Ctx
-from tools.gpu_check.pytest_steps import junit_counts
-from tools.gpu_check.report import write_report
-from tools.gpu_check.runner import Step, StepResult, run_step
+from devtools.gpu_check import cli, environment, plan, runner, smoke
+from devtools.gpu_check.context import Ctx
+from devtools.gpu_check.pytest_steps import junit_counts
+from devtools.gpu_check.report import write_report
+from devtools.gpu_check.runner import Step, StepResult, run_step
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESSES = {
@@ -54,7 +54,7 @@ def _py(code: str) -> list[str]:
 
 def test_help_list_and_shell_syntax():
     r = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "devtools.gpu_check", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "report.md" in r.stdout and "--quick" in r.stdout
     for script in ("gpu_check.sh", "gpu_window.sh"):
@@ -246,7 +246,7 @@ def test_pytest_markers_are_registered():
 def test_xdist_workers_share_the_gpu_only_for_tests_without_ranks_of_their_own(tmp_path, monkeypatch):
     """One worker per two CPUs (at most 8) on CUDA; the multi-rank tests start their own ranks: one session. With
     pytest-timeout's --session-timeout a test step stops itself 15 s before its limit."""
-    from tools.gpu_check import pytest_steps
+    from devtools.gpu_check import pytest_steps
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(pytest_steps, "pytest_plugins_available", lambda: {"session_timeout": True, "xdist": True})
@@ -371,8 +371,8 @@ def test_a_finished_step_leaves_nothing_running(tmp_path):
 
 MOCKED_MAIN = """
 import sys, time, torch
-from tools.gpu_check import cli
-from tools.gpu_check.runner import Step
+from devtools.gpu_check import cli
+from devtools.gpu_check.runner import Step
 torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: 1
 cli.gpus_support_bf16 = lambda: True
@@ -478,7 +478,7 @@ def test_gpus_that_torch_cannot_use_fail_the_check(tmp_path):
     """nvidia-smi lists an H100 but this torch (a CPU build here) cannot use it: a failure naming both, not 'no GPU'."""
     env = _fake_smi(tmp_path / "bin")
     r = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
+        [sys.executable, "-m", "devtools.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -514,7 +514,7 @@ def test_without_a_gpu_it_writes_a_report_naming_every_step_and_exits_0(tmp_path
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU mode (this machine has a GPU)")
     r = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
+        [sys.executable, "-m", "devtools.gpu_check", "--quick", "--out-dir", str(tmp_path / "o")],
         cwd=REPO,
         env=dict(os.environ, PATH="/usr/bin:/bin"),  # no nvidia-smi
         capture_output=True,
@@ -622,7 +622,7 @@ def test_a_pytest_step_counts_its_tests_and_fails_on_a_failure(tmp_path):
         "import pytest\n@pytest.mark.gpu\ndef test_alpha(): pass\n@pytest.mark.gpu\ndef test_beta(): assert 0\n"
         "def test_gamma(): pass\n"
     )
-    from tools.gpu_check.pytest_steps import pytest_step
+    from devtools.gpu_check.pytest_steps import pytest_step
 
     step = pytest_step("t", [str(t)], tmp_path, sys.executable, "cpu", 60, markers="gpu")
     res = run_step(step, tmp_path, time.monotonic() + 120)
@@ -713,7 +713,6 @@ def test_the_smoke_step_trains_for_real_on_cpu(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- end to end
-@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU mode (this machine has a GPU)")
 def test_gpu_check_sh_quick_end_to_end_without_a_gpu(tmp_path):
     """`gpu_check.sh --quick --budget-s 480 OUT` on this CPU machine: the set-up (a no-op once done), then the

@@ -1,5 +1,6 @@
 """No host sync in the training step: the real Trainer's steps on CPU, with every operation that would make the host
-wait for the device on a GPU counted (tools/host_syncs.py: what CUDA's sync debug mode flags) and attributed to the
+wait for the device on a GPU counted (benchmarks/support/host_syncs.py: what CUDA's sync debug mode flags) and
+attributed to the
 function that made it (tests/host_sync_entry.py). Allowed: the per-step decision that the loss is finite (bf16/fp32:
 all ranks together, before the update), and model/cpu_shortcuts.py's CPU-only shortcuts, which never read a tensor of
 another device (tested here on the meta device, which cannot be read).
@@ -40,7 +41,6 @@ def _syncs(tmp_path, *extra: str, ds_config: str = "zero1_fp32.json", **model) -
 EXTENDED = pytest.mark.extended
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "model",
@@ -72,7 +72,6 @@ def test_a_training_step_makes_no_host_sync_but_the_finite_loss_decision(tmp_pat
     assert ours == {ALLOWED: got["steps"]}, got["sites"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(  # ZeRO-2's step runs the same patched norm and clipping: the extended tier
     "ds_config", ["zero1_bf16.json", pytest.param("zero2_bf16.json", marks=EXTENDED)]
@@ -85,7 +84,6 @@ def test_the_shipped_bf16_configs_keep_deepspeeds_step_from_waiting_for_the_devi
     assert left == {ALLOWED: got["steps"]}, got["sites"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_counter_sees_the_dynamic_mlm_gather(tmp_path):
     """--dynamic-mlm-gather selects the masked positions with a boolean mask: a sync per micro-batch, found and
@@ -108,11 +106,11 @@ def test_cpu_only_shortcuts_never_read_another_device():
 
 
 def test_the_counter_sees_what_cudas_sync_debug_mode_flags():
-    """tools/host_syncs.py on CPU: each operation that waits for the device on a GPU counted once, where the tensor
-    would live decided by where it was made (module docstring); each pair below differs only in that."""
+    """benchmarks/support/host_syncs.py on CPU: each operation that waits for the device on a GPU counted once, where
+    the tensor would live decided by where it was made (module docstring); each pair below differs only in that."""
     import torch
 
-    from tools.host_syncs import HostSyncCounter
+    from benchmarks.support.host_syncs import HostSyncCounter
 
     device_t = torch.randn(8)  # made before counting: a parameter, a gradient, a state
     kinds = {}

@@ -12,7 +12,7 @@ import pytest
 
 from tests import train_utils as tu
 
-pytestmark = [pytest.mark.slow, pytest.mark.multirank, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(400)]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from tests.test_batch_ramp import megatron_get_lr
 
 
 @pytest.mark.extended  # ~25 s: the recipe script end to end
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_recipe_script_ramps_the_batch_and_anneals(tmp_path):
     tu.prepare(tmp_path)

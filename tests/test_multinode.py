@@ -16,7 +16,7 @@ from tests import train_utils as tu
 from tests.cluster_skip import start_failed
 from tests.netns_cluster import IFNAME, NetnsCluster, Unavailable, why_unavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.multirank]
+pytestmark = [pytest.mark.multirank]
 
 
 def _skip_reason() -> str | None:

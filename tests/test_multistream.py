@@ -78,7 +78,6 @@ def one_unit(dump, bert_uncased_vocab, tmp_path_factory) -> Path:
     return ref
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_units_over_workers_write_the_bytes_of_one_unit(dump, one_unit, bert_uncased_vocab, tmp_path):
     out = tmp_path / "units"
@@ -93,7 +92,6 @@ def test_units_over_workers_write_the_bytes_of_one_unit(dump, one_unit, bert_unc
     assert same_shards(out, one_unit)
 
 
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 def test_units_over_two_mpi_ranks_write_the_bytes_of_one_unit(dump, one_unit, bert_uncased_vocab, tmp_path):
@@ -113,7 +111,6 @@ def test_units_over_two_mpi_ranks_write_the_bytes_of_one_unit(dump, one_unit, be
     assert same_shards(out, one_unit)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_then_resume_per_unit_is_byte_identical(dump, one_unit, bert_uncased_vocab, tmp_path):
     out = tmp_path / "run"

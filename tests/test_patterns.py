@@ -58,8 +58,9 @@ def test_a_new_layout_and_a_new_token_mask_reach_every_list(capsys):
     """The walk-through: registering is all it takes for the config, the benchmarks' choices, the docs table and the
     tests' parameters (which then ask for the one example entry)."""
     from benchmarks.attention import cli, retained_memory
+    from benchmarks.attention import layouts as bench_layouts
     from tests.registry_cases import missing_layout_examples
-    from tools import bench_layouts, config_docs
+    from tools import config_docs
 
     @register_layout
     class _DiagonalBlocks(SparsityConfig):

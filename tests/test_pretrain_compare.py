@@ -156,7 +156,6 @@ def test_bad_invocations_are_refused(tmp_path: Path, vocab: Path) -> None:
 
 
 @pytest.mark.extended  # ~40 s of launches
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 def test_compare_resumes_and_reports(tmp_path: Path, vocab: Path, monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""tools/profile_memory.py: the plain (no DeepSpeed) training step's memory and time, dense against BlockBERT and
+"""benchmarks/profile_memory.py: the plain (no DeepSpeed) training step's memory and time, dense against BlockBERT and
 Hugging Face's BertForMaskedLM (the blockwise paper's Figure 1(b) and Table 2 analogue; docs/training.md)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tools import profile_memory as pm
+from benchmarks import profile_memory as pm
 
 
 def test_one_run_measures_every_model_and_fits_the_quadratic_part(tmp_path, capsys):

@@ -22,7 +22,7 @@ import pytest
 
 from tests import train_utils as tu
 
-pytestmark = [pytest.mark.slow, pytest.mark.multirank]
+pytestmark = [pytest.mark.multirank]
 GLOBAL_BATCH = 4
 #: the largest relative loss difference to the straight run allowed per precision after the resume: fp32 is bitwise;
 #: bf16 measured bitwise too on the 2-core CPU box (docs/training.md), the bound leaves room for other devices' bf16

@@ -116,7 +116,6 @@ def _losses(path):
 
 
 @pytest.mark.extended  # ~30-60 s of 2-rank launches; the settings logic is unit-tested here
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("nproc", [2, 1], ids=["same_ranks", "fewer_ranks"])

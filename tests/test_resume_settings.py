@@ -48,7 +48,6 @@ def _copy(ck, tmp_path):
     return tmp_path / "ck"
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_extending_train_iters_is_refused_naming_each_schedule_flag(first, tmp_path):
     data, ck = first
@@ -62,7 +61,6 @@ def test_extending_train_iters_is_refused_naming_each_schedule_flag(first, tmp_p
     assert not (tmp_path / "log.jsonl").exists() or not tu.train_records(tmp_path / "log.jsonl")
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_override_uses_the_flags_schedule_from_the_stored_step(first, tmp_path):
     data, ck = first
@@ -78,7 +76,6 @@ def test_override_uses_the_flags_schedule_from_the_stored_step(first, tmp_path):
     assert recs[0]["lr"] > 0
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_use_checkpoint_keeps_the_stored_schedule(first, tmp_path):
     data, ck = first
@@ -96,7 +93,6 @@ def test_use_checkpoint_keeps_the_stored_schedule(first, tmp_path):
     assert [r["lr"] for r in recs] == pytest.approx([lr_at(s, LR, 0.0, 0, 4) for s in (4, 5)])
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_new_global_batch_continues_at_the_stored_sample_and_says_so(first, tmp_path):
     data, ck = first
@@ -109,7 +105,6 @@ def test_new_global_batch_continues_at_the_stored_sample_and_says_so(first, tmp_
     assert [r["consumed_samples"] for r in recs] == [24, 32]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_new_seq_length_is_refused_and_a_new_seed_is_said(first, tmp_path):
     data, ck = first

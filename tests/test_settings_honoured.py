@@ -103,7 +103,6 @@ def test_a_flag_given_against_the_optimizer_block_is_refused_naming_both(tmp_pat
         _optim(tmp_path, block, *flags)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_training_follows_the_optimizer_blocks_lr(tmp_path):
     data = tu.prepare(tmp_path)

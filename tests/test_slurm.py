@@ -95,7 +95,6 @@ def straight(cluster, data, tmp_path_factory):
     return {"info": info, "text": text, "losses": [r["loss"] for r in tu.train_records(out / "run" / "log.jsonl")]}
 
 
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 def test_srun_two_tasks_train_in_one_world(cluster, data, tmp_path):
@@ -124,7 +123,6 @@ def test_srun_two_tasks_train_in_one_world(cluster, data, tmp_path):
 
 
 @pytest.mark.extended  # Slurm canary stays
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 def test_sbatch_srun_template_trains(straight):
@@ -136,7 +134,6 @@ def test_sbatch_srun_template_trains(straight):
 
 
 @pytest.mark.extended  # ~30 s; the Slurm canary: test_srun_two_tasks_train_in_one_world
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(600)
 def test_time_limit_signal_saves_requeues_and_resumes_exactly(cluster, data, straight, tmp_path):
@@ -162,7 +159,6 @@ def test_time_limit_signal_saves_requeues_and_resumes_exactly(cluster, data, str
     assert [r["loss"] for r in recs] == straight["losses"]  # exact
 
 
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.extended  # ~80 s (CI's budget): run_scripts/repeat_check.sh runs it
 @pytest.mark.timeout(600)
@@ -193,7 +189,6 @@ def test_a_peer_that_stops_answering_requeues_the_job_which_resumes(cluster, dat
 
 
 @pytest.mark.extended  # Slurm canary stays
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not Path("/usr/bin/mpirun").exists(), reason="mpirun not installed (run_scripts/setup_env.sh)")
@@ -221,7 +216,6 @@ def test_deepspeed_template_forwards_the_batch_signal_and_requeues(cluster, data
     assert (run / "ckpt" / (run / "ckpt" / "latest").read_text() / "commit.json").is_file()
 
 
-@pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, tmp_path):

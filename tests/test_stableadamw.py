@@ -49,7 +49,6 @@ def test_optimi_stableadamw_follows_the_papers_rule():
 
 
 @pytest.mark.extended  # ~25 s of launches
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_trains_and_resumes_exactly_and_is_refused_with_zero(tmp_path):
     tu.prepare(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)

@@ -10,7 +10,7 @@ import torch
 
 from tests import train_utils as tu
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300)]
 
 
 def test_two_phase_finetune_extends_positions_and_restarts(tmp_path):

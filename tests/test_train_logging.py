@@ -11,7 +11,6 @@ from pretrain.trainer import log_line
 from tests import train_utils as tu
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_zero0_fp32_logs_the_same_grad_norm_and_clips_as_zero1(tmp_path):
     """ZeRO-0 fp32: the trainer clips (pretrain/parallelize.py clip_gradients); ZeRO-1: DeepSpeed's optimizer does.
@@ -72,7 +71,6 @@ def test_log_line_prints_what_exists_formatted():
     assert "loss scale 65536 | aux loss 0.5 |" in log_line(fp16, 10) and "grad norm" not in log_line(fp16, 10)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_log_reports_tflops_per_gpu_and_mfu_from_the_model_flops(tmp_path):
     import json

@@ -15,7 +15,7 @@ import pytest
 
 from tests import train_utils as tu
 
-pytestmark = [pytest.mark.slow, pytest.mark.multirank, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 K = 3
 
 

@@ -33,7 +33,6 @@ def test_static_gather_matches_dynamic_when_the_cap_never_binds(tmp_path):
 
 
 @pytest.mark.extended  # a third trainer launch: the given cap's path; the default tier's canary is the one above
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_given_cap_that_never_binds_trains_like_the_derived_one(tmp_path):
     losses = _losses(tmp_path, {"derived": [], "static": ["--max-predictions-per-seq", "64"]})

@@ -231,9 +231,12 @@ COMPILE_CASES = {
 forward and backward per dtype, and again under autocast (bf16/fp16 x, fp32 residual stream) for the half types."""
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("case", sorted(COMPILE_CASES))
+@pytest.mark.parametrize(
+    "case",
+    # triton_block's compile is the default tier's canary; the fused norm's two targets (~20 s each) are extended
+    [pytest.param(c, marks=[pytest.mark.extended] * c.startswith("fused_norm")) for c in sorted(COMPILE_CASES)],
+)
 def test_programs_compile_for_hopper_without_a_gpu(case):
     """The interpreter checks the arithmetic, not Triton's GPU lowering: compile the programs for sm90 (and the fused
     norm's also for sm80) in a process without ``TRITON_INTERPRET`` (tests/triton_compile.py). triton_block's four

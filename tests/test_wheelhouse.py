@@ -20,7 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.extended]  # ~10 min: the extended check
+pytestmark = [pytest.mark.extended]  # ~10 min: the extended check
 
 
 def _online() -> bool:

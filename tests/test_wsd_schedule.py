@@ -68,7 +68,6 @@ def test_a_checkpoint_from_before_wsd_resumes_with_a_linear_schedule():
     ]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_resume_inside_the_anneal_continues_the_schedule_exactly(tmp_path):
     """8 iterations, WSD anneal over the last 4 (1 - sqrt): saved at 6, resumed; LRs and losses equal a straight run."""

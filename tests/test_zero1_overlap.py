@@ -11,7 +11,6 @@ from tests import train_utils as tu
 
 
 @pytest.mark.extended  # ~12 s of three trainer launches
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_zero1_bf16_trains_as_with_the_hooks_and_resumes_from_their_checkpoint(tmp_path):
     """Without the hooks the same step, bit for bit (one rank), and the checkpoint layout is the same: a run saved

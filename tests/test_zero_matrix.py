@@ -18,7 +18,6 @@ from model.positions import POSITION_TYPES, SEGMENT_TYPES
 from tests import train_utils as tu
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.multirank,
     pytest.mark.extended,
 ]  # ~2-3 min in all; canaries: tests/test_train_resume.py, test_convert_checkpoint.py

@@ -10,7 +10,7 @@
 - ``flex-tiles`` (flex_tiles.py): FlexAttention's tile counts per layout (exact, from the BlockMasks).
 
 cli.py holds the flags of every measure; steps.py the measured step (q/k/v as views of one fused projection, as in
-training) and how it is timed and its memory counted; tools/bench_layouts.py the named layouts and head shape.
+training) and how it is timed and its memory counted; benchmarks/attention/layouts.py the named layouts and head shape.
 """
 
 from benchmarks.attention.cli import main

@@ -12,10 +12,10 @@ from typing import Any, Callable
 import torch
 
 from benchmarks.attention import flex_tiles, kernel_table, masks, retained_memory, triton_tiles
+from benchmarks.attention.layouts import TUNED_LAYOUTS, layouts
 from benchmarks.attention.steps import DTYPES
 from model.attention import sparsebert
 from model.attention.kernels import KERNELS
-from tools.bench_layouts import TUNED_LAYOUTS, layouts
 
 PROG = "benchmarks.attention"
 MEASURES: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
@@ -113,7 +113,8 @@ def measure_flags() -> dict[str, dict[str, dict[str, Any]]]:
         ),
         "--emulate-cuda": dict(
             action="store_true",
-            help="run on CUDA's branches with CUDA's SDPA contracts (tools/cuda_emulation.py): the bytes a GPU keeps",
+            help="run on CUDA's branches with CUDA's SDPA contracts (benchmarks/support/cuda_emulation.py): "
+            "the bytes a GPU keeps",
         ),
         "--machine": dict(default=f"{platform.node()} ({platform.processor() or platform.machine()}), CPU"),
     }

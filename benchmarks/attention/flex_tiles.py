@@ -7,8 +7,8 @@ BlockMask, any machine):
 of 128); "after": the flex plan's (the length padded to the 128-token tile, 64-token key tiles where they fill
 partial tiles, the mask_mod in closed form where the layout has one). Partial tiles run the mask_mod element by
 element; full tiles skip it. Counts are summed over the 12 heads of the kernel table's layouts
-(:data:`tools.bench_layouts.TUNED_LAYOUTS`), one batch row without padding. No timing: CPU flex times say nothing
-about a GPU.
+(:data:`benchmarks.attention.layouts.TUNED_LAYOUTS`), one batch row without padding. No timing: CPU flex times say
+nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import argparse
 
 import torch
 
+from benchmarks.attention.layouts import TUNED_LAYOUTS
 from benchmarks.report import markdown_table
 from model.attention import BlockSparseAttention
 from model.attention.kernels.flex import FlexKernel, mask_mod_for
 from model.attention.kernels.flex_mask import layout_block_mask, partial_tiles
-from tools.bench_layouts import TUNED_LAYOUTS
 
 
 def tile_rows(n: int) -> list[dict]:

@@ -26,12 +26,12 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from benchmarks.attention.layouts import HEAD_DIM, HEADS, layouts
 from benchmarks.attention.steps import DTYPES, fused_qkv, make_step, paired_times, peak_memory_mib
 from benchmarks.report import commit_info, markdown_table, write_json
 from model.attention import BlockSparseAttention, layout_density
 from model.attention.kernels import KERNELS
 from model.attention.kernels.auto import NO_DROPOUT_KERNELS
-from tools.bench_layouts import HEAD_DIM, HEADS, layouts
 
 
 def reset_compiled() -> None:
@@ -279,7 +279,7 @@ def command(args: argparse.Namespace) -> int:
 
 
 def report_meta(args: argparse.Namespace) -> dict:
-    """What a report was measured with (tools/auto_table.py reads the commit, capability, dropout and qkv)."""
+    """What a report was measured with (devtools/auto_table.py reads the commit, capability, dropout and qkv)."""
     from benchmarks.attention.steps import machine
 
     meta = dict(

@@ -17,12 +17,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from benchmarks.attention.layouts import HEAD_DIM, HEADS
 from benchmarks.attention.steps import fused_qkv, machine, make_step, paired_times
 from benchmarks.report import write_json
 from model.attention import BlockSparseAttention
 from model.attention import sparsebert as S
 from model.positions import PositionalAttention, PositionConfig
-from tools.bench_layouts import HEAD_DIM, HEADS
 
 Case = tuple[str, str, Callable, "float | None", "float | None"]
 """(name, kernel, ``(q, k, v) -> out``, mask sparsity, block density)."""

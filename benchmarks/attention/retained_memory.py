@@ -16,7 +16,7 @@ computes; for a token mask, the 16-token blocks it touches). The target is retai
 
 Small B and H keep it fast on CPU: every quantity scales linearly in B and H (the bound too), so the ratios hold at
 any B and H. ``--model-level``: the one-layer model's training forward instead, dense and every layout-only family,
-``--emulate-cuda`` on CUDA's branches with CUDA's SDPA contracts (tools/cuda_emulation.py).
+``--emulate-cuda`` on CUDA's branches with CUDA's SDPA contracts (benchmarks/support/cuda_emulation.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import torch
 
+from benchmarks.attention.layouts import HEAD_DIM
 from benchmarks.attention.steps import DTYPES, cpu_allocations
 from benchmarks.report import markdown_table, write_json
 from model.attention import BLOCK_LAYOUTS, BlockSparseAttention, SparsityConfig
@@ -38,7 +39,6 @@ from model.attention.kernels.block_gather.cpu_split import SWITCH
 from model.attention.token_patterns import TokenMaskConfig, build_layer_mask
 from model.positions import DietAbsBias, DietRelBias
 from model.presets import PRESETS, blockbert, modernbert
-from tools.bench_layouts import HEAD_DIM
 
 HEADS, BATCH = PRESETS["tiny"]["num_attention_heads"], 1
 """The tiny preset's 4 heads of the kernel table's head size (bert-base's 64), one sequence."""
@@ -208,12 +208,13 @@ def _model(spec: dict | None, kernel: str):
 def model_retained(spec: dict | None, kernel: str, emulate_cuda: bool = True) -> tuple[int, dict]:
     """Bytes one training forward of the :data:`MODEL` encoder (embeddings, one layer, MLM head) leaves allocated
     (what the backward keeps; the loss excluded), and the SDPA backends it ran. ``emulate_cuda``: on CUDA's branches
-    with CUDA's SDPA contracts (tools/cuda_emulation.py: the fused backends keep q, k, v, mask, output and logsumexp,
+    with CUDA's SDPA contracts (benchmarks/support/cuda_emulation.py: the fused backends keep q, k, v, mask, output and
+    logsumexp,
     no scores), so the bytes are the GPU's. No attention mask: the trainer drops an all-ones mask on the host."""
     import contextlib
 
-    from tools.cuda_emulation import H100
-    from tools.cuda_emulation import emulate_cuda as emulation
+    from benchmarks.support.cuda_emulation import H100
+    from benchmarks.support.cuda_emulation import emulate_cuda as emulation
 
     model = _model(spec, kernel)
     m = MODEL

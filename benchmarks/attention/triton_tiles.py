@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from benchmarks.attention.layouts import HEAD_DIM, HEADS, TUNED_LAYOUTS
 from benchmarks.attention.steps import DTYPES, fused_qkv, make_step, paired_times
 from benchmarks.report import write_json
 from model.attention import BlockSparseAttention, layout_density
 from model.attention.kernels import KERNELS
-from tools.bench_layouts import HEAD_DIM, HEADS, TUNED_LAYOUTS
 
 DEFAULT_CONFIGS = ["64x64:4:2", "64x64:4:3", "128x64:4:2", "128x64:8:2", "128x64:8:3", "64x128:4:2", "128x128:8:2"]
 """QxK:warps:stages: the shipped 64x64:4:2 first, then the tiles FlashAttention-style Triton kernels use on

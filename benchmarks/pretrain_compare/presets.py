@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from model.presets import PRESETS as MODEL_PRESETS
 from model.presets import PresetError, blockbert, diet, modernbert, sparsebert
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,12 +18,11 @@ class CompareError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """Encoder size and training length shared by every config of a comparison."""
+    """Encoder size and training length shared by every config of a comparison. The encoder's shape is a model
+    preset's (model/presets.py, the one home of model shapes), with ``shape`` overriding its fields where the
+    comparison's scale has no preset of its own."""
 
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_hidden_size: int
+    model_preset: str
     seq_length: int
     micro_batch_size: int
     global_batch_size: int | None  # None: micro batch x ranks
@@ -33,61 +33,36 @@ class Preset:
     lr: float
     ds_config: str
     strided_stride: int  # SparseBERT strided l: ~70% sparsity at this N, as Table 3's strided (70.4% at n=128)
+    shape: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def _shape(self, field: str) -> int:
+        return self.shape.get(field, MODEL_PRESETS[self.model_preset][field])
+
+    def settings(self) -> dict[str, Any]:
+        """The preset as a report writes it down: its fields and the encoder's shape they give."""
+        shape = dict(num_layers=self.num_layers, hidden_size=self.hidden_size, num_heads=self.num_heads)
+        return {**dataclasses.asdict(self), **shape, "ffn_hidden_size": self.ffn_hidden_size}
+
+    num_layers = property(lambda self: self._shape("num_layers"))
+    hidden_size = property(lambda self: self._shape("hidden_size"))
+    num_heads = property(lambda self: self._shape("num_attention_heads"))
+    ffn_hidden_size = property(lambda self: self._shape("intermediate_size"))
 
 
 PRESETS: dict[str, Preset] = {
-    # the test's scale: seconds per run on 2 CPU cores
-    "tiny": Preset(
-        num_layers=2,
-        hidden_size=64,
-        num_heads=4,
-        ffn_hidden_size=128,
-        seq_length=128,
-        micro_batch_size=2,
-        global_batch_size=None,
-        train_iters=6,
-        eval_interval=3,
-        eval_iters=2,
-        log_interval=1,
-        lr=1e-3,
-        ds_config="ds_configs/zero2_fp32.json",
-        strided_stride=16,
-    ),
+    # the test's scale (model preset tiny): seconds per run on 2 CPU cores
+    "tiny": Preset("tiny", 128, 2, None, 6, 3, 2, 1, 1e-3, "ds_configs/zero2_fp32.json", 16),
     # the committed CPU comparison (docs/results.md): ~1 s per step on the 2-core dev box (2 ranks x 4 x 512)
     "cpu-small": Preset(
-        num_layers=4,
-        hidden_size=128,
-        num_heads=4,
-        ffn_hidden_size=512,
-        seq_length=512,
-        micro_batch_size=4,
-        global_batch_size=None,
-        train_iters=500,
-        eval_interval=50,
-        eval_iters=8,
-        log_interval=10,
-        lr=2e-3,
-        ds_config="ds_configs/zero2_fp32.json",
-        strided_stride=80,
+        "tiny",
+        *(512, 4, None, 500, 50, 8, 10, 2e-3, "ds_configs/zero2_fp32.json", 80),
+        shape=dict(num_layers=4, hidden_size=128, intermediate_size=512),
     ),
     # BERT-base at N=512 with the blockwise paper's batch (131,072 tokens) for a GPU node; set --train-iters
-    "bert-base": Preset(
-        num_layers=12,
-        hidden_size=768,
-        num_heads=12,
-        ffn_hidden_size=3072,
-        seq_length=512,
-        micro_batch_size=32,
-        global_batch_size=256,
-        train_iters=20000,
-        eval_interval=1000,
-        eval_iters=50,
-        log_interval=100,
-        lr=5e-4,
-        ds_config="ds_configs/zero2_bf16.json",
-        strided_stride=80,
-    ),
+    "bert-base": Preset("bert-base", 512, 32, 256, 20000, 1000, 50, 100, 5e-4, "ds_configs/zero2_bf16.json", 80),
 }
+"""Fields in order: model preset, N, micro batch, global batch, iterations, eval interval, eval iterations, log
+interval, learning rate, DeepSpeed JSON, strided l."""
 
 CONFIG_NAMES = (
     "dense",

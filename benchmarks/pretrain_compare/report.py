@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -67,7 +66,7 @@ def report(ns: argparse.Namespace, specs: list[RunSpec], preset_name: str, prese
             unigram_file.write_text(json.dumps(unigram_baseline(first, out / "runs" / first.name, ns.nproc)))
     results = {
         "preset": preset_name,
-        "settings": dataclasses.asdict(preset),
+        "settings": preset.settings(),
         "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.pretrain_compare", *ns.argv]),
         "machine": machine_info(),
         "launcher": ns.launcher,

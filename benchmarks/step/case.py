@@ -12,7 +12,7 @@ TOKENS_PER_STEP = {"bert-base": 16384, "tiny": 256}
 """The model presets (model/presets.py) the harness sizes (--model-preset), and the b x N of a step for each."""
 WINDOW_B64 = {"mode": "local", "block": 64, "attention": "bidirectional"}
 """The 64-token-block sliding window (3 blocks, bidirectional: density 0.023 at N=8192), the kernel table's
-``local_bi_b64`` (tools/bench_layouts.py) as a model's ``sparsity``."""
+``local_bi_b64`` (benchmarks/attention/layouts.py) as a model's ``sparsity``."""
 VARIANTS = {
     "dense": None,
     "blockbert-n2": 2,

@@ -54,6 +54,7 @@ class TrainStep:
     (data_path, vocab_file, tokenizer_type, sample_mode; data_path None: synthetic rows)."""
 
     def __init__(self, case: Case, args, device: torch.device) -> None:
+        from benchmarks.support.measure import synthetic_batch
         from data_pipeline.masking import derived_max_predictions, six_sigma_slots
         from model.bert import BertForPreTraining
         from pretrain.args import OptimConfig
@@ -61,7 +62,6 @@ class TrainStep:
         from pretrain.parallelize import apply_compile, initialize_engine
         from pretrain.schedule import schedule_settings
         from pretrain.trainer import device_batch
-        from tools.measure import synthetic_batch
 
         repo = Path(__file__).resolve().parents[2]
         self.case, self.device = case, device

@@ -23,8 +23,8 @@ bounds the run: a variant is started only when the time left exceeds the longest
 that, at least --compile-estimate-s), the JSON is rewritten after each, so a run stops cleanly with what it has.
 
 Host syncs: on CUDA ``torch.cuda.set_sync_debug_mode("warn")`` is on during the counted step and every warning is
-counted at the Python line that made it; on CPU (no such mode) tools/host_syncs.py counts what that mode would flag
-(value reads and blocking copies of tensors that would live on the device, data-dependent shapes, DeepSpeed's
+counted at the Python line that made it; on CPU (no such mode) benchmarks/support/host_syncs.py counts what that mode
+would flag (value reads and blocking copies of tensors that would live on the device, data-dependent shapes, DeepSpeed's
 accelerator ``synchronize``), by function.
 """
 
@@ -82,7 +82,7 @@ def variant_case(name: str, base: Case) -> Case:
 
 class SyncCounter:
     """Counts host syncs made inside ``with counter:`` by site (module docstring: CUDA's sync debug mode; on CPU
-    tools/host_syncs.py)."""
+    benchmarks/support/host_syncs.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -95,7 +95,7 @@ class SyncCounter:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             return self
-        from tools.host_syncs import HostSyncCounter
+        from benchmarks.support.host_syncs import HostSyncCounter
 
         self._counter = HostSyncCounter(skip=(Path(__file__),))
         self._counter.sites = self.sites

@@ -6,8 +6,8 @@ memory-efficient, math), each backend's ``can_use_*`` filters, the backends enab
 ``torch.nn.attention.sdpa_kernel``, and "No available kernel. Aborting execution." when none is left. The rules
 were read from torch's main branch (2.1x). Only tensor metadata is read (dtype, shape, strides, requires_grad), so
 meta or CPU tensors stand in for CUDA ones: the trainer's start-up line (:func:`dense_training_backends`) and
-tools/cuda_emulation.py (its CUDA emulation on CPU) ask the same rules; tests/test_cuda_contracts.py checks them
-against ``torch._fused_sdp_choice`` on a real GPU.
+benchmarks/support/cuda_emulation.py (its CUDA emulation on CPU) ask the same rules; tests/test_cuda_contracts.py
+checks them against ``torch._fused_sdp_choice`` on a real GPU.
 """
 
 from __future__ import annotations

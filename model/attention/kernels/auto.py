@@ -1,5 +1,5 @@
 """``auto``: picks one registered kernel per plan and keeps it for training and evaluation: the measured table
-(``auto_table.json``, generated from committed GPU kernel-table reports by ``tools/auto_table.py``) where it
+(``auto_table.json``, generated from committed GPU kernel-table reports by ``devtools/auto_table.py``) where it
 has an entry for the GPU's compute capability, the layout family, N and dtype, else the rule :func:`choose_kernel`.
 
 The table's paths are block_gather, flex, triton_block and dense; each entry records the attention dropout it was
@@ -24,7 +24,7 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
 
 
 TABLE_PATH = Path(__file__).with_name("auto_table.json")
-"""The measured table (written by ``python -m tools.auto_table``; never edited by hand)."""
+"""The measured table (written by ``python -m devtools.auto_table``; never edited by hand)."""
 TABLE_KERNELS = ("dense", "flex", "block_gather", "triton_block")
 """The paths the table compares (``dense`` given a sparse layout runs dense SDPA with the layout's mask)."""
 NO_DROPOUT_KERNELS = ("flex",)

@@ -2,10 +2,11 @@
 with --hf, Hugging Face BertForMaskedLM (SDPA) at the same sizes: the blockwise-attention paper's memory profile
 (section 2, appendix A.2, Figure 1(b), Table 1) and its Table 2 analogue.
 
-    python -m tools.profile_memory [--hidden-size 192 --num-layers 2 --num-attention-heads 12] [--tokens 4096]
+    python -m benchmarks.profile_memory [--hidden-size 192 --num-layers 2 --num-attention-heads 12] [--tokens 4096]
         [--out docs/figures]                                                           # the figure of docs/training.md
-    python -m tools.profile_memory --tokens 2048 --seq-lens 512 1024 --rounds 3 --hf --out out/table2   # Table 2
-    python -m tools.profile_memory --model-preset bert-base --tokens 2048 --seq-lens 512 1024 --hf --out out/t2  # GPU
+    python -m benchmarks.profile_memory --tokens 2048 --seq-lens 512 1024 --rounds 3 --hf --out out/table2   # Table 2
+    python -m benchmarks.profile_memory --model-preset bert-base --tokens 2048 --seq-lens 512 1024 --hf --out out/t2
+                                                                                   # on a GPU
 
 Model memory and optimizer memory come from tensor sizes (numel x element_size; Adam keeps gradients plus two
 moments). Activation memory is what backward needs: on CUDA the paper's `max_memory_allocated - model -
@@ -30,6 +31,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from benchmarks.support.measure import MB, SavedActivations, synthetic_batch, tensor_bytes, timed_steps, train_step
 from common.error_exit import run_entry
 from common.errors import write_errors
 from common.outputs import atomic_file, check_dir_writable
@@ -37,7 +39,6 @@ from common.tables import markdown_table
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from model.presets import PRESETS, blockbert
-from tools.measure import MB, SavedActivations, synthetic_batch, tensor_bytes, timed_steps, train_step
 
 VARIANTS = {"dense": None, "blockbert-n2": 2, "blockbert-n3": 3}
 """Variant -> BlockBERT n (model.presets.blockbert: the paper's split at the model's heads, 64-token tiles)."""
@@ -203,12 +204,14 @@ def ratio_table(rows: list[MemoryProfile], n: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; bad input is one line and exit 2 (common.error_exit.run_entry)."""
-    return run_entry("tools.profile_memory", _main, argv)
+    return run_entry("benchmarks.profile_memory", _main, argv)
 
 
 def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m tools.profile_memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.profile_memory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--model-preset",

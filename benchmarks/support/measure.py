@@ -1,4 +1,4 @@
-"""Measurement helpers of tools/profile_memory.py and the benchmarks: synthetic batches, tensor bytes, the bytes
+"""Measurement helpers of benchmarks/profile_memory.py and the benchmarks: synthetic batches, tensor bytes, the bytes
 autograd saves for backward, and best-of-n step timing (wall and process CPU time)."""
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tools.gpu_check.benchmark_steps import ds_report_step, kernel_table_step, profile_step, train_step_step
-from tools.gpu_check.context import Ctx
-from tools.gpu_check.pytest_steps import pytest_step
-from tools.gpu_check.runner import Step, broken_step
-from tools.gpu_check.smoke import data_step, smoke_step
+from devtools.gpu_check.benchmark_steps import ds_report_step, kernel_table_step, profile_step, train_step_step
+from devtools.gpu_check.context import Ctx
+from devtools.gpu_check.pytest_steps import pytest_step
+from devtools.gpu_check.runner import Step, broken_step
+from devtools.gpu_check.smoke import data_step, smoke_step
 
 CPU_REHEARSAL_SLOWDOWN = 4.0
 """--rehearse-on-cpu: the steps' time limits are this many times the GPU ones."""

@@ -1,5 +1,5 @@
 """One command that proves (or disproves) the GPU path: ``bash run_scripts/gpu_check.sh [--quick] [OUT_DIR]``, which
-runs ``python -m tools.gpu_check`` after the set-up (docs/gpu_check.md).
+runs ``python -m devtools.gpu_check`` after the set-up (docs/gpu_check.md).
 
 It runs pytest selections and the benchmark harnesses as subprocesses under a time budget and writes the report.
 One step table (plan.py) serves the full check and ``--quick`` (a selection and a smaller parameterisation of the
@@ -27,6 +27,6 @@ failed, 3 nothing failed but steps were left out past the budget; 128 + the sign
 writes a report naming every step as skipped and exits 0.
 """
 
-from tools.gpu_check.cli import main
+from devtools.gpu_check.cli import main
 
 __all__ = ["main"]

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from common.outputs import atomic_file
-from tools.gpu_check.runner import StepResult
+from devtools.gpu_check.runner import StepResult
 
 MD_TAIL_CHARS = 2000
 """The end of a failed step's output in report.md (report.json keeps more, logs/ all of it)."""

@@ -12,7 +12,7 @@ import subprocess
 import time
 
 from common.provenance import commit_info
-from tools.gpu_check.runner import REPO
+from devtools.gpu_check.runner import REPO
 
 
 def arch_runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:

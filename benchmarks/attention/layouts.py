@@ -1,7 +1,7 @@
 """The named layouts of the attention kernel table (``benchmarks.attention --layouts``) and of ``auto``'s measured
 table (its entries' ``bench_layout``), at bert-base's head shape from model/presets.py.
 
-Here, below the benchmarks, because tools/auto_table.py rebuilds each table entry's layout by its name."""
+Here, below the benchmarks, because devtools/auto_table.py rebuilds each table entry's layout by its name."""
 
 from __future__ import annotations
 

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.gpu_check.context import Ctx
-from tools.gpu_check.plan import STEPS, plan, selected
-from tools.gpu_check.report import write_report
-from tools.gpu_check.runner import StepResult, Stopped, run_step, stop_on_signals, stopped_by
+from devtools.gpu_check.context import Ctx
+from devtools.gpu_check.plan import STEPS, plan, selected
+from devtools.gpu_check.report import write_report
+from devtools.gpu_check.runner import StepResult, Stopped, run_step, stop_on_signals, stopped_by
 
 FULL_BUDGET_S = 25 * 60
 QUICK_BUDGET_S = 8 * 60
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; bad arguments are one line and exit 2 (common.error_exit.run_entry)."""
     from common.error_exit import run_entry
 
-    return run_entry("tools.gpu_check", _main, argv)
+    return run_entry("devtools.gpu_check", _main, argv)
 
 
 @dataclass
@@ -53,7 +53,7 @@ class _Run:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m tools.gpu_check",
+        prog="python -m devtools.gpu_check",
         description=sys.modules[__package__].__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -109,7 +109,7 @@ def gpus_support_bf16() -> bool:
 
 def environment_report() -> tuple[str, dict, list[str]]:
     """environment.environment_report, imported when asked (torch)."""
-    from tools.gpu_check.environment import environment_report as report
+    from devtools.gpu_check.environment import environment_report as report
 
     return report()
 

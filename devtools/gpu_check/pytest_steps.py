@@ -9,7 +9,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tools.gpu_check.runner import Step, StepResult
+from devtools.gpu_check.runner import Step, StepResult
 
 SESSION_TIMEOUT = re.compile(r"session-timeout: [\d.]+ sec exceeded")
 """pytest-timeout's words when --session-timeout stopped the session (the rest of the tests did not run)."""

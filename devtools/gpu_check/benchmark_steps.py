@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.gpu_check.context import Ctx
-from tools.gpu_check.runner import Step, StepResult
+from devtools.gpu_check.context import Ctx
+from devtools.gpu_check.runner import Step, StepResult
 
 KERNEL_TABLE_LAYOUTS = ["blockbert_n2", "blockbert_n3", "fixed_b64", "local_bi_b64"]
 PROFILE_TRACE = "profile_trace.json.gz"

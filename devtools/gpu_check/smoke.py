@@ -9,8 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
-from tools.gpu_check.context import Ctx
-from tools.gpu_check.runner import Step, StepResult, skipped_step
+from devtools.gpu_check.context import Ctx
+from devtools.gpu_check.runner import Step, StepResult, skipped_step
 
 CORPUS = "run_scripts/sample_data/corpus"
 
