@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrain.faults import Faults
 from pretrain.checkpoint_reader import (  # noqa: F401  (the reading half, re-exported: one checkpoint API)
     _TAG_RE,
     COMMIT_MARKER,
@@ -53,6 +52,7 @@ from pretrain.checkpoint_reader import (  # noqa: F401  (the reading half, re-ex
     tag_for,
     verify_tag,
 )
+from pretrain.faults import Faults
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -116,4 +116,3 @@ class EnvFaults(Faults):
 def from_environment(environ: Mapping[str, str] = os.environ) -> Faults:
     """The hook the trainer calls: the do-nothing ``Faults`` unless a SPARSEBERT_FAULT_* variable is set."""
     return EnvFaults(environ) if any(k.startswith(PREFIX) for k in environ) else Faults()
-

@@ -11,7 +11,7 @@ import math
 import resource
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -173,7 +173,8 @@ class MetricsLogger:
         if not self.rank0 or not metrics:
             return
         print(
-            f"[pretrain] validation at iteration {iteration}: " + " | ".join(f"{k} {v:.6f}" for k, v in metrics.items()),
+            f"[pretrain] validation at iteration {iteration}: "
+            + " | ".join(f"{k} {v:.6f}" for k, v in metrics.items()),
             flush=True,
         )
         self._write_json({"iteration": iteration, "valid": metrics})

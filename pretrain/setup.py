@@ -116,9 +116,7 @@ def build_parts(run: RunConfig, run_config_text: str | None = None) -> Parts:
     hosts = all_gather_objects(socket.gethostname()) if straggler_check else [socket.gethostname()]
     say(f"{info.world_size} rank(s), backend {dist.get_backend()}, device {info.device.type}")
     tokenizer = builders.build_tokenizer(run.data)
-    model_config = builders.build_model_config(
-        run.model, run.data, tokenizer.vocab_size, ds.sparse_attention, ds.path
-    )
+    model_config = builders.build_model_config(run.model, run.data, tokenizer.vocab_size, ds.sparse_attention, ds.path)
     run, batch = resolve_batch_plan(run, ds, info, model_config)  # after the model: `auto` estimates its memory
     for note in ds.notes + numerics_notes:
         say(note)
@@ -222,7 +220,9 @@ def build_engine(
     return engine
 
 
-def attention_backend_lines(model_config, run: RunConfig, precision: str, device: torch.device, micro: int) -> list[str]:
+def attention_backend_lines(
+    model_config, run: RunConfig, precision: str, device: torch.device, micro: int
+) -> list[str]:
     """On a GPU, the SDPA backend dense attention takes in training (torch's own choice) and why the faster ones
     refused (e.g. flash takes no mask): model/attention/sdpa_backend.py, torch's rules; for packed rows, the varlen
     route. Nothing for sparse or biased attention."""

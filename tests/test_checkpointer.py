@@ -25,7 +25,7 @@ from pretrain.ds_config import read_ds_config
 from tests.one_rank import one_rank_group
 
 REPO = Path(__file__).resolve().parents[1]
-TOML = '[loop]\ntrain_iters = 4\n\n[checkpoints]\nkeep_last = 2\n'
+TOML = "[loop]\ntrain_iters = 4\n\n[checkpoints]\nkeep_last = 2\n"
 
 
 class FilesEngine:
@@ -39,7 +39,9 @@ class FilesEngine:
     def save_checkpoint(self, save_dir, tag, client_state, save_latest):
         assert save_latest is False  # `latest` is the checkpointer's, written after the marker
         Path(save_dir, tag).mkdir(parents=True, exist_ok=True)
-        torch.save({"module": self.module.state_dict(), **client_state}, Path(save_dir, tag, "mp_rank_00_model_states.pt"))
+        torch.save(
+            {"module": self.module.state_dict(), **client_state}, Path(save_dir, tag, "mp_rank_00_model_states.pt")
+        )
 
     def get_global_grad_norm(self):
         return self.grad_norm
@@ -58,9 +60,7 @@ class InSave(faults.Faults):
 
 
 def make(tmp_path, info, *flags: str, ds: str = "zero1_fp32.json", hook=None, text: str | None = TOML):
-    run = parse_args(
-        ["--data-path", str(tmp_path / "shard"), "--train-iters", "4", "--micro-batch-size", "2", *flags]
-    )
+    run = parse_args(["--data-path", str(tmp_path / "shard"), "--train-iters", "4", "--micro-batch-size", "2", *flags])
     printed: list[str] = []
     config = ModelConfig.preset("tiny", vocab_size=64)
     torch.manual_seed(0)
@@ -88,7 +88,9 @@ def test_a_save_writes_the_files_and_config_toml_then_the_marker_last_and_keeps_
     tag = save / ck.tag_for(3)
     assert (tag / RUN_CONFIG_FILE).read_text() == TOML
     marker = json.loads((tag / ck.COMMIT_MARKER).read_text())
-    assert sorted(marker["files"]) == names and marker["files"][RUN_CONFIG_FILE] == ck.file_record(tag / RUN_CONFIG_FILE)
+    assert sorted(marker["files"]) == names and marker["files"][RUN_CONFIG_FILE] == ck.file_record(
+        tag / RUN_CONFIG_FILE
+    )
     assert ck.verify_tag(save, ck.tag_for(3)) == ([], True)
     client = ck.read_client_state(save, ck.tag_for(3))
     assert (client["iteration"], client["consumed_train_samples"], client["world_size"]) == (3, 6, 1)

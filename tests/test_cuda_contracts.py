@@ -260,8 +260,8 @@ def test_default_recipes_dense_attention_backend_is_said_with_its_reason(gpu, mo
     memory-efficient backend for padded batches on an A100 (flash takes no mask) and everything on a V100 (no flash
     below sm80). The trainer's start-up line says which backend runs and why (on a GPU torch's own choice; the rules
     are model/attention/sdpa_backend.py's, checked against torch by test_backend_choice_matches_torch)."""
-    from model.attention import sdpa_backend
     from data_pipeline.samples import PACKED
+    from model.attention import sdpa_backend
     from model.config import ModelConfig
     from pretrain.args import parse_args
     from pretrain.setup import attention_backend_lines

@@ -12,9 +12,9 @@ import torch
 
 from pretrain import faults
 from pretrain.args import CheckpointConfig, LoopConfig
+from pretrain.batches import BatchPlan
 from pretrain.decision import Action, Decision, Reason, StopRules, decide, runs_a_step, signal_check_due
 from pretrain.distributed import ExitSignal
-from pretrain.batches import BatchPlan
 from pretrain.trainer import Parts, Trainer
 
 
