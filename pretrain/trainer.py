@@ -1,4 +1,4 @@
-"""The pretraining loop over a run's parts (pretrain/setup.py builds them in the order a bit-exact resume needs):
+"""The pretraining loop over a run's parts (pretrain/parts.py builds them in the order a bit-exact resume needs):
 train_step (its micro_batches, one micro_step each), then where due the metrics logger's log, the validator's
 evaluation and the checkpointer's save, as pretrain/decision.py decides; the fault hook is the one place faults
 enter; close() always runs.
@@ -23,13 +23,13 @@ from pretrain.decision import Decision, Reason, StopRules, decide, runs_a_step, 
 from pretrain.distributed import all_ranks_true, destroy_distributed
 from pretrain.metrics import LogWindow, log_line, peak_memory_mb  # noqa: F401  (re-exported: one trainer API)
 from pretrain.parallelize import clip_gradients
-from pretrain.setup import Parts, build_parts
+from pretrain.parts import Parts, build_parts
 
 __all__ = ["NonFiniteLossError", "Parts", "Trainer", "device_batch", "log_line", "peak_memory_mb"]
 
 
 class Trainer:
-    """``Trainer(run)`` builds every part from the run's settings (pretrain/setup.py ``build_parts``; with
+    """``Trainer(run)`` builds every part from the run's settings (pretrain/parts.py ``build_parts``; with
     ``run_config_text``, each checkpoint gets it as ``config.toml``); ``Trainer(parts=...)`` runs the loop over
     parts built elsewhere (a test's)."""
 

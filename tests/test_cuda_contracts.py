@@ -264,7 +264,7 @@ def test_default_recipes_dense_attention_backend_is_said_with_its_reason(gpu, mo
     from model.attention import sdpa_backend
     from model.config import ModelConfig
     from pretrain.args import parse_args
-    from pretrain.setup import attention_backend_lines
+    from pretrain.parts import attention_backend_lines
 
     if ON_CUDA:
         pytest.skip("emulation-only")
