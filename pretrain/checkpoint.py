@@ -9,6 +9,7 @@ Layout of a save directory:
     latest                      tag of the newest complete checkpoint (atomic replace)
     iter_0000100/               DeepSpeed's files (mp_rank_00_model_states.pt, zero shards, ...)
         rng_rank{r}.pt          python/numpy/torch/cuda RNG of rank r
+        config.toml             the run's resolved settings, when the caller gives them (pretrain/checkpointer.py)
         commit.json             written last: {"iteration", "world_size", "tag", "files": {name: {size, crc32}}}
 
 Integrity: the marker records every file's size and CRC-32 (zlib's, about 2 GB/s on one core; the ranks checksum
@@ -33,7 +34,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrain import faults
 from pretrain.checkpoint_reader import (  # noqa: F401  (the reading half, re-exported: one checkpoint API)
     _TAG_RE,
     COMMIT_MARKER,
@@ -52,6 +52,7 @@ from pretrain.checkpoint_reader import (  # noqa: F401  (the reading half, re-ex
     tag_for,
     verify_tag,
 )
+from pretrain.faults import Faults
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -96,12 +97,21 @@ def clear_tag(save_dir: str | os.PathLike, tag: str) -> list[str]:
 
 
 def save(
-    engine, save_dir: str, iteration: int, client_state: dict[str, Any], keep_last: int | None, rng: dict[str, Any]
+    engine,
+    save_dir: str,
+    iteration: int,
+    client_state: dict[str, Any],
+    keep_last: int | None,
+    rng: dict[str, Any],
+    faults: Faults | None = None,
+    text_files: dict[str, str] | None = None,
 ) -> str:
     """Save on every rank; returns the tag. Commit marker and `latest` are written after all ranks finished.
 
     `rng` is this rank's RNG captured before anything of the save ran (building the client state or DeepSpeed's
-    save may draw random numbers); the caller restores it afterwards so saving never changes the run.
+    save may draw random numbers); the caller restores it afterwards so saving never changes the run. ``faults`` is
+    the run's fault hook (its ``in_save`` runs between the files and the marker); ``text_files`` ({name: text}) are
+    written by rank 0 into the tag beside DeepSpeed's files, so the marker checksums them too.
     """
     tag = tag_for(iteration)
     rank = dist.get_rank()
@@ -112,13 +122,16 @@ def save(
     dist.barrier()  # no rank writes before the tag's place is empty
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     torch.save(rng, Path(save_dir, tag, f"rng_rank{rank}.pt"))
+    if rank == 0:
+        for name, text in (text_files or {}).items():
+            _atomic_write(Path(save_dir, tag, name), text)
     dist.barrier()  # every rank's files (DeepSpeed's and RNG) are on disk past this point
     # sizes and checksums: rank 0 lists the files, each rank reads a disjoint share (a large checkpoint is read in
     # parallel), rank 0 writes them all into the marker
     names = rank0_result(lambda: tag_files(Path(save_dir, tag)))
     world = dist.get_world_size()
     shares = all_gather_objects(file_records(Path(save_dir, tag), names[rank::world]))
-    faults.maybe_kill_in_save(iteration, rank)
+    (faults or Faults()).in_save(iteration, rank)
     if rank == 0:
         files = {n: rec for share in shares for n, rec in share.items()}
         marker = {"iteration": iteration, "world_size": world, "tag": tag, "files": dict(sorted(files.items()))}

@@ -5,7 +5,7 @@ variables (read once, at start) so no production flag exists for it:
 SPARSEBERT_FAULT_NONFINITE_LOSS="ITER[,ITER...]"  rank 0 multiplies its loss by inf at those iterations
 SPARSEBERT_FAULT_KILL_IN_SAVE="ITER"              rank 0 SIGKILLs itself after DeepSpeed wrote the checkpoint
                                                    files of ITER but before the commit marker and `latest`
-                                                   (pretrain/checkpoint.py calls ``maybe_kill_in_save``)
+                                                   (pretrain/checkpoint.py calls the hook's ``in_save``)
 SPARSEBERT_FAULT_KILL_RANK="RANK:ITER"             that rank SIGKILLs itself at the start of ITER
 SPARSEBERT_FAULT_SIGNAL="RANK:ITER:SIGNAME"          that rank sends itself SIGNAME at the start of ITER
 SPARSEBERT_FAULT_STALL="RANK:ITER"                 that rank's main thread sleeps forever at the start of ITER
@@ -41,6 +41,10 @@ class Faults:
         """A micro-batch's loss before backward; returns the loss to use."""
         return loss
 
+    def in_save(self, iteration: int, rank: int) -> None:
+        """Inside the save of ``iteration``: every rank's files written and checksummed, the commit marker and
+        `latest` not yet (pretrain/checkpoint.py)."""
+
 
 def _iters(raw: str) -> frozenset[int]:
     return frozenset(int(x) for x in raw.split(",") if x.strip())
@@ -55,6 +59,7 @@ class EnvFaults(Faults):
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.nonfinite = _iters(environ.get(PREFIX + "NONFINITE_LOSS", ""))
+        self.kill_in_save = _iters(environ.get(PREFIX + "KILL_IN_SAVE", ""))
         self.kill_rank = _rank_iter(environ.get(PREFIX + "KILL_RANK", ""))
         self.stall = _rank_iter(environ.get(PREFIX + "STALL", ""))
         self.once_dir = environ.get(PREFIX + "ONCE_DIR") or None
@@ -102,14 +107,12 @@ class EnvFaults(Faults):
     def on_loss(self, loss: torch.Tensor, iteration: int, rank: int) -> torch.Tensor:
         return loss * float("inf") if rank == 0 and iteration in self.nonfinite else loss
 
+    def in_save(self, iteration: int, rank: int) -> None:
+        if rank == 0 and iteration in self.kill_in_save:
+            print(f"[fault] rank {rank}: killed during the save of iteration {iteration}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> Faults:
     """The hook the trainer calls: the do-nothing ``Faults`` unless a SPARSEBERT_FAULT_* variable is set."""
     return EnvFaults(environ) if any(k.startswith(PREFIX) for k in environ) else Faults()
-
-
-def maybe_kill_in_save(iteration: int, rank: int) -> None:
-    """Called by pretrain/checkpoint.py between a checkpoint's files and its commit marker."""
-    if rank == 0 and iteration in _iters(os.environ.get(PREFIX + "KILL_IN_SAVE", "")):
-        print(f"[fault] rank {rank}: killed during the save of iteration {iteration}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)

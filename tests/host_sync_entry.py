@@ -3,8 +3,8 @@ the real Trainer, takes two warm-up steps, then counts the host syncs the next s
 (benchmarks/support/host_syncs.py: what CUDA's sync debug mode flags, with where each tensor would live), and writes
 where in our code, DeepSpeed's or torch's each one was made.
 
-Host-batch work is not counted and lives on the host (the DataLoader's batches, `Trainer._tokens`); the batch that
-`Trainer._to_device` returns lives on the device (on CUDA it is staged through pinned memory, non-blocking).
+Host-batch work is not counted and lives on the host (the DataLoader's batches, `Trainer.count_tokens`); the batch
+that `Trainer.to_device` returns lives on the device (on CUDA it is staged through pinned memory, non-blocking).
 Counting starts after two warm-up steps (plans and caches are built on the first; DeepSpeed's throughput timer starts
 timing at its third step).
 """
@@ -32,8 +32,8 @@ def main(out: str, argv: list[str]) -> int:
         for _ in range(2):  # warm-up: plans and caches are built on the first step
             trainer.train_step()
         counter = HostSyncCounter(skip=(Path(__file__),))
-        trainer._tokens = counter.host(trainer._tokens)
-        trainer._to_device = counter.to_device(trainer._to_device)
+        trainer.count_tokens = counter.host(trainer.count_tokens)
+        trainer.to_device = counter.to_device(trainer.to_device)
         batches = trainer.train_iter
 
         class HostBatches:  # the DataLoader's collation runs on host tensors (in worker processes when num_workers>0)
@@ -46,7 +46,7 @@ def main(out: str, argv: list[str]) -> int:
         with counter:
             for _ in range(steps):
                 trainer.train_step()
-        Path(out).write_text(json.dumps({"steps": steps, "gas": trainer.gas, "sites": dict(counter.sites)}))
+        Path(out).write_text(json.dumps({"steps": steps, "gas": trainer.batch.gas, "sites": dict(counter.sites)}))
     finally:
         trainer.close()
     return 0

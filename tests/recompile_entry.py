@@ -84,7 +84,7 @@ def main(out: str, argv: list[str]) -> int:
                     "graph_breaks": dict(counters["graph_break"]),
                     "recompiles": dict(counters["recompiles"]),
                     "training_sdpa_masked": training,
-                    "micro_batches": 2 * STEPS * trainer.gas,
+                    "micro_batches": 2 * STEPS * trainer.batch.gas,
                     "evaluation": evaluation,
                 }
             )

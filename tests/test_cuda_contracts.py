@@ -260,27 +260,20 @@ def test_default_recipes_dense_attention_backend_is_said_with_its_reason(gpu, mo
     memory-efficient backend for padded batches on an A100 (flash takes no mask) and everything on a V100 (no flash
     below sm80). The trainer's start-up line says which backend runs and why (on a GPU torch's own choice; the rules
     are model/attention/sdpa_backend.py's, checked against torch by test_backend_choice_matches_torch)."""
-    from types import SimpleNamespace
-
+    from data_pipeline.samples import PACKED
     from model.attention import sdpa_backend
     from model.config import ModelConfig
-    from pretrain.trainer import Trainer
+    from pretrain.args import parse_args
+    from pretrain.parts import attention_backend_lines
 
     if ON_CUDA:
         pytest.skip("emulation-only")
     profile = C.GPUS[gpu]
-    trainer = object.__new__(Trainer)
-    trainer.model_config = ModelConfig.preset("bert-base")
-    trainer.dist = SimpleNamespace(device=torch.device("cuda"))
-    trainer.ds = SimpleNamespace(precision="bf16" if profile.capability >= (8, 0) else "fp16")
-    trainer.run = SimpleNamespace(
-        data=SimpleNamespace(seq_length=512, sample_mode="full-sentences"), system=SimpleNamespace(deterministic=False)
-    )
-    trainer.micro = 32
-    printed = []
-    trainer._print = printed.append
+    run = parse_args(["--data-path", "wiki", "--train-iters", "1", "--micro-batch-size", "32", "--seq-length", "512"])
+    assert run.data.seq_length == 512 and run.data.sample_mode != PACKED and not run.system.deterministic
+    precision = "bf16" if profile.capability >= (8, 0) else "fp16"
     monkeypatch.setattr(sdpa_backend, "gpu_of_this_machine", lambda: profile)
-    trainer._print_attention_backend()
+    printed = attention_backend_lines(ModelConfig.preset("bert-base"), run, precision, torch.device("cuda"), 32)
     expected = {
         "H100": "padded batches -> cudnn, unpadded -> cudnn",
         "A100": "padded batches -> efficient (flash: flash takes no attn_mask), unpadded -> flash",

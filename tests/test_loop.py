@@ -12,9 +12,10 @@ import torch
 
 from pretrain import faults
 from pretrain.args import CheckpointConfig, LoopConfig
+from pretrain.batches import BatchPlan
 from pretrain.decision import Action, Decision, Reason, StopRules, decide, runs_a_step, signal_check_due
 from pretrain.distributed import ExitSignal
-from pretrain.trainer import Trainer
+from pretrain.trainer import Parts, Trainer
 
 
 def rules(train_iters: int = 12, save: bool = True, **kw) -> StopRules:
@@ -124,45 +125,96 @@ def test_stop_rules_read_the_flags():
 
 
 # ------------------------------------------------------------------ the real loop, stand-ins for the ranks' work
-def loop_trainer(tmp_path, iters: int, loop: dict, ckpt: dict, hook: faults.Faults, start: int = 0):
-    """A Trainer whose loop (``train``) is the real one; the step, save, log, evaluation and the end-of-run work are
-    stand-ins that record what the loop asked of them in ``trainer.events``."""
-    t = object.__new__(Trainer)
-    t.run = SimpleNamespace(
-        loop=LoopConfig(train_iters=iters, **{"log_interval": 1, "eval_interval": 0, **loop}),
-        checkpoint=CheckpointConfig(**ckpt),
-    )
-    t.train_iters, t.iteration, t.faults = iters, start, hook
-    t.dist = SimpleNamespace(rank=0, device=torch.device("cpu"))
-    t.engine = SimpleNamespace(train=lambda: None)
-    t.watchdog = SimpleNamespace(arm=lambda: None, progress=lambda iteration=None: None)
-    t._signal = ExitSignal(t.run.loop.exit_signal) if t.run.loop.exit_signal_handler else None
-    t.events, t.printed = [], []
+class Recorder:
+    """The parts the loop calls (checkpointer, metrics logger, validator) and the ranks' answer to the signal
+    question, as one stand-in that records what the loop asked of it, and when, in ``events``."""
 
-    def step():
-        t.iteration += 1
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.trainer: Trainer | None = None  # whose step counter "when" is
+
+    def save(self, engine, iteration: int, consumed_samples: int) -> str:
+        self.events.append(("save", iteration))
+        return f"iter_{iteration:07d}"
+
+    def export_dam_masks(self, module) -> None:
+        self.events.append(("end", self.trainer.iteration))
+
+    def log(self, step, window, iteration: int, consumed_samples: int, grad_norm=None) -> dict:
+        self.events.append(("log", iteration, window.iters, window.tokens))
+        return {}
+
+    def log_eval(self, metrics: dict, iteration: int) -> None:
+        self.events.append(("eval", iteration))
+
+    def evaluate(self) -> dict:
+        return {"loss": 1.0}
+
+    def close(self) -> None:
+        self.events.append(("closed",))
+
+
+class AskedSignal(ExitSignal):
+    """The real handler; the ranks' answer on one rank (the all-reduce of all_ranks_true over one rank), recorded."""
+
+    def __init__(self, name: str, recorder: Recorder) -> None:
+        super().__init__(name)
+        self.recorder = recorder
+
+    def received_anywhere(self, device) -> bool:
+        self.recorder.events.append(("ask", self.recorder.trainer.iteration))
+        return self.received
+
+
+class CountingSteps(Trainer):
+    """The real Trainer (loop, decision, fault hook, close) with a step that only counts: 2 samples, 10 tokens."""
+
+    def train_step(self) -> dict:
+        self.iteration += 1
+        self.consumed_samples += 2
         return {"tokens": 10, "samples": 2}
 
-    t.train_step = step
-    t._log = lambda step, window: t.events.append(("log", t.iteration, window.iters, window.tokens))
-    t.evaluate = lambda: {"loss": 1.0}
-    t._log_eval = lambda metrics: t.events.append(("eval", t.iteration))
-    t.save = lambda: t.events.append(("save", t.iteration))
-    t._export_dam_masks = lambda: t.events.append(("end", t.iteration))
-    t._drain = lambda: None
-    t._print = t.printed.append
-    if t._signal is not None:  # the ranks' answer on one rank: the all-reduce of all_ranks_true over one rank
-        exit_signal = t._signal
-        t._signal.received_anywhere = lambda device: t.events.append(("ask", t.iteration)) or exit_signal.received
+
+def loop_trainer(tmp_path, iters: int, loop: dict, ckpt: dict, hook: faults.Faults, start: int = 0):
+    """A Trainer built from parts whose loop (``train``) and ``close`` are the real ones; the checkpointer, metrics
+    logger and validator are one recording stand-in (``trainer.recorder``), the step only counts."""
+    rec, printed = Recorder(), []
+    loop_config = LoopConfig(train_iters=iters, **{"log_interval": 1, "eval_interval": 0, **loop})
+    run = SimpleNamespace(loop=loop_config, checkpoint=CheckpointConfig(**ckpt))
+    parts = Parts(
+        run=run,
+        ds=None,
+        dist=SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu")),
+        engine=SimpleNamespace(train=lambda: None, module=None, destroy=lambda: rec.events.append(("destroyed",))),
+        batch=BatchPlan(micro=2, gas=1, global_batch=2, world=1),
+        train_iters=iters,
+        checkpointer=rec,
+        metrics=rec,
+        validator=rec,
+        train_iter=None,
+        to_device=lambda batch: batch,
+        faults=hook,
+        watchdog=SimpleNamespace(arm=lambda: None, progress=lambda iteration=None: None, stop=lambda: None),
+        timer=None,
+        signal=AskedSignal(loop_config.exit_signal, rec) if loop_config.exit_signal_handler else None,
+        say=printed.append,
+        iteration=start,
+        consumed_samples=2 * start,
+    )
+    t = CountingSteps(parts=parts)
+    rec.trainer, t.recorder, t.printed = t, rec, printed
     return t
 
 
 def run_loop(t) -> bool:
+    """train(), then the guaranteed close(): the signal handler restored, the parts closed in order."""
     try:
         return t.train()
     finally:
-        if t._signal is not None:
-            t._signal.restore()
+        t.close()
+        assert t.recorder.events[-2:] == [("closed",), ("destroyed",)] and t.signal is None and t.engine is None
+        del t.recorder.events[-2:]
+        t.events = t.recorder.events
 
 
 def test_the_loop_saves_stops_and_logs_where_the_decision_says(tmp_path):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pretrain.trainer import log_line
+from pretrain.metrics import log_line
 from tests import train_utils as tu
 
 
