@@ -2,7 +2,7 @@
 
 On CPU (no GPU in CI) the tests run under :func:`tests.cuda_contracts.emulate_cuda`: CPU tensors take the kernels'
 CUDA branches and SDPA keeps each CUDA backend's contract (output strides, refusals, mask preprocessing). On a CUDA
-machine the same tests run on the GPU with torch's real backends (`tools.gpu_check --quick` runs this file), and
+machine the same tests run on the GPU with torch's real backends (`devtools.gpu_check --quick` runs this file), and
 the tests that check the emulation's rules against torch's own choice (``torch._fused_sdp_choice``) and real output
 strides run there only. Cases: padding, DIET biases, packed documents, per-call and fixed token masks, dropout,
 forward and backward; model level: one training step of every preset family, fp32 and bf16.
