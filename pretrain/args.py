@@ -512,8 +512,13 @@ class RunConfig:
     model: ModelArgs
     data: DataArgs
     explicit: frozenset[str] = frozenset()
-    """Field names whose flag was given on the command line (the rest hold defaults): a ds_config block may then
-    supply the value instead, and a flag given against it is refused rather than silently losing."""
+    """Field names whose flag was given on the command line, or that a --config file sets to other than the default
+    (the rest hold defaults): a ds_config block may then supply the value instead, and a flag given against it is
+    refused rather than silently losing."""
+    config_file: str | None = None
+    """The --config run file the settings were read from (pretrain/run_file.py), if any."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Setting -> where its value came from: 'file' (--config), 'flag' or 'default' (said at start-up)."""
 
     def __post_init__(self) -> None:
         check_schedule_unit(self.optim, self.loop)
@@ -521,6 +526,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["explicit"] = sorted(self.explicit)  # JSON-friendly
+        del d["sources"]  # how the settings were given, not what they are
         return d
 
 
@@ -542,6 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
     from model.config import ModelConfig
 
     p = argparse.ArgumentParser(prog="pretrain.train", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a run file (TOML) whose tables are the groups below and whose keys their settings' names "
+        "(docs/configuration.md, 'Run files'); flags given on the command line win over it. Each run writes its "
+        "resolved one as config.toml in its run directory.",
+    )
     for title, cls in GROUPS:
         g = p.add_argument_group(title, cls.__doc__)
         add_flags(g, cls)
@@ -561,8 +574,15 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
 
     parser = build_parser()
     ns = parser.parse_args(argv)
+    given = given_flags(parser, sys.argv[1:] if argv is None else argv)
+    from pretrain import run_file  # it reads this module's groups
+
+    data = run_file.load(ns.config) if ns.config is not None else {}
+    sources, from_file = run_file.apply(parser, ns, data, given, ns.config)
     return RunConfig(
-        explicit=given_flags(parser, sys.argv[1:] if argv is None else argv),
+        explicit=given | from_file,
+        config_file=ns.config,
+        sources=sources,
         optim=build(OptimConfig, ns),
         loop=build(LoopConfig, ns),
         checkpoint=build(CheckpointConfig, ns),
