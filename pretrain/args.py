@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
 from common.errors import UserError
 from data_pipeline.data_config import DataConfig, DataConfigError
-from pretrain.schedule import PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE, schedule_settings
+from pretrain.schedule import LR_STYLES, PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE, schedule_settings
 
 
 class ArgsError(UserError, ValueError):
@@ -26,7 +26,6 @@ class ArgsError(UserError, ValueError):
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 OPTIMIZERS = ("adamw", "fused_adam", "lamb", "stableadamw")
-LR_DECAY_STYLES = ("linear", "cosine", "constant", "WSD")
 
 
 @dataclass
@@ -56,10 +55,11 @@ class OptimConfig:
     """Steps over which the LR decays to min_lr, with --train-iters (default: --train-iters)."""
     lr_decay_samples: int | None = None
     """Samples over which the LR decays to min_lr, with --train-samples (Megatron's; default: --train-samples)."""
-    lr_decay_style: str = field(default="linear", metadata=cli(choices=lambda: LR_DECAY_STYLES))
-    """'linear' (the papers), 'cosine', 'constant', or 'WSD' (warmup-stable-decay, Megatron's name: the peak LR
-    until the last --lr-wsd-decay-iters/-samples of the decay length, then an anneal to --min-lr shaped by
-    --lr-wsd-decay-style; ModernBERT)."""
+    lr_decay_style: str = field(default="linear", metadata=cli(choices=lambda: tuple(LR_STYLES)))
+    """A style registered in pretrain/schedule.py (the LR schedules table of docs/configuration.md): 'linear' (the
+    papers), 'cosine', 'constant', or 'WSD' (warmup-stable-decay, Megatron's name: the peak LR until the last
+    --lr-wsd-decay-iters/-samples of the decay length, then an anneal to --min-lr shaped by --lr-wsd-decay-style;
+    ModernBERT)."""
     lr_wsd_decay_iters: int | None = None
     """With --lr-decay-style WSD and --train-iters: length of the final anneal in optimizer steps (required; at most
     the decay steps after warmup)."""
@@ -102,10 +102,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ArgsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.lr_decay_style not in LR_DECAY_STYLES:
-            raise ArgsError(
-                f"--lr-decay-style must be one of {', '.join(LR_DECAY_STYLES)}, got {self.lr_decay_style!r}"
-            )
+        if self.lr_decay_style not in LR_STYLES:
+            raise ArgsError(f"--lr-decay-style must be one of {', '.join(LR_STYLES)}, got {self.lr_decay_style!r}")
         if self.lr_decay_style != "WSD":
             given = [
                 f
