@@ -343,3 +343,15 @@ def test_register_reader_refuses_a_duplicate_a_second_fallback_and_no_docstring(
         readers.register_reader("plain2", readers.read_text, sniff=None)
     with pytest.raises(TypeError, match="docstring"):
         readers.register_reader("nodoc", lambda p, k, log: iter(()), sniff=lambda s: False)
+
+
+def test_the_formats_table_of_the_docs_is_generated_from_the_registry():
+    from data_pipeline.readers import READERS
+    from tools import config_docs
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "data_pipeline.md").read_text(encoding="utf-8")
+    generated = config_docs.generate("docs/data_pipeline.md")
+    assert all(f"| `{name}` |" in generated for name in READERS)
+    assert config_docs.splice(doc, generated, "docs/data_pipeline.md") == doc, (
+        "docs/data_pipeline.md is stale: run `python -m tools.config_docs --write docs/data_pipeline.md`"
+    )
