@@ -80,7 +80,7 @@ def test_recipe_paper_and_fast(tmp_path):
     bad = _paper_args(tmp_path, 1, RECIPE="quick")
     assert bad.returncode == 2 and "RECIPE must be paper or fast" in bad.stderr
     own = tmp_path / "mine.toml"
-    own.write_text('[optimization]\nlr = 1e-3\n')
+    own.write_text("[optimization]\nlr = 1e-3\n")
     assert _run(tmp_path, RECIPE=str(own)).optim.lr == 1e-3
     missing = _paper_args(tmp_path, 1, RECIPE=str(tmp_path / "none.toml"))
     assert missing.returncode == 2 and "no such run file" in missing.stderr

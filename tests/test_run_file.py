@@ -47,7 +47,7 @@ def test_dumps_round_trips_to_the_same_config(tmp_path):
 
 
 def test_flags_win_over_the_file_and_sources_say_where(tmp_path):
-    path = _write(tmp_path, '[optimization]\nlr = 0.002\nmin_lr = 0.0001\n[loop]\nseed = 9\n')
+    path = _write(tmp_path, "[optimization]\nlr = 0.002\nmin_lr = 0.0001\n[loop]\nseed = 9\n")
     cfg = parse_args(["--config", path, *BASE, "--lr", "0.001"])
     assert cfg.optim.lr == 0.001 and cfg.optim.min_lr == 0.0001 and cfg.loop.seed == 9
     assert cfg.sources["lr"] == "flag" and cfg.sources["min_lr"] == "file" and cfg.sources["adam_eps"] == "default"
@@ -107,10 +107,12 @@ def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
 
 
 def test_the_written_run_file_starts_the_same_run_bit_for_bit(tmp_path):
-    """A 1-rank CPU run of 2 steps writes config.toml next to its log; --config of it (log elsewhere) gives the same losses."""
+    """A 1-rank CPU run of 2 steps writes config.toml next to its log; --config of it (log elsewhere) gives the same
+    losses."""
     tu.prepare(tmp_path)
     first = tmp_path / "a" / "log.jsonl"
-    args = tu.train_args(tmp_path, "zero1_fp32.json", 2, "--log-json", str(first), "--micro-batch-size", "auto", global_batch=4)
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 2, "--log-json", str(first), "--micro-batch-size", "auto")
+    args += ["--global-batch-size", "4"]
     p = tu.launch("python", args, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:]
     written = first.parent / "config.toml"

@@ -183,7 +183,7 @@ def reader_table() -> str:
 
 def run_file_table() -> str:
     """The tables of a ``--config`` run file (pretrain/run_file.py) and the keys each takes."""
-    from pretrain.run_file import tables, table_keys
+    from pretrain.run_file import table_keys, tables
 
     out = ["| table | RunConfig part | config class | keys (the flags' names with `_`, meanings in the flag tables) |"]
     out.append("|---|---|---|---|")
