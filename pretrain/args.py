@@ -11,10 +11,22 @@ import math
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
-from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
+from common.cli import (
+    HelpFormatter,
+    add_flags,
+    add_override_flags,
+    apply_tables,
+    build,
+    cli,
+    cli_fields,
+    flag_name,
+    load_tables,
+    override_fields,
+    overrides,
+)
 from common.errors import UserError
 from data_pipeline.data_config import DataConfig, DataConfigError
 from pretrain.schedule import LR_STYLES, PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE, schedule_settings
@@ -540,6 +552,26 @@ GROUPS = [
 """Flag groups of ``--help``, each generated from one config dataclass."""
 
 
+NOT_IN_FILE = {"local_rank"}
+"""Fields a launcher sets per rank: never written in a run file, refused in one."""
+
+
+def tables() -> dict[str, tuple[str, type]]:
+    """Table name -> (RunConfig attribute, config dataclass), in the order of ``--help``."""
+    attrs = {f.type if isinstance(f.type, str) else f.type.__name__: f.name for f in fields(RunConfig)}
+    return {title: (attrs[cls.__name__], cls) for title, cls in GROUPS}
+
+
+def table_keys(cls: type) -> list[str]:
+    """The keys a table takes: the flag fields of ``cls`` (for ``[model]`` also ModelConfig's override fields)."""
+    keys = [f.name for f in cli_fields(cls) if f.name not in NOT_IN_FILE]
+    if cls is ModelArgs:
+        from model.config import ModelConfig
+
+        keys += [f.name for f in override_fields(ModelConfig)]
+    return keys
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every flag from the config dataclasses (:mod:`common.cli`); the ModelConfig overrides from the ModelConfig
     fields whose metadata names a flag (``--num-layers``, ``--kv-channels``, ...)."""
@@ -573,10 +605,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     parser = build_parser()
     ns = parser.parse_args(argv)
     given = given_flags(parser, sys.argv[1:] if argv is None else argv)
-    from pretrain import run_file  # it reads this module's groups
-
-    data = run_file.load(ns.config) if ns.config is not None else {}
-    sources, from_file = run_file.apply(parser, ns, data, given, ns.config)
+    known = {title: table_keys(cls) for title, (_, cls) in tables().items()}
+    data = load_tables(ns.config, known) if ns.config is not None else {}
+    sources, from_file = apply_tables(parser, ns, data, given, ns.config, known)
     return RunConfig(
         explicit=given | from_file,
         config_file=ns.config,

@@ -14,144 +14,40 @@ Every run writes its resolved configuration (:func:`dumps`) as ``config.toml`` i
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
 import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from common.cli import cli_fields, override_fields
-from common.errors import UserError
+from common.cli import FileError as RunFileError
+from common.cli import load_tables
+from pretrain.args import NOT_IN_FILE, table_keys, tables
+
+__all__ = [
+    "CONFIG_NAME",
+    "NOT_IN_FILE",
+    "RunFileError",
+    "describe_sources",
+    "dumps",
+    "load",
+    "run_dir",
+    "table_keys",
+    "tables",
+    "write",
+]
 
 CONFIG_NAME = "config.toml"
 """The resolved configuration's file name in the run directory (and in each checkpoint)."""
-NOT_IN_FILE = {"local_rank"}
-"""Fields a launcher sets per rank: never written, refused in a file."""
 SOURCES = ("file", "flag", "default")
 """Where a setting's value came from, as the start-up lines say."""
 
 
-class RunFileError(UserError, ValueError):
-    """A run file that cannot be read; the message names the file, the table and the key."""
-
-
-def tables() -> dict[str, tuple[str, type]]:
-    """Table name -> (RunConfig attribute, config dataclass), in the order of ``--help``."""
-    from pretrain.args import GROUPS, RunConfig
-
-    attrs = {f.type if isinstance(f.type, str) else f.type.__name__: f.name for f in dataclasses.fields(RunConfig)}
-    return {title: (attrs[cls.__name__], cls) for title, cls in GROUPS}
-
-
-def table_keys(cls: type) -> list[str]:
-    """The keys a table takes: the flag fields of ``cls`` (for ``[model]`` also ModelConfig's override fields)."""
-    from pretrain.args import ModelArgs
-
-    keys = [f.name for f in cli_fields(cls) if f.name not in NOT_IN_FILE]
-    if cls is ModelArgs:
-        from model.config import ModelConfig
-
-        keys += [f.name for f in override_fields(ModelConfig)]
-    return keys
-
-
-def _nearest(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
-    return f"did you mean {close[0]!r}?" if close else f"the keys are: {', '.join(options)}"
-
-
 def load(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """The file's tables, every table and key checked against RunConfig's fields (values are checked by
-    :func:`apply`, as the flags')."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise RunFileError(f"--config {path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise RunFileError(f"--config {path}: not valid TOML: {e}") from None
-    known = tables()
-    for name, body in data.items():
-        if name not in known:
-            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
-            hint = f"did you mean [{close[0]}]?" if close else f"the tables are {', '.join(known)}"
-            where = f"table [{name}]" if isinstance(body, dict) else f"top-level key {name!r} (keys go in tables)"
-            raise RunFileError(f"{path}: unknown {where}: {hint} (docs/configuration.md)")
-        if not isinstance(body, dict):
-            raise RunFileError(f"{path}: {name!r} must be a table ([{name}]), got {type(body).__name__}")
-        keys = table_keys(known[name][1])
-        for key in body:
-            if key not in keys:
-                elsewhere = [t for t, (_, cls) in known.items() if key in table_keys(cls)]
-                hint = f"{key!r} belongs in [{elsewhere[0]}]" if elsewhere else _nearest(key, keys)
-                raise RunFileError(f"{path}: [{name}] has no key {key!r}: {hint} (docs/configuration.md)")
-    return data
-
-
-def _actions(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
-    out: dict[str, list[argparse.Action]] = {}
-    for a in parser._actions:
-        out.setdefault(a.dest, []).append(a)
-    return out
-
-
-def _convert(value: Any, actions: list[argparse.Action], where: str) -> Any:
-    """A TOML value as the flag of ``actions`` would have parsed it, or a RunFileError naming ``where``."""
-    a = actions[0]
-    if a.nargs == 0:  # a switch (store_true/false/const): a boolean
-        if not isinstance(value, bool):
-            raise RunFileError(f"{where} must be true or false, got {value!r}")
-        return value
-    if a.nargs == "+":
-        if not isinstance(value, list):
-            raise RunFileError(f"{where} must be a list, e.g. [{value!r}]")
-        return [_scalar(v, a, where) for v in value]
-    return _scalar(value, a, where)
-
-
-def _scalar(value: Any, a: argparse.Action, where: str) -> Any:
-    if isinstance(value, (bool, dict, list)) or (isinstance(value, str) and a.type in (int, float)):
-        what = {int: "an integer", float: "a number"}.get(a.type, "a " + getattr(a.type, "__name__", "value"))
-        raise RunFileError(f"{where}: {value!r} is not {what}")
-    try:
-        out = a.type(value if isinstance(value, str) else repr(value)) if a.type else value
-    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
-        raise RunFileError(f"{where}: {value!r} is not valid ({e})") from None
-    if a.choices is not None and out not in a.choices:
-        raise RunFileError(f"{where} must be one of {', '.join(map(str, a.choices))}, got {out!r}")
-    return out
-
-
-def apply(
-    parser: argparse.ArgumentParser,
-    ns: argparse.Namespace,
-    data: dict[str, dict[str, Any]],
-    given: frozenset[str],
-    path: str,
-) -> tuple[dict[str, str], frozenset[str]]:
-    """Put the file's values into ``ns`` where no flag was ``given``. Returns (setting -> 'file' | 'flag' | 'default'
-    for every setting, the file's settings that differ from their default): those count as given against a ds_config
-    block, as a flag would (a written-out default does not, so a resolved file restarts a run whose block set it)."""
-    actions = _actions(parser)
-    sources = {}
-    for _, cls in tables().values():
-        for key in table_keys(cls):
-            sources[key] = "flag" if key in given else "default"
-    differing = set()
-    for table, body in data.items():
-        for key, value in body.items():
-            v = _convert(value, actions[key], f"{path}: [{table}] {key}")  # checked even where a flag wins
-            if key in given:
-                continue
-            if v != parser.get_default(key):
-                differing.add(key)
-            setattr(ns, key, v)
-            sources[key] = "file"
-    return sources, frozenset(differing)
+    """A run file's tables, every table and key checked against RunConfig's fields (the values are checked as the
+    flags' when ``--config`` applies them)."""
+    return load_tables(path, {title: table_keys(cls) for title, (_, cls) in tables().items()})
 
 
 def describe_sources(sources: dict[str, str], path: str | None, explicit: frozenset[str] = frozenset()) -> list[str]:
