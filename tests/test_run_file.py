@@ -106,6 +106,7 @@ def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
     assert path.read_text() == "a = 1\n" and [p.name for p in path.parent.iterdir()] == ["config.toml"]
 
 
+@pytest.mark.extended  # two launches: 31-59 s on the shared 2-core box (the default tier's budget is 30 s)
 def test_the_written_run_file_starts_the_same_run_bit_for_bit(tmp_path):
     """A 1-rank CPU run of 2 steps writes config.toml next to its log; --config of it (log elsewhere) gives the same
     losses."""
