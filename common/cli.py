@@ -13,12 +13,17 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import importlib
 import inspect
+import os
+import tomllib
 import types
 import typing
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
+
+from common.errors import UserError
 
 CLI = "cli"
 
@@ -168,3 +173,104 @@ def build(cls: type, ns: argparse.Namespace, **extra: Any) -> Any:
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown after each help text; the description keeps its line breaks."""
+
+
+# -- the same flags from a TOML file (pretrain/run_file.py) --------------------------------------------------
+class FileError(UserError, ValueError):
+    """A settings file that cannot be read; the message names the file, the table and the key."""
+
+
+def _nearest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}?" if close else f"the keys are: {', '.join(options)}"
+
+
+def load_tables(path: str | os.PathLike, known: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """A TOML file of flag values: its tables and keys checked against ``known`` (table -> keys; a key is a flag's
+    ``dest``), an unknown one refused naming the file, the table and the nearest name. The values are checked by
+    :func:`apply_tables`, as the flags'."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise FileError(f"--config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FileError(f"--config {path}: not valid TOML: {e}") from None
+    for name, body in data.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
+            hint = f"did you mean [{close[0]}]?" if close else f"the tables are {', '.join(known)}"
+            where = f"table [{name}]" if isinstance(body, dict) else f"top-level key {name!r} (keys go in tables)"
+            raise FileError(f"{path}: unknown {where}: {hint} (docs/configuration.md, 'Run files')")
+        if not isinstance(body, dict):
+            raise FileError(f"{path}: {name!r} must be a table ([{name}]), got {type(body).__name__}")
+        keys = known[name]
+        for key in body:
+            if key not in keys:
+                elsewhere = [t for t, ks in known.items() if key in ks]
+                hint = f"{key!r} belongs in [{elsewhere[0]}]" if elsewhere else _nearest(key, keys)
+                raise FileError(f"{path}: [{name}] has no key {key!r}: {hint} (docs/configuration.md, 'Run files')")
+    return data
+
+
+def _actions(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
+    out: dict[str, list[argparse.Action]] = {}
+    for a in parser._actions:
+        out.setdefault(a.dest, []).append(a)
+    return out
+
+
+def _convert(value: Any, actions: list[argparse.Action], where: str) -> Any:
+    """A TOML value as the flag of ``actions`` would have parsed it, or a FileError naming ``where``."""
+    a = actions[0]
+    if a.nargs == 0:  # a switch (store_true/false/const): a boolean
+        if not isinstance(value, bool):
+            raise FileError(f"{where} must be true or false, got {value!r}")
+        return value
+    if a.nargs == "+":
+        if not isinstance(value, list):
+            raise FileError(f"{where} must be a list, e.g. [{value!r}]")
+        return [_scalar(v, a, where) for v in value]
+    return _scalar(value, a, where)
+
+
+def _scalar(value: Any, a: argparse.Action, where: str) -> Any:
+    if isinstance(value, (bool, dict, list)) or (isinstance(value, str) and a.type in (int, float)):
+        what = {int: "an integer", float: "a number"}.get(a.type, "a " + getattr(a.type, "__name__", "value"))
+        raise FileError(f"{where}: {value!r} is not {what}")
+    try:
+        out = a.type(value if isinstance(value, str) else repr(value)) if a.type else value
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+        raise FileError(f"{where}: {value!r} is not valid ({e})") from None
+    if a.choices is not None and out not in a.choices:
+        raise FileError(f"{where} must be one of {', '.join(map(str, a.choices))}, got {out!r}")
+    return out
+
+
+def apply_tables(
+    parser: argparse.ArgumentParser,
+    ns: argparse.Namespace,
+    data: dict[str, dict[str, Any]],
+    given: frozenset[str],
+    path: str | None,
+    known: dict[str, list[str]],
+) -> tuple[dict[str, str], frozenset[str]]:
+    """Put the file's values into ``ns`` where no flag was ``given``. Returns (setting -> 'file' | 'flag' | 'default'
+    for every setting, the file's settings that differ from their default): those count as given against a ds_config
+    block, as a flag would (a written-out default does not, so a resolved file restarts a run whose block set it)."""
+    actions = _actions(parser)
+    sources = {}
+    for keys in known.values():
+        for key in keys:
+            sources[key] = "flag" if key in given else "default"
+    differing = set()
+    for table, body in data.items():
+        for key, value in body.items():
+            v = _convert(value, actions[key], f"{path}: [{table}] {key}")  # checked even where a flag wins
+            if key in given:
+                continue
+            if v != parser.get_default(key):
+                differing.add(key)
+            setattr(ns, key, v)
+            sources[key] = "file"
+    return sources, frozenset(differing)

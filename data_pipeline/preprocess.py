@@ -36,7 +36,7 @@ from data_pipeline import coordination, multistream
 from data_pipeline import resume as rs
 from data_pipeline.encode import Chunk, ChunkResult, EncodeSettings, Piece, encode_chunk, init_worker
 from data_pipeline.indexed import IndexedDataset, IndexedDatasetBuilder, best_dtype
-from data_pipeline.readers import FORMATS, KIND_LINES, BadInputLog, expand_inputs, read_documents
+from data_pipeline.readers import KIND_LINES, READERS, BadInputLog, expand_inputs, formats, read_documents
 from data_pipeline.text import chunk_text
 from data_pipeline.tokenization import TOKENIZER_TYPES, Tokenizer, build_tokenizer
 
@@ -62,7 +62,7 @@ class PreprocessConfig:
     """SentencePiece .model, or a Hugging Face tokenizer directory / tokenizer.json."""
     json_keys: list[str] = field(default_factory=lambda: ["text"])
     """JSON / parquet fields to tokenise, one output shard each (other formats have only ``text``)."""
-    input_format: str = field(default="auto", metadata=cli(choices=lambda: FORMATS))
+    input_format: str = field(default="auto", metadata=cli(choices=formats))
     """auto (detected per file from content), mediawiki, wikiextractor, jsonl, text, parquet."""
     split_sentences: bool = False
     """One sequence per sentence (blingfire) instead of per document."""
@@ -95,8 +95,8 @@ class PreprocessConfig:
             raise ValueError("--input: give at least one file, directory or glob")
         if self.tokenizer_type not in TOKENIZER_TYPES:
             raise ValueError(f"--tokenizer-type {self.tokenizer_type!r}: choose one of {', '.join(TOKENIZER_TYPES)}")
-        if self.input_format not in FORMATS:
-            raise ValueError(f"--input-format {self.input_format!r}: choose one of {', '.join(FORMATS)}")
+        if self.input_format not in formats():
+            raise ValueError(f"--input-format {self.input_format!r}: choose one of {', '.join(formats())}")
         if not self.multistream_unit_mb >= 0:
             raise ValueError(f"--multistream-unit-mb must be >= 0, got {self.multistream_unit_mb}")
         if self.workers < 1:
@@ -105,8 +105,9 @@ class PreprocessConfig:
             raise ValueError(f"--chunk-chars must be >= 1, got {self.chunk_chars}")
         if not self.json_keys or len(set(self.json_keys)) != len(self.json_keys):
             raise ValueError(f"--json-keys must be distinct names, got {self.json_keys}")
-        if self.input_format not in ("auto", "jsonl", "parquet") and len(self.json_keys) > 1:
-            raise ValueError(f"--json-keys {self.json_keys}: several keys need jsonl or parquet input")
+        several = [name for name, r in READERS.items() if r.several_keys]
+        if self.input_format != "auto" and not READERS[self.input_format].several_keys and len(self.json_keys) > 1:
+            raise ValueError(f"--json-keys {self.json_keys}: several keys need {' or '.join(several)} input")
         if self.keep_newlines and not self.split_sentences:
             raise ValueError("--keep-newlines only applies with --split-sentences")
 

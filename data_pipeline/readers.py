@@ -24,8 +24,6 @@ from typing import Callable, Iterator, Sequence
 from data_pipeline import multistream
 from data_pipeline.text import trim_gutenberg, unwrap_paragraphs
 
-FORMATS = ("auto", "mediawiki", "wikiextractor", "jsonl", "text", "parquet")
-
 #: kind of RawDoc payload: "lines" = paragraphs are lines; "wikitext" = raw MediaWiki markup
 KIND_LINES = "lines"
 KIND_WIKITEXT = "wikitext"
@@ -252,10 +250,8 @@ def open_binary(path: str, prefetch: bool = False):
 
 
 def detect_format(path: str) -> str:
-    """Guess the format from the first bytes of the (decompressed) content."""
-    with open(path, "rb") as f:
-        if f.read(4) == b"PAR1":
-            return "parquet"
+    """Guess the format from the first bytes of the (decompressed) content: the first registered reader whose
+    ``sniff`` accepts them, else the fallback reader; a file whose content cannot be read, by its name."""
     head = b""
     try:
         with open_binary(path) as f:
@@ -268,17 +264,14 @@ def detect_format(path: str) -> str:
         pass
     if not head:  # unreadable (e.g. a truncated one-block .bz2): fall back to the file name
         name = os.path.basename(path).lower()
-        for marker, fmt in ((".xml", "mediawiki"), (".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet")):
-            if marker in name:
-                return fmt
-    s = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if s.startswith(b"<mediawiki") or (s.startswith(b"<?xml") and b"<mediawiki" in head):
-        return "mediawiki"
-    if s.startswith(b"<doc ") or s.startswith(b"<doc>"):
-        return "wikiextractor"
-    if s.startswith(b"{"):
-        return "jsonl"
-    return "text"
+        for reader in READERS.values():
+            if any(marker in name for marker in reader.suffixes):
+                return reader.name
+    start = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    for reader in READERS.values():
+        if reader.sniff is not None and reader.sniff(start):
+            return reader.name
+    return next(r.name for r in READERS.values() if r.sniff is None)
 
 
 def _decode(raw: bytes, path: str, where: str, log: BadInputLog) -> str:
@@ -304,7 +297,11 @@ def _lines(path: str, log: BadInputLog) -> Iterator[tuple[int, str]]:
 
 # -- readers --------------------------------------------------------------------------------------
 def read_jsonl(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
+    """One JSON object per line (Megatron's input), each --json-keys key a text (a list of strings: lines); bad
+    lines and missing keys reported by line. A leading BOM (what detection skips) is skipped."""
     for lineno, line in _lines(path, log):
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")
         if not line.strip():
             continue
         try:
@@ -489,13 +486,80 @@ def read_parquet(path: str, keys: Sequence[str], log: BadInputLog) -> Iterator[R
                 yield RawDoc(texts, KIND_LINES, f"row {row}")
 
 
-READERS: dict[str, Callable[[str, Sequence[str], BadInputLog], Iterator[RawDoc]]] = {
-    "mediawiki": read_mediawiki,
-    "wikiextractor": read_wikiextractor,
-    "jsonl": read_jsonl,
-    "text": read_text,
-    "parquet": read_parquet,
-}
+ReadFn = Callable[[str, Sequence[str], BadInputLog], Iterator[RawDoc]]
+"""A reader: (path, output keys, bad-input log) -> documents; bad data goes to the log, never raised."""
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A registered input format (:func:`register_reader`)."""
+
+    name: str
+    """--input-format's value."""
+    read: ReadFn
+    """Streams the documents of one file."""
+    sniff: Callable[[bytes], bool] | None
+    """Whether the first 4 KB of the (decompressed) content, leading BOM and white space stripped, are this format;
+    None for the fallback format (plain text): what nothing else claims."""
+    suffixes: tuple[str, ...]
+    """File-name markers (``.xml``) that name the format when the content cannot be read (a truncated ``.bz2``)."""
+    several_keys: bool
+    """Reads several --json-keys (one output shard each); the other formats have one text per document."""
+
+    @property
+    def doc(self) -> str:
+        """The reader's docstring, first paragraph on one line (the docs table)."""
+        return " ".join((self.read.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+READERS: dict[str, Reader] = {}
+"""--input-format name -> Reader, in detection order (the flag's choices, the docs table and the tests' parameters
+come from here)."""
+
+
+def register_reader(
+    name: str,
+    read: ReadFn,
+    *,
+    sniff: Callable[[bytes], bool] | None,
+    suffixes: Sequence[str] = (),
+    several_keys: bool = False,
+) -> Reader:
+    """Add an input format: its reader function (with a docstring: its line in docs/data_pipeline.md), how to
+    recognise its content (``sniff``; None for the one fallback) and, optionally, its file names."""
+    if name in READERS or name == "auto":
+        raise ValueError(f"input format {name!r} is registered twice (or is 'auto', the detection)")
+    if not (read.__doc__ or "").strip():
+        raise TypeError(f"reader {name!r} needs a docstring (its line in docs/data_pipeline.md)")
+    if sniff is None and any(r.sniff is None for r in READERS.values()):
+        raise ValueError(f"reader {name!r}: only one format can be the fallback (sniff=None)")
+    READERS[name] = Reader(name, read, sniff, tuple(suffixes), several_keys)
+    return READERS[name]
+
+
+register_reader(
+    "mediawiki",
+    read_mediawiki,
+    sniff=lambda s: s.startswith(b"<mediawiki") or (s.startswith(b"<?xml") and b"<mediawiki" in s),
+    suffixes=(".xml",),
+)
+register_reader("wikiextractor", read_wikiextractor, sniff=lambda s: s.startswith((b"<doc ", b"<doc>")))
+register_reader(
+    "jsonl", read_jsonl, sniff=lambda s: s.startswith(b"{"), suffixes=(".jsonl", ".json"), several_keys=True
+)
+register_reader("text", read_text, sniff=None)
+register_reader(
+    "parquet", read_parquet, sniff=lambda s: s.startswith(b"PAR1"), suffixes=(".parquet",), several_keys=True
+)
+
+
+def formats() -> tuple[str, ...]:
+    """--input-format's choices: 'auto' (detect per file) and every registered format."""
+    return ("auto", *READERS)
+
+
+FORMATS = formats()
+"""The formats registered in this module (:func:`formats` also has ones registered later)."""
 
 
 def read_documents(path: str, fmt: str, keys: Sequence[str], log: BadInputLog) -> Iterator[RawDoc]:
@@ -503,6 +567,6 @@ def read_documents(path: str, fmt: str, keys: Sequence[str], log: BadInputLog) -
     try:
         if fmt == "auto":
             fmt = "mediawiki" if multistream.parse_unit(path) else detect_format(path)
-        yield from READERS[fmt](path, keys, log)
+        yield from READERS[fmt].read(path, keys, log)
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
         log.add("missing_input", path, "open", str(e))

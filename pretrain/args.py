@@ -11,13 +11,25 @@ import math
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
-from common.cli import HelpFormatter, add_flags, add_override_flags, build, cli, cli_fields, flag_name, overrides
+from common.cli import (
+    HelpFormatter,
+    add_flags,
+    add_override_flags,
+    apply_tables,
+    build,
+    cli,
+    cli_fields,
+    flag_name,
+    load_tables,
+    override_fields,
+    overrides,
+)
 from common.errors import UserError
 from data_pipeline.data_config import DataConfig, DataConfigError
-from pretrain.schedule import PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE, schedule_settings
+from pretrain.schedule import LR_STYLES, PRE_WSD_SETTINGS, WSD_DECAY_STYLES, WSD_DEFAULT_STYLE, schedule_settings
 
 
 class ArgsError(UserError, ValueError):
@@ -26,7 +38,6 @@ class ArgsError(UserError, ValueError):
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 OPTIMIZERS = ("adamw", "fused_adam", "lamb", "stableadamw")
-LR_DECAY_STYLES = ("linear", "cosine", "constant", "WSD")
 
 
 @dataclass
@@ -56,10 +67,11 @@ class OptimConfig:
     """Steps over which the LR decays to min_lr, with --train-iters (default: --train-iters)."""
     lr_decay_samples: int | None = None
     """Samples over which the LR decays to min_lr, with --train-samples (Megatron's; default: --train-samples)."""
-    lr_decay_style: str = field(default="linear", metadata=cli(choices=lambda: LR_DECAY_STYLES))
-    """'linear' (the papers), 'cosine', 'constant', or 'WSD' (warmup-stable-decay, Megatron's name: the peak LR
-    until the last --lr-wsd-decay-iters/-samples of the decay length, then an anneal to --min-lr shaped by
-    --lr-wsd-decay-style; ModernBERT)."""
+    lr_decay_style: str = field(default="linear", metadata=cli(choices=lambda: tuple(LR_STYLES)))
+    """A style registered in pretrain/schedule.py (the LR schedules table of docs/configuration.md): 'linear' (the
+    papers), 'cosine', 'constant', or 'WSD' (warmup-stable-decay, Megatron's name: the peak LR until the last
+    --lr-wsd-decay-iters/-samples of the decay length, then an anneal to --min-lr shaped by --lr-wsd-decay-style;
+    ModernBERT)."""
     lr_wsd_decay_iters: int | None = None
     """With --lr-decay-style WSD and --train-iters: length of the final anneal in optimizer steps (required; at most
     the decay steps after warmup)."""
@@ -102,10 +114,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ArgsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.lr_decay_style not in LR_DECAY_STYLES:
-            raise ArgsError(
-                f"--lr-decay-style must be one of {', '.join(LR_DECAY_STYLES)}, got {self.lr_decay_style!r}"
-            )
+        if self.lr_decay_style not in LR_STYLES:
+            raise ArgsError(f"--lr-decay-style must be one of {', '.join(LR_STYLES)}, got {self.lr_decay_style!r}")
         if self.lr_decay_style != "WSD":
             given = [
                 f
@@ -512,8 +522,13 @@ class RunConfig:
     model: ModelArgs
     data: DataArgs
     explicit: frozenset[str] = frozenset()
-    """Field names whose flag was given on the command line (the rest hold defaults): a ds_config block may then
-    supply the value instead, and a flag given against it is refused rather than silently losing."""
+    """Field names whose flag was given on the command line, or that a --config file sets to other than the default
+    (the rest hold defaults): a ds_config block may then supply the value instead, and a flag given against it is
+    refused rather than silently losing."""
+    config_file: str | None = None
+    """The --config run file the settings were read from (pretrain/run_file.py), if any."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Setting -> where its value came from: 'file' (--config), 'flag' or 'default' (said at start-up)."""
 
     def __post_init__(self) -> None:
         check_schedule_unit(self.optim, self.loop)
@@ -521,6 +536,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["explicit"] = sorted(self.explicit)  # JSON-friendly
+        del d["sources"]  # how the settings were given, not what they are
         return d
 
 
@@ -536,12 +552,39 @@ GROUPS = [
 """Flag groups of ``--help``, each generated from one config dataclass."""
 
 
+NOT_IN_FILE = {"local_rank"}
+"""Fields a launcher sets per rank: never written in a run file, refused in one."""
+
+
+def tables() -> dict[str, tuple[str, type]]:
+    """Table name -> (RunConfig attribute, config dataclass), in the order of ``--help``."""
+    attrs = {f.type if isinstance(f.type, str) else f.type.__name__: f.name for f in fields(RunConfig)}
+    return {title: (attrs[cls.__name__], cls) for title, cls in GROUPS}
+
+
+def table_keys(cls: type) -> list[str]:
+    """The keys a table takes: the flag fields of ``cls`` (for ``[model]`` also ModelConfig's override fields)."""
+    keys = [f.name for f in cli_fields(cls) if f.name not in NOT_IN_FILE]
+    if cls is ModelArgs:
+        from model.config import ModelConfig
+
+        keys += [f.name for f in override_fields(ModelConfig)]
+    return keys
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every flag from the config dataclasses (:mod:`common.cli`); the ModelConfig overrides from the ModelConfig
     fields whose metadata names a flag (``--num-layers``, ``--kv-channels``, ...)."""
     from model.config import ModelConfig
 
     p = argparse.ArgumentParser(prog="pretrain.train", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a run file (TOML) whose tables are the groups below and whose keys their settings' names "
+        "(docs/configuration.md, 'Run files'); flags given on the command line win over it. Each run writes its "
+        "resolved one as config.toml in its run directory.",
+    )
     for title, cls in GROUPS:
         g = p.add_argument_group(title, cls.__doc__)
         add_flags(g, cls)
@@ -561,8 +604,14 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
 
     parser = build_parser()
     ns = parser.parse_args(argv)
+    given = given_flags(parser, sys.argv[1:] if argv is None else argv)
+    known = {title: table_keys(cls) for title, (_, cls) in tables().items()}
+    data = load_tables(ns.config, known) if ns.config is not None else {}
+    sources, from_file = apply_tables(parser, ns, data, given, ns.config, known)
     return RunConfig(
-        explicit=given_flags(parser, sys.argv[1:] if argv is None else argv),
+        explicit=given | from_file,
+        config_file=ns.config,
+        sources=sources,
         optim=build(OptimConfig, ns),
         loop=build(LoopConfig, ns),
         checkpoint=build(CheckpointConfig, ns),

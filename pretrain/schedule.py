@@ -14,7 +14,8 @@ steps (skipped fp16 overflow steps do not advance it).
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -65,6 +66,86 @@ def schedule_settings(
     }
 
 
+@dataclass(frozen=True)
+class Point:
+    """Where an update falls in the schedule, in its unit: what a registered style turns into an LR."""
+
+    n: int
+    """Units counted, this update included (n > warmup: the warmup is common to every style)."""
+    peak: float
+    min_lr: float
+    warmup: int
+    decay_iters: int
+    wsd_decay_iters: int
+    wsd_style: str
+
+    @property
+    def decayed(self) -> bool:
+        """Past the decay length (or no decay length after warmup): the LR is min_lr."""
+        return self.n > self.decay_iters or self.decay_iters <= self.warmup
+
+    @property
+    def ratio(self) -> float:
+        """Fraction of the decay (after warmup) done."""
+        return (self.n - self.warmup) / (self.decay_iters - self.warmup)
+
+    def between(self, coeff: float) -> float:
+        """min_lr + coeff x (peak - min_lr)."""
+        return self.min_lr + (self.peak - self.min_lr) * coeff
+
+
+LR_STYLES: dict[str, Callable[[Point], float]] = {}
+"""--lr-decay-style name -> the LR after warmup (registered with :func:`register_lr_style`; the flag's choices, the
+docs table and the tests' parameters come from here)."""
+
+
+def register_lr_style(name: str) -> Callable[[Callable[[Point], float]], Callable[[Point], float]]:
+    """Decorator adding an LR decay style: ``@register_lr_style("name") def f(p: Point) -> float`` (its docstring is
+    the docs' line)."""
+
+    def add(fn: Callable[[Point], float]) -> Callable[[Point], float]:
+        if name in LR_STYLES:
+            raise ValueError(f"LR decay style {name!r} is registered twice")
+        if not (fn.__doc__ or "").strip():
+            raise TypeError(f"LR decay style {name!r} needs a docstring (its line in docs/configuration.md)")
+        LR_STYLES[name] = fn
+        return fn
+
+    return add
+
+
+@register_lr_style("linear")
+def _linear(p: Point) -> float:
+    """Linear decay from the peak to min_lr over the decay length (BERT, RoBERTa, BlockBERT, DIET)."""
+    return p.min_lr if p.decayed else p.between(1.0 - p.ratio)
+
+
+@register_lr_style("cosine")
+def _cosine(p: Point) -> float:
+    """Half a cosine from the peak to min_lr over the decay length."""
+    return p.min_lr if p.decayed else p.between(0.5 * (math.cos(math.pi * p.ratio) + 1.0))
+
+
+@register_lr_style("constant")
+def _constant(p: Point) -> float:
+    """The peak LR after warmup, to the end (min_lr is not used)."""
+    return p.peak
+
+
+@register_lr_style("WSD")
+def _wsd(p: Point) -> float:
+    """Warmup-stable-decay: the peak until the last --lr-wsd-decay-iters/-samples of the decay length, then an anneal
+    to min_lr shaped by --lr-wsd-decay-style (ModernBERT; Megatron-LM's name)."""
+    if p.decayed:
+        return p.min_lr
+    anneal_start = p.decay_iters - p.wsd_decay_iters
+    if p.n <= anneal_start:
+        return p.peak
+    if p.wsd_decay_iters <= 0:
+        return p.min_lr
+    return p.between(WSD_DECAY_STYLES[p.wsd_style]((p.n - anneal_start) / p.wsd_decay_iters))
+
+
 def lr_at(
     step: int,
     peak: float,
@@ -78,24 +159,12 @@ def lr_at(
 ) -> float:
     """LR of the update that follows `step` applied units and adds `increment` more (1 step; or its global batch
     when the schedule counts samples): Megatron-LM's ``get_lr`` at ``num_steps = step + increment``, i.e. counting
-    this update (Megatron applies that LR one update later: its first update runs at --lr-warmup-init, 0)."""
+    this update (Megatron applies that LR one update later: its first update runs at --lr-warmup-init, 0). A linear
+    warmup, then the registered style's LR."""
     n = step + increment
     if warmup > 0 and n <= warmup:
         return peak * n / warmup
-    if style == "constant":
-        return peak
-    if n > decay_iters or decay_iters <= warmup:
-        return min_lr
-    if style == "WSD":
-        anneal_start = decay_iters - wsd_decay_iters
-        if n <= anneal_start:
-            return peak
-        if wsd_decay_iters <= 0:
-            return min_lr
-        return min_lr + (peak - min_lr) * WSD_DECAY_STYLES[wsd_style]((n - anneal_start) / wsd_decay_iters)
-    ratio = (n - warmup) / (decay_iters - warmup)
-    coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0) if style == "cosine" else 1.0 - ratio
-    return min_lr + (peak - min_lr) * coeff
+    return LR_STYLES[style](Point(n, peak, min_lr, warmup, decay_iters, wsd_decay_iters, wsd_style))
 
 
 class WarmupLinearDecay(LRScheduler):

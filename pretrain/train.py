@@ -22,8 +22,23 @@ if __name__ == "__main__":  # a rank: its output may outlive its reader (pdsh); 
 from common.error_exit import report  # noqa: E402
 from common.errors import UserError, os_error_message, take_debug_flag  # noqa: E402
 from common.process import exit_process  # noqa: E402
-from pretrain.args import parse_args  # noqa: E402
+from pretrain.args import RunConfig, parse_args  # noqa: E402
 from pretrain.distributed import destroy_distributed  # noqa: E402
+
+
+def record_run(run: RunConfig) -> None:
+    """Rank 0's start-up lines saying where the settings came from, and the resolved run written as config.toml in
+    the run directory (``--config`` of it starts the same run)."""
+    from pretrain import run_file
+
+    for line in run_file.describe_sources(run.sources, run.config_file, run.explicit):
+        print(f"[pretrain] {line}", flush=True)
+    where = run_file.run_dir(run)
+    if where is None:
+        print("[pretrain] no run directory (--save, --tensorboard-dir or --log-json): the run file is not written")
+        return
+    path = run_file.write(run_file.dumps(run), where / run_file.CONFIG_NAME)
+    print(f"[pretrain] run file: {path} (python -m pretrain.train --config {path} starts this run)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer = None
     try:
         trainer = Trainer(run)
+        if trainer.dist.rank == 0:
+            record_run(trainer.run)
         return 0 if trainer.train() else 4
     except NonFiniteLossError as e:
         print(f"pretrain: error: {e}", file=sys.stderr, flush=True)

@@ -29,11 +29,11 @@
 #              found (the largest of 1, 2, 4, ..., 128 that divides the per-rank batch and fits the GPU's free memory
 #              by a formula of the model; the trainer says what it chose and why: pretrain/micro_batch.py), else 8
 #              (the paper's 32 V100s at N=512, and what `auto` takes on a CPU)
-#   RECIPE     paper (default: Table 7, attention dropout 0.1) | fast (attention dropout 0, as ModernBERT and
-#              MosaicBERT train; hidden dropout stays 0.1). At N=4096 b=16 on one H200 (bert-base bf16, eager, the
-#              bf3efde run) attention dropout 0.1 cost 244.3 ms/step against 196.3 without (cuDNN attention forward
-#              + backward 53.0 + 72.8 ms vs 21.5 + 54.2); at N=512 b=128 141.3 vs 137.0 ms. fast trains another
-#              model than the papers' (docs/training.md, "Paper set-ups")
+#   RECIPE     the run file (TOML, `--config`) holding the set-up's fixed hyper-parameters: paper (default,
+#              recipes/paper.toml: Table 7, attention dropout 0.1) | fast (recipes/fast.toml: attention dropout 0, as
+#              ModernBERT and MosaicBERT train; hidden dropout stays 0.1; its header has the measured cost) | a path
+#              to your own .toml. The knobs here (N, SCALE, BATCH_SCALE, MICRO_BATCH, DATA_PATH, VOCAB, ...) are
+#              flags, which win over the file; fast trains another model than the papers' (docs/training.md)
 #   DATA_PATH  Megatron-style prefixes (default data/bert_books_wiki_text_sentence)
 #   VOCAB      WordPiece vocab (default data/bert-base-uncased-vocab.txt)
 #   OUT        output root (default runs/$RUN_NAME); checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb
@@ -60,9 +60,9 @@ if [ -z "${MICRO_BATCH:-}" ]; then
 fi
 RECIPE="${RECIPE:-paper}"
 case "$RECIPE" in
-  paper) ATTENTION_DROPOUT=0.1 ;;  # Table 7 (BERT's and BlockBERT's 0.1)
-  fast) ATTENTION_DROPOUT=0.0 ;;   # ModernBERT's and MosaicBERT's 0: cuDNN's attention without dropout
-  *) echo "RECIPE must be paper or fast, got '$RECIPE'" >&2; exit 2 ;;
+  paper|fast) RECIPE_FILE="recipes/$RECIPE.toml" ;;  # Table 7; fast: its attention dropout 0
+  *.toml) RECIPE_FILE="$RECIPE" ;;
+  *) echo "RECIPE must be paper or fast (or a .toml run file), got '$RECIPE'" >&2; exit 2 ;;
 esac
 DATA_PATH="${DATA_PATH:-data/bert_books_wiki_text_sentence}"
 VOCAB="${VOCAB:-data/bert-base-uncased-vocab.txt}"
@@ -70,20 +70,18 @@ VOCAB="${VOCAB:-data/bert-base-uncased-vocab.txt}"
 # scaled integer: scaled N FACTOR -> max(1, round(N * FACTOR))
 scaled() { "$PY" -c "import sys; print(max(1, round(float(sys.argv[1]) * float(sys.argv[2]))))" "$1" "$2"; }
 
-# Table 7 of the blockwise-attention paper (BERT-base, RoBERTa-1seq setting).
+# Table 7 of the blockwise-attention paper (BERT-base, RoBERTa-1seq setting): the recipe file's fixed settings, and
+# as flags (which win over it) what depends on N, the scale knobs and the machine.
 paper_hparams() {  # $1 = sequence length N
   local n="$1"
   local tokens=131072
+  if [ ! -f "$RECIPE_FILE" ]; then echo "RECIPE=$RECIPE: no such run file $RECIPE_FILE" >&2; exit 2; fi
   GLOBAL_BATCH="$(scaled $((tokens / n)) "$BATCH_SCALE")"
   TRAIN_ITERS="$(scaled 2400000 "$SCALE")"    # "Max steps 2.4M"
   WARMUP_ITERS="$(scaled 10000 "$SCALE")"     # "Warmup steps 10K"
-  PAPER_ARGS=(--seq-length "$n" --max-position-embeddings "$n" --global-batch-size "$GLOBAL_BATCH"
-    --micro-batch-size "$MICRO_BATCH" --train-iters "$TRAIN_ITERS" --lr 2.5e-4 --min-lr 0
-    --lr-warmup-iters "$WARMUP_ITERS" --lr-decay-style linear --weight-decay 0.01 --adam-beta1 0.9
-    --adam-beta2 0.999 --adam-eps 1e-8 --clip-grad 1.0 --hidden-dropout 0.1 --attention-dropout "$ATTENTION_DROPOUT"
-    --sample-mode doc-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file "$VOCAB"
-    --data-path $DATA_PATH --split 949,50,1 --log-interval 100 --eval-interval 10000 --eval-iters 50
-    --save-interval 10000 --keep-last 3)
+  PAPER_ARGS=(--config "$RECIPE_FILE" --seq-length "$n" --max-position-embeddings "$n"
+    --global-batch-size "$GLOBAL_BATCH" --micro-batch-size "$MICRO_BATCH" --train-iters "$TRAIN_ITERS"
+    --lr-warmup-iters "$WARMUP_ITERS" --vocab-file "$VOCAB" --data-path $DATA_PATH)
 }
 
 launch() {  # launch TRAIN_ARGS...

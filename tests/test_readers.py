@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from data_pipeline.readers import BadInputLog, detect_format, expand_inputs, read_documents
 
 SAMPLE = Path(__file__).resolve().parents[1] / "run_scripts" / "sample_data" / "corpus"
@@ -233,3 +235,123 @@ def test_bytes_after_the_last_stream_are_reported(tmp_path):
     docs, log = _docs(path)
     assert len(docs) == expect and log.counts == {"trailing_data": 1}
     assert "after the last bz2 stream" in log.examples["trailing_data"][0]["detail"]
+
+
+# -- the registry (issue 55): one test case per registered format ---------------------------------------------------
+def _write_parquet(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["Alpha beta.", "Gamma delta."]}), path)
+
+
+FORMAT_CASES = {
+    # format: (write a file of two documents without a telling name, the texts read back)
+    "mediawiki": (
+        lambda p: p.write_bytes(
+            bz2.compress(
+                b"<mediawiki><page><title>A</title><ns>0</ns><revision><text>Alpha beta.</text></revision></page>"
+                b"<page><title>G</title><ns>0</ns><revision><text>Gamma delta.</text></revision></page></mediawiki>"
+            )
+        ),
+        ["Alpha beta.", "Gamma delta."],
+    ),
+    "wikiextractor": (
+        lambda p: p.write_text(
+            '<doc id="1" title="A">\nA\nAlpha beta.\n</doc>\n<doc id="2" title="G">\nGamma delta.\n</doc>\n'
+        ),
+        ["Alpha beta.\n", "Gamma delta.\n"],
+    ),
+    "jsonl": (
+        lambda p: p.write_text('\ufeff{"text": "Alpha beta."}\n{"text": "Gamma delta."}\n'),
+        ["Alpha beta.", "Gamma delta."],
+    ),
+    "text": (lambda p: p.write_text("Alpha beta.\n\nGamma delta.\n"), ["Alpha beta.\nGamma delta."]),
+    "parquet": (_write_parquet, ["Alpha beta.", "Gamma delta."]),
+}
+
+
+def test_every_registered_format_has_a_test_case():
+    from data_pipeline.readers import READERS, formats
+
+    assert set(FORMAT_CASES) == set(READERS), "add a FORMAT_CASES entry for each registered reader"
+    assert formats() == ("auto", *READERS)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMAT_CASES))
+def test_each_format_is_detected_and_read(tmp_path, fmt):
+    write, texts = FORMAT_CASES[fmt]
+    path = tmp_path / "input.data"
+    write(path)
+    assert detect_format(str(path)) == fmt
+    for how in ("auto", fmt):
+        docs, log = _docs(path, how)
+        got = [d.texts["text"] for d in docs]
+        if fmt == "mediawiki":  # raw wikitext: the workers make it text
+            got = [t.strip() for t in got]
+        assert got == texts and log.total == 0, (how, got, log.format())
+
+
+def test_a_registered_reader_is_detected_listed_and_offered_by_preprocess(tmp_path):
+    """The worked example of docs/architecture.md: one registered function adds a format."""
+    from data_pipeline import readers
+
+    saved = dict(readers.READERS)
+    try:
+        _register_and_use_tsv(tmp_path)
+    finally:
+        readers.READERS.clear()
+        readers.READERS.update(saved)
+
+
+def _register_and_use_tsv(tmp_path):
+    from data_pipeline import readers
+    from data_pipeline.preprocess import PreprocessConfig, build_parser
+    from data_pipeline.readers import KIND_LINES, RawDoc
+
+    def read_tsv(path, keys, log):
+        """Tab-separated id and text, one document a line."""
+        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+            _, _, text = line.partition("\t")
+            yield RawDoc({keys[0]: text}, KIND_LINES, f"line {n}")
+
+    readers.register_reader("tsv", read_tsv, sniff=lambda s: s.startswith(b"#tsv"))
+    p = tmp_path / "x"
+    p.write_text("#tsv\t\n1\tAlpha beta.\n")
+    assert detect_format(str(p)) == "tsv"
+    assert [d.texts["text"] for d in _docs(p)[0]] == ["", "Alpha beta."]
+    assert "tsv" in readers.formats()
+    action = next(a for a in build_parser()._actions if a.dest == "input_format")
+    assert "tsv" in action.choices
+    with pytest.raises(ValueError, match="several keys need jsonl or parquet"):
+        PreprocessConfig(
+            input=["x"],
+            output_prefix="o",
+            tokenizer_type="BertWordPieceLowerCase",
+            vocab_file="v",
+            input_format="tsv",
+            json_keys=["a", "b"],
+        )
+
+
+def test_register_reader_refuses_a_duplicate_a_second_fallback_and_no_docstring():
+    from data_pipeline import readers
+
+    with pytest.raises(ValueError, match="twice"):
+        readers.register_reader("jsonl", readers.read_jsonl, sniff=None)
+    with pytest.raises(ValueError, match="only one format can be the fallback"):
+        readers.register_reader("plain2", readers.read_text, sniff=None)
+    with pytest.raises(TypeError, match="docstring"):
+        readers.register_reader("nodoc", lambda p, k, log: iter(()), sniff=lambda s: False)
+
+
+def test_the_formats_table_of_the_docs_is_generated_from_the_registry():
+    from data_pipeline.readers import READERS
+    from tools import config_docs
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "data_pipeline.md").read_text(encoding="utf-8")
+    generated = config_docs.generate("docs/data_pipeline.md")
+    assert all(f"| `{name}` |" in generated for name in READERS)
+    assert config_docs.splice(doc, generated, "docs/data_pipeline.md") == doc, (
+        "docs/data_pipeline.md is stale: run `python -m tools.config_docs --write docs/data_pipeline.md`"
+    )

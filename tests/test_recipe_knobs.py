@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,20 +55,41 @@ def test_gpu_default_is_auto_cpu_default_is_8(tmp_path):
     assert _flag(mine, "--micro-batch-size") == "16"
 
 
+def _run(tmp_path: Path, **env: str):
+    lines = _paper_args(tmp_path, 1, **env).stdout.split("\n")
+    return parse_args([a for a in lines if a and not a.startswith("NPROC=")])
+
+
 def test_recipe_paper_and_fast(tmp_path):
-    paper = _paper_args(tmp_path, 1).stdout.split("\n")
-    assert _flag(paper, "--attention-dropout") == "0.1" and _flag(paper, "--hidden-dropout") == "0.1"
-    fast = _paper_args(tmp_path, 1, RECIPE="fast").stdout.split("\n")
-    assert _flag(fast, "--attention-dropout") == "0.0" and _flag(fast, "--hidden-dropout") == "0.1"
+    """RECIPE picks the run file (recipes/); the trainer reads it under the knobs' flags."""
+    paper, fast = _run(tmp_path), _run(tmp_path, RECIPE="fast")
+    assert paper.config_file == "recipes/paper.toml" and fast.config_file == "recipes/fast.toml"
+    assert paper.model.overrides["attention_dropout"] == 0.1 and paper.model.overrides["hidden_dropout"] == 0.1
+    assert fast.model.overrides["attention_dropout"] == 0.0 and fast.model.overrides["hidden_dropout"] == 0.1
+    assert paper.optim.lr == 2.5e-4 and paper.optim.adam_eps == 1e-8 and paper.checkpoint.keep_last == 3
+    assert paper.sources["lr"] == "file" and paper.sources["train_iters"] == "flag"
 
     # everything else is the paper's
-    def strip(a: list[str]) -> list[str]:
-        i = a.index("--attention-dropout")
-        return a[:i] + a[i + 2 :]
-
-    assert strip(paper) == strip(fast)
+    a, b = (tomllib.loads((REPO / "recipes" / f"{r}.toml").read_text()) for r in ("paper", "fast"))
+    del a["model"]["attention_dropout"], b["model"]["attention_dropout"]
+    assert a == b
+    d1, d2 = paper.to_dict(), fast.to_dict()
+    for d in (d1, d2):
+        d["model"]["overrides"].pop("attention_dropout"), d.pop("config_file")
+    assert d1 == d2
     bad = _paper_args(tmp_path, 1, RECIPE="quick")
     assert bad.returncode == 2 and "RECIPE must be paper or fast" in bad.stderr
+    own = tmp_path / "mine.toml"
+    own.write_text("[optimization]\nlr = 1e-3\n")
+    assert _run(tmp_path, RECIPE=str(own)).optim.lr == 1e-3
+    missing = _paper_args(tmp_path, 1, RECIPE=str(tmp_path / "none.toml"))
+    assert missing.returncode == 2 and "no such run file" in missing.stderr
+
+
+def test_knob_flags_win_over_the_recipe_file(tmp_path):
+    """SCALE and BATCH_SCALE are flags after --config: they replace nothing the file sets and win where they meet."""
+    run = _run(tmp_path, SCALE="0.001", BATCH_SCALE="0.5")
+    assert run.loop.train_iters == 2400 and run.optim.lr_warmup_iters == 10 and run.loop.global_batch_size == 128
 
 
 def test_the_trainer_parses_the_recipe_flags(tmp_path):

@@ -97,3 +97,86 @@ def test_resume_inside_the_anneal_continues_the_schedule_exactly(tmp_path):
     assert [r["lr"] for r in straight] == pytest.approx(
         [lr_at(s, 1e-3, 0.0, warmup, 8, "WSD", 4, "minus_sqrt") for s in range(8)]
     )
+
+
+# -- the registry of LR decay styles (issue 55): one reference case per registered style ---------------------------
+def _megatron_get_lr(n, peak, lo, warmup, decay, style, wsd_decay=0, wsd_style="exponential"):
+    """Megatron-LM OptimizerParamScheduler.get_lr (init LR 0), written from its definition, as the reference."""
+    if warmup > 0 and n <= warmup:
+        return peak * n / warmup
+    if style == "constant":
+        return peak
+    if n > decay:
+        return lo
+    ratio = (n - warmup) / (decay - warmup)
+    if style == "linear":
+        coeff = 1.0 - ratio
+    elif style == "cosine":
+        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    elif style == "WSD":
+        start = decay - wsd_decay
+        r = (n - start) / wsd_decay
+        shapes = {"linear": 1 - r, "cosine": 0.5 * (math.cos(math.pi * r) + 1), "exponential": 2 * 0.5**r - 1}
+        coeff = 1.0 if n <= start else {**shapes, "minus_sqrt": 1 - math.sqrt(max(r, 0))}[wsd_style]
+    else:
+        raise AssertionError(style)
+    return lo + (peak - lo) * coeff
+
+
+STYLE_CASES = {
+    # style: the schedules it is checked on against the reference (warmup, decay, wsd_decay, wsd_style)
+    "linear": [(3, 12, 0, "exponential"), (0, 7, 0, "exponential")],
+    "cosine": [(3, 12, 0, "exponential"), (0, 7, 0, "exponential")],
+    "constant": [(3, 12, 0, "exponential")],
+    "WSD": [(2, 12, 4, s) for s in ("linear", "cosine", "exponential", "minus_sqrt")] + [(0, 9, 9, "exponential")],
+}
+
+
+def test_every_registered_style_has_a_reference_case_and_is_a_flag_choice():
+    from pretrain.args import build_parser
+    from pretrain.schedule import LR_STYLES
+
+    assert set(STYLE_CASES) == set(LR_STYLES), "add a STYLE_CASES entry for each registered LR style"
+    action = next(a for a in build_parser()._actions if a.dest == "lr_decay_style")
+    assert list(action.choices) == list(LR_STYLES)
+
+
+@pytest.mark.parametrize("style", sorted(STYLE_CASES))
+def test_each_style_matches_megatron(style):
+    for warmup, decay, wsd_decay, wsd_style in STYLE_CASES[style]:
+        for s in range(decay + 3):
+            got = lr_at(s, 3e-4, 1e-5, warmup, decay, style, wsd_decay, wsd_style)
+            want = _megatron_get_lr(s + 1, 3e-4, 1e-5, warmup, decay, style, wsd_decay, wsd_style)
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-18), (style, warmup, decay, s)
+
+
+def test_a_registered_style_is_a_flag_choice_and_drives_the_scheduler():
+    """The worked example of docs/architecture.md: one registered function adds a schedule."""
+    import torch
+
+    from pretrain import schedule
+    from pretrain.args import build_parser
+
+    saved = dict(schedule.LR_STYLES)
+    try:
+
+        @schedule.register_lr_style("step")
+        def _step(p: schedule.Point) -> float:
+            """Halve the LR at every third of the decay length."""
+            return p.min_lr if p.decayed else p.peak * 0.5 ** int(3 * p.ratio)
+
+        action = next(a for a in build_parser()._actions if a.dest == "lr_decay_style")
+        assert "step" in action.choices
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = WarmupLinearDecay(opt, peak=1.0, min_lr=0.0, warmup=0, decay_iters=6, style="step")
+        lrs = []
+        for _ in range(7):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        assert lrs == [1.0, 0.5, 0.5, 0.25, 0.25, 0.125, 0.0]  # update n = 1..6: int(3 n / 6) halvings; n = 7: min_lr
+        with pytest.raises(ValueError, match="twice"):
+            schedule.register_lr_style("step")(_step)
+    finally:
+        schedule.LR_STYLES.clear()
+        schedule.LR_STYLES.update(saved)
