@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from data_pipeline.samples import PACKED
 from model import fused_norm
-from pretrain import builders, checkpoint, faults
+from pretrain import builders, checkpoint, faults, run_file
 from pretrain.args import RunConfig, lr_schedule
 from pretrain.batches import BatchPlan, device_batch
 from pretrain.checkpointer import Checkpointer, ResumePoint
@@ -96,7 +96,9 @@ class Parts:
 
 def build_parts(run: RunConfig, run_config_text: str | None = None) -> Parts:
     """Every part of a run, in the module docstring's order; each step prints what it decided (rank 0).
-    ``run_config_text``: written as ``config.toml`` into every checkpoint (pretrain/checkpointer.py)."""
+    ``run_config_text``: written as ``config.toml`` into every checkpoint (pretrain/checkpointer.py); default: the
+    resolved run (pretrain/run_file.py ``dumps``, after `auto` chose the micro-batch), the file train.py writes in the
+    run directory, so ``--config`` of either starts the same run."""
     hook = faults.from_environment()  # the test-only fault hook: does nothing in a real run
     # the ds_config read and checked before any rank starts work, its optimizer block merged into the run's settings,
     # and torch's numerics set before any CUDA op
@@ -120,6 +122,8 @@ def build_parts(run: RunConfig, run_config_text: str | None = None) -> Parts:
     run, batch = resolve_batch_plan(run, ds, info, model_config)  # after the model: `auto` estimates its memory
     for note in ds.notes + numerics_notes:
         say(note)
+    if run_config_text is None:
+        run_config_text = run_file.dumps(run)
     checkpointer = Checkpointer(run, ds, info, hook, say, model_config, run_config_text)
     point = checkpointer.find()
     iteration, consumed = point.iteration, point.consumed_samples

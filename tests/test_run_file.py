@@ -129,3 +129,25 @@ def test_the_written_run_file_starts_the_same_run_bit_for_bit(tmp_path):
     assert len(losses) == 2
     assert [(r["iteration"], r["loss"]) for r in tu.train_records(second)] == losses
     assert (second.parent / "config.toml").read_text() == text.replace(str(first), str(second))
+
+
+@pytest.mark.extended  # two launches (see above)
+def test_each_checkpoint_holds_the_run_file_and_it_starts_the_same_run(tmp_path):
+    """The checkpoint's config.toml (written before its commit marker) is the run directory's resolved file;
+    --config of the checkpoint's copy, saving elsewhere, gives the same losses bit for bit."""
+    tu.prepare(tmp_path)
+    first, ckpt = tmp_path / "a" / "log.jsonl", tmp_path / "ckpt_a"
+    args = tu.train_args(tmp_path, "zero1_fp32.json", 2, "--log-json", str(first), "--micro-batch-size", "auto")
+    args += ["--global-batch-size", "4", "--save", str(ckpt), "--save-interval", "2"]
+    p = tu.launch("python", args, timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:]
+    run_dir_file = ckpt / "config.toml"  # --save is the run directory
+    saved = [f for f in ckpt.rglob("config.toml") if f != run_dir_file]
+    assert len(saved) == 1, sorted(map(str, ckpt.rglob("*")))
+    assert saved[0].read_text() == run_dir_file.read_text()
+    second, ckpt_b = tmp_path / "b" / "log.jsonl", tmp_path / "ckpt_b"
+    p2 = tu.launch("python", ["--config", str(saved[0]), "--log-json", str(second), "--save", str(ckpt_b)], timeout=120)
+    assert p2.returncode == 0, p2.stdout[-3000:]
+    losses = [(r["iteration"], r["loss"]) for r in tu.train_records(first)]
+    assert len(losses) == 2
+    assert [(r["iteration"], r["loss"]) for r in tu.train_records(second)] == losses
