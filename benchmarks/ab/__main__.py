@@ -55,15 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         f", {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {a.rounds} rounds x {a.reps} reps",
         flush=True,
     )
-    with base_worktree(REPO, a.base) as base:
-        results = run_ab(
-            cases,
-            a.rounds,
-            {"new": REPO, "base": base},
-            lambda c: a.reps,
-            run_case,
-            log=lambda s: print(s, file=sys.stderr, flush=True),
-        )
+    done: dict = {}
+    try:
+        with base_worktree(REPO, a.base) as base:
+            run_ab(
+                cases,
+                a.rounds,
+                {"new": REPO, "base": base},
+                lambda c: a.reps,
+                run_case,
+                log=lambda s: print(s, file=sys.stderr, flush=True),
+                into=done,
+            )
+    except KeyboardInterrupt:  # Ctrl-C (or timeout -s INT): the worktree is gone; report the rounds that finished
+        print("interrupted: the rounds that finished", flush=True)
+    results = list(done.values())
     table, flagged = report(results, a.threshold)
     print(table)
     print(f"load after: {os.getloadavg()[0]:.1f}; {flagged} path(s) flagged (> {a.threshold:.2f}x beyond the spread)")

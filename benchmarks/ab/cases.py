@@ -20,8 +20,9 @@ from pathlib import Path
 
 ATTN = {"H": 12, "N": 3072, "D": 64}
 """The issue #53 attention shape: 12 heads, N=3072, head 64, fp32, batch 1, forward + backward."""
-FAMILY_N = 1024
-"""The other layout families run at N=1024 (every family's default block divides it; N=3072 takes minutes each)."""
+FAMILY_N = 512
+"""The other layout families run at N=512 (every family's default block divides it; at N=3072 each takes minutes on
+a busy 2-core host)."""
 BLOCKBERT_SPLITS = {2: "10:2", 3: "8:2:2"}
 
 

@@ -90,9 +90,12 @@ def run_ab(
     reps: Callable[[str], int],
     runner: Callable[[Path, str, int], dict] = run_case,
     log: Callable[[str], None] = lambda s: None,
+    into: dict[str, Result] | None = None,
 ) -> list[Result]:
-    """Runs :func:`schedule`; a case skipped on either side is reported as skipped with the reason."""
-    res = {c: Result(c, [], []) for c in cases}
+    """Runs :func:`schedule`; a case skipped on either side is reported as skipped with the reason. ``into`` is
+    filled as the rounds go (what an interrupted run still reports)."""
+    res = {} if into is None else into
+    res.update({c: Result(c, [], []) for c in cases})
     for i, c, side in schedule(cases, rounds):
         r = res[c]
         if r.skip:
@@ -108,6 +111,7 @@ def run_ab(
 
 def report(results: list[Result], threshold: float = THRESHOLD) -> tuple[str, int]:
     """The table (one line per case) and the number of flagged paths."""
+    results = [Result(r.case, r.new[: len(r.base)], r.base[: len(r.new)], r.skip) for r in results]  # whole rounds
     lines = [f"{'case':34s} {'new/base':>9s} {'spread':>7s}  {'new':>9s} {'base':>9s}  flag"]
     flagged = 0
     for r in results:
