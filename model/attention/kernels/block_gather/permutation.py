@@ -3,12 +3,17 @@
 BlockBERT is the case that matters: with n chunks per head, query chunk i attends key chunk (i + k) mod n. Then no
 token gather is needed, and one fused SDPA call covers every head:
 
-- the encoder's q/k/v (slices of one ``[B, N, 3, H, D]`` projection) or one sequence: the chunks fold into SDPA's
-  batch axis, ``[B*n, H, N/n, D]``, as views; the output is already the ``[B, N, H, D]`` memory the output projection
-  reads. Shifted heads' K/V chunks move in one copy (:class:`_ChunkShift`), q with them when that frees the fused
-  projection, so the training forward keeps dense's bytes (tests/test_saved_activations.py);
-- other inputs (contiguous ``[B, H, N, D]``), and calls with token masks, score biases or a fixed token mask: tiles
-  ``[B, H*n, N/n, D]`` (g = head h, chunk i, a view), shifted heads' key tiles by one whole-tile permutation;
+- on CUDA, the encoder's q/k/v (slices of one ``[B, N, 3, H, D]`` projection) or one sequence: the chunks fold into
+  SDPA's batch axis, ``[B*n, H, N/n, D]``, as views; the output is already the ``[B, N, H, D]`` memory the output
+  projection reads. Shifted heads' K/V chunks move in one copy (:class:`_ChunkShift`), q with them when that frees the
+  fused projection, so the training forward keeps dense's bytes (tests/test_saved_activations.py);
+- on CPU, other inputs (contiguous ``[B, H, N, D]``), and calls with token masks, score biases or a fixed token
+  mask: tiles ``[B, H*n, N/n, D]`` (g = head h, chunk i, a view), shifted heads' key tiles by one whole-tile
+  permutation (:class:`_PermuteTiles`), which :func:`~.sdpa.sdpa_tiles` hands to torch's CPU flash kernel as
+  ``[B*H*n, 1, T, D]``, its fastest shape. On CPU the batch fold was 1.2-1.8x slower at N=3072 (issue #53): SDPA
+  ran at H heads instead of one, and :class:`_ChunkShift` made one ``copy_`` per run of heads and chunk, each a
+  parallel region (on a busy 2-core host a 0.5 MB copy took as long as a 9 MB one) plus transposing copies for
+  contiguous inputs. :meth:`PermutationPlan._batch_fold` is the one place that chooses;
 - a sequence shorter than the plan's grid (n x block does not divide N): the same chunks, the last ones cut to their
   real length, one SDPA call per (run of heads, query chunk) on views: no padded copy, no key mask
   (:meth:`PermutationPlan._run_ragged`).
@@ -31,6 +36,7 @@ from model.attention.kernels.block_gather.gather import recomputed
 from model.attention.kernels.block_gather.tiles import host_mask, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call, same_document
 from model.attention.kernels.sdpa import sdpa_tiles, sdpa_with_allow
+from model.cpu_shortcuts import takes_cpu_path
 
 
 @dataclass
@@ -82,7 +88,13 @@ class PermutationPlan:
         """Whether the chunks fold into SDPA's batch axis, ``[B*n, H, T, D]``, as views: one sequence (B = 1), or
         the encoder's q/k/v (slices of one ``[B, N, 3, H, D]`` projection: batch stride = N x token stride). Only
         key padding and documents are applied there (token masks, score biases and a fixed mask are tile-indexed:
-        :meth:`_run`)."""
+        :meth:`_run`).
+
+        Never on CPU (:func:`~model.cpu_shortcuts.takes_cpu_path`): the head-folded tiles are faster there (module
+        docstring; ``python -m benchmarks.ab`` compares against a base commit). CUDA keeps the fold, chosen for its
+        copies and bytes; its speed awaits the next GPU window."""
+        if takes_cpu_path(q_BHND):
+            return False
         if call.token_mask is not None or call.score_bias is not None or self.token_mask_GQK is not None:
             return False
         B, _, N, _ = q_BHND.shape
