@@ -12,31 +12,44 @@ import torch
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
 from tools import finetune as ft
+from tools.evaluate import metrics
+from tools.evaluate.examples import QAExample, QAPredictions, TextExample
 from tools.hf_export.export import write_hf
 
 DATA = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
 
 
 # ------------------------------------------------------------------------------------------------ metrics
-def test_normalize_and_scores_match_hand_computed_values():
-    assert ft.normalize_answer("  The Cat,  sat!  ") == "cat sat"
-    assert ft.normalize_answer("An apple a day") == "apple day"
-    assert ft.exact_match("the Ada  Morrow.", "Ada Morrow") == 1.0
-    assert ft.exact_match("Ada", "Ada Morrow") == 0.0
-    # pred {cat, sat, on, mat} vs gold {cat, on, mat}: P = 3/4, R = 1, F1 = 6/7
-    assert ft.f1_score("the cat sat on the mat", "a cat on the mat") == pytest.approx(6 / 7)
-    assert ft.f1_score("dog", "cat") == 0.0
-    assert ft.f1_score("the", "a") == 0.0  # both normalize to nothing: no overlap
-    # repeated tokens count with multiplicity: pred {a1, a1}, gold {a1}: P = 1/2, R = 1
-    assert ft.f1_score("x x", "x") == pytest.approx(2 / 3)
-    m = ft.squad_metrics(
-        {"q1": "twelve", "q2": "the old mill", "q3": "oats"},
-        {"q1": ["twelve", "12"], "q2": ["old mill wheel"], "q3": ["barley"], "q4": ["x"]},
-    )
-    # q1 EM 1 F1 1; q2 EM 0 F1 2*(1)*(2/3)/(5/3) = 0.8; q3 0; q4 missing prediction -> 0
-    assert m["exact_match"] == pytest.approx(25.0)
-    assert m["f1"] == pytest.approx(100 * 1.8 / 4)
-    assert ft.accuracy([1, 0, 1, 1], [1, 1, 1, 0]) == 0.5
+def test_cli_scores_every_kind_through_the_evaluate_metrics():
+    """The CLI's scores come from tools.evaluate.metrics (one home): accuracy and Pearson/Spearman agree with
+    scikit-learn/scipy; QA with hand-computed SQuAD v1.1 values; --with-negative gives the SQuAD 2.0 parts."""
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import accuracy_score
+
+    gold, pred = [1, 0, 1, 1], [1, 1, 1, 0]
+    dev = [TextExample(str(i), "a", None, g) for i, g in enumerate(gold)]
+    assert ft.cli_scores("classification", dev, pred, with_negative=False) == {
+        "accuracy": pytest.approx(100 * accuracy_score(gold, pred))
+    }
+    gold_r, pred_r = [0.0, 1.5, 3.0, 4.5, 5.0], [0.3, 1.0, 3.5, 4.0, 4.9]
+    dev_r = [TextExample(str(i), "a", None, g) for i, g in enumerate(gold_r)]
+    m = ft.cli_scores("regression", dev_r, pred_r, with_negative=False)
+    assert m["pearson"] == pytest.approx(100 * pearsonr(gold_r, pred_r)[0])
+    assert m["spearman"] == pytest.approx(100 * spearmanr(gold_r, pred_r)[0])
+    qa = [
+        QAExample("q1", "?", "c", ("twelve", "12"), (0, 0)),
+        QAExample("q2", "?", "c", ("old mill wheel",), (0,)),
+        QAExample("q3", "?", "c", ("barley",), (0,)),
+    ]
+    preds = QAPredictions({"q1": "twelve", "q2": "the old mill", "q3": "oats"}, {"q1": -1.0, "q2": -1.0, "q3": -1.0})
+    m = ft.cli_scores("extractive_qa", qa, preds, with_negative=False)
+    # q1 EM 1 F1 1; q2 EM 0 F1 2*(1)*(2/3)/(5/3) = 0.8; q3 0
+    assert m["exact"] == pytest.approx(100 / 3) and m["f1"] == pytest.approx(100 * 1.8 / 3)
+    qa2 = [*qa, QAExample("q4", "?", "c", (), (), is_impossible=True)]
+    preds2 = QAPredictions({**preds.text, "q4": "x"}, {**preds.null_odds, "q4": 2.0})
+    m = ft.cli_scores("extractive_qa", qa2, preds2, with_negative=True)
+    assert m["HasAns_exact"] == pytest.approx(100 / 3) and m["NoAns_exact"] == 100.0  # null_odds 2 > 0: no answer
+    assert m["exact"] == pytest.approx(100 * 2 / 4) and "best_f1_thresh" in m
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -147,7 +160,7 @@ def test_decode_picks_best_valid_span_across_windows(tok):
         ends.append(e)
     preds = ft.decode_qa(feats, starts, ends, examples, n_best=20, max_answer_length=30)
     assert preds.text == {ex.id: ex.answers[0] for ex in examples}
-    assert ft.squad_metrics(preds.text, {ex.id: ex.answers for ex in examples}) == {"exact_match": 100.0, "f1": 100.0}
+    assert metrics.squad_v1(examples, preds.text) == {"exact": 100.0, "f1": 100.0, "total": len(examples)}
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -176,8 +189,11 @@ def _export(tmp: Path, tok, **kw) -> Path:
 def _recomputed(out: Path, task: str) -> dict:
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     if task == "qa":
-        return ft.squad_metrics({r["id"]: r["prediction"] for r in rows}, {r["id"]: r["answers"] for r in rows})
-    return {"accuracy": ft.accuracy([r["prediction"] for r in rows], [r["label"] for r in rows])}
+        n = len(rows)
+        em = sum(max(metrics.exact_v1(r["prediction"], a) for a in r["answers"]) for r in rows)
+        f1 = sum(max(metrics.f1_v1(r["prediction"], a) for a in r["answers"]) for r in rows)
+        return {"exact": 100 * em / n, "f1": 100 * f1 / n}
+    return {"accuracy": 100 * sum(r["prediction"] == r["label"] for r in rows) / len(rows)}
 
 
 def test_finetune_classification_end_to_end_on_stock_bert(tmp_path, tok, capsys):
@@ -210,7 +226,7 @@ def test_finetune_classification_end_to_end_on_stock_bert(tmp_path, tok, capsys)
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 4 and m["max_length"] == 64
     assert m["accuracy"] == pytest.approx(_recomputed(out, "classification")["accuracy"])
-    assert 0.0 <= m["accuracy"] <= 1.0
+    assert 0.0 <= m["accuracy"] <= 100.0
     assert '"accuracy"' in capsys.readouterr().out
 
 
@@ -253,8 +269,8 @@ def test_finetune_qa_end_to_end_on_blockbert_custom_code(tmp_path, tok):
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 3 and m["dev_windows"] > 5  # the long paragraph was split into windows at N = 64
     again = _recomputed(out, "qa")
-    assert m["exact_match"] == pytest.approx(again["exact_match"]) and m["f1"] == pytest.approx(again["f1"])
-    assert 0.0 <= m["exact_match"] <= m["f1"] <= 100.0
+    assert m["exact"] == pytest.approx(again["exact"]) and m["f1"] == pytest.approx(again["f1"])
+    assert 0.0 <= m["exact"] <= m["f1"] <= 100.0
     assert (
         ft.main(
             [
@@ -335,7 +351,7 @@ def test_finetune_learns_a_separable_classification_task(tmp_path, tok):
     m = json.loads((out / "metrics.json").read_text())
     assert m["trainer"] == "transformers.Trainer" and m["steps"] == 60
     assert m["train_loss_last"] < 0.5 * m["train_loss_first"]
-    assert m["accuracy"] >= 29 / 32, m
+    assert m["accuracy"] >= 100 * 29 / 32, m
 
 
 def test_finetune_learns_extractive_qa_on_custom_code(tmp_path, tok):
@@ -400,7 +416,7 @@ def test_finetune_learns_extractive_qa_on_custom_code(tmp_path, tok):
     )
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 60 and m["config"]["gradient_accumulation_steps"] == 2
-    assert m["exact_match"] >= 80.0, m
+    assert m["exact"] >= 80.0, m
 
 
 def test_command_line_runs_every_kind_and_squad2_data(tmp_path, tok):
@@ -453,10 +469,11 @@ def test_command_line_runs_every_kind_and_squad2_data(tmp_path, tok):
         assert m["steps"] == 2 and m["train_examples"] == 6 and m["train_tokens"] > 0 and m["kind"] == task
         preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
         assert len(preds) == 6, task
+        if task == "regression":
+            assert {"pearson", "spearman"} <= set(m), m
         if task == "multiple_choice":
-            assert m["accuracy"] == pytest.approx(
-                ft.accuracy([p["prediction"] for p in preds], [p["label"] for p in preds])
-            )
+            assert m["accuracy"] == pytest.approx(100 * sum(p["prediction"] == p["label"] for p in preds) / 6)
         if task == "extractive_qa":
             assert all(isinstance(p["null_odds"], float) for p in preds) and "f1" in m
+            assert m["NoAns_total"] == 1 and m["HasAns_total"] == 5 and "best_f1_thresh" in m  # official SQuAD 2.0
             assert ft.main([*argv, "--max-steps", "2"]) == 2  # the empty answer needs --with-negative

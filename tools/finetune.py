@@ -7,8 +7,9 @@ The API, over the canonical examples of tools/evaluate/examples.py (what tools.e
                       num_labels=0, with_negative=True)
     result.predictions["validation"]   # QAPredictions: best non-null span text and null_odds per question id
 
-The command line runs one fine-tuning on JSON-lines files and reports accuracy (classification, multiple choice) or
-SQuAD v1.1 EM/F1 (extractive QA); tools.evaluate scores every metric of the papers::
+The command line runs one fine-tuning on JSON-lines files and scores it through tools.evaluate.metrics (in percent):
+accuracy (classification, multiple choice), Pearson/Spearman (regression), SQuAD v1.1 EM/F1 (extractive QA) or, with
+--with-negative, the official SQuAD 2.0 scores; tools.evaluate runs the papers' suites, grids and seeds::
 
     python -m tools.finetune --model HF_DIR --task classification --train train.jsonl --dev dev.jsonl --output-dir OUT
     python -m tools.finetune --model HF_DIR --task extractive_qa --train train.jsonl --dev dev.jsonl --output-dir OUT
@@ -43,12 +44,9 @@ Data of the command line, one JSON object per line:
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
-import re
-import string
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -63,6 +61,7 @@ from common.error_exit import report, run_entry
 from common.errors import UserError
 from common.inputs import parse_json_object
 from tools.device import PRECISIONS
+from tools.evaluate import metrics
 from tools.evaluate.examples import KINDS, ChoiceExample, Example, Predictions, QAExample, QAPredictions, TextExample
 
 
@@ -198,48 +197,6 @@ class FinetuneResult:
     train_loss_last: float
     info: dict[str, Any] = field(default_factory=dict)
     """device, precision, max_length, padding, world_size, windows (QA) ..."""
-
-
-# ----------------------------------------------------------------------------------------------- metrics (CLI)
-def normalize_answer(s: str) -> str:
-    """SQuAD v1.1: lower case, drop punctuation and the articles a/an/the, collapse whitespace."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def exact_match(prediction: str, truth: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(truth))
-
-
-def f1_score(prediction: str, truth: str) -> float:
-    """Token-overlap F1 of the normalized strings (SQuAD v1.1)."""
-    p, t = normalize_answer(prediction).split(), normalize_answer(truth).split()
-    common = collections.Counter(p) & collections.Counter(t)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p), same / len(t)
-    return 2 * precision * recall / (precision + recall)
-
-
-def squad_metrics(predictions: dict[str, str], golds: dict[str, list[str]]) -> dict[str, float]:
-    """EM and F1 in percent, each the max over the gold answers, averaged over the gold examples."""
-    if not golds:
-        raise ValueError("no gold examples to score")
-    em = f1 = 0.0
-    for qid, truths in golds.items():
-        pred = predictions.get(qid, "")
-        em += max(exact_match(pred, t) for t in truths)
-        f1 += max(f1_score(pred, t) for t in truths)
-    return {"exact_match": 100.0 * em / len(golds), "f1": 100.0 * f1 / len(golds)}
-
-
-def accuracy(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    if len(predictions) != len(labels) or not labels:
-        raise ValueError(f"accuracy needs equal, non-empty lists (got {len(predictions)} and {len(labels)})")
-    return sum(int(p == t) for p, t in zip(predictions, labels)) / len(labels)
 
 
 # ----------------------------------------------------------------------------------------------- data (CLI)
@@ -838,6 +795,28 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+CLI_KEYS = tuple(
+    "accuracy pearson spearman exact f1 HasAns_exact HasAns_f1 NoAns_exact NoAns_f1 best_exact best_f1".split()
+)
+"""The scores the command line prints (metrics.json has every one, with totals and thresholds)."""
+
+
+def cli_scores(kind: str, dev: Sequence[Example], preds: Predictions, *, with_negative: bool) -> dict[str, float]:
+    """The single-run CLI's dev scores, in percent, through tools.evaluate.metrics (the one home of the metrics):
+    classification and multiple choice ``accuracy``; regression ``pearson``/``spearman``; extractive QA SQuAD v1.1
+    ``exact``/``f1``, or with unanswerable questions the official SQuAD 2.0 scores (``HasAns_``/``NoAns_`` parts,
+    ``best_exact``/``best_f1`` and their thresholds)."""
+    if kind == "extractive_qa":
+        assert isinstance(preds, QAPredictions)
+        qa = [e for e in dev if isinstance(e, QAExample)]
+        return metrics.squad_v2(qa, preds) if with_negative else metrics.squad_v1(qa, preds.text)
+    gold = [e.label for e in dev]  # type: ignore[union-attr]
+    pred = list(preds)  # type: ignore[arg-type]
+    if kind == "regression":
+        return {"pearson": metrics.pearson(gold, pred), "spearman": metrics.spearman(gold, pred)}
+    return {"accuracy": metrics.accuracy(gold, pred)}
+
+
 def run(cfg: FinetuneRun) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on the JSON-lines task and (rank 0) write metrics.json and predictions.jsonl."""
     kind = cfg.kind
@@ -873,20 +852,14 @@ def run(cfg: FinetuneRun) -> dict[str, Any]:
         **{k: getattr(res, k) for k in ("steps", "train_loss_first", "train_loss_last", "train_seconds")},
         **{k: getattr(res, k) for k in ("train_examples", "train_tokens")},
     }
+    result.update(cli_scores(kind, dev, preds, with_negative=cfg.with_negative))
     lines = []
     if kind == "classification":
         labels = extra["labels"]
-        result["accuracy"] = accuracy(preds, [e.label for e in dev])
         lines = [{"id": e.id, "label": labels[e.label], "prediction": labels[p]} for e, p in zip(dev, preds)]
-    elif kind == "regression":
-        lines = [{"id": e.id, "label": e.label, "prediction": p} for e, p in zip(dev, preds)]
-    elif kind == "multiple_choice":
-        result["accuracy"] = accuracy(preds, [e.label for e in dev])
+    elif kind in ("regression", "multiple_choice"):
         lines = [{"id": e.id, "label": e.label, "prediction": p} for e, p in zip(dev, preds)]
     else:
-        answerable = {e.id: list(e.answers) for e in dev if not e.is_impossible}
-        if answerable:  # SQuAD v1.1 EM/F1 of the best span on the answerable questions (v2.0: tools.evaluate)
-            result.update(squad_metrics(preds.text, answerable))
         result.update(train_windows=res.info["windows"]["train"], dev_windows=res.info["windows"]["dev"])
         lines = [
             {"id": e.id, "prediction": preds.text[e.id], "null_odds": preds.null_odds[e.id], "answers": list(e.answers)}
@@ -921,7 +894,7 @@ def _main(argv: list[str]) -> int:
         if isinstance(e, UserError):
             raise
         return report("tools.finetune", str(e))
-    keys = [k for k in ("accuracy", "exact_match", "f1") if k in result]
+    keys = [k for k in CLI_KEYS if k in result]
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: result[k] for k in ("task", "steps", "train_loss_first", "train_loss_last", *keys)}))
     return 0
