@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEBUG = bool(os.environ.get("SYNC_DEBUG"))
 """SYNC_DEBUG=1 adds the line number to each site."""
 T = TypeVar("T")
