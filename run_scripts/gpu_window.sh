@@ -62,26 +62,27 @@ part dense_unpadded 70 30 $STEP --measure profile --model-preset bert-base --seq
 
 # 2. #48: the batch-8 kernel table at N=4096/8192 under training's attention dropout 0.1 (both sides; flex, which has
 #    none, left out): auto's table (python -m devtools.auto_table on the committed attention.json) and the kernel goals
-part kernels_p01 90 40 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
-  8192 --layouts blockbert_n2 blockbert_n3 local_bi_b64 fixed_b64 --kernels triton_block block_gather dense \
+part kernels_p01 90 40 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 \
+  --cases blockbert_n2,blockbert_n3,local_bi_b64,fixed_b64@4096,8192 --kernels triton_block block_gather dense \
   --max-dense-masked-n 8192 --dropout 0.1 --repeats 3 --out-dir "$W/kernels_p01" --no-plot
 
 # 3. #48: the training step with its ideal O + A x density (the dense row's own profile) and peak memory vs dense, at
 #    N=4096 (b=4) with auto's choices; then the long rows N=16384 (b=2) and 32768 (b=1), where attention dominates
-part steps_4096 60 30 $STEP --measure time --model-preset bert-base --kernel auto --cases dense@4096 blockbert-n2@4096 \
-  blockbert-n3@4096 window-b64@4096 --warmup 3 --steps 6 --precisions bf16 --json "$W/steps_4096.json"
+part steps_4096 60 30 $STEP --measure time --model-preset bert-base --kernel auto \
+  --cases dense,blockbert-n2,blockbert-n3,window-b64@4096 --warmup 3 --steps 6 --precisions bf16 \
+  --json "$W/steps_4096.json"
 part steps_long 100 40 $STEP --measure time --model-preset bert-base --kernel auto --tokens 32768 --cases long \
   --warmup 2 --steps 3 --precisions bf16 --json "$W/steps_long.json"
-part kernels_long 50 25 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 2 --seq-lens 16384 \
-  32768 --layouts blockbert_n2 blockbert_n3 local_bi_b64 --kernels triton_block block_gather --dropout 0.1 --repeats 2 \
-  --out-dir "$W/kernels_long" --no-plot
+part kernels_long 50 25 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 2 \
+  --cases blockbert_n2,blockbert_n3,local_bi_b64@16384,32768 --kernels triton_block block_gather --dropout 0.1 \
+  --repeats 2 --out-dir "$W/kernels_long" --no-plot
 
 # 4. what the step's peak holds, dense against the sparse variants (by category and op)
-part memory 45 25 $STEP --measure memory --model-preset bert-base --kernel auto --cases dense@4096 blockbert-n2@4096 \
-  blockbert-n3@4096 --json "$W/memory.json"
+part memory 45 25 $STEP --measure memory --model-preset bert-base --kernel auto \
+  --cases dense,blockbert-n2,blockbert-n3@4096 --json "$W/memory.json"
 
 # 5. when time is left: the kernel table without dropout (flex in), auto's dropout-0 entries after the kernel changes
-part kernels_p0 80 40 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 --seq-lens 4096 \
-  8192 --layouts blockbert_n2 blockbert_n3 local_bi_b64 fixed_b64 --kernels triton_block block_gather flex \
+part kernels_p0 80 40 $PY -m benchmarks.attention --measure time --device cuda --dtype bf16 --batch 8 \
+  --cases blockbert_n2,blockbert_n3,local_bi_b64,fixed_b64@4096,8192 --kernels triton_block block_gather flex \
   --repeats 3 --out-dir "$W/kernels_p0" --no-plot
 echo "[win] done at $(( $(date +%s) - T0 )) s of $B"

@@ -1,5 +1,6 @@
 """``python -m benchmarks.attention``: one parser for five measures (each keeps its flags and defaults, a flag of
-another measure is one line naming it), both sides of every timed comparison get q/k/v as training makes them
+another measure is one line naming it), one case syntax with benchmarks.step (``--cases NAME@N``: the same words
+read and refused alike), both sides of every timed comparison get q/k/v as training makes them
 (views of one fused projection), and a fast canary of each measure writes what it promises."""
 
 from __future__ import annotations
@@ -18,33 +19,38 @@ def test_each_measure_keeps_its_flags_and_defaults(tmp_path):
     """The defaults of the five tools the command replaced, and the command lines the GPU check and the GPU window
     script give it."""
     t = cli.parse([])
-    assert (t.measure, t.seq_lens, t.layouts, t.kernels) == (
+    assert (t.measure, t.cases, t.kernels) == (
         "time",
-        [512, 1024, 2048, 4096],
-        list(TUNED_LAYOUTS),
+        [(lay, n) for n in (512, 1024, 2048, 4096) for lay in TUNED_LAYOUTS],
         ["block_gather", "flex"],
     )
     assert (t.dtype, t.batch, t.device, t.repeats, str(t.out_dir)) == ("fp32", 1, "cpu", 3, "out/bench_attention")
     assert (t.target_factor, t.math_max_n, t.max_dense_masked_n, t.table, t.no_plot) == (1.15, 2048, 2048, None, False)
     m = cli.parse(["--measure", "memory", "--write-doc"])
-    assert (m.seq_lens, m.families, str(m.write_doc)) == (
-        [4096, 8192],
-        list(retained_memory.families()),
+    assert (m.cases, str(m.write_doc)) == (
+        [(fam, n) for n in (4096, 8192) for fam in retained_memory.families()],
         "docs/model.md",
     )
     assert "dense" not in m.kernels and retained_memory.GATHER_ONLY in m.kernels and not m.model_level
     tl = cli.parse(["--measure", "tiles"])
-    assert (tl.batch, tl.dtype, tl.layouts, tl.configs) == (
+    assert (tl.batch, tl.dtype, tl.cases, tl.configs) == (
         8,
         "bf16",
-        ["blockbert_n2", "local_bi_b64"],
+        [(lay, n) for n in (4096, 8192) for lay in ("blockbert_n2", "local_bi_b64")],
         triton_tiles.DEFAULT_CONFIGS,
     )
     k = cli.parse(["--measure", "masks"])
     assert (k.seq_length, k.batch, k.repeats, k.masks_only, k.out) == (512, 2, 3, False, None)
-    assert cli.parse(["--measure", "flex-tiles"]).seq_lens == [4096, 8192]
-    gpu_check = ["--device", "cpu", "--dtype", "fp32", "--layouts", "blockbert_n2", "blockbert_n3", "fixed_b64"]
-    gpu_check += ["local_bi_b64", "--kernels", "block_gather", "--seq-lens", "256", "512", "--repeats", "1"]
+    assert cli.parse(["--measure", "flex-tiles"]).cases == [(lay, n) for n in (4096, 8192) for lay in TUNED_LAYOUTS]
+    gpu_check = [
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--cases",
+        "blockbert_n2,blockbert_n3,fixed_b64,local_bi_b64@256,512",
+    ]
+    gpu_check += ["--kernels", "block_gather", "--repeats", "1"]
     gpu_check += ["--target-factor", "1.3", "--out-dir", str(tmp_path), "--no-plot"]
     assert cli.parse(gpu_check).target_factor == 1.3
     assert cli.parse(["--measure", "tiles", "--device", "cpu", "--json", "x.json"]).json == "x.json"
@@ -55,9 +61,10 @@ def test_each_measure_keeps_its_flags_and_defaults(tmp_path):
     [
         (["--configs", "64x64:4:2"], "--configs is a flag of --measure tiles, not of --measure time"),
         (
-            ["--measure", "masks", "--seq-lens", "64"],
-            "--seq-lens is a flag of --measure time / memory / tiles / flex-tiles",
+            ["--measure", "masks", "--cases", "fixed_b64@64"],
+            "--cases is a flag of --measure time / memory / tiles / flex-tiles",
         ),
+        (["--measure", "memory", "--model-level", "--cases", "fixed@64"], "--cases: --model-level measures its"),
         (
             ["--measure", "tiles", "--device", "cpu", "--configs", "96x64:4:2"],
             "--configs '96x64:4:2': tiles are powers of two",
@@ -68,6 +75,63 @@ def test_bad_flags_are_one_line(argv, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------- one case syntax with benchmarks.step
+CASE_WORDS = {
+    "benchmarks.step": ("dense", "blockbert-n2", "VARIANT"),
+    "benchmarks.attention": ("blockbert_n2", "blockbert_n3", "LAYOUT"),
+}
+"""Harness -> two names its ``--measure time --cases`` takes, and what it calls a name."""
+
+
+def _time_cases(harness: str, words: list[str]) -> list[tuple[str, int]]:
+    """``--measure time --cases WORDS`` as the harness's own parser reads them."""
+    if harness == "benchmarks.step":
+        from benchmarks.step.cli import build_parser
+
+        return build_parser("time").parse_args(["--measure", "time", "--cases", *words]).cases
+    return cli.parse(["--measure", "time", "--cases", *words]).cases
+
+
+@pytest.mark.parametrize("harness", list(CASE_WORDS))
+def test_both_harnesses_read_the_same_case_words_alike(harness):
+    """NAME@N; NAME,NAME@N,N is every pair, lengths outer; cases run in the order written, and the kernel table
+    groups them by N in the order the lengths first appear (one dense baseline per N)."""
+    from benchmarks.support.cases import by_length
+
+    a, b, _ = CASE_WORDS[harness]
+    got = _time_cases(harness, [f"{b}@512", f"{a},{b}@128,256"])
+    assert got == [(b, 512), (a, 128), (b, 128), (a, 256), (b, 256)]
+    assert by_length(got + [(a, 512)]) == [(512, [b, a]), (128, [a, b]), (256, [a, b])]
+
+
+@pytest.mark.parametrize(
+    "word, problem",
+    [
+        ("{a}64", "no @N"),
+        ("{a}@0", "N '0' is not a positive whole number"),
+        ("{a}@", "N '' is not a positive whole number"),
+        ("{a}@128,6x4", "N '6x4' is not a positive whole number"),
+        ("{a}x@64", "no {what} '{a}x' (did you mean {a}?)"),
+        ("{a},{b},{a}@64", "{a}@64 is given twice"),
+    ],
+)
+def test_both_harnesses_refuse_a_bad_case_with_the_same_line(word, problem, capsys):
+    """The same mistake is the same argparse error (exit 2, before any set-up) in both harnesses, naming the word, what
+    is wrong with it, and how to write a case with the harness's own names."""
+    said = set()
+    for harness, (a, b, what) in CASE_WORDS.items():
+        spec = word.format(a=a, b=b)
+        with pytest.raises(SystemExit) as stop:
+            _time_cases(harness, [spec])
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        wanted = f"{harness}: error: --cases {spec!r}: {problem.format(a=a, b=b, what=what)}"
+        assert stop.value.code == 2 and wanted in line, line
+        if "twice" not in problem:
+            assert f"; write {what}@N, or {what},{what}@N,N for every pair, with {what} one of {a}, {b}" in line
+        said.add(line.split(": error: ")[1].split("; write")[0].replace(a, "A").replace(b, "B").replace(what, "W"))
+    assert len(said) == 1, said
 
 
 def test_an_old_spelling_is_refused():
@@ -105,7 +169,7 @@ def test_the_step_feeds_views_of_one_fused_projection():
 def test_kernel_table_canary(tmp_path, capsys):
     """``--measure time`` at N=64: one row per kernel x layout, the report says both sides' conditions, and
     ``--table`` renders the report as attention.md holds it."""
-    argv = ["--seq-lens", "64", "--layouts", "blockbert_n2", "--kernels", "block_gather", "dense", "--repeats", "1"]
+    argv = ["--cases", "blockbert_n2@64", "--kernels", "block_gather", "dense", "--repeats", "1"]
     assert cli.main([*argv, "--out-dir", str(tmp_path), "--no-plot", "--folded-baseline"]) == 0
     report = json.loads((tmp_path / "attention.json").read_text())
     assert report["complete"] and not report["failed"]
@@ -131,15 +195,17 @@ def test_masks_memory_and_flex_tiles_canaries(tmp_path, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["case"], r["kernel"]) for r in rows] == [("mask:star", "dense"), ("mask:star", "block_gather")]
     assert all(r["ratio_vs_dense_sdpa"] > 0 and 0 < r["block_density"] <= 1 for r in rows)
-    argv = ["--measure", "memory", "--seq-lens", "256", "--families", "fixed", "--kernels", "block_gather"]
+    argv = ["--measure", "memory", "--cases", "fixed@256", "--kernels", "block_gather"]
     assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 0
     (row,) = json.loads((tmp_path / "attention_memory.json").read_text())["rows"]
     assert (row["family"], row["n"]) == ("fixed", 256) and row["meets"]
     capsys.readouterr()
-    assert cli.main(["--measure", "flex-tiles", "--seq-lens", "256"]) == 0
+    assert cli.main(["--measure", "flex-tiles", "--cases", "fixed_b64,blockbert_n2@256"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| layout | N |") and len(lines) == 2 + len(TUNED_LAYOUTS)
-    assert "| fixed_b64 | 256 |" in "\n".join(lines)
+    assert lines[0].startswith("| layout | N |") and [ln.split(" | ")[:2] for ln in lines[2:]] == [
+        ["| fixed_b64", "256"],
+        ["| blockbert_n2", "256"],
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
@@ -163,12 +229,12 @@ def test_dropout_reaches_both_sides_of_the_comparison(tmp_path):
     dense = kernel_table.dense_sdpa(0.5)
     assert not torch.equal(dense(q, q, q), dense(q, q, q))  # dropout drawn per call
     assert torch.equal(kernel_table.dense_sdpa(0.0)(q, q, q), F.scaled_dot_product_attention(q, q, q))
-    args = cli.parse(["--seq-lens", "64", "--layouts", "blockbert_n2", "--kernels", "block_gather", "flex", "dense"])
+    args = cli.parse(["--cases", "blockbert_n2@64", "--kernels", "block_gather", "flex", "dense"])
     args.dropout = 0.1
-    mods = [c[2] for c in kernel_table.candidates(args, 64, torch.device("cpu"))]
+    mods = [c[2] for c in kernel_table.candidates(args, 64, ["blockbert_n2"], torch.device("cpu"))]
     assert [m.kernel_name for m in mods] == ["block_gather", "dense"]
     assert all(m.dropout_p == 0.1 and m.training for m in mods)
-    argv = ["--seq-lens", "64", "--layouts", "blockbert_n2", "--kernels", "block_gather", "--repeats", "1"]
+    argv = ["--cases", "blockbert_n2@64", "--kernels", "block_gather", "--repeats", "1"]
     assert cli.main([*argv, "--dropout", "0.1", "--out-dir", str(tmp_path), "--no-plot"]) == 0
     report = json.loads((tmp_path / "attention.json").read_text())
     assert report["meta"]["dropout"] == 0.1 and [r["kernel"] for r in report["rows"]] == ["block_gather"]

@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.step import cli as step_cli
 from benchmarks.step import profiling, timing
-from benchmarks.step.case import CASE_SETS, VARIANTS, WHOLE_PRESETS, Case, case_model_config, parse_cases
+from benchmarks.step.case import CASES, VARIANTS, WHOLE_PRESETS, Case, case_model_config
 from model.attention.kernels import KERNELS
 from model.attention.kernels.auto import NO_DROPOUT_KERNELS
 from model.flops import layout_density
@@ -70,11 +70,11 @@ def test_the_long_rows_and_the_window_variant():
     local_bi_b64."""
     from benchmarks.attention.layouts import TUNED_LAYOUTS
 
-    long = parse_cases(["long"])
+    long = CASES.parse(["long"])
     assert sorted(long) == sorted(
         (v, n) for n in (16384, 32768) for v in ("dense", "blockbert-n2", "blockbert-n3", "window-b64")
     )
-    assert parse_cases(["dense@512", "long"])[0] == ("dense", 512) and len(CASE_SETS["long"]) == 8
+    assert CASES.parse(["dense@512", "long"])[0] == ("dense", 512) and len(long) == 8
     args = _args("time", ["--model-preset", "bert-base", "--tokens", "32768", "--cases", "long", "--device", "cpu"])
     assert (args.hidden, args.layers, args.heads) == (768, 12, 12)
     assert {n: max(1, args.tokens // n) for _, n in args.cases_parsed} == {16384: 2, 32768: 1}
@@ -84,8 +84,8 @@ def test_the_long_rows_and_the_window_variant():
     assert layout_density(window, 8192) == pytest.approx(0.0233, abs=1e-3)
     assert window.max_position_embeddings == 8192
     assert case_model_config(Case("blockbert-n3", seq_len=32768), args).max_position_embeddings == 32768
-    with pytest.raises(ValueError, match="or a set: long"):
-        parse_cases(["longer"])
+    with pytest.raises(ValueError, match=r"no set 'longer' \(did you mean long\?\).*or a set: long"):
+        CASES.parse(["longer"])
 
 
 # --------------------------------------------------------------------------------------------- the profile split

@@ -1,5 +1,6 @@
 """benchmarks/step (``python -m benchmarks.step --measure {time,profile,memory,host}``): the one training-step
-harness. Its command line keeps every flag of the four tools it replaced; --kernel never reaches dense (issue #48);
+harness. Its command line keeps every flag of the four tools it replaced (time's --variants x --seq-lens became
+--cases, the case syntax benchmarks.attention shares); --kernel never reaches dense (issue #48);
 and at CPU scale each measure reports what the GPU run fills: the trainer's inputs and the paper set-ups' kernels
 (``time``: no all-ones attention mask reaches the engine, the MLM head gets the derived static cap, with the papers'
 attention dropout 0.1 ``auto`` trains BlockBERT with block_gather; issue 25 item 3), the profile of padded and packed
@@ -27,8 +28,8 @@ from tests import train_utils as tu
 MIB = 2**20
 
 # ------------------------------------------------------------------------------------------------- the command line
-OLD_FLAGS = {
-    "time": "--model-preset --variants --seq-lens --cases --precisions --kernel --vocab-size --data-path --vocab-file "
+FLAGS = {
+    "time": "--model-preset --cases --precisions --kernel --vocab-size --data-path --vocab-file "
     "--tokenizer-type --sample-mode --tokens --warmup --steps --device --compile --json",
     "profile": "--model-preset --variants --seq-len --batch --precision --kernel --vocab-size --data-path --vocab-file "
     "--tokenizer-type --sample-mode --warmup --steps --compile-estimate-s --budget-s --device --json --trace",
@@ -36,14 +37,19 @@ OLD_FLAGS = {
     "host": "--configs --hidden --layers --vocab-size --seq-len --batch --warmup --steps --top --json",
 }
 """The flags of benchmarks/train_step_ds.py, profile_step.py, step_memory.py and host_overhead.py (less the deprecated
---preset and --vocab): run_scripts/gpu_window.sh and benchmarks/gpu_check.py call the measures with them."""
+--preset and --vocab; train_step_ds's --variants x --seq-lens are --cases, issue #55): run_scripts/gpu_window.sh and
+devtools/gpu_check call the measures with them."""
 
 
-@pytest.mark.parametrize("measure", list(OLD_FLAGS))
+@pytest.mark.parametrize("measure", list(FLAGS))
 def test_every_flag_of_the_old_tool_keeps_its_name_under_its_measure(measure):
     options = {o for a in build_parser(measure)._actions for o in a.option_strings}
-    assert set(OLD_FLAGS[measure].split()) | {"--measure", "-h", "--help"} == options  # nothing lost, nothing added
+    assert set(FLAGS[measure].split()) | {"--measure", "-h", "--help"} == options  # nothing lost, nothing added
     assert not {"--preset", "--vocab"} & options  # the deprecated aliases are gone
+    if measure == "time":  # the cross product is one --cases word, in the order train_step_ds's flags gave
+        assert build_parser(measure).parse_args(["--measure", "time"]).cases == [
+            (v, n) for n in (512, 1024) for v in ("dense", "blockbert-n2", "blockbert-n3")
+        ]
 
 
 @pytest.mark.parametrize(
@@ -52,7 +58,8 @@ def test_every_flag_of_the_old_tool_keeps_its_name_under_its_measure(measure):
         (["--steps", "1"], "the following arguments are required: --measure"),
         (["--measure", "speed"], "argument --measure: invalid choice: 'speed'"),
         (["--measure", "host", "--cases", "dense@64"], "unrecognized arguments: --cases dense@64"),
-        (["--measure", "memory", "--cases", "dense4096"], "--cases 'dense4096': write VARIANT@N"),
+        (["--measure", "memory", "--cases", "dense4096"], "--cases 'dense4096': no @N; write VARIANT@N"),
+        (["--measure", "time", "--variants", "dense"], "unrecognized arguments: --variants dense"),
         (["--measure", "profile", "--variants", "packed"], "--variants packed needs --data-path"),
         (["--measure", "time", "--data-path", "x"], "--data-path needs --vocab-file"),
         (["--measure", "host", "--configs", "nope.json"], "--configs nope.json: no such file in"),
@@ -227,9 +234,10 @@ def runs(tmp_path_factory) -> dict[str, tuple[dict, str]]:
     shards = ["--data-path", str(data / "shard"), "--vocab-file", str(data / "vocab.txt")]
     vocab = ["--vocab-size", str(tu.VOCAB_SIZE)]
     commands = {
-        "time": ["--measure", "time", *TINY, "--precisions", "bf16", "--steps", "1", "--seq-lens", "128"],
-        "time_data": ["--measure", "time", *TINY, "--variants", "dense", "--precisions", "bf16", "--steps", "2"]
-        + ["--seq-lens", "64", *shards, *vocab],
+        "time": ["--measure", "time", *TINY, "--precisions", "bf16", "--steps", "1"]
+        + ["--cases", "dense,blockbert-n2,blockbert-n3@128"],
+        "time_data": ["--measure", "time", *TINY, "--cases", "dense@64", "--precisions", "bf16", "--steps", "2"]
+        + [*shards, *vocab],
         "profile": ["--measure", "profile", *TINY, "--seq-len", "64", "--batch", "2", "--steps", "1", *vocab, *shards]
         + ["--sample-mode", "doc-sentences", "--variants", "eager", "packed", "--trace", str(tmp / "trace.json.gz")],
         # --kernel block_gather: the sparse variants' kernel; dense must still run its own (issue #48)
@@ -369,12 +377,12 @@ def test_host_the_shipped_bf16_steps_do_no_per_parameter_work_in_deepspeed(runs)
 def test_cases_parse_and_compare():
     """(Was tests/test_gpu_check.py's train_step case.) VARIANT@N, a one-line error for anything else, and the n=2 /
     dense ratios only where both were measured."""
-    from benchmarks.step.case import parse_cases
+    from benchmarks.step.case import CASES
     from benchmarks.step.timing import comparisons
 
-    assert parse_cases(["dense@512", "blockbert-n2@4096"]) == [("dense", 512), ("blockbert-n2", 4096)]
+    assert CASES.parse(["dense@512", "blockbert-n2@4096"]) == [("dense", 512), ("blockbert-n2", 4096)]
     with pytest.raises(ValueError, match="VARIANT@N"):
-        parse_cases(["dense4096"])
+        CASES.parse(["dense4096"])
     rows = [
         {"variant": "dense", "precision": "bf16", "seq_len": 4096, "step_s": 0.4, "peak_memory_mib": 1000.0},
         {"variant": "blockbert-n2", "precision": "bf16", "seq_len": 4096, "step_s": 0.2, "peak_memory_mib": 600.0},

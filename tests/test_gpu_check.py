@@ -102,9 +102,9 @@ def test_quick_plan_is_a_selection_of_the_one_step_table(tmp_path):
     assert "zero2_fp16.json" in smoke_cmds[0] and "zero2_bf16.json" in smoke_cmds[1]
     assert "zero3_fp16.json" in " ".join(by["smoke_zero3"].commands[0])
     table = by["kernel_table"].commands[0]
-    assert table[table.index("--seq-lens") + 1 : table.index("--repeats")] == ["512", "1024", "4096", "8192"]
+    assert table[table.index("--cases") + 1] == "blockbert_n2,blockbert_n3,fixed_b64,local_bi_b64@512,1024,4096,8192"
     ts = " ".join(by["train_step"].commands[0])
-    assert "--cases dense@512 dense@4096 blockbert-n2@4096" in ts and "--data-path" in ts
+    assert "--cases dense@512 dense,blockbert-n2@4096" in ts and "--data-path" in ts
 
 
 def test_no_step_runs_a_shell_script(tmp_path):
@@ -121,9 +121,21 @@ def _started_modules(cmd: list[str]) -> list[str]:
     return [cmd[2]] if len(cmd) > 2 and cmd[1] == "-m" else []
 
 
+def _harness_args(module: str, argv: list[str]):
+    """``argv`` read by the harness's own parser (flags, choices, --cases words; CUDA swapped for CPU here)."""
+    from benchmarks.attention import cli as attention_cli
+    from benchmarks.step.cli import build_parser
+
+    argv = [a if a != "cuda" else "cpu" for a in argv]
+    if module == "benchmarks.attention":
+        return attention_cli.parse(argv)
+    return build_parser(argv[argv.index("--measure") + 1]).parse_args(argv)
+
+
 def test_the_steps_reference_existing_files_and_the_harness_contract(tmp_path):
     """Every ds_config, test file and module a step names exists (a typo would only show on the GPU node); the
-    benchmarks are the harnesses' command lines, by name: the module and its --measure value."""
+    benchmarks are the harnesses' command lines, by name (the module and its --measure value), that the harness's
+    parser accepts today."""
     seen = set()
     for quick in (True, False):
         for s in plan.plan(_ctx(tmp_path, quick=quick)):
@@ -136,6 +148,7 @@ def test_the_steps_reference_existing_files_and_the_harness_contract(tmp_path):
                         measure = cmd[cmd.index("--measure") + 1]
                         assert measure in HARNESSES[mod], (s.name, mod, measure)
                         seen.add((mod, measure))
+                        _harness_args(mod, cmd[3:])
                         assert "--preset" not in cmd  # the alias is gone: --model-preset
                     else:
                         assert mod.split(".")[0] != "benchmarks", (s.name, mod)
@@ -163,10 +176,6 @@ def test_gpu_window_parts_are_harness_command_lines_with_flags_that_exist(tmp_pa
     harness's own parser accepts it today (flags, choices, --cases sets; CUDA swapped for CPU here): a part that would
     die on a misspelt flag costs the whole window. The parts answer #47 (dense profile rows) and #48 (the kernel table
     under dropout 0.1, the step table with its ideal at N=4096, the long rows, memory)."""
-    from benchmarks.attention import cli as attention_cli
-    from benchmarks.step.case import parse_cases
-    from benchmarks.step.cli import build_parser
-
     cmds = _window_commands(tmp_path)
     assert cmds[0][:4] == ["bash", "run_scripts/gpu_check.sh", "--quick", "--budget-s"]
     assert cmds[0][cmds[0].index("--only") + 1 :] == ["kernel_tests", "data"]
@@ -176,24 +185,24 @@ def test_gpu_window_parts_are_harness_command_lines_with_flags_that_exist(tmp_pa
         module, argv = cmd[2], cmd[3:]
         measure = argv[argv.index("--measure") + 1]
         assert measure in HARNESSES[module]
+        args = _harness_args(module, argv)
         if module == "benchmarks.attention":
-            args = attention_cli.parse([a if a != "cuda" else "cpu" for a in argv])
-            seen.append((module, measure, f"dropout {args.dropout}", tuple(args.seq_lens)))
+            lengths = tuple(sorted({n for _, n in args.cases}))
+            seen.append((module, measure, f"dropout {args.dropout}", lengths, len(args.cases)))
         else:
-            args = build_parser(measure).parse_args(argv)
-            cases = parse_cases(args.cases) if getattr(args, "cases", None) else []
-            seen.append((module, measure, tuple(sorted({n for _, n in cases})), args.kernel))
+            cases = args.cases if measure != "profile" else []
+            seen.append((module, measure, tuple(sorted({n for _, n in cases})), args.kernel, len(cases)))
             if measure == "profile":
                 assert args.seq_len == 512 and args.batch in (32, 128)
     assert seen == [
-        ("benchmarks.step", "profile", (), "auto"),
-        ("benchmarks.step", "profile", (), "auto"),
-        ("benchmarks.attention", "time", "dropout 0.1", (4096, 8192)),
-        ("benchmarks.step", "time", (4096,), "auto"),
-        ("benchmarks.step", "time", (16384, 32768), "auto"),
-        ("benchmarks.attention", "time", "dropout 0.1", (16384, 32768)),
-        ("benchmarks.step", "memory", (4096,), "auto"),
-        ("benchmarks.attention", "time", "dropout 0.0", (4096, 8192)),
+        ("benchmarks.step", "profile", (), "auto", 0),
+        ("benchmarks.step", "profile", (), "auto", 0),
+        ("benchmarks.attention", "time", "dropout 0.1", (4096, 8192), 8),  # n=2, n=3, window, Fixed
+        ("benchmarks.step", "time", (4096,), "auto", 4),  # dense, n=2, n=3, window
+        ("benchmarks.step", "time", (16384, 32768), "auto", 8),
+        ("benchmarks.attention", "time", "dropout 0.1", (16384, 32768), 6),
+        ("benchmarks.step", "memory", (4096,), "auto", 3),
+        ("benchmarks.attention", "time", "dropout 0.0", (4096, 8192), 8),
     ]
 
 

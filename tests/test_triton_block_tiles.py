@@ -49,8 +49,8 @@ def test_each_configuration_reaches_the_plans_it_times(monkeypatch, configs):
     kernel = KERNELS["triton_block"]
     before = (kernel.tile, kernel.tile_n, kernel.launch)
     args = argparse.Namespace(
-        device="cuda" if torch.cuda.is_available() else "cpu", dtype="fp32", batch=1, seq_lens=[64],
-        layouts=["fixed_b16"], configs=configs, repeats=1, json=None,
+        device="cuda" if torch.cuda.is_available() else "cpu", dtype="fp32", batch=1, cases=[("fixed_b16", 64)],
+        configs=configs, repeats=1, json=None,
     )  # fmt: skip
     rows = sweep(args)
     assert [r["config"] for r in rows] == configs

@@ -1,6 +1,7 @@
 """The one command line of the attention benchmark: ``--measure`` picks what is measured, and one table of flags
-(:func:`flags`) says which flags each measure takes, with its defaults, so a case flag such as ``--seq-lens`` or
-``--kernels`` is written once and means the same under every measure that has it."""
+(:func:`flags`) says which flags each measure takes, with its defaults, so a flag such as ``--cases`` or ``--kernels``
+is written once and means the same under every measure that has it. ``--cases LAYOUT@N`` (``FAMILY@N`` under
+``--measure memory``) is the syntax benchmarks.step's ``--cases VARIANT@N`` has (benchmarks/support/cases.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from benchmarks.attention import flex_tiles, kernel_table, masks, retained_memory, triton_tiles
 from benchmarks.attention.layouts import TUNED_LAYOUTS, layouts
 from benchmarks.attention.steps import DTYPES
+from benchmarks.support.cases import CaseSyntax
 from model.attention import sparsebert
 from model.attention.kernels import KERNELS
 
@@ -35,20 +37,21 @@ def _memory_kernels() -> list[str]:
 
 
 def case_flags() -> dict[str, dict[str, dict[str, Any]]]:
-    """flag -> {measure: argparse keywords} for the flags several measures share (the case: lengths, layouts,
-    kernels, shape, device, repeats, where results go), built when asked (the registries' choices as they are)."""
-    seq = dict(type=int, nargs="+", metavar="N", help="sequence lengths")
+    """flag -> {measure: argparse keywords} for the flags several measures share (the cases, kernels, shape, device,
+    repeats, where results go), built when asked (the registries' choices as they are)."""
+    timed = CaseSyntax(tuple(layouts()), "LAYOUT")
+    tuned = CaseSyntax(tuple(TUNED_LAYOUTS), "LAYOUT")
+    fams = CaseSyntax(tuple(retained_memory.families()), "FAMILY")
+    every = ",".join(TUNED_LAYOUTS)
     mem_kernels = _memory_kernels()
     gpu = "cuda" if torch.cuda.is_available() else "cpu"
     out_dir = dict(type=Path, help="where the JSON (and the table, the plot) go")
     return {
-        "--seq-lens": {
-            "time": dict(seq, default=[512, 1024, 2048, 4096]),
-            **{m: dict(seq, default=[4096, 8192]) for m in ("memory", "tiles", "flex-tiles")},
-        },
-        "--layouts": {
-            "time": dict(nargs="+", choices=sorted(layouts()), default=list(TUNED_LAYOUTS)),
-            "tiles": dict(nargs="+", choices=sorted(TUNED_LAYOUTS), default=["blockbert_n2", "local_bi_b64"]),
+        "--cases": {
+            "time": timed.flag([f"{every}@512,1024,2048,4096"], "the layouts to time, each at its N"),
+            "memory": fams.flag([f"{','.join(fams.names)}@4096,8192"], "the layout families to measure, each at its N"),
+            "tiles": tuned.flag(["blockbert_n2,local_bi_b64@4096,8192"], "the layouts to sweep, each at its N"),
+            "flex-tiles": tuned.flag([f"{every}@4096,8192"], "the layouts whose tiles to count, each at its N"),
         },
         "--kernels": {
             "time": dict(nargs="+", choices=sorted(KERNELS), default=["block_gather", "flex"]),
@@ -103,13 +106,12 @@ def measure_flags() -> dict[str, dict[str, dict[str, Any]]]:
             "for flex on GPUs)",
         ),
     }
-    fams = retained_memory.families()
     memory = {
-        "--families": dict(nargs="+", default=list(fams), choices=list(fams)),
         "--write-doc": dict(type=Path, nargs="?", const=Path("docs/model.md"), default=None),
         "--model-level": dict(
             action="store_true",
-            help="measure the one-layer model's training forward (MODEL) for every layout-only family instead",
+            help="measure the one-layer model's training forward (MODEL: its own N) for every layout-only family "
+            "instead of --cases",
         ),
         "--emulate-cuda": dict(
             action="store_true",
@@ -174,6 +176,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
             raise UserError(f"{flag} is a flag of --measure {other}, not of --measure {measure}")
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
+    if getattr(args, "model_level", False) and any(w.split("=")[0] == "--cases" for w in argv):
+        raise UserError("--cases: --model-level measures its one-layer model at its own N; give one of the two")
     if getattr(args, "device", "cpu").startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
     return args

@@ -1,14 +1,14 @@
 """``--measure flex-tiles``: FlexAttention's tiles per layout, before and after issue 41 (exact counts from the
 BlockMask, any machine):
 
-    .venv/bin/python -m benchmarks.attention --measure flex-tiles --seq-lens 4096 8192
+    .venv/bin/python -m benchmarks.attention --measure flex-tiles --cases blockbert_n2,fixed_b64@4096,8192
 
 "before": the BlockMask main built (128 x 128 tiles over the layout's padded length, which need not be a multiple
 of 128); "after": the flex plan's (the length padded to the 128-token tile, 64-token key tiles where they fill
 partial tiles, the mask_mod in closed form where the layout has one). Partial tiles run the mask_mod element by
 element; full tiles skip it. Counts are summed over the 12 heads of the kernel table's layouts
-(:data:`benchmarks.attention.layouts.TUNED_LAYOUTS`), one batch row without padding. No timing: CPU flex times say
-nothing about a GPU.
+(:data:`benchmarks.attention.layouts.TUNED_LAYOUTS`; default all of them), one batch row without padding. No timing:
+CPU flex times say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from model.attention.kernels.flex import FlexKernel, mask_mod_for
 from model.attention.kernels.flex_mask import layout_block_mask, partial_tiles
 
 
-def tile_rows(n: int) -> list[dict]:
-    """One row per tuned layout at sequence length ``n``."""
+def tile_rows(cases: list[tuple[str, int]]) -> list[dict]:
+    """One row per case (a tuned layout at a sequence length)."""
     rows = []
-    for name, make in TUNED_LAYOUTS.items():
-        cfg = make()
+    for name, n in cases:
+        cfg = TUNED_LAYOUTS[name]()
         mod = BlockSparseAttention(cfg, kernel="flex", max_seq_length=n)
         n_pad = cfg.padded_length(n)
         lay = mod.layout_for(n).bool()
@@ -83,6 +83,6 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def command(args: argparse.Namespace) -> int:
-    """``--measure flex-tiles``: the table for every ``--seq-lens`` N."""
-    print("\n".join(table([r for n in args.seq_lens for r in tile_rows(n)])))
+    """``--measure flex-tiles``: the table of the ``--cases``."""
+    print("\n".join(table(tile_rows(args.cases))))
     return 0

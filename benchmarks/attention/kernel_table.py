@@ -1,13 +1,14 @@
 """``--measure time`` (the default): forward+backward time and peak memory of each attention kernel x layout vs
 dense SDPA without a mask (the kernel table of docs/model.md, docs/gpu_reports/ and ``auto``'s measured table).
 
-Writes ``attention.json`` (one row per kernel x layout x N; rewritten after every row, ``complete`` at the end),
-``attention.md`` and ``attention.png`` (time and memory ratios vs the dense baseline, with the target line
-1.15 x density) to ``--out-dir``. Both sides run benchmarks/attention/steps.py's step (q/k/v as views of one fused
-projection) under the same attention dropout (``--dropout``, default 0; the paper recipes train with 0.1, and
-``auto``'s table must be measured with the dropout training uses: the dense baseline, the SDPA baselines and every
-kernel get it; ``flex``, which has none, is left out with a note when it is on); ``dense`` given a sparse layout is
-dense SDPA *with* the layout's mask.
+Each ``--cases LAYOUT@N`` is measured with every ``--kernels`` kernel, the cases of one N against one dense baseline
+(lengths in the order they first appear). Writes ``attention.json`` (one row per kernel x layout x N; rewritten after
+every row, ``complete`` at the end), ``attention.md`` and ``attention.png`` (time and memory ratios vs the dense
+baseline, with the target line 1.15 x density) to ``--out-dir``. Both sides run benchmarks/attention/steps.py's step
+(q/k/v as views of one fused projection) under the same attention dropout (``--dropout``, default 0; the paper recipes
+train with 0.1, and ``auto``'s table must be measured with the dropout training uses: the dense baseline, the SDPA
+baselines and every kernel get it; ``flex``, which has none, is left out with a note when it is on); ``dense`` given a
+sparse layout is dense SDPA *with* the layout's mask.
 
 Memory: on CUDA, ``torch.cuda.max_memory_allocated`` minus what was allocated before the step; on CPU the step runs
 once under ``torch.profiler`` and the peak of its replayed allocations counts (outputs, saved activations, the
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from benchmarks.attention.layouts import HEAD_DIM, HEADS, layouts
 from benchmarks.attention.steps import DTYPES, fused_qkv, make_step, paired_times, peak_memory_mib
 from benchmarks.report import commit_info, markdown_table, write_json
+from benchmarks.support.cases import by_length
 from model.attention import BlockSparseAttention, layout_density
 from model.attention.kernels import KERNELS
 from model.attention.kernels.auto import NO_DROPOUT_KERNELS
@@ -101,21 +103,30 @@ Case = tuple[str, str, "BlockSparseAttention | None", Callable]
 """(kernel, layout, attention module or None for the SDPA baselines, ``(q, k, v) -> out``)."""
 
 
-def candidates(args: argparse.Namespace, n: int, device: torch.device) -> Iterator[Case]:
-    """The :data:`Case` of every row at ``n``, one at a time (one module and its plans alive at once)."""
+def skipped_kernels(args: argparse.Namespace, device: torch.device) -> dict[str, str]:
+    """--kernels that cannot run here -> why (a CPU without their backward, flex under dropout)."""
+    out = {}
+    for kname in args.kernels:
+        why = cpu_skip_reason(kname) if device.type == "cpu" else None
+        if why is None and args.dropout > 0 and kname in NO_DROPOUT_KERNELS:
+            why = f"it has no attention dropout (--dropout {args.dropout:g})"
+        if why is not None:
+            out[kname] = why
+    return out
+
+
+def candidates(args: argparse.Namespace, n: int, lnames: list[str], device: torch.device) -> Iterator[Case]:
+    """The :data:`Case` of every row at ``n`` (the layouts ``--cases`` gives at ``n``), one at a time (one module and
+    its plans alive at once)."""
     p = args.dropout
     if args.math_baseline and n <= args.math_max_n:
         yield "sdpa_math", "none", None, _math_sdpa(p)
     if args.folded_baseline:
         yield "sdpa_folded", "none", None, _folded_sdpa(p)
-    for lname in args.layouts:
+    skipped = skipped_kernels(args, device)
+    for lname in lnames:
         for kname in args.kernels:
-            why = cpu_skip_reason(kname) if device.type == "cpu" else None
-            if why is None and p > 0 and kname in NO_DROPOUT_KERNELS:
-                why = f"it has no attention dropout (--dropout {p:g})"
-            if why is not None:
-                if n == args.seq_lens[0] and lname == args.layouts[0]:
-                    print(f"skipping kernel {kname!r}: {why}")
+            if kname in skipped:
                 continue
             if kname == "dense" and n > args.max_dense_masked_n:
                 continue
@@ -158,12 +169,14 @@ def run(args: argparse.Namespace, on_row: Callable[[list[dict], list[str]], None
     device = torch.device(args.device)
     rows: list[dict] = []
     failed: list[str] = []
-    for n in args.seq_lens:
+    for kname, why in skipped_kernels(args, device).items():
+        print(f"skipping kernel {kname!r}: {why}")
+    for n, lnames in by_length(args.cases):
         reset_compiled()
         qkv = fused_qkv(args.batch, HEADS, n, HEAD_DIM, device, DTYPES[args.dtype])
         dense = make_step(dense_sdpa(args.dropout), qkv)
         m_dense = peak_memory_mib(dense, device)
-        for case in candidates(args, n, device):
+        for case in candidates(args, n, lnames, device):
             try:
                 rows.append(measure_row(args, case, qkv, dense, m_dense))
             except RuntimeError as e:  # out of memory etc.: record, keep going

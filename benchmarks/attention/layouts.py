@@ -1,5 +1,5 @@
-"""The named layouts of the attention kernel table (``benchmarks.attention --layouts``) and of ``auto``'s measured
-table (its entries' ``bench_layout``), at bert-base's head shape from model/presets.py.
+"""The named layouts of the attention kernel table (the LAYOUT of ``benchmarks.attention --cases LAYOUT@N``) and of
+``auto``'s measured table (its entries' ``bench_layout``), at bert-base's head shape from model/presets.py.
 
 Here, below the benchmarks, because devtools/auto_table.py rebuilds each table entry's layout by its name."""
 
@@ -35,12 +35,12 @@ TUNED_LAYOUTS: dict[str, Callable[[], SparsityConfig]] = {
     "local_bi_b64": lambda: LocalSlidingWindowSparsityConfig(HEADS, block=64, attention="bidirectional"),
     "variable_b64": lambda: VariableSparsityConfig(HEADS, block=64, num_random_blocks=1),
 }
-"""The layouts the docs' tables were measured with (the default of ``--layouts``)."""
+"""The layouts the docs' tables were measured with (``--cases``'s default layouts)."""
 
 
 def layouts() -> dict[str, Callable[[], SparsityConfig]]:
-    """``--layouts`` choices: :data:`TUNED_LAYOUTS`, plus every registered block layout mode they do not cover, at its
-    class defaults (so a new mode is benchmarked without an entry here)."""
+    """The LAYOUT choices of ``--measure time --cases``: :data:`TUNED_LAYOUTS`, plus every registered block layout
+    mode they do not cover, at its class defaults (so a new mode is benchmarked without an entry here)."""
     covered = {make().mode for make in TUNED_LAYOUTS.values()}
     extra = {m: (lambda cls=cls: cls(HEADS)) for m, cls in BLOCK_LAYOUTS.items() if m not in covered}
     return {**TUNED_LAYOUTS, **extra}

@@ -73,7 +73,7 @@ PAD = 37
 
 def families() -> dict[str, dict[str, Any]]:
     """Every registered layout mode (its :data:`MODE_ARGS` settings, else its defaults) plus :data:`EXTRA_FAMILIES`:
-    ``--families`` choices."""
+    the FAMILY of ``--cases FAMILY@N``."""
     out = {m: {"mode": m, **MODE_ARGS.get(m, {})} for m in BLOCK_LAYOUTS}
     out.update(EXTRA_FAMILIES)
     return out
@@ -306,20 +306,19 @@ def write_doc(path: Path, text: str, begin: str = DOC_BEGIN, end: str = DOC_END)
 
 
 def family_rows(args: argparse.Namespace) -> list[dict]:
-    """The per-call rows: every N x family x kernel."""
+    """The per-call rows: every ``--cases FAMILY@N`` x kernel."""
     fams = families()
     rows = []
-    for n in args.seq_lens:
-        for name in args.families:
-            for kernel in args.kernels:
-                row = measure(name, fams[name], kernel, n, DTYPES[args.dtype])
-                rows.append(row)
-                print(
-                    f"N={n:5d} {name:22s} {kernel:12s} density {row['density']:.3f} bound {row['bound_mib']:8.1f} "
-                    f"retained {row['retained_mib']:8.1f} ({row['ratio']:.2f}x) peak {row['peak_mib']:8.1f} "
-                    f"({row['peak_ratio']:.2f}x) plan {row['plan_mib']:7.1f} MiB{'' if row['meets'] else '  OVER'}",
-                    flush=True,
-                )
+    for name, n in args.cases:
+        for kernel in args.kernels:
+            row = measure(name, fams[name], kernel, n, DTYPES[args.dtype])
+            rows.append(row)
+            print(
+                f"N={n:5d} {name:22s} {kernel:12s} density {row['density']:.3f} bound {row['bound_mib']:8.1f} "
+                f"retained {row['retained_mib']:8.1f} ({row['ratio']:.2f}x) peak {row['peak_mib']:8.1f} "
+                f"({row['peak_ratio']:.2f}x) plan {row['plan_mib']:7.1f} MiB{'' if row['meets'] else '  OVER'}",
+                flush=True,
+            )
     return rows
 
 

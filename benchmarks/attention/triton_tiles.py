@@ -3,9 +3,9 @@ pipeline stages) and layout, forward + backward time against dense SDPA (unmaske
 the same run and the same step (benchmarks/attention/steps.py), so one short GPU window says which configuration to
 ship in ``tile_config`` (model/attention/kernels/triton_block/).
 
-    python -m benchmarks.attention --measure tiles --seq-lens 4096 8192 --json out/tiles.json          # on a GPU
+    python -m benchmarks.attention --measure tiles --cases blockbert_n2@4096,8192 --json out/tiles.json   # on a GPU
     TRITON_INTERPRET=1 python -m benchmarks.attention --measure tiles --device cpu --dtype fp32 --batch 1 \\
-        --seq-lens 128 --configs 32x32:4:1 --layouts local_bi_b64 --repeats 1                         # CPU smoke
+        --cases local_bi_b64@128 --configs 32x32:4:1 --repeats 1                                      # CPU smoke
 
 A configuration the GPU cannot launch (shared memory, registers) is recorded with its error and the sweep goes on.
 """
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from benchmarks.attention.layouts import HEAD_DIM, HEADS, TUNED_LAYOUTS
 from benchmarks.attention.steps import DTYPES, fused_qkv, make_step, paired_times
 from benchmarks.report import write_json
+from benchmarks.support.cases import by_length
 from model.attention import BlockSparseAttention, layout_density
 from model.attention.kernels import KERNELS
 
@@ -61,10 +62,10 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     saved = (kernel.tile, kernel.tile_n, kernel.launch)
     rows: list[dict] = []
     try:
-        for n in args.seq_lens:
+        for n, lnames in by_length(args.cases):
             qkv = fused_qkv(args.batch, HEADS, n, HEAD_DIM, device, dtype)
             dense = make_step(F.scaled_dot_product_attention, qkv)
-            for lname in args.layouts:
+            for lname in lnames:
                 for spec in args.configs:
                     launch = Launch.parse(spec)
                     kernel.tile, kernel.tile_n = launch.tile_m, launch.tile_n

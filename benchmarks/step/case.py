@@ -1,10 +1,12 @@
 """What a measured training step is: the model variants (dense, BlockBERT, whole presets), one :class:`Case` per
-set-up, the ``VARIANT@N`` case parser, and the model config a case trains. Model shapes come from model/presets.py."""
+set-up, the ``--cases VARIANT@N`` syntax (benchmarks/support/cases.py's, shared with benchmarks.attention), and the
+model config a case trains. Model shapes come from model/presets.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from benchmarks.support.cases import CaseSyntax
 from model.config import ModelConfig
 from model.presets import PRESETS, blockbert
 
@@ -27,13 +29,14 @@ The variants of :data:`WHOLE_PRESETS` are their own models instead (the n is onl
 WHOLE_PRESETS = {"modernbert-base": "modernbert-base", "modernbert-blockbert": "modernbert-blockbert-base"}
 """Variant -> the model preset it trains as a whole (its widths, positions, layer plan and dropouts as the recipe has
 them), whatever --model-preset sizes: issue #41's ModernBERT local/global layers with BlockBERT globals at 8192."""
-DEFAULT_VARIANTS = ["dense", "blockbert-n2", "blockbert-n3"]
-"""``--measure time``'s --variants default (the window and whole presets only when named)."""
-CASE_SETS = {
-    "long": [f"{v}@{n}" for n in (16384, 32768) for v in ("dense", "blockbert-n2", "blockbert-n3", "window-b64")],
-}
+CASE_SETS = {"long": "dense,blockbert-n2,blockbert-n3,window-b64@16384,32768"}
 """Named lists of ``--cases`` (issue #48's long rows, where attention dominates: bert-base at N=16384 and 32768; with
 ``--tokens 32768`` that is micro-batch 2 and 1)."""
+CASES = CaseSyntax(tuple(VARIANTS), "VARIANT", CASE_SETS)
+"""``--cases VARIANT@N`` (benchmarks/support/cases.py: the syntax benchmarks.attention shares)."""
+DEFAULT_CASES = {"time": ["dense,blockbert-n2,blockbert-n3@512,1024"], "memory": ["dense,blockbert-n2@4096"]}
+"""``--cases`` of ``--measure time`` and ``memory`` when none is given (the window and whole presets only when
+named)."""
 
 
 @dataclass(frozen=True)
@@ -63,20 +66,6 @@ class Case:
     """chunked: the model's MLM head (decoder on the vocabulary padded to 64, chunked recomputed loss, slots from
     the 1e-6 binomial quantile). main: the head before issue #47 (unpadded vocabulary, the plain loss keeping the
     fp32 log-softmax, 128 slots at N=512: p x N + 6 binomial standard deviations), for the side-by-side."""
-
-
-def parse_cases(specs: list[str]) -> list[tuple[str, int]]:
-    """'dense@512' -> ('dense', 512); a name of :data:`CASE_SETS` -> its cases; a clear error naming the bad one."""
-    cases = []
-    for spec in (c for given in specs for c in CASE_SETS.get(given, [given])):
-        variant, _, n = spec.partition("@")
-        if variant not in VARIANTS or not n.isdigit():
-            raise ValueError(
-                f"--cases {spec!r}: write VARIANT@N with VARIANT one of {', '.join(VARIANTS)}, or a set: "
-                + ", ".join(CASE_SETS)
-            )
-        cases.append((variant, int(n)))
-    return cases
 
 
 def preset_shape(args) -> None:

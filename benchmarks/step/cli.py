@@ -3,6 +3,7 @@ per measure built from the flags they share (written once here), the set-up they
 output checks) and one JSON envelope (benchmarks/report.py).
 
     python -m benchmarks.step --measure time --model-preset bert-base --json out/step_time.json            # on a GPU
+    python -m benchmarks.step --measure time --cases dense,blockbert-n2@512,4096 --json out/step_time.json  # 4 cases
     python -m benchmarks.step --measure time --model-preset tiny --device cpu --precisions bf16 --steps 1   # smoke
     python -m benchmarks.step --measure time --data-path data/wiki_text_sentence --vocab-file vocab.txt    # real rows
     python -m benchmarks.step --measure profile --data-path D/sample_text_sentence --vocab-file D/vocab.txt
@@ -26,7 +27,7 @@ import torch
 
 from benchmarks.report import commit_info, write_json
 from benchmarks.step import host, memory, profiling, timing
-from benchmarks.step.case import DEFAULT_VARIANTS, TOKENS_PER_STEP, VARIANTS, parse_cases, preset_shape
+from benchmarks.step.case import CASES, DEFAULT_CASES, TOKENS_PER_STEP, preset_shape
 
 MEASURES = {"time": timing, "profile": profiling, "memory": memory, "host": host}
 """--measure -> the module that measures it (its docstring is its --help)."""
@@ -63,19 +64,12 @@ def _output_flags(p: argparse.ArgumentParser, device: bool, json_help: str) -> N
 def _time_flags(p: argparse.ArgumentParser) -> None:
     _model_flags(p)
     p.add_argument(
-        "--variants",
-        nargs="+",
-        choices=list(VARIANTS),
-        default=DEFAULT_VARIANTS,
-        help="default: dense and BlockBERT n=2, n=3 (the window and whole presets only when named)",
-    )
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
-    p.add_argument(
         "--cases",
-        nargs="+",
-        metavar="VARIANT@N",
-        help="measure exactly these (e.g. dense@512 dense@4096 blockbert-n2@4096) instead of --variants x --seq-lens; "
-        "a set's name (long: dense, n=2, n=3 and window-b64 at N=16384 and 32768) stands for its cases",
+        **CASES.flag(
+            DEFAULT_CASES["time"],
+            'the model variants to time, each at its N (docs/benchmarks.md, "Cases"); a set\'s name (long: dense, '
+            "n=2, n=3 and window-b64 at N=16384 and 32768) stands for its cases",
+        ),
     )
     p.add_argument(
         "--precisions",
@@ -119,7 +113,7 @@ def _profile_flags(p: argparse.ArgumentParser) -> None:
 
 def _memory_flags(p: argparse.ArgumentParser) -> None:
     _model_flags(p)
-    p.add_argument("--cases", nargs="+", metavar="VARIANT@N", default=["dense@4096", "blockbert-n2@4096"])
+    p.add_argument("--cases", **CASES.flag(DEFAULT_CASES["memory"], "the model variants whose peak to break down"))
     p.add_argument("--precision", choices=["fp16", "bf16"], default="bf16")
     p.add_argument("--zero", type=int, choices=[0, 1, 2], default=1, help="ZeRO stage of ds_configs/zero{S}_{P}.json")
     p.add_argument("--tokens", type=int, help="b x N per step (default: the preset's)")
@@ -181,12 +175,7 @@ def _check(measure: str, args, p: argparse.ArgumentParser) -> list[tuple[str, in
     device = getattr(args, "device", "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {device}: no CUDA GPU here (torch {torch.__version__}); use --device cpu")
-    try:
-        if measure == "time":
-            return parse_cases(args.cases) if args.cases else [(v, n) for n in args.seq_lens for v in args.variants]
-        return parse_cases(args.cases) if measure == "memory" else []
-    except ValueError as e:
-        p.error(str(e))
+    return args.cases if measure in ("time", "memory") else []
 
 
 def _shape(measure: str, args) -> None:

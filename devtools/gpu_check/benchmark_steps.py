@@ -2,7 +2,8 @@
 benchmarks/), each writing its JSON into the work directory, read back here for the summary and the report's tables.
 
 The command lines are the harnesses' (docs/benchmarks.md): ``python -m benchmarks.attention --measure time`` (the
-kernel table) and ``python -m benchmarks.step --measure time|profile`` (the training step, its profile)."""
+kernel table) and ``python -m benchmarks.step --measure time|profile`` (the training step, its profile); both name
+what they measure as ``--cases NAME@N`` (docs/benchmarks.md, "Cases")."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def kernel_table_step(ctx: Ctx, cap_s: float) -> Step:
         kernels = ["flex", "block_gather", "triton_block"]
         seq, dtype, repeats = ["512", "1024", "4096", "8192"], ctx.low_precision, "3"
     cmd = [ctx.python, "-m", "benchmarks.attention", "--measure", "time", "--device", ctx.device, "--dtype", dtype]
-    cmd += ["--layouts", *KERNEL_TABLE_LAYOUTS, "--kernels", *kernels, "--seq-lens", *seq, "--repeats", repeats]
+    cases = f"{','.join(KERNEL_TABLE_LAYOUTS)}@{','.join(seq)}"
+    cmd += ["--cases", cases, "--kernels", *kernels, "--repeats", repeats]
     cmd += ["--target-factor", "1.3", "--out-dir", str(d), "--no-plot"]
     expected = len(seq) * len(KERNEL_TABLE_LAYOUTS) * len(kernels)
 
@@ -72,13 +74,13 @@ def train_step_step(ctx: Ctx, cap_s: float) -> Step:
     """The training step on the trainer's own batches: tokens/s, MFU, peak memory, BlockBERT n=2 against dense."""
     out = ctx.work / "train_step.json"
     if ctx.device == "cpu":
-        sizes = ["--model-preset", "tiny", "--cases", "dense@128", "dense@256", "blockbert-n2@256", "--warmup", "1"]
+        sizes = ["--model-preset", "tiny", "--cases", "dense@128", "dense,blockbert-n2@256", "--warmup", "1"]
         sizes += ["--steps", "1", "--device", "cpu"]
     elif ctx.quick:
-        sizes = ["--model-preset", "bert-base", "--cases", "dense@512", "dense@4096", "blockbert-n2@4096"]
+        sizes = ["--model-preset", "bert-base", "--cases", "dense@512", "dense,blockbert-n2@4096"]
         sizes += ["--warmup", "3", "--steps", "8"]
     else:
-        sizes = ["--model-preset", "bert-base", "--seq-lens", "512", "1024", "4096"]
+        sizes = ["--model-preset", "bert-base", "--cases", "dense,blockbert-n2,blockbert-n3@512,1024,4096"]
     cmd = [ctx.python, "-m", "benchmarks.step", "--measure", "time", *sizes, "--precisions", ctx.low_precision]
     cmd += ["--sample-mode", "full-sentences", "--json", str(out), *ctx.shards]
 
