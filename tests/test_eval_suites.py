@@ -36,7 +36,8 @@ def exports(tmp_path_factory, tok):
     """A stock-BERT export and a BlockBERT custom-code export (2 chunks of 64 at N=128, tiles of 16), both tiny."""
     root = tmp_path_factory.mktemp("exports")
     kw = dict(max_position_embeddings=MAXPOS, num_layers=1)
-    return {"dense": _export(root / "dense", tok, **kw), "blockbert": _export(root / "bb", tok, attention=BLOCKBERT, **kw)}
+    bb = _export(root / "bb", tok, attention=BLOCKBERT, **kw)
+    return {"dense": _export(root / "dense", tok, **kw), "blockbert": bb}
 
 
 def _run(argv: list[str], capsys) -> str:
@@ -97,7 +98,8 @@ def test_sparsebert_glue_with_mnli_and_stsb_on_two_models(tmp_path, exports, wor
     data, out = _glue(tmp_path / "glue", words), tmp_path / "out"
     argv = ["--protocol", "sparsebert", "--suite", "glue", *_models(exports), "--data-dir", str(data),
             "--output-dir", str(out), "--tasks", "mnli", "stsb", "--lr", "5e-5", "--weight-decay", "0.01",
-            "--seeds", "1", "--limit-train", "16", "--limit-eval", "8", "--device", "cpu", "--precision", "fp32"]  # fmt: skip
+            "--seeds", "1", "--limit-train", "16", "--limit-eval", "8", "--device", "cpu",
+            "--precision", "fp32"]  # fmt: skip
     printed = _run(argv, capsys)
     assert "4 runs now, 0 done before, 0 left" in printed
     report = json.loads((out / "table.json").read_text())
