@@ -69,3 +69,13 @@ def test_a_glue_sweep_without_every_task_has_no_average(tmp_path):
     assert _row(text, "GLUE average")[2:] == ["-"]  # the papers' average needs all nine columns
     assert "SWAG average" not in text  # one task: no average row
     assert "glue: only rte of mnli, qqp, qnli, sst2, cola, stsb, mrpc, rte" in text
+
+
+def test_a_negative_spread_reads_as_a_range():
+    """STS-B's Spearman or CoLA's Matthews can be below 0: ``-19.0 to 4.0``, not ``-19.0-4.0``."""
+    row = {"eval_splits": ["validation"]}
+    cell = {"median": {"validation": {"spearman": -5.0}}, "spread": {"validation": [-19.0, 4.0]}, "runs_done": 3,
+            "runs_planned": 3}  # fmt: skip
+    assert table.cell_text(row, cell, ("spearman",)) == "-5.0 [-19.0 to 4.0]"
+    cell["spread"]["validation"] = [1.0, 4.0]
+    assert table.cell_text(row, cell, ("spearman",)) == "-5.0 [1.0-4.0]"

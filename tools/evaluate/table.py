@@ -39,13 +39,23 @@ def _tokens(n: float | None) -> str:
     return f"{n:.0f}"
 
 
+def _range(lo: float, hi: float) -> str:
+    """``53.0-55.0``; ``-19.0 to 4.0`` when a bound is negative (a Matthews or Spearman below 0), where a dash
+    would read as a minus."""
+    return f"{_fmt(lo)}{' to ' if min(lo, hi) < 0 else '-'}{_fmt(hi)}"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" + ("" if n == 1 else "s")
+
+
 def cell_text(row: Mapping[str, Any], cell: Mapping[str, Any], shown: tuple[str, ...]) -> str:
     """``85.4/85.8 [85.1-85.6, 85.5-86.0]``: the medians (per dev split, then per shown metric, joined by /) and the
     min-max of the table metric over seeds per split; ``-`` when no run is done."""
     if "median" not in cell:
         return "-"
     values = [_fmt(cell["median"][s][m]) for s in row["eval_splits"] for m in shown]
-    spread = [f"{_fmt(lo)}-{_fmt(hi)}" for lo, hi in (cell["spread"][s] for s in row["eval_splits"])]
+    spread = [_range(lo, hi) for lo, hi in (cell["spread"][s] for s in row["eval_splits"])]
     text = "/".join(values) + f" [{', '.join(spread)}]"
     if cell["runs_done"] < cell["runs_planned"]:
         text += f" ({cell['runs_done']}/{cell['runs_planned']} runs)"
@@ -105,7 +115,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             r[tag] = (
                 f"lr {bp['lr']:g}, bs {bp['batch_size']}, wd {bp['weight_decay']:g}, {bp['epochs']:g} ep; "
                 f"{comp['seconds_per_run']:.1f} s, {_tokens(comp['tokens_per_run'])} tok per run; "
-                f"{c['runs_done']} runs, {comp['train_seconds']:.0f} s total"
+                f"{_runs(c['runs_done'])}, {comp['train_seconds']:.0f} s total"
             )
         rows.append(r)
     lines += markdown_table(rows, [("task", "task"), *((t, t) for t in tags)])
