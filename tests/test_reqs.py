@@ -98,7 +98,7 @@ def test_plan_on_the_device_image_keeps_its_packages_and_installs_the_rest():
     kept = {r.key: v for r, v in p.kept}
     assert kept["torch"] == "2.11.0" and kept["transformers"] == "5.17.0" and kept["tokenizers"] == "0.23.2"
     assert {r.key for r, _ in p.install} == {"deepspeed", "blingfire", "mwparserfromhell", "torch-optimi",
-                                              "megatron-core", "ruff", "datasets"}  # fmt: skip
+                                              "megatron-core", "ruff", "datasets", "tomli-w"}  # fmt: skip
     assert kept["scikit-learn"] == "1.9.1" and kept["scipy"] == "1.18.1"  # the image's, above our floors
     assert "torch==2.11.0" in p.constraints and "transformers==5.17.0" in p.constraints
 
