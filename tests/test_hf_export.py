@@ -15,6 +15,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from model.presets import MODERNBERT_LAYERS
 from tools.hf_export import remote_code
 from tools.hf_export.export import ConversionError, write_hf
 from tools.hf_export.stock_bert import stock_bert_reason, stock_export
@@ -126,12 +127,7 @@ CUSTOM = {
     ),
     "modernbert_blockbert_global": dict(  # rotary, GeGLU, no biases, exact windows; BlockBERT on the global layers
         _SMALL,
-        type_vocab_size=0,
-        pre_layer_norm=True,
-        ffn_type="glu",
-        linear_bias=False,
-        norm_bias=False,
-        first_attn_norm=False,
+        **MODERNBERT_LAYERS,
         position={"type": "rotary", "rope_theta": 1000.0, "rope_theta_local": 100.0},
         attention={
             "kernel": "block_gather",
