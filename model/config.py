@@ -17,6 +17,16 @@ from model.presets import PRESETS
 _LAYER_KEYS = ["kernel", "sparsity", "token_mask"]
 FFN_TYPES = ("standard", "glu")
 RESIDUAL_NORMS = ("eager", "triton")
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+"""The ModelConfig sizes: positive integers (checked in __post_init__), and fields every BERT-family config of
+Hugging Face has (the stock exporters' field lists start from them)."""
 
 
 def _flag(flag: str, negative: str | None = None) -> dict[str, Any]:
@@ -256,14 +266,7 @@ class ModelConfig:
             raise ValueError(f"segment must be one of {list(SEGMENT_TYPES)}, got {self.segment!r}")
         if self.segment == "per_head" and self.type_vocab_size < 1:
             raise ValueError("segment 'per_head' needs type_vocab_size >= 1")
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        ):
+        for name in SIZE_FIELDS:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if isinstance(self.pad_vocab_multiple, bool) or not isinstance(self.pad_vocab_multiple, int):

@@ -106,20 +106,25 @@ _BASE: dict[str, Any] = dict(
     max_position_embeddings=512,
     type_vocab_size=2,
 )
-_MODERNBERT: dict[str, Any] = dict(
-    _BASE,
-    num_layers=22,
-    intermediate_size=1152,
-    max_position_embeddings=1024,  # ModernBERT's first pretraining phase; its 8192 context came after
+MODERNBERT_LAYERS: dict[str, Any] = dict(
     type_vocab_size=0,
-    hidden_dropout=0.0,
-    attention_dropout=0.0,
-    layer_norm_eps=1e-5,
     pre_layer_norm=True,
     ffn_type="glu",
     linear_bias=False,
     norm_bias=False,
     first_attn_norm=False,
+)
+"""ModernBERT's layers apart from sizes, positions and attention: no segment embeddings, pre-LN without an attention
+LayerNorm in layer 0, GeGLU, no biases (what stock ModernBertForMaskedLM requires besides rotary positions)."""
+_MODERNBERT: dict[str, Any] = dict(
+    _BASE,
+    num_layers=22,
+    intermediate_size=1152,
+    max_position_embeddings=1024,  # ModernBERT's first pretraining phase; its 8192 context came after
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    layer_norm_eps=1e-5,
+    **MODERNBERT_LAYERS,
     position={"type": "rotary", "rope_theta": 160000.0, "rope_theta_local": 10000.0},
     attention=modernbert(128),
 )

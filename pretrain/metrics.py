@@ -22,24 +22,27 @@ from pretrain.parallelize import gathered
 from pretrain.stragglers import RankTimer, Straggler, find_straggler
 from pretrain.throughput import Throughput, device_peak_tflops
 
+_LINE_FIELDS = (
+    ("loss", "loss {:.6f}"),
+    ("lr", "lr {:.3e}"),
+    ("grad_norm", "grad norm {:.4g}"),
+    ("loss_scale", "loss scale {:g}"),
+    ("aux_loss", "aux loss {:.4g}"),
+    ("skipped_steps", "skipped {}"),
+    ("tokens_per_s", "tokens/s {:.0f}"),
+    ("tflops_per_gpu", "TFLOP/s/GPU {:.3g}"),
+    ("mfu", "MFU {:.1%}"),
+    ("memory", "mem {:.0f} MB"),
+)
+"""A log record's keys in the console line's order, with their formats."""
+_ALWAYS = {"loss", "lr", "skipped_steps", "memory"}
+"""Keys every record has; the others are printed only where the record holds a value."""
+
 
 def log_line(rec: dict[str, Any], train_iters: int) -> str:
     """The stdout form of a log record: what exists, formatted (no grad norm or loss scale where there is none)."""
-    parts = [f"iteration {rec['iteration']}/{train_iters}", f"loss {rec['loss']:.6f}", f"lr {rec['lr']:.3e}"]
-    if rec.get("grad_norm") is not None:
-        parts.append(f"grad norm {rec['grad_norm']:.4g}")
-    if rec.get("loss_scale") is not None:
-        parts.append(f"loss scale {rec['loss_scale']:g}")
-    if rec.get("aux_loss") is not None:
-        parts.append(f"aux loss {rec['aux_loss']:.4g}")
-    parts.append(f"skipped {rec['skipped_steps']}")
-    if rec.get("tokens_per_s") is not None:
-        parts.append(f"tokens/s {rec['tokens_per_s']:.0f}")
-    if rec.get("tflops_per_gpu") is not None:
-        parts.append(f"TFLOP/s/GPU {rec['tflops_per_gpu']:.3g}")
-    if rec.get("mfu") is not None:
-        parts.append(f"MFU {100 * rec['mfu']:.1f}%")
-    parts.append(f"mem {rec['memory']:.0f} MB")
+    parts = [f"iteration {rec['iteration']}/{train_iters}"]
+    parts += [fmt.format(rec[key]) for key, fmt in _LINE_FIELDS if key in _ALWAYS or rec.get(key) is not None]
     return " | ".join(parts)
 
 

@@ -175,20 +175,10 @@ class WarmupLinearDecay(LRScheduler):
     update's batch, and the trainer calls ``set_next_increment(batch)`` before each step, so the LR of a step during
     a batch ramp counts the samples of that step."""
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        peak: float,
-        min_lr: float,
-        warmup: int,
-        decay_iters: int,
-        style: str = "linear",
-        wsd_decay_iters: int = 0,
-        wsd_style: str = WSD_DEFAULT_STYLE,
-        unit: str = "iters",
-    ) -> None:
-        self.peak, self.min_lr, self.warmup, self.decay_iters, self.style = peak, min_lr, warmup, decay_iters, style
-        self.wsd_decay_iters, self.wsd_style, self.unit = wsd_decay_iters, wsd_style, unit
+    def __init__(self, optimizer: torch.optim.Optimizer, **settings: Any) -> None:
+        """``settings``: :func:`schedule_settings`'s arguments by keyword (``style`` linear unless given), checked and
+        normalised there: they become the attributes and the saved state."""
+        self.__dict__.update(schedule_settings(**{"style": "linear", **settings}))
         self.next_increment = 1
         super().__init__(optimizer)
 

@@ -9,6 +9,7 @@ import pytest
 from pretrain.args import ArgsError, parse_args
 from pretrain.batch_ramp import BatchRamp
 from tests import train_utils as tu
+from tests.megatron_lr import megatron_get_lr
 
 
 def test_batches_follow_megatron_rampup():
@@ -79,33 +80,6 @@ def test_ramp_through_the_trainer_and_an_exact_resume(tmp_path):
     assert [r["iteration"] for r in recs] == [1, 2, 3, 4, 5, 6, 7]
     assert [r["loss"] for r in recs] == [r["loss"] for r in straight]  # bitwise, across the ramp
     assert [r["global_batch_size"] for r in recs] == [r["global_batch_size"] for r in straight]
-
-
-def megatron_get_lr(n, max_lr, min_lr, warmup, decay, style, wsd=None, wsd_style=None):
-    """Megatron-LM's OptimizerParamScheduler.get_lr (init_lr 0) at num_steps = n, written out independently."""
-    import math
-
-    if warmup > 0 and n <= warmup:
-        return max_lr * n / warmup
-    if style == "constant":
-        return max_lr
-    if n > decay:
-        return min_lr
-    ratio = (n - warmup) / (decay - warmup)
-    if style == "linear":
-        coeff = 1.0 - ratio
-    elif style == "cosine":
-        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
-    else:  # WSD
-        start = decay - wsd
-        if n <= start:
-            coeff = 1.0
-        else:
-            r = (n - start) / wsd
-            coeff = {"minus_sqrt": 1.0 - math.sqrt(r), "linear": 1.0 - r, "cosine": 0.5 * (math.cos(math.pi * r) + 1)}[
-                wsd_style
-            ]
-    return min_lr + coeff * (max_lr - min_lr)
 
 
 RAMP_RUN = ["--data-path", "x", "--vocab-file", "v", "--micro-batch-size", "2", "--global-batch-size", "12"]

@@ -15,6 +15,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import ModelConfig
+from model.presets import MODERNBERT_LAYERS
 from tools.hf_export import remote_code
 from tools.hf_export.export import ConversionError, write_hf
 from tools.hf_export.stock_bert import stock_bert_reason, stock_export
@@ -126,12 +127,7 @@ CUSTOM = {
     ),
     "modernbert_blockbert_global": dict(  # rotary, GeGLU, no biases, exact windows; BlockBERT on the global layers
         _SMALL,
-        type_vocab_size=0,
-        pre_layer_norm=True,
-        ffn_type="glu",
-        linear_bias=False,
-        norm_bias=False,
-        first_attn_norm=False,
+        **MODERNBERT_LAYERS,
         position={"type": "rotary", "rope_theta": 1000.0, "rope_theta_local": 100.0},
         attention={
             "kernel": "block_gather",
@@ -750,10 +746,10 @@ def test_sentencepiece_unigram_tokenizer_exports_with_identical_ids(tmp_path):
     """The trainer's SentencePiece tokenizer and the exported HF fast tokenizer give the same ids."""
     import argparse
 
-    import sentencepiece as spm
     from transformers import AutoTokenizer
 
     from data_pipeline.tokenization import build_tokenizer
+    from data_pipeline.train_tokenizer import TrainTokenizerConfig, train_sentencepiece
     from tools.hf_export.export import _save_tokenizer
 
     data = Path(__file__).resolve().parents[1] / "run_scripts" / "finetune_data"
@@ -764,22 +760,9 @@ def test_sentencepiece_unigram_tokenizer_exports_with_identical_ids(tmp_path):
         for v in json.loads(line).values()
         if isinstance(v, str)
     ]
-    spm.SentencePieceTrainer.train(  # the settings of data_pipeline/train_tokenizer.py
-        sentence_iterator=iter(texts),
-        model_prefix=str(tmp_path / "spm"),
-        model_type="unigram",
-        vocab_size=300,
-        pad_id=0,
-        unk_id=1,
-        bos_id=-1,
-        eos_id=-1,
-        pad_piece="[PAD]",
-        unk_piece="[UNK]",
-        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
-        hard_vocab_limit=False,
-        minloglevel=2,
-        num_threads=1,
-    )
+    cfg = TrainTokenizerConfig(input=[str(data)], output_dir=str(tmp_path), model_type="unigram", vocab_size=300)
+    model, _ = train_sentencepiece(cfg, iter(texts), str(tmp_path))
+    assert model == str(tmp_path / "spm.model")
     args = {"data": {"tokenizer_type": "SentencePieceTokenizer", "tokenizer_model": str(tmp_path / "spm.model")}}
     out = tmp_path / "hf"
     out.mkdir()

@@ -122,28 +122,16 @@ def test_whole_word_masking_wordpiece(bert_uncased_vocab, corpus):
 
 
 def test_whole_word_masking_sentencepiece(tmp_path, corpus):
-    import sentencepiece as spm
-
+    """Whole-word masking over a SentencePiece tokenizer trained by data_pipeline/train_tokenizer.py."""
     from data_pipeline.tokenization import build_tokenizer
+    from data_pipeline.train_tokenizer import TrainTokenizerConfig, train_sentencepiece
 
     text = (corpus / "books" / "pg11_alices_adventures_in_wonderland.txt").read_text(encoding="utf-8")
     src = tmp_path / "alice.txt"
     src.write_text("\n".join(ln for ln in text.splitlines() if ln.strip()), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(src),
-        model_prefix=str(tmp_path / "sp"),
-        vocab_size=800,
-        user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
-        pad_id=0,
-        unk_id=1,
-        bos_id=-1,
-        eos_id=-1,
-        pad_piece="[PAD]",
-        unk_piece="[UNK]",
-        minloglevel=2,
-        num_threads=1,
-    )
-    tok = build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "sp.model"))
+    cfg = TrainTokenizerConfig(input=[str(src)], output_dir=str(tmp_path), model_type="unigram", vocab_size=800)
+    model, _ = train_sentencepiece(cfg, iter(src.read_text(encoding="utf-8").splitlines()), str(tmp_path))
+    tok = build_tokenizer("SentencePieceTokenizer", tokenizer_model=model)
     assert tok.cls_id not in (101, 102, 103) and tok.mask_id != 103  # ids really come from the model
     flat = np.array(tok.encode(" ".join(text.split()[:20000])), dtype=np.int64)
     L = 64

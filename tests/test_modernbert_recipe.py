@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests import train_utils as tu
-from tests.test_batch_ramp import megatron_get_lr
+from tests.megatron_lr import megatron_get_lr
 
 
 @pytest.mark.extended  # ~25 s: the recipe script end to end

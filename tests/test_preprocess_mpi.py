@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.preprocess_utils import REPO, preprocess_cmd
+
 SAMPLE = REPO / "run_scripts" / "sample_data" / "corpus"
 
 
@@ -19,22 +18,11 @@ def test_mpirun_two_ranks_equals_single_process(bert_uncased_vocab, tmp_path):
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("mpirun not installed (run_scripts/setup_env.sh installs openmpi)")
-    args = [
-        "-m",
-        "data_pipeline.preprocess",
-        "--input",
-        str(SAMPLE),
-        "--tokenizer-type",
-        "BertWordPieceLowerCase",
-        "--vocab-file",
-        str(bert_uncased_vocab),
-        "--split-sentences",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
     subprocess.run(
-        [sys.executable, *args, "--output-prefix", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True
+        preprocess_cmd(SAMPLE, tmp_path / "one", bert_uncased_vocab, "--workers", "1"),
+        cwd=REPO,
+        check=True,
+        capture_output=True,
     )
     r = subprocess.run(
         [
@@ -43,10 +31,7 @@ def test_mpirun_two_ranks_equals_single_process(bert_uncased_vocab, tmp_path):
             "--oversubscribe",
             "-np",
             "2",
-            sys.executable,
-            *args,
-            "--output-prefix",
-            str(tmp_path / "two"),
+            *preprocess_cmd(SAMPLE, tmp_path / "two", bert_uncased_vocab, "--workers", "1"),
         ],
         cwd=REPO,
         capture_output=True,

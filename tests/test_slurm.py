@@ -19,6 +19,7 @@ from data_pipeline import coordination
 from pretrain.distributed import cuda_device_index
 from tests import train_utils as tu
 from tests.cluster_skip import start_failed
+from tests.preprocess_utils import preprocess_cmd
 from tests.slurm_cluster import SlurmCluster, Unavailable, why_unavailable
 
 REPO = tu.REPO
@@ -219,25 +220,12 @@ def test_deepspeed_template_forwards_the_batch_signal_and_requeues(cluster, data
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, tmp_path):
-    args = [
-        "-m",
-        "data_pipeline.preprocess",
-        "--input",
-        str(SAMPLE),
-        "--tokenizer-type",
-        "BertWordPieceLowerCase",
-        "--vocab-file",
-        str(bert_uncased_vocab),
-        "--split-sentences",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
-    subprocess.run(
-        [sys.executable, *args, "--output-prefix", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True
-    )
+    def cmd(name: str) -> list[str]:
+        return preprocess_cmd(SAMPLE, tmp_path / name, bert_uncased_vocab, "--workers", "1")
+
+    subprocess.run(cmd("one"), cwd=REPO, check=True, capture_output=True)
     p = cluster.run(
-        ["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, *args, "--output-prefix", str(tmp_path / "two")],
+        ["srun", "-n2", "--kill-on-bad-exit=1", *cmd("two")],
         env=job_env(),
         cwd=REPO,
         timeout=200,
@@ -252,9 +240,7 @@ def test_preprocess_under_srun_equals_one_process(cluster, bert_uncased_vocab, t
             "-o",
             str(tmp_path / "job.out"),
             str(TEMPLATES / "preprocess.sbatch"),
-            *args[2:],
-            "--output-prefix",
-            str(tmp_path / "three"),
+            *cmd("three")[3:],  # the template runs python -m data_pipeline.preprocess itself
         ],
         env=job_env(),
         cwd=REPO,

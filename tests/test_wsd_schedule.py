@@ -11,6 +11,7 @@ from pretrain.args import ArgsError, parse_args
 from pretrain.resume import schedule_differences, schedule_settings
 from pretrain.schedule import WarmupLinearDecay, lr_at
 from tests import train_utils as tu
+from tests.megatron_lr import megatron_get_lr
 
 BASE = ["--deepspeed_config", "ds_configs/zero2_fp32.json", "--data-path", "x", "--vocab-file", "v"]
 BASE += ["--train-iters", "20"]
@@ -100,29 +101,6 @@ def test_resume_inside_the_anneal_continues_the_schedule_exactly(tmp_path):
 
 
 # -- the registry of LR decay styles (issue 55): one reference case per registered style ---------------------------
-def _megatron_get_lr(n, peak, lo, warmup, decay, style, wsd_decay=0, wsd_style="exponential"):
-    """Megatron-LM OptimizerParamScheduler.get_lr (init LR 0), written from its definition, as the reference."""
-    if warmup > 0 and n <= warmup:
-        return peak * n / warmup
-    if style == "constant":
-        return peak
-    if n > decay:
-        return lo
-    ratio = (n - warmup) / (decay - warmup)
-    if style == "linear":
-        coeff = 1.0 - ratio
-    elif style == "cosine":
-        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
-    elif style == "WSD":
-        start = decay - wsd_decay
-        r = (n - start) / wsd_decay
-        shapes = {"linear": 1 - r, "cosine": 0.5 * (math.cos(math.pi * r) + 1), "exponential": 2 * 0.5**r - 1}
-        coeff = 1.0 if n <= start else {**shapes, "minus_sqrt": 1 - math.sqrt(max(r, 0))}[wsd_style]
-    else:
-        raise AssertionError(style)
-    return lo + (peak - lo) * coeff
-
-
 STYLE_CASES = {
     # style: the schedules it is checked on against the reference (warmup, decay, wsd_decay, wsd_style)
     "linear": [(3, 12, 0, "exponential"), (0, 7, 0, "exponential")],
@@ -146,7 +124,7 @@ def test_each_style_matches_megatron(style):
     for warmup, decay, wsd_decay, wsd_style in STYLE_CASES[style]:
         for s in range(decay + 3):
             got = lr_at(s, 3e-4, 1e-5, warmup, decay, style, wsd_decay, wsd_style)
-            want = _megatron_get_lr(s + 1, 3e-4, 1e-5, warmup, decay, style, wsd_decay, wsd_style)
+            want = megatron_get_lr(s + 1, 3e-4, 1e-5, warmup, decay, style, wsd_decay, wsd_style)
             assert got == pytest.approx(want, rel=1e-12, abs=1e-18), (style, warmup, decay, s)
 
 

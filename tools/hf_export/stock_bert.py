@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from model.config import AttentionConfig, ModelConfig
-from tools.hf_export.stock_modernbert import stock_modernbert_reason
+from model.config import SIZE_FIELDS, AttentionConfig, ModelConfig
+from tools.hf_export.stock_modernbert import HF_ACT, OUR_ACT, stock_modernbert_reason
+from tools.hf_export.tied import check_tied_and_rest
 
 _HF_IGNORED = ("position_ids", "token_type_ids")  # buffers some transformers versions keep in state dicts
 
@@ -57,12 +58,7 @@ def _name_map(config: ModelConfig) -> dict[str, str]:
 
 
 STOCK_FIELDS = {
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
+    *SIZE_FIELDS,
     "type_vocab_size",
     "hidden_dropout",
     "attention_dropout",
@@ -98,7 +94,7 @@ def stock_bert_reason(config: ModelConfig, weights_only: bool = False) -> str | 
             "a DAM-search model has learned mask parameters Hugging Face BERT cannot hold; export the mask "
             "(export_learned_masks) and convert the stage-2 model instead"
         )
-    if config.hidden_act not in ("gelu", "relu", "gelu_tanh"):
+    if config.hidden_act not in HF_ACT:
         return f"hidden_act {config.hidden_act!r} has no Hugging Face equivalent"
     if config.ffn_type != "standard" or not config.linear_bias or not config.norm_bias:
         return (
@@ -168,7 +164,6 @@ def to_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> tuple[dic
                 out[f"bert.encoder.layer.{i}.attention.self.{name}.{p}"] = t.clone()
     out["cls.predictions.decoder.weight"] = state_dict["bert.embeddings.word_embeddings.weight"]
     out["cls.predictions.decoder.bias"] = state_dict["cls.bias"]
-    act = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh"}[config.hidden_act]
     hf_config = {
         "model_type": "bert",
         "architectures": ["BertForPreTraining" if config.nsp_head else "BertForMaskedLM"],
@@ -177,7 +172,7 @@ def to_hf(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> tuple[dic
         "num_hidden_layers": config.num_layers,
         "num_attention_heads": config.num_attention_heads,
         "intermediate_size": config.intermediate_size,
-        "hidden_act": act,
+        "hidden_act": HF_ACT[config.hidden_act],
         "hidden_dropout_prob": config.hidden_dropout,
         "attention_probs_dropout_prob": config.attention_dropout,
         "max_position_embeddings": config.max_position_embeddings,
@@ -201,9 +196,8 @@ def from_hf(hf_state_dict: dict[str, torch.Tensor], hf_config: Any) -> tuple[dic
     if cfg.get("sparse_bert"):
         config = ModelConfig.from_dict(cfg["sparse_bert"])
     else:
-        act = {"gelu": "gelu", "relu": "relu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
-        if cfg.get("hidden_act", "gelu") not in act:
-            raise ValueError(f"HF hidden_act {cfg.get('hidden_act')!r} is not supported; use one of {sorted(act)}")
+        if cfg.get("hidden_act", "gelu") not in OUR_ACT:
+            raise ValueError(f"HF hidden_act {cfg.get('hidden_act')!r} is not supported; use one of {sorted(OUR_ACT)}")
         sd_keys = set(hf_state_dict)
         config = ModelConfig(
             vocab_size=cfg["vocab_size"],
@@ -216,7 +210,7 @@ def from_hf(hf_state_dict: dict[str, torch.Tensor], hf_config: Any) -> tuple[dic
             hidden_dropout=cfg.get("hidden_dropout_prob", 0.1),
             attention_dropout=cfg.get("attention_probs_dropout_prob", 0.1),
             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
-            hidden_act=act[cfg.get("hidden_act", "gelu")],
+            hidden_act=OUR_ACT[cfg.get("hidden_act", "gelu")],
             initializer_range=cfg.get("initializer_range", 0.02),
             pad_token_id=cfg.get("pad_token_id") or 0,
             nsp_head="cls.seq_relationship.weight" in sd_keys,
@@ -233,12 +227,12 @@ def from_hf(hf_state_dict: dict[str, torch.Tensor], hf_config: Any) -> tuple[dic
         for p in ("weight", "bias"):
             parts = [sd.pop(f"bert.encoder.layer.{i}.attention.self.{n}.{p}") for n in ("query", "key", "value")]
             out[f"bert.encoder.layers.{i}.attention.qkv.{p}"] = torch.cat(parts, 0)
-    dec = sd.pop("cls.predictions.decoder.weight", None)
-    if dec is not None and not torch.equal(dec, out["bert.embeddings.word_embeddings.weight"]):
-        raise ValueError("cls.predictions.decoder.weight differs from the word embeddings; our MLM decoder is tied")
-    dec_b = sd.pop("cls.predictions.decoder.bias", None)
-    if dec_b is not None and not torch.equal(dec_b, out["cls.bias"]):
-        raise ValueError("cls.predictions.decoder.bias differs from cls.predictions.bias")
-    if sd:
-        raise ValueError(f"unexpected Hugging Face weights (not converted): {sorted(sd)[:8]}")
+    tied = {
+        "cls.predictions.decoder.weight": (
+            out["bert.embeddings.word_embeddings.weight"],
+            "the word embeddings; our MLM decoder is tied",
+        ),
+        "cls.predictions.decoder.bias": (out["cls.bias"], "cls.predictions.bias"),
+    }
+    check_tied_and_rest(sd, tied, "Hugging Face")
     return out, config

@@ -21,11 +21,13 @@ from typing import Any
 
 import torch
 
-from model.config import ModelConfig
+from model.config import SIZE_FIELDS, ModelConfig
+from tools.hf_export.tied import check_tied_and_rest
 
 HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
-"""Our hidden_act -> transformers' ACT2FN name (the same function)."""
-_OUR_ACT = {v: k for k, v in HF_ACT.items()} | {"gelu_new": "gelu_tanh"}
+"""Our hidden_act -> transformers' ACT2FN name (the same function; BERT and ModernBERT configs alike)."""
+OUR_ACT = {v: k for k, v in HF_ACT.items()} | {"gelu_new": "gelu_tanh"}
+"""transformers' activation name -> our hidden_act (BERT and ModernBERT use the same names)."""
 _WINDOW_PATTERN = "sliding_window"
 
 
@@ -96,12 +98,7 @@ def stock_modernbert_reason(config: ModelConfig) -> str | None:
 
 
 _CONFIG_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
+    *SIZE_FIELDS,
     "type_vocab_size",
     "hidden_dropout",
     "attention_dropout",
@@ -210,10 +207,10 @@ def to_hf_modernbert(
 def _config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     """The ModelConfig equal to a plain ModernBERT config (no ``sparse_bert`` entry)."""
     act = cfg.get("hidden_activation", "gelu")
-    if act not in _OUR_ACT or cfg.get("classifier_activation", "gelu") != act:
+    if act not in OUR_ACT or cfg.get("classifier_activation", "gelu") != act:
         raise ValueError(
             f"ModernBERT hidden_activation {act!r} / classifier_activation {cfg.get('classifier_activation')!r}: "
-            f"both must be the same one of {sorted(_OUR_ACT)}"
+            f"both must be the same one of {sorted(OUR_ACT)}"
         )
     biases = {cfg.get(k, False) for k in ("attention_bias", "mlp_bias", "classifier_bias")}
     if len(biases) != 1 or not cfg.get("decoder_bias", True):
@@ -245,7 +242,7 @@ def _config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         attention_dropout=float(cfg.get("attention_dropout", 0.0)),
         layer_norm_eps=cfg.get("norm_eps", 1e-5),
         pre_layer_norm=True,
-        hidden_act=_OUR_ACT[act],
+        hidden_act=OUR_ACT[act],
         initializer_range=cfg.get("initializer_range", 0.02),
         pad_token_id=cfg.get("pad_token_id") or 0,
         attention=attention,
@@ -275,9 +272,11 @@ def from_hf_modernbert(
     missing = sorted(set(_name_map(config)) - set(out))
     if missing:
         raise ValueError(f"the ModernBERT state dict lacks the weights for our {missing[:5]}")
-    dec = sd.pop("decoder.weight", None)
-    if dec is not None and not torch.equal(dec, out["bert.embeddings.word_embeddings.weight"]):
-        raise ValueError("decoder.weight differs from the token embeddings; our MLM decoder is tied")
-    if sd:
-        raise ValueError(f"unexpected ModernBERT weights (not converted): {sorted(sd)[:8]}")
+    tied = {
+        "decoder.weight": (
+            out["bert.embeddings.word_embeddings.weight"],
+            "the token embeddings; our MLM decoder is tied",
+        )
+    }
+    check_tied_and_rest(sd, tied, "ModernBERT")
     return out, config

@@ -47,6 +47,15 @@ def _to4(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _dense_operand(x: torch.Tensor, trans: bool, k: int, dim: int, name: str) -> torch.Tensor:
+    """The dense operand of a dsd/dds product, transposed if asked, with its side that meets the sparse operand
+    (``dim``: -2 for B, -1 for A) checked against the sparse operand's ``k`` (DeepSpeed's message)."""
+    x = x.transpose(-1, -2) if trans else x
+    if x.shape[dim] != k:
+        raise ValueError(f"Expected tensor {name} to have size {k} at dim {4 + dim}, got {x.shape[dim]}.")
+    return x
+
+
 def dense_to_sparse(dense: torch.Tensor, layout: torch.Tensor, block: int) -> torch.Tensor:
     """``[Z, H, M, N]`` -> ``[Z, nnz, block, block]``: the layout's blocks of a dense tensor."""
     h, i, j = _index(layout, dense.device)
@@ -123,9 +132,7 @@ class MatMul:
     def _dsd(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         bl = self.block
         h, r, c, blocks, rows, cols = self._sparse_blocks(a, self.trans_a)  # logical A: [rows*bl, cols*bl]
-        b = b.transpose(-1, -2) if self.trans_b else b  # [Z, Hb, K, N], K = cols * bl
-        if b.shape[-2] != cols * bl:
-            raise ValueError(f"Expected tensor B to have size {cols * bl} at dim 2, got {b.shape[-2]}.")
+        b = _dense_operand(b, self.trans_b, cols * bl, -2, "B")  # [Z, Hb, K, N], K = cols * bl
         Z, N, H = max(a.shape[0], b.shape[0]), b.shape[-1], self.spdims[0]
         b_rows = b.reshape(b.shape[0], b.shape[1], cols, bl, N)[:, _heads(b, h), c]  # [Z, nnz, bl, N]
         prod = torch.matmul(blocks, b_rows)  # [Z, nnz, bl, N]
@@ -136,9 +143,7 @@ class MatMul:
     def _dds(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         bl = self.block
         h, r, c, blocks, rows, cols = self._sparse_blocks(b, self.trans_b)  # logical B: [rows*bl, cols*bl]
-        a = a.transpose(-1, -2) if self.trans_a else a  # [Z, Ha, M, K], K = rows * bl
-        if a.shape[-1] != rows * bl:
-            raise ValueError(f"Expected tensor A to have size {rows * bl} at dim 3, got {a.shape[-1]}.")
+        a = _dense_operand(a, self.trans_a, rows * bl, -1, "A")  # [Z, Ha, M, K], K = rows * bl
         Z, M, H = max(a.shape[0], b.shape[0]), a.shape[-2], self.spdims[0]
         a_cols = a.reshape(a.shape[0], a.shape[1], M, rows, bl).permute(0, 1, 3, 2, 4)[:, _heads(a, h), r]
         prod = torch.matmul(a_cols, blocks)  # [Z, nnz, M, bl]

@@ -33,11 +33,21 @@ def sdpa_with_allow(
     bias: torch.Tensor | None,
     dropout_p: float,
     scale: float | None,
+    fold_tiles: bool = False,
 ) -> torch.Tensor:
     """SDPA where ``allow`` (bool, broadcastable to the scores; None = all) and ``bias`` (additive) are combined.
 
     Rows with no allowed key are computed against all keys and then zeroed, so no NaN reaches values or grads.
+
+    ``fold_tiles``: the inputs are ``[B, G, T, D]`` tiles, which the CPU path moves to SDPA's batch axis. Why: torch's
+    CPU flash backward runs faster on ``[B*G, 1, T, D]`` than on ``[B, G, T, D]`` (same data, same FLOPs;
+    measurement in docs/model.md). For B == 1 the fold is a free view; for B > 1 it is used only when the inputs are
+    contiguous (so q/k/v fold as views) and no bias is shared across the batch (which would be copied B times).
     """
+    if fold_tiles and _folds(q, k, v, bias):
+        B, G = q.shape[:2]
+        out = sdpa_with_allow(*(_fold_heads(t, B, G) for t in (q, k, v, allow, bias)), dropout_p, scale)
+        return out.transpose(0, 1) if B == 1 else out.reshape(B, G, *out.shape[2:])
     if allow is None:
         mask = None if bias is None else bias.to(q.dtype)
         return _sdpa(q, k, v, mask, dropout_p, scale)
@@ -51,6 +61,14 @@ def sdpa_with_allow(
     return out * row_any.to(out.dtype) if fix else out
 
 
+def _folds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether :func:`sdpa_with_allow` folds these tiles (CPU path; B == 1, or contiguous with a per-sample bias)."""
+    B = q.shape[0]
+    return takes_cpu_path(q) and (
+        B == 1 or (all(t.is_contiguous() for t in (q, k, v)) and (bias is None or bias.shape[0] == B))
+    )
+
+
 def _fold_heads(x: torch.Tensor | None, B: int, G: int) -> torch.Tensor | None:
     """``[B|1, G|1, ...]`` -> ``[B*G, 1, ...]`` (a view for inputs; masks/biases broadcast over B are expanded)."""
     if x is None:
@@ -58,28 +76,3 @@ def _fold_heads(x: torch.Tensor | None, B: int, G: int) -> torch.Tensor | None:
     if B == 1:
         return x.transpose(0, 1)
     return x.expand(B, G, *x.shape[2:]).reshape(B * G, 1, *x.shape[2:])
-
-
-def sdpa_tiles(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    allow: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    dropout_p: float,
-    scale: float | None,
-) -> torch.Tensor:
-    """:func:`sdpa_with_allow` for ``[B, G, T, D]`` tiles, with the tiles moved to SDPA's batch axis.
-
-    Why: torch's CPU flash backward runs faster on ``[B*G, 1, T, D]`` than on ``[B, G, T, D]`` (same data, same
-    FLOPs; measurement in docs/model.md). For B == 1 the fold is a free view; for B > 1 it is used only when the
-    inputs are contiguous (so q/k/v fold as views) and no bias is shared across the batch (which would be copied
-    B times).
-    """
-    B, G = q.shape[:2]
-    if not takes_cpu_path(q) or (
-        B > 1 and not (all(t.is_contiguous() for t in (q, k, v)) and (bias is None or bias.shape[0] == B))
-    ):
-        return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale)
-    out = sdpa_with_allow(*(_fold_heads(t, B, G) for t in (q, k, v, allow, bias)), dropout_p, scale)
-    return out.transpose(0, 1) if B == 1 else out.reshape(B, G, *out.shape[2:])

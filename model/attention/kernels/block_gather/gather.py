@@ -20,7 +20,7 @@ import torch.utils.checkpoint
 from model.attention.band import tile_mask
 from model.attention.kernels.block_gather.tiles import host_mask, query_tile_factor, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call
-from model.attention.kernels.sdpa import sdpa_tiles
+from model.attention.kernels.sdpa import sdpa_with_allow
 
 PEAK_FRACTION = 0.5
 """A chunk's K/V copies stay within this fraction of the plan's tile scores (the layout's bound): the copies of all
@@ -109,7 +109,7 @@ def _tiles(g: GatherGroup, c: slice, q_BHND, k_BHND, v_BHND, call: Call) -> torc
     fixed = None if g.token_mask_GQK is None else g.token_mask_GQK[c]
     allow = tile_allow(allow, token_mask, fixed, head, qi, ki, H, N, call.doc_ids_BN)
     bias = None if score_bias is None else score_bias.gather(head, qi, ki)
-    return sdpa_tiles(q, k, v, allow, bias, dropout_p, scale)
+    return sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale, fold_tiles=True)
 
 
 def make_gather_plan(

@@ -9,7 +9,7 @@ token gather is needed, and one fused SDPA call covers every head:
   fused projection, so the training forward keeps dense's bytes (tests/test_saved_activations.py);
 - on CPU, other inputs (contiguous ``[B, H, N, D]``), and calls with token masks, score biases or a fixed token
   mask: tiles ``[B, H*n, N/n, D]`` (g = head h, chunk i, a view), shifted heads' key tiles by one whole-tile
-  permutation (:class:`_PermuteTiles`), which :func:`~.sdpa.sdpa_tiles` hands to torch's CPU flash kernel as
+  permutation (:class:`_PermuteTiles`), which :func:`~.sdpa.sdpa_with_allow` hands to torch's CPU flash kernel as
   ``[B*H*n, 1, T, D]``, its fastest shape. On CPU the batch fold was 1.2-1.8x slower at N=3072 (issue #53): SDPA
   ran at H heads instead of one, and :class:`_ChunkShift` made one ``copy_`` per run of heads and chunk, each a
   parallel region (on a busy 2-core host a 0.5 MB copy took as long as a 9 MB one) plus transposing copies for
@@ -35,7 +35,7 @@ from model.attention.band import tile_mask
 from model.attention.kernels.block_gather.gather import recomputed
 from model.attention.kernels.block_gather.tiles import host_mask, tile_allow, tiles_to_heads
 from model.attention.kernels.registry import Call, same_document
-from model.attention.kernels.sdpa import sdpa_tiles, sdpa_with_allow
+from model.attention.kernels.sdpa import sdpa_with_allow
 from model.cpu_shortcuts import takes_cpu_path
 
 
@@ -127,7 +127,7 @@ class PermutationPlan:
             dk = doc.reshape(B * n, 1, T) if self.chunk_maps is None else doc[:, self.chunk_maps.T].reshape(B * n, H, T)
             same = same_document(doc.reshape(B * n, 1, T), dk)  # [B*n, 1|H, T, T]
             allow = same if allow is None else allow & same
-        out = sdpa_tiles(q, k, v, allow, None, dropout_p, scale)  # [B*n, H, T, Dv]
+        out = sdpa_with_allow(q, k, v, allow, None, dropout_p, scale, fold_tiles=True)  # [B*n, H, T, Dv]
         return out.unflatten(0, (B, n)).permute(0, 2, 1, 3, 4).reshape(B, H, N, out.shape[-1])
 
     # -- a sequence shorter than the plan: the same chunks, the last ones cut --------------------------------------
@@ -194,7 +194,8 @@ class PermutationPlan:
             allow, token_mask, self.token_mask_GQK, self.head_G, self.q_index_GQ, self.k_index_GK, H, N, call.doc_ids_BN
         )
         bias = None if score_bias is None else score_bias.gather(self.head_G, self.q_index_GQ, self.k_index_GK)
-        return tiles_to_heads(sdpa_tiles(q, k, v, allow, bias, dropout_p, scale), H, N)  # no .view: see there
+        out = sdpa_with_allow(q, k, v, allow, bias, dropout_p, scale, fold_tiles=True)
+        return tiles_to_heads(out, H, N)  # no .view: see there
 
 
 def _fold_batch(x_BHND: torch.Tensor, n: int) -> torch.Tensor:
