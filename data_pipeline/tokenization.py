@@ -56,7 +56,18 @@ class Tokenizer:
     mask_id: int
     unk_id: int
 
+    def _set_special(self, sp: SpecialIds) -> None:
+        """The special ids a vocabulary gave (``_find_special``), as this tokenizer's attributes."""
+        self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
+            sp.cls_id,
+            sp.sep_id,
+            sp.pad_id,
+            sp.mask_id,
+            sp.unk_id,
+        )
+
     # -- to implement --------------------------------------------------------------------------
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -139,13 +150,7 @@ class HFTokenizer(Tokenizer):
         vocab = backend.get_vocab(with_added_tokens=True)
         self.vocab_size = len(hf_tokenizer) if hf_tokenizer is not None else len(vocab)
         sp = _find_special(vocab.get, source)
-        self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
-            sp.cls_id,
-            sp.sep_id,
-            sp.pad_id,
-            sp.mask_id,
-            sp.unk_id,
-        )
+        self._set_special(sp)
         self._id_to_token = [""] * self.vocab_size
         for tok, i in vocab.items():
             if i < self.vocab_size:
@@ -207,13 +212,7 @@ class SentencePieceTokenizer(Tokenizer):
             return i if self.sp.id_to_piece(i) == piece else None
 
         sp = _find_special(lookup, model_file)
-        self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id = (
-            sp.cls_id,
-            sp.sep_id,
-            sp.pad_id,
-            sp.mask_id,
-            sp.unk_id,
-        )
+        self._set_special(sp)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self.sp.encode(list(texts), out_type=int)
