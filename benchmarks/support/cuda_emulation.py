@@ -2,8 +2,8 @@
 
 No GPU runs our CI, and CPU SDPA hides what CUDA does differently: it returns contiguous outputs, accepts any dtype,
 and our kernels take CPU-only branches on CPU tensors (the tile fold of ``sdpa_with_allow(fold_tiles=True)``, the
-split plan, host reads of masks). :func:`emulate_cuda` sends CPU tensors down the branches a CUDA device takes (it replaces
-``model.cpu_shortcuts.takes_cpu_path``, the one question those branches ask) and replaces
+split plan, host reads of masks). :func:`emulate_cuda` sends CPU tensors down the branches a CUDA device takes (it
+replaces ``model.cpu_shortcuts.takes_cpu_path``, the one question those branches ask) and replaces
 ``torch.nn.functional.scaled_dot_product_attention`` with a dispatcher that picks a backend by torch's CUDA rules
 and returns what that backend returns on CUDA: its output strides, its refusals, its mask preprocessing.
 
