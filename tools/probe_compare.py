@@ -162,7 +162,7 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
                         seed=int(seed),
                         device="cpu",
                     )
-                    # the Trainer prints one line per step (tools.finetune logs every step): keep the screen to the table
+                    # tools.finetune logs every step (the Trainer prints each): keep the screen to the table
                     with contextlib.redirect_stdout(io.StringIO()):
                         res = finetune(path, task.kind, train, {"validation": dev}, ft, num_labels=task.num_labels)
                     train_seconds += res.train_seconds
@@ -185,7 +185,7 @@ def report(result: dict[str, Any]) -> str:
     """The last screen: one row per task, the two models side by side (median dev accuracy over seeds, spread max -
     min), the gap and the verdict; each task's settings; the seconds it all took."""
     lines = [
-        "Did pretraining help? Dev accuracy on probe tasks from held-out documents, median over seeds (spread max - min)",
+        "Did pretraining help? Dev accuracy on probes from held-out documents, median over seeds (spread max - min)",
         f"  {'task':<13} {'dev':>4}  {'pretrained':>16}  {'random-init':>16}  {'gap':>6}",
     ]
     for task, v in result["verdict"].items():
