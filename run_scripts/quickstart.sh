@@ -94,8 +94,9 @@ $PY -m tools.quickstart_summary --model "$OUT/hf" --data-path "$OUT/data/sample_
 
 step "9/9 did pretraining help? fine-tune the export and its random-init twin on probe tasks from held-out documents"
 # probe_pair: does B follow A in its document (negatives: the same document's sentences, deranged); probe_single:
-# intact sentence or 3 words permuted. Both from the validation documents (never trained on), train/dev documents
-# disjoint; --data-path checks that they are the shard's. Same budget for both models, 3 seeds each, one process.
+# intact sentence or its inner words shuffled. Both from the validation documents (never trained on), train/dev
+# documents disjoint; --data-path checks that they are the shard's. Same budget for both models (the `quickstart`
+# protocol of tools/evaluate/protocols.py: its seeds, lr, batch, epochs), 12 fine-tunings in one process, one thread.
 $PY -m tools.evaluate.probe_data --corpus "$SAMPLE" --output-dir "$OUT/probe" \
     --data-path "$OUT/data/sample_text_sentence" --overwrite
 $PY -m tools.probe_compare --model "$OUT/hf" --data-dir "$OUT/probe" --random-init "$OUT/hf_random_init"

@@ -83,12 +83,15 @@ def test_pairs_carry_no_cue_but_the_order(tmp_path):
     assert pos == neg
 
 
-def test_shuffled_sentences_keep_words_length_and_ends(tmp_path):
+@pytest.mark.parametrize("window", [None, 3])
+def test_shuffled_sentences_keep_words_length_and_ends(tmp_path, window):
+    """None (the default): the inner words permuted (most of them move); 3: one window of 3 words permuted."""
     from tools.evaluate.data import load_split
 
-    _make(tmp_path)
+    _make(tmp_path, window=window)
     exs = load_split("probe_single", tmp_path / "probe", "train")
     intact = {e.text_a for e in exs if e.label == 1}
+    moved = []
     for e in exs:
         if e.label == 0:
             assert e.text_a not in intact
@@ -96,7 +99,12 @@ def test_shuffled_sentences_keep_words_length_and_ends(tmp_path):
             w, o = e.text_a.split(), original.split()
             assert w[0] == o[0] and w[-1] == o[-1] and len(w) == len(o)
             diff = [k for k in range(len(w)) if w[k] != o[k]]
-            assert 2 <= len(diff) and diff[-1] - diff[0] < 3  # one window of 3 words permuted
+            assert 2 <= len(diff)
+            if window is not None:
+                assert diff[-1] - diff[0] < window
+            moved.append(len(diff) / (len(w) - 2))
+    if window is None:  # a full shuffle moves most inner words, not just a window's worth
+        assert sum(moved) / len(moved) > 0.6
 
 
 def test_same_seed_same_bytes_other_seed_other_files(tmp_path):

@@ -248,3 +248,22 @@ def test_probe_compare_verdict_needs_the_gap_beyond_both_spreads() -> None:
     assert v["pretrained_spread"] == 10.0 and v["random_spread"] == 3.0 and v["helped"]
     assert not verdict([80.0, 50.0, 60.0], [50.0, 52.0, 49.0])["helped"]  # gap 10 < spread 30
     assert not verdict([60.0, 60.0, 60.0], [45.0, 70.0, 50.0])["helped"]  # gap 10 < random's spread 25
+
+
+def test_probe_compare_takes_its_budget_from_the_quickstart_protocol() -> None:
+    """One home for the calibrated numbers: tools/evaluate/protocols.py's `quickstart` entry; flags override it."""
+    from tools.evaluate.protocols import PROTOCOLS
+    from tools.probe_compare import CompareConfig, settings
+
+    cfg = CompareConfig(model="m", data_dir="d")
+    for task in cfg.tasks:
+        s, p = settings(cfg, task), PROTOCOLS["quickstart"].settings[task]
+        (point,) = p.grid()
+        assert (s["lr"], s["batch_size"], s["epochs"], s["seeds"]) == (point.lr, point.batch_size, point.epochs,
+                                                                      list(p.seeds))  # fmt: skip
+    s = settings(CompareConfig(model="m", data_dir="d", lr=5e-4, seeds=[4, 5]), "probe_pair")
+    assert s["lr"] == 5e-4 and s["seeds"] == [4, 5]
+    with pytest.raises(ValueError, match="--seeds"):
+        CompareConfig(model="m", data_dir="d", seeds=[1])
+    with pytest.raises(ValueError, match="--protocol"):
+        CompareConfig(model="m", data_dir="d", protocol="nope")

@@ -12,6 +12,8 @@ spreads: the gap must exceed what reseeding alone moves either model by.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import statistics
 import sys
@@ -40,30 +42,66 @@ class CompareConfig:
     """The untrained twin's directory; None = made next to --model as <model>_random_init (tools.random_init)."""
     tasks: list[str] = field(default_factory=lambda: list(PROBE_TASKS))
     """Probe tasks to fine-tune (tools/evaluate/tasks.py names)."""
-    seeds: list[str] = field(default_factory=lambda: ["1", "2", "3"])
-    """Fine-tuning seeds (head init, data order, dropout); the same for both models."""
-    lr: float = 1e-3
-    """Peak learning rate (both models; a tiny model fine-tunes at the rate it pretrained at, 1e-3 to 2e-3)."""
-    epochs: float = 10.0
-    """Passes over each task's training set."""
-    batch_size: int = 16
-    """Examples per step."""
+    protocol: str = "quickstart"
+    """Where the fine-tuning settings come from (tools/evaluate/protocols.py): its one grid point per probe task
+    (learning rate, batch, epochs, weight decay, warmup, max length) and its seeds, the same for both models."""
+    seeds: list[int] | None = None
+    """Fine-tuning seeds (head init, data order, dropout), the same for both models; default: the protocol's."""
+    lr: float | None = None
+    """Peak learning rate for every task instead of the protocol's (a look at another budget)."""
+    epochs: float | None = None
+    """Passes over each task's training set instead of the protocol's."""
+    batch_size: int | None = None
+    """Examples per step instead of the protocol's."""
     padding: str = "longest"
-    """tools.finetune's padding: longest (the probes' sentences are short: about 3x cheaper than padding to the
-    model's N) or auto (BlockBERT at its pretraining N, the papers' protocol)."""
+    """tools.finetune's padding: longest (the probes' sentences are short: about 2-3x cheaper than padding to the
+    model's N) or auto (BlockBERT at its pretraining N, the papers' protocol and python -m tools.evaluate's)."""
+    threads: int = 1
+    """torch CPU threads for the fine-tunings (a CPU run): 1, as a 2-layer, 128-wide model's matrices are too small to
+    share, and on a busy 2-core machine two threads cost 5-10x the CPU time of one (measured: docs/troubleshooting.md);
+    0 = torch's default."""
     json_out: str | None = None
     """Also write every run's accuracy and the summary as JSON here."""
 
     def __post_init__(self) -> None:
+        from tools.evaluate.protocols import PROTOCOLS
         from tools.evaluate.tasks import TASKS
 
         bad = [t for t in self.tasks if t not in TASKS]
         if bad or not self.tasks:
             raise ValueError(f"--tasks: unknown {bad or 'none given'}; give probe_pair and/or probe_single")
-        if len(self.seeds) < 2:
-            raise ValueError("--seeds: give at least 2 (the spread over seeds is the yardstick)")
-        if self.lr <= 0 or self.epochs <= 0 or self.batch_size < 1:
-            raise ValueError("--lr and --epochs must be > 0, --batch-size >= 1")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"--protocol {self.protocol!r}: choose from {', '.join(PROTOCOLS)}")
+        missing = [t for t in self.tasks if t not in PROTOCOLS[self.protocol].settings]
+        if missing:
+            raise ValueError(f"--protocol {self.protocol} has no setting for {missing}")
+        if self.seeds is not None and len(set(self.seeds)) < 2:
+            raise ValueError("--seeds: give at least 2 different ones (the spread over seeds is the yardstick)")
+        if (self.lr is not None and self.lr <= 0) or (self.epochs is not None and self.epochs <= 0):
+            raise ValueError("--lr and --epochs must be > 0")
+        if (self.batch_size is not None and self.batch_size < 1) or self.threads < 0:
+            raise ValueError("--batch-size must be >= 1, --threads >= 0")
+
+
+def settings(cfg: CompareConfig, task: str) -> dict[str, Any]:
+    """The fine-tuning settings of one task: the protocol's single grid point and seeds, then the flags given."""
+    from tools.evaluate.protocols import PROTOCOLS
+
+    s = PROTOCOLS[cfg.protocol].settings[task]
+    grid = s.grid()
+    if len(grid) != 1:
+        raise UserError(f"--protocol {cfg.protocol}: {task} has {len(grid)} grid points; the comparison takes one "
+                        "(give --lr, --epochs, --batch-size, or use python -m tools.evaluate for a grid)")  # fmt: skip
+    p = grid[0]
+    return {
+        "lr": cfg.lr or p.lr,
+        "batch_size": cfg.batch_size or p.batch_size,
+        "epochs": cfg.epochs or p.epochs,
+        "weight_decay": p.weight_decay,
+        "warmup_fraction": s.warmup_fraction,
+        "max_length": s.max_length,
+        "seeds": list(cfg.seeds or s.seeds),
+    }
 
 
 def verdict(pretrained: Sequence[float], random: Sequence[float]) -> dict[str, float | bool]:
@@ -84,6 +122,8 @@ def verdict(pretrained: Sequence[float], random: Sequence[float]) -> dict[str, f
 def compare(cfg: CompareConfig) -> dict[str, Any]:
     """Every task x model x seed, fine-tuned and scored; returns the runs, the verdict per task, the seconds."""
     t0 = time.time()
+    import torch
+
     from tools.evaluate.data import load_split
     from tools.evaluate.metrics import score
     from tools.evaluate.tasks import get_task
@@ -95,47 +135,57 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
     if not (twin / "config.json").is_file():
         random_init(src, twin, seed=0)
     models = {"pretrained": str(src), "random-init": str(twin)}
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     runs: dict[str, dict[str, list[float]]] = {}
+    used = {name: settings(cfg, name) for name in cfg.tasks}
     train_seconds = 0.0
+    cpu0 = time.process_time()
     with tempfile.TemporaryDirectory(prefix="probe_compare.") as scratch:
         for name in cfg.tasks:
-            task = get_task(name)
+            task, s = get_task(name), used[name]
             train = load_split(task, cfg.data_dir, "train")
             dev = load_split(task, cfg.data_dir, "validation")
             runs[name] = {}
             for label, path in models.items():
                 accs = []
-                for seed in cfg.seeds:
+                for seed in s["seeds"]:
                     ft = FinetuneConfig(
                         output_dir=f"{scratch}/{name}_{label}_{seed}",
-                        lr=cfg.lr,
-                        epochs=cfg.epochs,
-                        batch_size=cfg.batch_size,
+                        lr=s["lr"],
+                        epochs=s["epochs"],
+                        batch_size=s["batch_size"],
+                        weight_decay=s["weight_decay"],
+                        warmup_fraction=s["warmup_fraction"],
+                        max_length=s["max_length"],
                         padding=cfg.padding,
                         seed=int(seed),
                         device="cpu",
                     )
-                    res = finetune(path, task.kind, train, {"validation": dev}, ft, num_labels=task.num_labels)
+                    # tools.finetune logs every step (the Trainer prints each): keep the screen to the table
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        res = finetune(path, task.kind, train, {"validation": dev}, ft, num_labels=task.num_labels)
                     train_seconds += res.train_seconds
                     accs.append(score(task, dev, res.predictions["validation"])["accuracy"])
                 runs[name][label] = accs
     return {
         "config": asdict(cfg),
+        "settings": used,
         "models": models,
         "runs": runs,
         "verdict": {t: verdict(r["pretrained"], r["random-init"]) for t, r in runs.items()},
         "dev_examples": {t: len(load_split(t, cfg.data_dir, "validation")) for t in cfg.tasks},
         "seconds": time.time() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
         "train_seconds": train_seconds,
     }
 
 
 def report(result: dict[str, Any]) -> str:
-    """The table: one row per task, the two models side by side (median over seeds, spread), the gap."""
-    cfg = result["config"]
+    """The last screen: one row per task, the two models side by side (median dev accuracy over seeds, spread max -
+    min), the gap and the verdict; each task's settings; the seconds it all took."""
     lines = [
-        f"Fine-tuned on held-out text ({len(cfg['seeds'])} seeds each, lr {cfg['lr']:g}, {cfg['epochs']:g} epochs, "
-        f"batch {cfg['batch_size']}): dev accuracy, median over seeds (spread max - min)",
+        "Did pretraining help? Dev accuracy on probes from held-out documents, median over seeds (spread max - min)",
         f"  {'task':<13} {'dev':>4}  {'pretrained':>16}  {'random-init':>16}  {'gap':>6}",
     ]
     for task, v in result["verdict"].items():
@@ -145,8 +195,12 @@ def report(result: dict[str, Any]) -> str:
             f"  {v['random_median']:>7.1f} (±{v['random_spread']:4.1f})  {v['gap']:>+6.1f}"
             f"  {'pretraining helped' if v['helped'] else 'NOT beyond the spread'}"
         )
-    lines.append(f"({len(cfg['tasks']) * 2 * len(cfg['seeds'])} fine-tunings in {result['seconds']:.0f} s, "
-                 f"{result['train_seconds']:.0f} s of it in training loops)")  # fmt: skip
+    for task, s in result["settings"].items():
+        lines.append(f"  {task}: lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']:g} epochs, seeds "
+                     f"{', '.join(map(str, s['seeds']))} (--protocol {result['config']['protocol']})")  # fmt: skip
+    n = sum(2 * len(s["seeds"]) for s in result["settings"].values())
+    lines.append(f"  {n} fine-tunings in {result['seconds']:.0f} s wall, {result['cpu_seconds']:.0f} s CPU "
+                 f"({result['train_seconds']:.0f} s in training loops)")  # fmt: skip
     return "\n".join(lines)
 
 
