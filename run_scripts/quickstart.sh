@@ -99,7 +99,16 @@ step "9/9 did pretraining help? fine-tune the export and its random-init twin on
 # protocol of tools/evaluate/protocols.py: its seeds, lr, batch, epochs), 12 fine-tunings in one process, one thread.
 $PY -m tools.evaluate.probe_data --corpus "$SAMPLE" --output-dir "$OUT/probe" \
     --data-path "$OUT/data/sample_text_sentence" --overwrite
-$PY -m tools.probe_compare --model "$OUT/hf" --data-dir "$OUT/probe" --random-init "$OUT/hf_random_init"
+# Exit 1 = "pretraining did not beat random init beyond the seed spread on every task": reported, not fatal, while
+# probe_pair is uncalibrated (issue #54: at the quickstart's budget random init learns it as well); other errors fail.
+rc=0
+$PY -m tools.probe_compare --model "$OUT/hf" --data-dir "$OUT/probe" --random-init "$OUT/hf_random_init" || rc=$?
+if [ "$rc" = 1 ]; then
+  echo "[quickstart] note: pretraining did not beat random init on every probe task (probe_pair is not calibrated" \
+    "yet, issue #54); the table above is what was measured"
+elif [ "$rc" != 0 ]; then
+  exit "$rc"
+fi
 
 echo
 echo "[quickstart] done in $((SECONDS - START))s. Outputs:"
