@@ -26,9 +26,10 @@ from pretrain.args import RunConfig, parse_args  # noqa: E402
 from pretrain.distributed import destroy_distributed  # noqa: E402
 
 
-def record_run(run: RunConfig) -> None:
-    """Rank 0's start-up lines saying where the settings came from, and the resolved run written as config.toml in
-    the run directory (``--config`` of it starts the same run)."""
+def record_run(run: RunConfig, text: str) -> None:
+    """Rank 0's start-up lines saying where the settings came from, and the resolved run (``text``: the one each
+    checkpoint holds, pretrain/parts.py) written as config.toml in the run directory (``--config`` of it starts the
+    same run)."""
     from pretrain import run_file
 
     for line in run_file.describe_sources(run.sources, run.config_file, run.explicit):
@@ -37,7 +38,7 @@ def record_run(run: RunConfig) -> None:
     if where is None:
         print("[pretrain] no run directory (--save, --tensorboard-dir or --log-json): the run file is not written")
         return
-    path = run_file.write(run_file.dumps(run), where / run_file.CONFIG_NAME)
+    path = run_file.write(text, where / run_file.CONFIG_NAME)
     print(f"[pretrain] run file: {path} (python -m pretrain.train --config {path} starts this run)", flush=True)
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(run)
         if trainer.dist.rank == 0:
-            record_run(trainer.run)
+            record_run(trainer.run, trainer.checkpointer.run_config_text)
         return 0 if trainer.train() else 4
     except NonFiniteLossError as e:
         print(f"pretrain: error: {e}", file=sys.stderr, flush=True)
