@@ -10,7 +10,7 @@
 #   8. load it with transformers and score held-out masked words against the unigram baseline
 #                                                              (tools.quickstart_summary)
 #   9. did pretraining help? probe tasks from the held-out documents (tools.evaluate.probe_data), fine-tuned from the
-#      export and from its random-init twin, 3 seeds each; fails unless pretrained wins by more than the spread
+#      export and from its random-init twin, 3 seeds each; says whether pretrained wins by more than the spread
 #                                                              (tools.probe_compare)
 # Usage: bash run_scripts/quickstart.sh [OUT_DIR]          (default ./out/quickstart; re-running starts over)
 # Knobs: NPROC (ranks, default 2), ITERS (default 300), WORKERS (preprocess workers, default 2).
@@ -93,19 +93,22 @@ step "8/9 load $OUT/hf with transformers (trust_remote_code=True: BlockBERT ship
 $PY -m tools.quickstart_summary --model "$OUT/hf" --data-path "$OUT/data/sample_text_sentence" --seq-length 128
 
 step "9/9 did pretraining help? fine-tune the export and its random-init twin on probe tasks from held-out documents"
-# probe_pair: does B follow A in its document (negatives: the same document's sentences, deranged); probe_single:
-# intact sentence or its inner words shuffled. Both from the validation documents (never trained on), train/dev
-# documents disjoint; --data-path checks that they are the shard's. Same budget for both models (the `quickstart`
-# protocol of tools/evaluate/protocols.py: its seeds, lr, batch, epochs), 12 fine-tunings in one process, one thread.
+# probe_pair: a held-out sentence and its inner-word shuffle, which one is the sentence as written (a minimal pair,
+# MRPC's layout); probe_single: intact sentence or its inner words shuffled (SST-2's). Both from the validation
+# documents (never trained on), train/dev documents disjoint; --data-path checks that they are the shard's. Same budget
+# for both models (the `quickstart` protocol of tools/evaluate/protocols.py: its seeds, lr, batch, epochs), 12
+# fine-tunings in one process, one thread.
 $PY -m tools.evaluate.probe_data --corpus "$SAMPLE" --output-dir "$OUT/probe" \
     --data-path "$OUT/data/sample_text_sentence" --overwrite
-# Exit 1 = "pretraining did not beat random init beyond the seed spread on every task": reported, not fatal, while
-# probe_pair is uncalibrated (issue #54: at the quickstart's budget random init learns it as well); other errors fail.
+# Exit 1 = "pretraining did not beat random init beyond the seed spread on every task": reported, not fatal. At this
+# budget a fine-tuning of the pretrained model either learns a probe or stays at chance, depending on the seed (it
+# learns in more seeds than random init does: docs/troubleshooting.md); one seed at chance widens the spread past the
+# gap. Other errors fail the script.
 rc=0
 $PY -m tools.probe_compare --model "$OUT/hf" --data-dir "$OUT/probe" --random-init "$OUT/hf_random_init" || rc=$?
 if [ "$rc" = 1 ]; then
-  echo "[quickstart] note: pretraining did not beat random init on every probe task (probe_pair is not calibrated" \
-    "yet, issue #54); the table above is what was measured"
+  echo "[quickstart] note: pretraining did not beat random init beyond the spread on every probe task this time (at" \
+    "this budget some seeds stay at chance: docs/troubleshooting.md); the table above is what was measured"
 elif [ "$rc" != 0 ]; then
   exit "$rc"
 fi

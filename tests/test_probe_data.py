@@ -59,7 +59,7 @@ def test_held_out_documents_only_disjoint_and_read_by_the_glue_reader(tmp_path):
             n = m["examples"][task]["train" if split == "train" else "dev"]
             assert len(exs) == n["total"] and sum(e.label == 1 for e in exs) == n["label_1"] == n["total"] // 2
             if task == "probe_pair":
-                assert all(_doc_of(e.text_a) == _doc_of(e.text_b) for e in exs)  # negatives from the same document
+                assert all(_doc_of(e.text_a) == _doc_of(e.text_b) for e in exs)  # a sentence and its twin
             else:
                 assert all(e.text_b is None for e in exs)
     header = (out / "probe_pair" / "dev.tsv").read_text().splitlines()[0]
@@ -68,19 +68,24 @@ def test_held_out_documents_only_disjoint_and_read_by_the_glue_reader(tmp_path):
 
 
 def test_pairs_carry_no_cue_but_the_order(tmp_path):
-    """Positives are the true successors; each negative pairs a sentence with another sentence's successor from the
-    same document; every (side, sentence) occurs equally often under both labels."""
+    """Each pair is a held-out sentence and its shuffled twin (same words, same ends), in both orders; label 1 iff
+    #1 is the sentence as written; every string occurs once under each label and once on each side."""
     from tools.evaluate.data import load_split
 
-    _make(tmp_path)
-    exs = load_split("probe_pair", tmp_path / "probe", "train")
-    pos = Counter()
-    neg = Counter()
-    for e in exs:
-        i, j = int(e.text_a.split(" s")[1].split()[0]), int(e.text_b.split(" s")[1].split()[0])
-        assert (j == i + 1) == (e.label == 1) and j != i
-        (pos if e.label == 1 else neg).update([("a", e.text_a), ("b", e.text_b)])
-    assert pos == neg
+    m = _make(tmp_path)
+    sentences = {s for d in pd.held_out_documents(pd.ProbeDataConfig(corpus=[str(tmp_path / "corpus")],
+                 output_dir=str(tmp_path / "z"), split="50,50,0"))[0] for s in d.sentences}  # fmt: skip
+    for split in ("train", "validation"):
+        exs = load_split("probe_pair", tmp_path / "probe", split)
+        rows = Counter()
+        for e in exs:
+            a, b = e.text_a.split(), e.text_b.split()
+            assert sorted(a) == sorted(b) and a != b and a[0] == b[0] and a[-1] == b[-1]
+            assert (e.text_a in sentences) == (e.label == 1) != (e.text_b in sentences)
+            rows[(e.text_a, e.text_b, e.label)] += 1
+        assert all(rows[(b, a, 1 - y)] == 1 for (a, b, y), n in rows.items() if n == 1)
+        assert all(n == 1 for n in rows.values())
+    assert m["examples"]["probe_pair"]["dev"]["total"] > 0
 
 
 @pytest.mark.parametrize("window", [None, 3])

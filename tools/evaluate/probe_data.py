@@ -12,21 +12,23 @@ writes ``probe_pair/{train,dev}.tsv`` (MRPC's layout) and ``probe_single/{train,
   pretraining ``--split``'s validation range (contiguous, as the trainer computes it: the trainer samples only the
   train range). ``--data-path`` checks this against the shard itself (document count, sentences per held-out
   document). Those documents are then divided, whole, into the probes' train and dev documents (disjoint).
-- probe_pair (label 1: ``#2 String`` is the sentence that follows ``#1 String`` in its document): every adjacent pair
-  of a document is a positive; the negatives pair the same first sentences with the same second sentences in a
-  deranged order, within the same document. So every sentence occurs as often in a positive as in a negative, on the
-  same side, and negatives share the document's names and topic: neither the length nor the words of either sentence,
-  nor their overlap, tells the label; only whether B continues A.
+- probe_pair (label 1: ``#1 String`` is the sentence as written and ``#2 String`` the same sentence with its inner
+  words permuted; label 0: the other way round): a minimal pair, as BLiMP (Warstadt et al., 2020) scores language
+  models, in MRPC's layout. Each sentence gives both rows, so every string occurs once under each label and once on
+  each side, and both sides hold the same words: only word order, judged on both sides, tells the label. (A "does B
+  follow A in its document" pair task was tried first: on the quickstart's templated sample text a random-init
+  model learned it as well as the pretrained one, docs/troubleshooting.md.)
 - probe_single (label 1: the sentence as written; 0: its inner words permuted, all of them by default, or ``window``
   consecutive ones): each sentence of at least ``min_words`` words appears once intact and once shuffled (the first
   and the last word stay in place, so capitals and the final punctuation give nothing away). The two have the same
   words and length: only word order tells them apart. All inner words by default: a 3-word window was too subtle for
   the quickstart's 2-layer, 300-step model to show in a few seconds of fine-tuning (about 53% against 50% for
-  random-init); a full shuffle breaks every local word order the masked-LM objective learned, and a random-init
-  model cannot learn word order from a few hundred examples (docs/troubleshooting.md).
+  random-init); a full shuffle breaks every local word order the masked-LM objective learned. Given enough
+  fine-tuning steps a random-init model learns this too on the templated sample text: what pretraining buys at the
+  quickstart's budget is learning it in fewer steps (measurements: docs/troubleshooting.md).
 Sentences of the dev documents that occur verbatim in the train documents are left out of probe_single's dev set (a
-model could recall them rather than judge them); probe_pair's pairs contain the documents' own names and do not
-repeat.
+model could recall them rather than judge them); the same holds for probe_pair. The two tasks shuffle each sentence
+independently (separate draws).
 """
 
 from __future__ import annotations
@@ -79,10 +81,10 @@ class ProbeDataConfig:
     dev_fraction: float = 0.34
     """Share of the held-out documents (whole documents) that become the dev set; the rest train."""
     window: int | None = None
-    """probe_single: consecutive inner words permuted in a shuffled sentence; None = all of them (the first and the
+    """Both tasks: consecutive inner words permuted in a shuffled sentence; None = all of them (the first and the
     last word stay)."""
     min_words: int = 6
-    """probe_single: shorter sentences (headings such as "History.") are left out."""
+    """Both tasks: shorter sentences (headings such as "History.") are left out."""
     seed: int = 1234
     """Seed of the train/dev documents, the negatives' order and the shuffles (same seed, same files)."""
     overwrite: bool = False
@@ -171,30 +173,21 @@ def split_documents(held: Sequence[HeldOutDoc], dev_fraction: float, rng: random
     return [d for i, d in enumerate(held) if i not in dev], [d for i, d in enumerate(held) if i in dev]
 
 
-def _derangement(n: int, rng: random.Random) -> list[int]:
-    """A random permutation of range(n) with no fixed point and no i -> i - 1 (for n >= 3): the negatives' order,
-    so no negative pairs a sentence with its true successor or with itself."""
-    while True:
-        p = list(range(n))
-        rng.shuffle(p)
-        if all(p[i] != i and p[i] != i - 1 for i in range(n)):
-            return p
-
-
-def pair_rows(docs: Sequence[HeldOutDoc], rng: random.Random) -> list[tuple[str, str, str, str, str]]:
-    """MRPC rows (Quality, #1 ID, #2 ID, #1 String, #2 String): each adjacent pair a positive, and as many negatives
-    made by deranging the second sentences within the document (documents of fewer than 3 pairs give none)."""
+def pair_rows(
+    docs: Sequence[HeldOutDoc], window: int | None, min_words: int, rng: random.Random, exclude: set[str] = frozenset()
+) -> list[tuple[str, str, str, str, str]]:
+    """MRPC rows (Quality, #1 ID, #2 ID, #1 String, #2 String): each long enough sentence and its shuffled twin, in
+    both orders (Quality 1 when #1 is the sentence as written)."""
     rows = []
     for d in docs:
-        s = d.sentences
-        n = len(s) - 1  # adjacent pairs
-        if n < 3:
-            continue
-        perm = _derangement(n, rng)
-        for i in range(n):
-            rows.append(("1", f"d{d.index}s{i}", f"d{d.index}s{i + 1}", s[i], s[i + 1]))
-            j = perm[i] + 1  # a successor of another sentence: never i + 1 (the true one), never i itself
-            rows.append(("0", f"d{d.index}s{i}", f"d{d.index}s{j}", s[i], s[j]))
+        for i, s in enumerate(d.sentences):
+            if len(s.split()) < min_words or s in exclude:
+                continue
+            shuffled = shuffle_words(s, window, rng)
+            if shuffled is None:
+                continue
+            intact, twin = f"d{d.index}s{i}", f"d{d.index}s{i}x"
+            rows += [("1", intact, twin, s, shuffled), ("0", twin, intact, shuffled, s)]
     rng.shuffle(rows)
     return rows
 
@@ -254,7 +247,13 @@ def make_probes(cfg: ProbeDataConfig) -> dict[str, Any]:
     train_docs, dev_docs = split_documents(held, cfg.dev_fraction, rng)
     seen = {s for d in train_docs for s in d.sentences}
     tables = {
-        PAIR_DIR: (PAIR_HEADER, {"train": pair_rows(train_docs, rng), "dev": pair_rows(dev_docs, rng)}),
+        PAIR_DIR: (
+            PAIR_HEADER,
+            {
+                "train": pair_rows(train_docs, cfg.window, cfg.min_words, rng),
+                "dev": pair_rows(dev_docs, cfg.window, cfg.min_words, rng, exclude=seen),
+            },
+        ),
         SINGLE_DIR: (
             SINGLE_HEADER,
             {
