@@ -83,3 +83,20 @@ def test_base_worktree_checks_out_the_commit_and_is_removed(tmp_path: Path) -> N
     with pytest.raises(RuntimeError), base_worktree(repo, first) as base:
         raise RuntimeError("a case crashed")
     assert not base.exists() and len(_git(repo, "worktree", "list").splitlines()) == 1
+
+
+def test_a_python_that_cannot_list_the_cases_is_one_clear_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Run with a Python that lacks the project's packages (the system one, not .venv's): exit 2 and one line
+    that names the interpreter and what to run instead, not a traceback."""
+    import sys
+
+    from benchmarks.ab import __main__ as ab
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    assert ab.main(["--base", "HEAD"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(fake) in err[0] and "No module named 'torch'" in err[0]
+    assert ".venv/bin/python -m benchmarks.ab" in err[0]

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.ab.harness import THRESHOLD, base_worktree, report, run_ab, run_case
+from common.error_exit import run_entry
+from common.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 FIXED_CASES = [
@@ -29,18 +31,27 @@ FIXED_CASES = [
 
 def all_cases() -> list[str]:
     """The fixed cases plus one attention case per registered layout family (the working tree's registry)."""
-    modes = json.loads(
-        subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("cases.py")), "--root", str(REPO), "--case", "list-layouts"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )["layouts"]
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("cases.py")), "--root", str(REPO), "--case", "list-layouts"],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(
+            f"listing the layout cases with {sys.executable} failed ({last}): run the A/B with the project's Python "
+            "(.venv/bin/python -m benchmarks.ab), or name the cases with --cases"
+        )
+    modes = json.loads(r.stdout)["layouts"]
     return FIXED_CASES[:2] + [f"attention/{m}" for m in modes] + FIXED_CASES[2:]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: exit 1 when a path is flagged, 2 on bad input."""
+    return run_entry("benchmarks.ab", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
     p.add_argument("--base", required=True, help="Commit (or ref) to compare the working tree with.")
     p.add_argument("--rounds", type=int, default=3, help="Interleaved rounds (the spread needs at least 2).")
@@ -50,9 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     cases = a.cases or all_cases()
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    tree = f"{head.stdout.strip()}{' + changes' if dirty else ''}"
     print(
-        f"A/B: working tree ({head.stdout.strip()} + changes) vs {a.base}; {platform.processor() or platform.machine()}"
-        f", {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {a.rounds} rounds x {a.reps} reps",
+        f"A/B: working tree ({tree}) vs {a.base}; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {a.rounds} rounds x {a.reps} reps",
         flush=True,
     )
     done: dict = {}
