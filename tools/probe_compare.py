@@ -226,6 +226,7 @@ def _main(argv: Sequence[str]) -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # 24 'Loading weights' bars would bury the table
     result = compare(cfg)
     print(report(result))
     if cfg.json_out:
