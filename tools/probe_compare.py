@@ -138,6 +138,7 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     runs: dict[str, dict[str, list[float]]] = {}
+    dev_examples: dict[str, int] = {}
     used = {name: settings(cfg, name) for name in cfg.tasks}
     train_seconds = 0.0
     cpu0 = time.process_time()
@@ -146,6 +147,7 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
             task, s = get_task(name), used[name]
             train = load_split(task, cfg.data_dir, "train")
             dev = load_split(task, cfg.data_dir, "validation")
+            dev_examples[name] = len(dev)
             runs[name] = {}
             for label, path in models.items():
                 accs = []
@@ -174,7 +176,7 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
         "models": models,
         "runs": runs,
         "verdict": {t: verdict(r["pretrained"], r["random-init"]) for t, r in runs.items()},
-        "dev_examples": {t: len(load_split(t, cfg.data_dir, "validation")) for t in cfg.tasks},
+        "dev_examples": dev_examples,
         "seconds": time.time() - t0,
         "cpu_seconds": time.process_time() - cpu0,
         "train_seconds": train_seconds,

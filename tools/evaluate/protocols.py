@@ -238,6 +238,11 @@ HEADSIZE = Protocol(
     },
 )
 
+_PROBE_BUDGET = dict(
+    lrs=(2e-3,), batch_sizes=(16,), weight_decays=(0.01,), epochs=(4.0,), seeds=(1, 2, 3), max_length=None
+)
+"""The quickstart's one fine-tuning budget, the same for both probe tasks (lr 2e-3, batch 16, 4 epochs)."""
+
 QUICKSTART = Protocol(
     name="quickstart",
     paper="none: the quickstart's probe of whether pretraining helped (tools/evaluate/probe_data.py's tasks)",
@@ -246,23 +251,13 @@ QUICKSTART = Protocol(
         # measured on the 2-core development box under load (docs/troubleshooting.md, "quickstart timing"): one
         # fine-tuning step of the 2-layer, 128-wide quickstart model costs ~35-65 ms CPU on one thread
         "probe_single": TaskSetting(
-            lrs=(2e-3,),
-            batch_sizes=(16,),
-            weight_decays=(0.01,),
-            epochs=(4.0,),
-            seeds=(1, 2, 3),
-            max_length=None,
+            **_PROBE_BUDGET,
             source="calibrated on this machine (issue #54 item 6; docs/troubleshooting.md, step 9): 52 steps, ~3 s "
             "CPU per run; pretrained learned it in 3 of 4 seeds (69-86%, one stuck at 54%), random-init in none "
             "(50-51%); at 8 epochs random-init learns it too (79-89%)",
         ),
         "probe_pair": TaskSetting(
-            lrs=(2e-3,),
-            batch_sizes=(16,),
-            weight_decays=(0.01,),
-            epochs=(4.0,),
-            seeds=(1, 2, 3),
-            max_length=None,
+            **_PROBE_BUDGET,
             source="calibrated on this machine (issue #54 item 6; docs/troubleshooting.md, step 9): 52 steps, ~4 s "
             "CPU per run; pretrained learned the minimal pairs in 2 of 4 seeds (69-83%, the others at 50%), "
             "random-init in none (50%)",
