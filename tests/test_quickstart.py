@@ -267,3 +267,34 @@ def test_probe_compare_takes_its_budget_from_the_quickstart_protocol() -> None:
         CompareConfig(model="m", data_dir="d", seeds=[1])
     with pytest.raises(ValueError, match="--protocol"):
         CompareConfig(model="m", data_dir="d", protocol="nope")
+
+
+def test_probe_compare_same_runs_in_one_process_or_two(tmp_path: Path) -> None:
+    """--workers 2 (spawned processes) gives the accuracies --workers 1 gives, run for run: every fine-tuning is
+    seeded and single-threaded, so where it runs changes nothing. A tiny stock BERT on a 24-sentence probe_single."""
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    from tests.test_probe_data import WORDS as PROBE_WORDS
+    from tests.test_probe_data import _make
+    from tools.probe_compare import CompareConfig, compare, report
+
+    _make(tmp_path)
+    model = tmp_path / "hf"
+    model.mkdir()
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *"the of stood near and old".split(), *PROBE_WORDS]
+    (model / "vocab.txt").write_text("\n".join(words) + "\n")
+    tok = BertTokenizerFast(vocab=str(model / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32, max_position_embeddings=64)).save_pretrained(model)  # fmt: skip
+    tok.save_pretrained(model)
+    got = {}
+    for workers in (1, 2):
+        cfg = CompareConfig(model=str(model), data_dir=str(tmp_path / "probe"), tasks=["probe_single"], seeds=[1, 2],
+                            epochs=1, workers=workers)  # fmt: skip
+        got[workers] = compare(cfg)
+        assert got[workers]["workers"] == workers
+    assert got[1]["runs"] == got[2]["runs"]
+    accs = got[1]["runs"]["probe_single"]
+    assert len(accs["pretrained"]) == len(accs["random-init"]) == 2
+    assert "4 fine-tunings" in report(got[2]) and "(2 processes)" in report(got[2])

@@ -1,6 +1,8 @@
 """Did pretraining help? The quickstart's last screen: the probe tasks (tools.evaluate.probe_data, held-out text)
-fine-tuned from the pretrained export and from its untrained twin (tools.random_init), same budget, several seeds,
-in one process (the imports cost seconds).
+fine-tuned from the pretrained export and from its untrained twin (tools.random_init), same budget, several seeds.
+The fine-tunings run side by side in ``--workers`` processes of ``--threads`` threads each (a 2-layer, 128-wide
+model's matrices are too small to share between threads; two processes on two cores take half the wall time of one,
+with the same results: every run is seeded and single-threaded).
 
     python -m tools.probe_compare --model out/quickstart/hf --data-dir out/quickstart/probe
 
@@ -15,11 +17,15 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -60,6 +66,9 @@ class CompareConfig:
     """torch CPU threads for the fine-tunings (a CPU run): 1, as a 2-layer, 128-wide model's matrices are too small to
     share, and on a busy 2-core machine two threads cost 5-10x the CPU time of one (measured: docs/troubleshooting.md);
     0 = torch's default."""
+    workers: int = 0
+    """Processes fine-tuning side by side (each loads torch and transformers once, ~5 s): 0 = one per CPU this process
+    may use (os.sched_getaffinity) divided by --threads, at most one per run; 1 = all runs in this process."""
     json_out: str | None = None
     """Also write every run's accuracy and the summary as JSON here."""
 
@@ -79,8 +88,8 @@ class CompareConfig:
             raise ValueError("--seeds: give at least 2 different ones (the spread over seeds is the yardstick)")
         if (self.lr is not None and self.lr <= 0) or (self.epochs is not None and self.epochs <= 0):
             raise ValueError("--lr and --epochs must be > 0")
-        if (self.batch_size is not None and self.batch_size < 1) or self.threads < 0:
-            raise ValueError("--batch-size must be >= 1, --threads >= 0")
+        if (self.batch_size is not None and self.batch_size < 1) or self.threads < 0 or self.workers < 0:
+            raise ValueError("--batch-size must be >= 1, --threads and --workers >= 0")
 
 
 def settings(cfg: CompareConfig, task: str) -> dict[str, Any]:
@@ -119,15 +128,71 @@ def verdict(pretrained: Sequence[float], random: Sequence[float]) -> dict[str, f
     }
 
 
+_SPLITS: dict[tuple[str, str], tuple[Any, list, list]] = {}
+"""Per process: (task name, data dir) -> (task, train, dev), read once for all of that task's runs."""
+
+
+def _splits(name: str, data_dir: str) -> tuple[Any, list, list]:
+    from tools.evaluate.data import load_split
+    from tools.evaluate.tasks import get_task
+
+    if (name, data_dir) not in _SPLITS:
+        task = get_task(name)
+        _SPLITS[name, data_dir] = (task, load_split(task, data_dir, "train"), load_split(task, data_dir, "validation"))
+    return _SPLITS[name, data_dir]
+
+
+def _worker_init(threads: int) -> None:
+    """A fine-tuning process: torch's thread count, and transformers as quiet as the parent keeps it."""
+    import torch
+    import transformers
+
+    if threads:
+        torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _one_run(run: dict[str, Any]) -> tuple[float, float]:
+    """One fine-tuning and its dev accuracy (%), and the seconds its training loop took."""
+    from tools.evaluate.metrics import score
+    from tools.finetune import FinetuneConfig, finetune
+
+    task, train, dev = _splits(run["task"], run["data_dir"])
+    s = run["settings"]
+    ft = FinetuneConfig(
+        output_dir=run["output_dir"],
+        lr=s["lr"],
+        epochs=s["epochs"],
+        batch_size=s["batch_size"],
+        weight_decay=s["weight_decay"],
+        warmup_fraction=s["warmup_fraction"],
+        max_length=s["max_length"],
+        padding=run["padding"],
+        seed=run["seed"],
+        device="cpu",
+    )
+    # tools.finetune logs every step (the Trainer prints each): keep the screen to the table
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = finetune(run["model"], task.kind, train, {"validation": dev}, ft, num_labels=task.num_labels)
+    return score(task, dev, res.predictions["validation"])["accuracy"], res.train_seconds
+
+
+def _workers(cfg: CompareConfig, runs: int) -> int:
+    if cfg.workers:
+        return min(cfg.workers, runs)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(runs, cpus // max(cfg.threads, 1)))
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def compare(cfg: CompareConfig) -> dict[str, Any]:
     """Every task x model x seed, fine-tuned and scored; returns the runs, the verdict per task, the seconds."""
     t0 = time.time()
-    import torch
-
-    from tools.evaluate.data import load_split
-    from tools.evaluate.metrics import score
-    from tools.evaluate.tasks import get_task
-    from tools.finetune import FinetuneConfig, finetune
     from tools.random_init import random_init
 
     src = Path(cfg.model)
@@ -135,41 +200,30 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
     if not (twin / "config.json").is_file():
         random_init(src, twin, seed=0)
     models = {"pretrained": str(src), "random-init": str(twin)}
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    runs: dict[str, dict[str, list[float]]] = {}
-    dev_examples: dict[str, int] = {}
     used = {name: settings(cfg, name) for name in cfg.tasks}
-    train_seconds = 0.0
-    cpu0 = time.process_time()
+    dev_examples = {name: len(_splits(name, cfg.data_dir)[2]) for name in cfg.tasks}  # bad data fails here, once
+    cpu0, children0 = time.process_time(), _children_cpu()
     with tempfile.TemporaryDirectory(prefix="probe_compare.") as scratch:
+        plan = []
         for name in cfg.tasks:
-            task, s = get_task(name), used[name]
-            train = load_split(task, cfg.data_dir, "train")
-            dev = load_split(task, cfg.data_dir, "validation")
-            dev_examples[name] = len(dev)
-            runs[name] = {}
             for label, path in models.items():
-                accs = []
-                for seed in s["seeds"]:
-                    ft = FinetuneConfig(
-                        output_dir=f"{scratch}/{name}_{label}_{seed}",
-                        lr=s["lr"],
-                        epochs=s["epochs"],
-                        batch_size=s["batch_size"],
-                        weight_decay=s["weight_decay"],
-                        warmup_fraction=s["warmup_fraction"],
-                        max_length=s["max_length"],
-                        padding=cfg.padding,
-                        seed=int(seed),
-                        device="cpu",
-                    )
-                    # tools.finetune logs every step (the Trainer prints each): keep the screen to the table
-                    with contextlib.redirect_stdout(io.StringIO()):
-                        res = finetune(path, task.kind, train, {"validation": dev}, ft, num_labels=task.num_labels)
-                    train_seconds += res.train_seconds
-                    accs.append(score(task, dev, res.predictions["validation"])["accuracy"])
-                runs[name][label] = accs
+                for seed in used[name]["seeds"]:
+                    run = {"task": name, "data_dir": cfg.data_dir, "settings": used[name], "model": path}
+                    run.update(padding=cfg.padding, label=label, seed=int(seed))
+                    plan.append({**run, "output_dir": f"{scratch}/{name}_{label}_{seed}"})
+        workers = _workers(cfg, len(plan))
+        if workers == 1:
+            _worker_init(cfg.threads)
+            results = [_one_run(run) for run in plan]
+        else:
+            # spawn, not fork: a forked child of a process that already ran torch's thread pools can hang
+            with ProcessPoolExecutor(
+                workers, mp_context=get_context("spawn"), initializer=_worker_init, initargs=(cfg.threads,)
+            ) as pool:
+                results = list(pool.map(_one_run, plan))
+    runs: dict[str, dict[str, list[float]]] = {name: {label: [] for label in models} for name in cfg.tasks}
+    for run, (acc, _) in zip(plan, results):
+        runs[run["task"]][run["label"]].append(acc)
     return {
         "config": asdict(cfg),
         "settings": used,
@@ -177,15 +231,17 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
         "runs": runs,
         "verdict": {t: verdict(r["pretrained"], r["random-init"]) for t, r in runs.items()},
         "dev_examples": dev_examples,
+        "workers": workers,
         "seconds": time.time() - t0,
-        "cpu_seconds": time.process_time() - cpu0,
-        "train_seconds": train_seconds,
+        "cpu_seconds": time.process_time() - cpu0 + _children_cpu() - children0,
+        "train_seconds": sum(sec for _, sec in results),
     }
 
 
 def report(result: dict[str, Any]) -> str:
     """The last screen: one row per task, the two models side by side (median dev accuracy over seeds, spread max -
-    min), the gap and the verdict; each task's settings; the seconds it all took."""
+    min), the gap and the verdict; each task's settings and every seed's accuracy (a run left at chance shows there);
+    the seconds it all took."""
     lines = [
         "Did pretraining help? Dev accuracy on probes from held-out documents, median over seeds (spread max - min)",
         f"  {'task':<13} {'dev':>4}  {'pretrained':>16}  {'random-init':>16}  {'gap':>6}",
@@ -200,9 +256,11 @@ def report(result: dict[str, Any]) -> str:
     for task, s in result["settings"].items():
         lines.append(f"  {task}: lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']:g} epochs, seeds "
                      f"{', '.join(map(str, s['seeds']))} (--protocol {result['config']['protocol']})")  # fmt: skip
+        per_seed = "; ".join(f"{m} {', '.join(f'{a:.1f}' for a in accs)}" for m, accs in result["runs"][task].items())
+        lines.append(f"    per seed: {per_seed}")
     n = sum(2 * len(s["seeds"]) for s in result["settings"].values())
-    lines.append(f"  {n} fine-tunings in {result['seconds']:.0f} s wall, {result['cpu_seconds']:.0f} s CPU "
-                 f"({result['train_seconds']:.0f} s in training loops)")  # fmt: skip
+    lines.append(f"  {n} fine-tunings in {result['seconds']:.0f} s wall ({result['workers']} processes), "
+                 f"{result['cpu_seconds']:.0f} s CPU ({result['train_seconds']:.0f} s in training loops)")  # fmt: skip
     return "\n".join(lines)
 
 
