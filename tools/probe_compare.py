@@ -70,7 +70,7 @@ class CompareConfig:
     """Processes fine-tuning side by side (each loads torch and transformers once, ~5 s): 0 = one per CPU this process
     may use (os.sched_getaffinity) divided by --threads, at most one per run; 1 = all runs in this process."""
     json_out: str | None = None
-    """Also write every run's accuracy and the summary as JSON here."""
+    """Also write every run's accuracy and last training loss, and the summary, as JSON here."""
 
     def __post_init__(self) -> None:
         from tools.evaluate.protocols import PROTOCOLS
@@ -153,8 +153,9 @@ def _worker_init(threads: int) -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _one_run(run: dict[str, Any]) -> tuple[float, float]:
-    """One fine-tuning and its dev accuracy (%), and the seconds its training loop took."""
+def _one_run(run: dict[str, Any]) -> tuple[float, float, float]:
+    """One fine-tuning: its dev accuracy (%), the seconds its training loop took, its last logged training loss (a
+    run left at chance ends near ln 2 = 0.69)."""
     from tools.evaluate.metrics import score
     from tools.finetune import FinetuneConfig, finetune
 
@@ -175,7 +176,7 @@ def _one_run(run: dict[str, Any]) -> tuple[float, float]:
     # tools.finetune logs every step (the Trainer prints each): keep the screen to the table
     with contextlib.redirect_stdout(io.StringIO()):
         res = finetune(run["model"], task.kind, train, {"validation": dev}, ft, num_labels=task.num_labels)
-    return score(task, dev, res.predictions["validation"])["accuracy"], res.train_seconds
+    return score(task, dev, res.predictions["validation"])["accuracy"], res.train_seconds, res.train_loss_last
 
 
 def _workers(cfg: CompareConfig, runs: int) -> int:
@@ -222,19 +223,22 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
             ) as pool:
                 results = list(pool.map(_one_run, plan))
     runs: dict[str, dict[str, list[float]]] = {name: {label: [] for label in models} for name in cfg.tasks}
-    for run, (acc, _) in zip(plan, results):
+    losses: dict[str, dict[str, list[float]]] = {name: {label: [] for label in models} for name in cfg.tasks}
+    for run, (acc, _, loss) in zip(plan, results):
         runs[run["task"]][run["label"]].append(acc)
+        losses[run["task"]][run["label"]].append(loss)
     return {
         "config": asdict(cfg),
         "settings": used,
         "models": models,
         "runs": runs,
+        "last_train_losses": losses,
         "verdict": {t: verdict(r["pretrained"], r["random-init"]) for t, r in runs.items()},
         "dev_examples": dev_examples,
         "workers": workers,
         "seconds": time.time() - t0,
         "cpu_seconds": time.process_time() - cpu0 + _children_cpu() - children0,
-        "train_seconds": sum(sec for _, sec in results),
+        "train_seconds": sum(sec for _, sec, _ in results),
     }
 
 
