@@ -187,6 +187,9 @@ def _main(argv: Sequence[str]) -> int:
         p.error(f"--model {args.model}: no config.json there; export one with tools.convert_checkpoint --to-hf")
     if not 0 < args.mask_prob <= 1 or args.max_tokens < 1 or args.seq_length < 3:
         p.error("--mask-prob must be in (0, 1], --max-tokens at least 1 and --seq-length at least 3")
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # its 'Loading weights' bar would sit in the quickstart's table
     result = summarize(
         args.model, args.data_path, args.split, args.seq_length, args.mask_prob, args.max_tokens, args.seed
     )
