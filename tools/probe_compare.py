@@ -1,8 +1,8 @@
 """Did pretraining help? The quickstart's last screen: the probe tasks (tools.evaluate.probe_data, held-out text)
 fine-tuned from the pretrained export and from its untrained twin (tools.random_init), same budget, several seeds.
 The fine-tunings run side by side in ``--workers`` processes of ``--threads`` threads each (a 2-layer, 128-wide
-model's matrices are too small to share between threads; two processes on two cores take half the wall time of one,
-with the same results: every run is seeded and single-threaded).
+model's matrices are too small to share between threads; two processes on two cores took 0.60x the wall time of one,
+docs/troubleshooting.md, with the same results: every run is seeded and single-threaded).
 
     python -m tools.probe_compare --model out/quickstart/hf --data-dir out/quickstart/probe
 
@@ -209,9 +209,18 @@ def compare(cfg: CompareConfig) -> dict[str, Any]:
         for name in cfg.tasks:
             for label, path in models.items():
                 for seed in used[name]["seeds"]:
-                    run = {"task": name, "data_dir": cfg.data_dir, "settings": used[name], "model": path}
-                    run.update(padding=cfg.padding, label=label, seed=int(seed))
-                    plan.append({**run, "output_dir": f"{scratch}/{name}_{label}_{seed}"})
+                    plan.append(
+                        {
+                            "task": name,
+                            "data_dir": cfg.data_dir,
+                            "settings": used[name],
+                            "model": path,
+                            "padding": cfg.padding,
+                            "label": label,
+                            "seed": int(seed),
+                            "output_dir": f"{scratch}/{name}_{label}_{seed}",
+                        }
+                    )
         workers = _workers(cfg, len(plan))
         if workers == 1:
             _worker_init(cfg.threads)
